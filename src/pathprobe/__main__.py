@@ -1,0 +1,5 @@
+import sys
+
+from pathprobe.cli import main
+
+sys.exit(main())

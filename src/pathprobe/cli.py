@@ -1,0 +1,53 @@
+"""The ``pathprobe`` command: one verb per job.
+
+Each verb lives in its own module exposing ``register(subparsers)``; those modules
+import nothing heavy at import time, so ``pathprobe --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from pathprobe import __version__
+from pathprobe.errors import PathprobeError
+
+# verb -> module that registers it
+VERBS = {
+    "serve": "pathprobe.server.cli",
+    "gateway": "pathprobe.gateway.cli",
+    "load": "pathprobe.loadgen.cli",
+    "compare": "pathprobe.analysis.compare_cli",
+    "analyze": "pathprobe.analysis.analyze_cli",
+    "make-model": "pathprobe.models",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pathprobe", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"pathprobe {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for module in VERBS.values():
+        try:
+            importlib.import_module(module).register(sub)
+        except ModuleNotFoundError as exc:  # a verb whose module is not written yet
+            if exc.name != module:
+                raise
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PathprobeError as exc:
+        print(f"pathprobe {args.verb}: error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

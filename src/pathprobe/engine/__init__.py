@@ -1,0 +1,31 @@
+"""Engines: one small interface, three implementations (synthetic, transformers, vllm)."""
+
+from pathprobe.engine.base import (
+    Engine,
+    EngineConfig,
+    EngineTiming,
+    GenParams,
+    Generation,
+    TokenEvent,
+)
+
+__all__ = ["Engine", "EngineConfig", "EngineTiming", "GenParams", "Generation", "TokenEvent", "create_engine"]
+
+
+def create_engine(config: EngineConfig) -> Engine:
+    """Build the engine named by ``config.kind`` (imports heavy deps lazily)."""
+    if config.kind == "synthetic":
+        from pathprobe.engine.synthetic import SyntheticEngine
+
+        return SyntheticEngine(config)
+    if config.kind == "transformers":
+        from pathprobe.engine.hf import TransformersEngine
+
+        return TransformersEngine(config)
+    if config.kind == "vllm":
+        from pathprobe.engine.vllm_engine import VLLMEngine
+
+        return VLLMEngine(config)
+    from pathprobe.errors import ConfigError
+
+    raise ConfigError(f"--engine: unknown engine {config.kind!r} (transformers, synthetic, vllm)")

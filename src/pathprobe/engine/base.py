@@ -1,0 +1,221 @@
+"""The engine interface every front end talks to.
+
+An engine takes a validated :class:`GenParams`, and :meth:`Engine.generate` returns a
+:class:`Generation`: an async iterator of :class:`TokenEvent` plus the request's
+:class:`EngineTiming` (queue, tokenize, prefill, decode steps, detokenize), filled in
+as the request runs. Front ends never touch the model directly.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pathprobe.errors import InvalidArgument, ResourceExhausted
+from pathprobe.timing import now_ms
+
+#: Upper bound on max_tokens regardless of the model's context.
+MAX_TOKENS_LIMIT = 8192
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    kind: Literal["transformers", "synthetic", "vllm"] = "transformers"
+    model: str = "tiny"  # "tiny" | a local folder | "preset:NAME"
+    model_name: str | None = None  # name served to clients (default: derived from model)
+    device: str = "auto"  # "cpu" | "cuda" | "auto"
+    dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto"
+    max_batch_size: int = 8
+    max_wait_ms: float = 2.0
+    max_queue: int = 256
+    max_context: int | None = None  # default: the model's max_position_embeddings
+    # synthetic engine
+    prefill_ms_per_token: float = 0.0
+    decode_ms_per_token: float = 0.0
+    # extra engine options (e.g. cuda graphs), engine-specific
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class GenParams:
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    request_id: str = ""
+    model: str = ""
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # set on the last event: "stop" | "length"
+
+
+@dataclass(slots=True)
+class EngineTiming:
+    """Durations in ms, filled in by the engine while the request runs.
+
+    ``*_start`` fields are monotonic ms timestamps (see :func:`pathprobe.timing.now_ms`),
+    kept in-process only, so spans can be placed; they never cross a process.
+    """
+
+    arrival: float = 0.0
+    queue: float = 0.0
+    tokenize: float = 0.0
+    prefill: float = 0.0
+    decode_steps: float = 0.0
+    detokenize: float = 0.0
+    queue_start: float = 0.0
+    tokenize_start: float = 0.0
+    prefill_start: float = 0.0
+    decode_start: float = 0.0
+    first_token_at: float = 0.0  # monotonic ms of the first token handed out
+    batch_size: int = 0  # the largest batch this request ran in
+
+    def entries(self) -> dict[str, float]:
+        return {
+            "srv.queue": self.queue,
+            "srv.tokenize": self.tokenize,
+            "srv.prefill": self.prefill,
+            "srv.decode_steps": self.decode_steps,
+            "srv.detokenize": self.detokenize,
+        }
+
+
+class Generation:
+    """One running request: iterate it for tokens; ``timing`` and ``usage`` update live.
+
+    Closing it (``await gen.aclose()``, or leaving an ``async for`` early) cancels the
+    request inside the engine and frees its slot.
+    """
+
+    def __init__(self, params: GenParams) -> None:
+        self.params = params
+        self.timing = EngineTiming(arrival=now_ms())
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.cancelled = False
+        self._queue: asyncio.Queue[TokenEvent | BaseException | None] = asyncio.Queue()
+
+    # --- engine side -------------------------------------------------------
+    def push(self, event: TokenEvent) -> None:
+        self.completion_tokens += len(event.token_ids)
+        if event.finish_reason:
+            self.finish_reason = event.finish_reason
+        self._queue.put_nowait(event)
+
+    def finish(self) -> None:
+        self._queue.put_nowait(None)
+
+    def fail(self, exc: BaseException) -> None:
+        self._queue.put_nowait(exc)
+
+    # --- front-end side ----------------------------------------------------
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[TokenEvent]:
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if not self.timing.first_token_at:
+                    self.timing.first_token_at = now_ms()
+                yield item
+        finally:
+            if self.finish_reason is None:
+                self.cancelled = True
+
+    async def collect(self) -> tuple[str, list[int]]:
+        text: list[str] = []
+        ids: list[int] = []
+        async for ev in self:
+            text.append(ev.text)
+            ids.extend(ev.token_ids)
+        return "".join(text), ids
+
+
+class Engine(abc.ABC):
+    """What a front end needs from an engine."""
+
+    config: EngineConfig
+    model_name: str
+    max_context: int
+    tokenizer: Any  # a transformers tokenizer (real tokenization for every engine)
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model and start the scheduler (call inside the serving loop)."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None: ...
+
+    @abc.abstractmethod
+    def generate(self, params: GenParams) -> Generation:
+        """Validate and enqueue; raises InvalidArgument / ResourceExhausted at once."""
+
+    # --- stats for /metrics --------------------------------------------------
+    def queue_depth(self) -> int:
+        return 0
+
+    def running(self) -> int:
+        return 0
+
+
+def validate(params: GenParams, *, model_name: str) -> None:
+    """Checks that need no tokenizer; the context-length check happens at tokenize time."""
+    if params.model and params.model != model_name:
+        raise InvalidArgument("model", f"unknown model {params.model!r}; this server serves {model_name!r}")
+    has_text = bool(params.prompt)
+    has_ids = bool(params.prompt_token_ids)
+    if has_text and has_ids:
+        raise InvalidArgument("prompt", "set either prompt or prompt_token_ids, not both")
+    if not has_text and not has_ids:
+        raise InvalidArgument("prompt", "must not be empty")
+    if not isinstance(params.max_tokens, int) or isinstance(params.max_tokens, bool):
+        raise InvalidArgument("max_tokens", "must be an integer")
+    if params.max_tokens <= 0:
+        raise InvalidArgument("max_tokens", f"must be at least 1, got {params.max_tokens}")
+    if params.max_tokens > MAX_TOKENS_LIMIT:
+        raise InvalidArgument("max_tokens", f"must be at most {MAX_TOKENS_LIMIT}, got {params.max_tokens}")
+    t = params.temperature
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or math.isnan(t) or not 0.0 <= t <= 2.0:
+        raise InvalidArgument("temperature", f"must be a number in [0, 2], got {t!r}")
+    p = params.top_p
+    if not isinstance(p, (int, float)) or isinstance(p, bool) or math.isnan(p) or not 0.0 < p <= 1.0:
+        raise InvalidArgument("top_p", f"must be a number in (0, 1], got {p!r}")
+    for i, s in enumerate(params.stop):
+        if not isinstance(s, str) or not s:
+            raise InvalidArgument(f"stop[{i}]", "must be a non-empty string")
+
+
+def check_context(n_prompt: int, max_tokens: int, max_context: int) -> None:
+    if n_prompt + max_tokens > max_context:
+        raise InvalidArgument(
+            "prompt",
+            f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context length {max_context}",
+        )
+
+
+def check_token_ids(ids: list[int], vocab_size: int) -> None:
+    for i, t in enumerate(ids):
+        if not 0 <= t < vocab_size:
+            raise InvalidArgument(f"prompt_token_ids[{i}]", f"token id {t} outside the vocabulary (0..{vocab_size - 1})")
+
+
+def queue_full(depth: int, limit: int) -> ResourceExhausted:
+    return ResourceExhausted(f"engine queue is full ({depth} waiting, limit {limit}); retry later")

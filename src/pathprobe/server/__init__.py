@@ -1,0 +1,1 @@
+"""pathprobe server."""

@@ -1,0 +1,150 @@
+"""OpenTelemetry set-up shared by server, gateway and load generator.
+
+Precedence follows opentelemetry-python: constructor args over env over defaults.
+Spans go to OTLP/gRPC when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set, and/or to an OTLP JSON lines file
+(one ``{"resourceSpans": [...]}`` object per line, the format Jaeger's UI upload and
+``pathprobe analyze`` read).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Span, SpanKind, Tracer
+
+#: env var naming an OTLP JSON lines file to write spans to (ours; the OTLP
+#: endpoint vars are the standard OTEL_* ones).
+ENV_TRACES_FILE = "PATHPROBE_TRACES_FILE"
+ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+# offset that turns perf_counter_ns() into time.time_ns(), taken once per process
+_WALL_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
+
+
+def mono_ms_to_wall_ns(mono_ms: float) -> int:
+    """A :func:`pathprobe.timing.now_ms` reading as epoch ns, for span placement only."""
+    return int(mono_ms * 1e6) + _WALL_OFFSET_NS
+
+
+def _hex_ids(node: Any) -> Any:
+    """OTLP JSON wants trace/span ids as hex; protobuf's json_format writes base64."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_FIELDS and isinstance(value, str) and value:
+                node[key] = base64.b64decode(value).hex()
+            else:
+                _hex_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids(item)
+    return node
+
+
+def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    from google.protobuf import json_format
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    msg = encode_spans(spans)
+    return _hex_ids(json_format.MessageToDict(msg))
+
+
+class OTLPJsonLinesExporter(SpanExporter):
+    """Appends one OTLP JSON ``ExportTraceServiceRequest`` per batch to a file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        line = json.dumps(spans_to_otlp_json(spans), separators=(",", ":"))
+        with self._lock, open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:  # nothing held open between batches
+        return None
+
+
+def setup_tracing(
+    service_name: str,
+    *,
+    otlp_endpoint: str | None = None,
+    traces_file: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    set_global: bool = True,
+) -> TracerProvider | None:
+    """Configure a TracerProvider; returns None when no exporter is asked for.
+
+    With no exporter, the global no-op tracer stays and span creation costs ~nothing.
+    """
+    endpoint = otlp_endpoint or os.environ.get(ENV_OTLP_TRACES_ENDPOINT) or os.environ.get(ENV_OTLP_ENDPOINT)
+    path = traces_file or os.environ.get(ENV_TRACES_FILE)
+    if not endpoint and not path:
+        return None
+    resource = Resource.create({"service.name": service_name, **(attributes or {})})
+    provider = TracerProvider(resource=resource)
+    if endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        insecure = not endpoint.startswith("https://")
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure), schedule_delay_millis=500)
+        )
+    if path:
+        provider.add_span_processor(BatchSpanProcessor(OTLPJsonLinesExporter(path), schedule_delay_millis=500))
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return provider
+
+
+def get_tracer(name: str) -> Tracer:
+    return trace.get_tracer(name)
+
+
+def extract(carrier: Mapping[str, str]) -> Context:
+    """Context from incoming W3C ``traceparent`` / ``tracestate`` (HTTP headers or gRPC metadata)."""
+    return propagate.extract(carrier)
+
+
+def inject(carrier: dict[str, str], context: Context | None = None) -> dict[str, str]:
+    propagate.inject(carrier, context=context)
+    return carrier
+
+
+def child_span(
+    tracer: Tracer,
+    name: str,
+    parent: Span,
+    start_mono_ms: float,
+    dur_ms: float,
+    attributes: Mapping[str, Any] | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> None:
+    """Record an already-measured interval as a finished child span of ``parent``."""
+    if not parent.is_recording():
+        return
+    ctx = trace.set_span_in_context(parent)
+    start = mono_ms_to_wall_ns(start_mono_ms)
+    span = tracer.start_span(name, context=ctx, kind=kind, start_time=start, attributes=dict(attributes or {}))
+    span.end(end_time=start + int(dur_ms * 1e6))
+
+
+def shutdown(provider: TracerProvider | None) -> None:
+    if provider is not None:
+        provider.force_flush()
+        provider.shutdown()

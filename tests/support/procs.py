@@ -1,0 +1,106 @@
+"""Start real pathprobe processes on loopback for tests, and always end them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+def wait_grpc(target: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(target) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"process exited with {proc.returncode} before {target} answered")
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise TimeoutError(f"{target} not serving after {timeout}s")
+
+
+class Proc:
+    """A child process whose output goes to a log file; ``stop()`` ends it."""
+
+    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        self.log_path = log
+        self._log = open(log, "wb")
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.popen = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._log.close()
+
+
+class Server(Proc):
+    """``pathprobe serve`` on free loopback ports."""
+
+    def __init__(self, tmp: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> None:
+        self.grpc_port = free_port()
+        self.http_port = free_port()
+        args = [
+            sys.executable, "-m", "pathprobe", "serve",
+            "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *extra,
+        ]
+        super().__init__(args, tmp / f"serve-{self.grpc_port}.log", env)
+        try:
+            wait_http(f"{self.http_url}/healthz", timeout, self.popen)
+            wait_grpc(self.grpc_target, timeout, self.popen)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"server did not start:\n{self.log()}") from None
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
