@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -106,6 +106,8 @@ class Generation:
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.cancelled = False
+        #: set by the engine: called once when the front end stops listening early
+        self.on_close: Callable[[], None] | None = None
         self._queue: asyncio.Queue[TokenEvent | BaseException | None] = asyncio.Queue()
 
     # --- engine side -------------------------------------------------------
@@ -138,7 +140,15 @@ class Generation:
                 yield item
         finally:
             if self.finish_reason is None:
-                self.cancelled = True
+                self.close()
+
+    def close(self) -> None:
+        """The front end is gone (client disconnected, error): cancel inside the engine."""
+        if self.cancelled or self.finish_reason is not None:
+            return
+        self.cancelled = True
+        if self.on_close is not None:
+            self.on_close()
 
     async def collect(self) -> tuple[str, list[int]]:
         text: list[str] = []

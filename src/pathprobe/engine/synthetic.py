@@ -1,0 +1,158 @@
+"""The synthetic engine: no model, exact and configurable "inference" time.
+
+Prefill takes ``prefill_ms_per_token`` x prompt tokens; each output token takes
+``decode_ms_per_token``. Tokenization and detokenization are real (the tiny model's
+tokenizer, or the one named by ``--model``), so the network path can be measured with
+a known inference time. ``max_batch_size`` requests run at once (continuous batching:
+a slot frees as soon as its request ends); the rest wait in a bounded queue, and that
+wait is ``srv.queue``.
+
+Token k of a request is due at ``decode_start + k * D``: sleeping until an absolute
+deadline keeps the event loop's ~1 ms timer granularity from accumulating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from pathprobe.engine.base import (
+    Engine,
+    EngineConfig,
+    GenParams,
+    Generation,
+    TokenEvent,
+    check_context,
+    check_token_ids,
+    queue_full,
+    validate,
+)
+from pathprobe.timing import now_ms
+
+# A fixed text the engine "generates", cycled; identical on every path.
+_TEXT = (
+    " The quick brown fox jumps over the lazy dog near the river bank, while the"
+    " model server streams one token at a time to every client that asked for it."
+)
+
+
+class SyntheticEngine(Engine):
+    def __init__(self, config: EngineConfig) -> None:
+        from pathprobe.models import load_tokenizer
+
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model)
+        self.model_name = config.model_name or "synthetic"
+        self.max_context = config.max_context or 4096
+        self._vocab = len(self.tokenizer)
+        self._text_ids: list[int] = self.tokenizer.encode(_TEXT, add_special_tokens=False)
+        self._slots: asyncio.Semaphore | None = None
+        self._waiting = 0
+        self._running = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._slots = asyncio.Semaphore(self.config.max_batch_size)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def queue_depth(self) -> int:
+        return self._waiting
+
+    def running(self) -> int:
+        return self._running
+
+    def generate(self, params: GenParams) -> Generation:
+        validate(params, model_name=self.model_name)
+        gen = Generation(params)
+        t = gen.timing
+        t.tokenize_start = now_ms()
+        if params.prompt_token_ids:
+            check_token_ids(params.prompt_token_ids, self._vocab)
+            ids = list(params.prompt_token_ids)
+        else:
+            ids = self.tokenizer.encode(params.prompt)
+        t.tokenize = now_ms() - t.tokenize_start
+        check_context(len(ids), params.max_tokens, self.max_context)
+        if self._waiting >= self.config.max_queue:
+            raise queue_full(self._waiting, self.config.max_queue)
+        gen.prompt_tokens = len(ids)
+        self._waiting += 1
+        task = asyncio.get_running_loop().create_task(self._run(gen))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        gen.on_close = task.cancel  # front end gone: free the slot at once
+        return gen
+
+    async def _run(self, gen: Generation) -> None:
+        assert self._slots is not None, "engine not started"
+        t = gen.timing
+        t.queue_start = now_ms()
+        queued = True
+        try:
+            async with self._slots:
+                self._waiting -= 1
+                queued = False
+                self._running += 1
+                try:
+                    await self._work(gen)
+                finally:
+                    self._running -= 1
+        except asyncio.CancelledError:
+            gen.finish()
+        except Exception as exc:  # noqa: BLE001 - handed to the front end, never lost
+            gen.fail(exc)
+        finally:
+            if queued:
+                self._waiting -= 1
+
+    async def _work(self, gen: Generation) -> None:
+        cfg, p, t = self.config, gen.params, gen.timing
+        t.queue = now_ms() - t.queue_start
+        t.batch_size = self._running
+        t.prefill_start = now_ms()
+        await _sleep_until(t.prefill_start + cfg.prefill_ms_per_token * gen.prompt_tokens)
+        t.prefill = now_ms() - t.prefill_start
+        t.decode_start = now_ms()
+        text_so_far = ""
+        for k in range(p.max_tokens):
+            step_start = now_ms()
+            # first token comes out of prefill; later ones each cost one decode step
+            if k > 0:
+                await _sleep_until(t.decode_start + cfg.decode_ms_per_token * k)
+            t.decode_steps += now_ms() - step_start
+            t.batch_size = max(t.batch_size, self._running)
+            token = self._text_ids[k % len(self._text_ids)]
+            d0 = now_ms()
+            piece = self.tokenizer.decode([token])
+            t.detokenize += now_ms() - d0
+            last = k == p.max_tokens - 1
+            stop_at = _stop_index(text_so_far + piece, p.stop, len(text_so_far))
+            if stop_at is not None:
+                piece = (text_so_far + piece)[len(text_so_far):stop_at]
+                gen.push(TokenEvent(piece, [token], "stop"))
+                break
+            text_so_far += piece
+            gen.push(TokenEvent(piece, [token], "length" if last else None))
+        gen.finish()
+
+
+def _stop_index(text: str, stops: list[str], new_from: int) -> int | None:
+    """Where the first stop string starts, if one ends inside the new text."""
+    best: int | None = None
+    for s in stops:
+        i = text.find(s, max(0, new_from - len(s) + 1))
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best
+
+
+async def _sleep_until(deadline_ms: float) -> None:
+    delay = deadline_ms - now_ms()
+    if delay > 0:
+        await asyncio.sleep(delay / 1000.0)

@@ -1,0 +1,58 @@
+"""``pathprobe serve`` flags."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="model server: gRPC + HTTP/JSON + OpenAI-compatible over one engine")
+    p.add_argument("--engine", choices=("transformers", "synthetic", "vllm"), default="transformers")
+    p.add_argument("--model", default="tiny", help="tiny (default), a local model folder, or preset:NAME")
+    p.add_argument("--model-name", default=None, help="name clients use (default: derived from --model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--grpc-port", type=int, default=50051)
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto")
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long the batcher waits to fill a batch")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond this get 429/RESOURCE_EXHAUSTED")
+    p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument("--prefill-ms-per-token", type=float, default=0.0, help="synthetic engine: prefill time per prompt token")
+    p.add_argument("--decode-ms-per-token", type=float, default=0.0, help="synthetic engine: time per output token")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine-specific option (repeatable), e.g. cuda_graphs=1")
+    p.add_argument("--traces-file", default=None, help="also write spans as OTLP JSON lines to this file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from pathprobe.engine import EngineConfig
+    from pathprobe.errors import ConfigError
+    from pathprobe.server.app import ServeConfig, serve
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    options = {}
+    for item in args.engine_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--engine-option: expected KEY=VALUE, got {item!r}")
+        options[key] = value
+    for flag in ("max_batch_size", "max_queue"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')}: must be at least 1")
+    engine = EngineConfig(
+        kind=args.engine, model=args.model, model_name=args.model_name, device=args.device, dtype=args.dtype,
+        max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+        max_context=args.max_context, prefill_ms_per_token=args.prefill_ms_per_token,
+        decode_ms_per_token=args.decode_ms_per_token, options=options,
+    )
+    config = ServeConfig(engine=engine, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+                         max_body_bytes=args.max_body_bytes, traces_file=args.traces_file)
+    asyncio.run(serve(config))
+    return 0

@@ -1,0 +1,144 @@
+"""One request's life on the server, shared by the gRPC and HTTP front ends.
+
+:class:`RequestScope` owns the server span, the stopwatch and the engine's
+:class:`Generation`; a front end calls ``decoded()``, ``start()``, ``encoded()`` and
+``finish()`` and gets the ``srv.*`` entries back, identical for every front end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from pathprobe import telemetry
+from pathprobe.engine.base import Engine, GenParams, Generation
+from pathprobe.errors import PathprobeError
+from pathprobe.server.metrics import ServerMetrics
+from pathprobe.timing import now_ms
+from pathprobe.v1 import llm_pb2
+
+_tracer = telemetry.get_tracer("pathprobe.server")
+
+# engine timing field -> (span name, Server-Timing entry)
+_ENGINE_SPANS = (
+    ("tokenize", "engine.tokenize"),
+    ("queue", "engine.queue"),
+    ("prefill", "engine.prefill"),
+    ("decode_steps", "engine.decode_steps"),
+)
+
+
+@dataclass(slots=True)
+class ServerState:
+    engine: Engine
+    metrics: ServerMetrics
+
+
+def params_from_proto(req: llm_pb2.GenerateRequest) -> GenParams:
+    return GenParams(
+        prompt=req.prompt or None,
+        prompt_token_ids=list(req.prompt_token_ids) or None,
+        max_tokens=req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p or 1.0,
+        seed=req.seed,
+        ignore_eos=req.ignore_eos,
+        stop=list(req.stop),
+        request_id=req.request_id,
+        model=req.model,
+    )
+
+
+@dataclass(slots=True)
+class RequestScope:
+    state: ServerState
+    route: str
+    carrier: Mapping[str, str]
+    span_name: str
+    attributes: dict[str, Any] = field(default_factory=dict)
+    t0: float = field(default_factory=now_ms)
+    decode_ms: float = 0.0
+    encode_ms: float = 0.0
+    gen: Generation | None = None
+    span: trace.Span = field(init=False)
+    _decode_start: float = 0.0
+
+    def __post_init__(self) -> None:
+        ctx = telemetry.extract(self.carrier)
+        self.span = _tracer.start_span(
+            self.span_name, context=ctx, kind=SpanKind.SERVER, attributes=self.attributes,
+            start_time=telemetry.mono_ms_to_wall_ns(self.t0),
+        )
+
+    def decoded(self, ms: float) -> None:
+        self._decode_start = now_ms() - ms
+        self.decode_ms += ms
+
+    def start(self, params: GenParams) -> Generation:
+        self.gen = self.state.engine.generate(params)
+        if self.span.is_recording():
+            self.span.set_attribute("gen_ai.request.max_tokens", params.max_tokens)
+            self.span.set_attribute("gen_ai.request.temperature", params.temperature)
+            self.span.set_attribute("gen_ai.request.model", self.state.engine.model_name)
+            if params.request_id:
+                self.span.set_attribute("gen_ai.request.id", params.request_id)
+        return self.gen
+
+    def encoded(self, ms: float) -> None:
+        self.encode_ms += ms
+
+    def entries(self) -> dict[str, float]:
+        """The srv.* entries now; ``srv.total`` is measured at this call."""
+        out = {"srv.decode": self.decode_ms}
+        if self.gen is not None:
+            out.update(self.gen.timing.entries())
+        out["srv.encode"] = self.encode_ms
+        out["srv.total"] = now_ms() - self.t0
+        return out
+
+    def finish(self, code: str, entries: dict[str, float] | None = None, error: PathprobeError | None = None) -> dict[str, float]:
+        entries = entries or self.entries()
+        self.state.metrics.observe(self.route, code, entries)
+        gen = self.gen
+        if gen is not None:
+            self.state.metrics.observe_generation(gen.prompt_tokens, gen.completion_tokens, gen.timing.batch_size)
+        self._end_span(entries, code, error, gen)
+        return entries
+
+    def _end_span(self, entries: dict[str, float], code: str, error: PathprobeError | None, gen: Generation | None) -> None:
+        span = self.span
+        if not span.is_recording():
+            span.end()
+            return
+        span.set_attribute("server_timing", ", ".join(f"{k};dur={v:.3f}" for k, v in entries.items()))
+        span.set_attribute("pathprobe.status", code)
+        if self._decode_start:
+            telemetry.child_span(_tracer, "server.decode", span, self._decode_start, self.decode_ms,
+                                 {"pathprobe.entry": "srv.decode"})
+        if gen is not None:
+            t = gen.timing
+            span.set_attribute("gen_ai.usage.input_tokens", gen.prompt_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", gen.completion_tokens)
+            if gen.finish_reason:
+                span.set_attribute("gen_ai.response.finish_reasons", [gen.finish_reason])
+            starts = {"tokenize": t.tokenize_start, "queue": t.queue_start,
+                      "prefill": t.prefill_start, "decode_steps": t.decode_start}
+            for attr, name in _ENGINE_SPANS:
+                if starts[attr]:
+                    telemetry.child_span(_tracer, name, span, starts[attr], getattr(t, attr),
+                                         {"pathprobe.entry": f"srv.{attr}"})
+            if t.decode_start and t.detokenize:
+                # detokenize is interleaved with decode steps; placed after them as one interval
+                telemetry.child_span(_tracer, "engine.detokenize", span, t.decode_start + t.decode_steps,
+                                     t.detokenize, {"pathprobe.entry": "srv.detokenize"})
+        if self.encode_ms:
+            telemetry.child_span(_tracer, "server.encode", span, now_ms() - self.encode_ms, self.encode_ms,
+                                 {"pathprobe.entry": "srv.encode"})
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error.message))
+            span.set_attribute("error.type", type(error).__name__)
+        span.end(end_time=telemetry.mono_ms_to_wall_ns(self.t0 + entries["srv.total"]))

@@ -1,0 +1,140 @@
+"""gRPC front end (grpc.aio): pathprobe.v1.LLM plus health checking and reflection.
+
+Handlers take and return raw bytes and (de)serialize themselves, so ``srv.decode``
+and ``srv.encode`` are measured, not guessed. Every call, failed ones included, ends
+with the ``server-timing`` trailing metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from pathprobe import timing
+from pathprobe.errors import InvalidArgument, PathprobeError
+from pathprobe.server.core import RequestScope, ServerState, params_from_proto
+from pathprobe.timing import now_ms
+from pathprobe.v1 import llm_pb2
+
+SERVICE = "pathprobe.v1.LLM"
+log = logging.getLogger("pathprobe.server")
+
+
+def _carrier(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+
+
+def _attributes(method: str, context: grpc.aio.ServicerContext) -> dict[str, object]:
+    return {
+        "rpc.system": "grpc",
+        "rpc.service": SERVICE,
+        "rpc.method": method,
+        "network.peer.address": context.peer(),
+    }
+
+
+def _decode(data: bytes) -> tuple[llm_pb2.GenerateRequest, float]:
+    t0 = now_ms()
+    try:
+        req = llm_pb2.GenerateRequest.FromString(data)
+    except DecodeError as exc:
+        raise InvalidArgument("request", f"not a valid pathprobe.v1.GenerateRequest: {exc}") from None
+    return req, now_ms() - t0
+
+
+class LLMService:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def _scope(self, method: str, context: grpc.aio.ServicerContext) -> RequestScope:
+        return RequestScope(self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}",
+                            _attributes(method, context))
+
+    async def _abort(self, scope: RequestScope, context: grpc.aio.ServicerContext, exc: PathprobeError) -> None:
+        entries = scope.finish(exc.grpc_code.name, error=exc)
+        await context.abort(exc.grpc_code, exc.message,
+                            trailing_metadata=((timing.METADATA_KEY, timing.format_entries(entries)),))
+
+    async def generate(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        scope = self._scope("Generate", context)
+        try:
+            req, ms = _decode(data)
+            scope.decoded(ms)
+            gen = scope.start(params_from_proto(req))
+            text, ids = await gen.collect()
+            t0 = now_ms()
+            resp = llm_pb2.GenerateResponse(
+                text=text, token_ids=ids, finish_reason=gen.finish_reason or "",
+                usage=llm_pb2.Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens),
+                request_id=req.request_id, model=self.state.engine.model_name,
+            )
+            out = resp.SerializeToString()
+            scope.encoded(now_ms() - t0)
+        except PathprobeError as exc:
+            await self._abort(scope, context, exc)
+            raise AssertionError("unreachable")  # abort raises
+        entries = scope.finish("OK")
+        context.set_trailing_metadata(((timing.METADATA_KEY, timing.format_entries(entries)),))
+        return out
+
+    async def generate_stream(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        scope = self._scope("GenerateStream", context)
+        gen = None
+        try:
+            req, ms = _decode(data)
+            scope.decoded(ms)
+            gen = scope.start(params_from_proto(req))
+            index = 0
+            async for ev in gen:
+                t0 = now_ms()
+                chunk = llm_pb2.GenerateChunk(text=ev.text, token_ids=ev.token_ids, request_id=req.request_id,
+                                              index=index)
+                if ev.finish_reason:
+                    chunk.finish_reason = ev.finish_reason
+                    chunk.usage.prompt_tokens = gen.prompt_tokens
+                    chunk.usage.completion_tokens = gen.completion_tokens
+                out = chunk.SerializeToString()
+                scope.encoded(now_ms() - t0)
+                index += len(ev.token_ids)
+                yield out
+        except PathprobeError as exc:
+            await self._abort(scope, context, exc)
+            return
+        finally:
+            if gen is not None and gen.finish_reason is None:
+                gen.close()  # client went away mid-stream: free the engine slot
+        entries = scope.finish("OK")
+        context.set_trailing_metadata(((timing.METADATA_KEY, timing.format_entries(entries)),))
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Generate": grpc.unary_unary_rpc_method_handler(self.generate),
+                "GenerateStream": grpc.unary_stream_rpc_method_handler(self.generate_stream),
+            },
+        )
+
+
+async def start_grpc(state: ServerState, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((LLMService(state).handler(),))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        from pathprobe.errors import ConfigError
+
+        raise ConfigError(f"--grpc-port: cannot bind {host}:{port} (in use?)")
+    await server.start()
+    for name in ("", SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound

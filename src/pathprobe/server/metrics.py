@@ -1,0 +1,57 @@
+"""Prometheus metrics of the model server (served at ``GET /metrics``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from pathprobe.engine.base import Engine
+
+_MS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServerMetrics:
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "pathprobe_server_requests", "Requests handled, by route and status code", ["route", "code"], registry=r
+        )
+        self.segment_ms = Histogram(
+            "pathprobe_server_segment_ms",
+            "Server-side duration per Server-Timing entry (ms)",
+            ["route", "entry"],
+            buckets=_MS_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "pathprobe_server_generated_tokens", "Tokens generated (rate() of it is tokens/s)", registry=r
+        )
+        self.prompt_tokens = Counter("pathprobe_server_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.batch_size = Histogram(
+            "pathprobe_server_batch_size",
+            "Largest batch each request ran in",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        queue = Gauge("pathprobe_server_queue_depth", "Requests waiting for an engine slot", registry=r)
+        queue.set_function(engine.queue_depth)
+        running = Gauge("pathprobe_server_running", "Requests running in the engine", registry=r)
+        running.set_function(engine.running)
+
+    def observe(self, route: str, code: str, entries: Mapping[str, float]) -> None:
+        self.requests.labels(route, code).inc()
+        for name, ms in entries.items():
+            self.segment_ms.labels(route, name).observe(ms)
+
+    def observe_generation(self, prompt_tokens: int, completion_tokens: int, batch_size: int) -> None:
+        self.tokens.inc(completion_tokens)
+        self.prompt_tokens.inc(prompt_tokens)
+        if batch_size:
+            self.batch_size.observe(batch_size)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,223 @@
+"""OpenAI-compatible routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
+
+Request bodies are validated with pydantic; a wrong field gets HTTP 400 with the
+field's name in ``error.param`` and the message. Streams end with a chunk that carries
+``usage`` (when asked for with ``stream_options.include_usage``) and ``server_timing``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+
+from pathprobe import timing
+from pathprobe.engine.base import GenParams
+from pathprobe.errors import InvalidArgument, PathprobeError
+from pathprobe.server.core import RequestScope
+from pathprobe.server.http_common import (
+    SSE_DONE,
+    SSE_HEADERS,
+    STATE_KEY,
+    encode_json,
+    error_body,
+    error_response,
+    read_json,
+    scope_for,
+    sse_event,
+)
+from pathprobe.timing import now_ms
+
+Number = StrictInt | StrictFloat
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = None
+    temperature: Number = 1.0
+    top_p: Number = 1.0
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = 1
+    ignore_eos: StrictBool = False  # vLLM's extension, handy for fixed-length load
+    user: StrictStr | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: StrictStr | list[dict[str, Any]]
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = None
+
+
+def _validate(model: type[BaseModel], obj: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "body"
+        raise InvalidArgument(field, err["msg"]) from None
+
+
+def _params(body: _Common, max_tokens: int | None, prompt: str | None, ids: list[int] | None) -> GenParams:
+    if body.n != 1:
+        raise InvalidArgument("n", "only n=1 is supported")
+    for key in ("temperature", "top_p"):
+        v = float(getattr(body, key))
+        if math.isnan(v):
+            raise InvalidArgument(key, "must not be NaN")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return GenParams(
+        prompt=prompt, prompt_token_ids=ids, max_tokens=16 if max_tokens is None else max_tokens,
+        temperature=float(body.temperature), top_p=float(body.top_p), seed=body.seed or 0,
+        ignore_eos=body.ignore_eos, stop=stop, request_id=body.user or "", model=body.model or "",
+    )
+
+
+def _text_of(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    scope = scope_for(request, "openai.completions")
+    try:
+        obj = await read_json(request, scope)
+        t0 = now_ms()
+        body = _validate(CompletionRequest, obj)
+        prompt, ids = body.prompt, None
+        if isinstance(prompt, list):
+            if prompt and isinstance(prompt[0], int):
+                prompt, ids = None, list(prompt)  # token ids
+            elif len(prompt) == 1:
+                prompt = prompt[0]
+            else:
+                raise InvalidArgument("prompt", "a batch of prompts is not supported; send one prompt per request")
+        params = _params(body, body.max_tokens, prompt, ids)
+        scope.decoded(now_ms() - t0)
+        return await _respond(request, scope, params, body, chat=False)
+    except PathprobeError as exc:
+        return error_response(exc, scope.finish(str(exc.http_status), error=exc))
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    scope = scope_for(request, "openai.chat")
+    try:
+        obj = await read_json(request, scope)
+        t0 = now_ms()
+        body = _validate(ChatRequest, obj)
+        messages = [{"role": m.role, "content": _text_of(m.content)} for m in body.messages]
+        tokenizer = request.app[STATE_KEY].engine.tokenizer
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        params = _params(body, body.max_completion_tokens or body.max_tokens, prompt, None)
+        scope.decoded(now_ms() - t0)
+        return await _respond(request, scope, params, body, chat=True)
+    except PathprobeError as exc:
+        return error_response(exc, scope.finish(str(exc.http_status), error=exc))
+
+
+async def _respond(request: web.Request, scope: RequestScope, params: GenParams, body: _Common,
+                   chat: bool) -> web.StreamResponse:
+    model = request.app[STATE_KEY].engine.model_name
+    if body.stream:
+        scope.route += ".stream"
+    gen = scope.start(params)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    if body.stream:
+        return await _stream(request, scope, gen, body, rid, created, model, chat)
+    text, _ = await gen.collect()
+    usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
+             "total_tokens": gen.prompt_tokens + gen.completion_tokens}
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": gen.finish_reason}
+        obj = {"id": rid, "object": "chat.completion", "created": created, "model": model,
+               "choices": [choice], "usage": usage}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason}
+        obj = {"id": rid, "object": "text_completion", "created": created, "model": model,
+               "choices": [choice], "usage": usage}
+    out = encode_json(scope, obj)
+    entries = scope.finish("200")
+    return web.Response(body=out, content_type="application/json",
+                        headers={timing.HTTP_HEADER: timing.format_entries(entries)})
+
+
+async def _stream(request, scope, gen, body, rid, created, model, chat) -> web.StreamResponse:  # noqa: ANN001, PLR0913
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    first = True
+    try:
+        async for ev in gen:
+            if chat:
+                delta: dict[str, Any] = {"content": ev.text}
+                if first:
+                    delta["role"] = "assistant"
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": ev.finish_reason}
+            else:
+                choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": ev.finish_reason}
+            first = False
+            chunk: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": model,
+                                     "choices": [choice]}
+            if ev.finish_reason and not include_usage:
+                entries = scope.entries()
+                chunk["server_timing"] = timing.format_entries(entries)
+                await resp.write(sse_event(scope, chunk))
+                scope.finish("200", entries)
+            else:
+                await resp.write(sse_event(scope, chunk))
+        if include_usage:
+            usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
+                     "total_tokens": gen.prompt_tokens + gen.completion_tokens}
+            entries = scope.entries()
+            chunk = {"id": rid, "object": kind, "created": created, "model": model, "choices": [],
+                     "usage": usage, "server_timing": timing.format_entries(entries)}
+            await resp.write(sse_event(scope, chunk))
+            scope.finish("200", entries)
+        await resp.write(SSE_DONE)
+    except PathprobeError as exc:
+        entries = scope.finish(str(exc.http_status), error=exc)
+        await resp.write(sse_event(scope, {**error_body(exc), "server_timing": timing.format_entries(entries)}))
+    except (ConnectionResetError, OSError):
+        scope.finish("499")
+    finally:
+        gen.close()
+    return resp
+
+
+async def models(request: web.Request) -> web.Response:
+    name = request.app[STATE_KEY].engine.model_name
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "pathprobe"}]})
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.post("/v1/completions", completions),
+        web.post("/v1/chat/completions", chat_completions),
+        web.get("/v1/models", models),
+    ]

@@ -1,0 +1,53 @@
+"""Small real clients for tests: gRPC (raw stubs) and HTTP (stdlib), returning timing entries."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import grpc
+
+from pathprobe import timing
+from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
+
+def grpc_generate(target: str, metadata: tuple = (), timeout: float = 30, **fields: Any):
+    """Unary call; returns (response, entries)."""
+    with grpc.insecure_channel(target) as ch:
+        stub = llm_pb2_grpc.LLMStub(ch)
+        resp, call = stub.Generate.with_call(llm_pb2.GenerateRequest(**fields), metadata=metadata, timeout=timeout)
+        return resp, timing.from_metadata(call.trailing_metadata())
+
+
+def grpc_stream(target: str, metadata: tuple = (), timeout: float = 30, **fields: Any):
+    """Streaming call; returns (chunks, entries)."""
+    with grpc.insecure_channel(target) as ch:
+        stub = llm_pb2_grpc.LLMStub(ch)
+        call = stub.GenerateStream(llm_pb2.GenerateRequest(**fields), metadata=metadata, timeout=timeout)
+        chunks = list(call)
+        return chunks, timing.from_metadata(call.trailing_metadata())
+
+
+def http_post(url: str, body: Any, headers: dict[str, str] | None = None, raw: bytes | None = None,
+              timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def sse_events(body: bytes) -> list[Any]:
+    """Parse an SSE body into its JSON events (``[DONE]`` kept as the string)."""
+    out: list[Any] = []
+    for block in body.decode().split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                payload = line[len("data: "):]
+                out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out

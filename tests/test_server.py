@@ -1,0 +1,259 @@
+"""pathprobe serve end to end on loopback: gRPC, native HTTP, OpenAI, timing in-band."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from pathprobe import timing
+from pathprobe.timing import SERVER_ENTRIES
+from tests.support.clients import grpc_generate, grpc_stream, http_post, sse_events
+from tests.support.procs import Server
+
+NAMED = ("srv.decode", "srv.queue", "srv.tokenize", "srv.prefill", "srv.decode_steps", "srv.detokenize", "srv.encode")
+
+
+def assert_complete_split(entries: dict[str, float]) -> None:
+    assert set(SERVER_ENTRIES) <= set(entries), f"missing entries: {set(SERVER_ENTRIES) - set(entries)}"
+    assert all(v >= 0 for v in entries.values())
+    named = sum(entries[n] for n in NAMED)
+    # entries are rounded to 1 us each on the wire
+    assert named <= entries["srv.total"] + 0.008, entries
+
+
+def test_grpc_unary(synthetic_server: Server) -> None:
+    resp, entries = grpc_generate(synthetic_server.grpc_target, prompt="The capital of France is", max_tokens=8,
+                                  request_id="r1")
+    assert resp.usage.completion_tokens == 8 and len(resp.token_ids) == 8
+    assert resp.finish_reason == "length" and resp.request_id == "r1" and resp.text
+    assert_complete_split(entries)
+
+
+def test_grpc_stream_matches_unary(synthetic_server: Server) -> None:
+    resp, _ = grpc_generate(synthetic_server.grpc_target, prompt="hello", max_tokens=6)
+    chunks, entries = grpc_stream(synthetic_server.grpc_target, prompt="hello", max_tokens=6)
+    assert len(chunks) == 6
+    assert "".join(c.text for c in chunks) == resp.text
+    assert [c.index for c in chunks] == list(range(6))
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 6
+    assert_complete_split(entries)
+
+
+def test_http_native_unary_and_sse(synthetic_server: Server) -> None:
+    url = f"{synthetic_server.http_url}/v1/generate"
+    status, headers, body = http_post(url, {"prompt": "hello", "max_tokens": 6})
+    assert status == 200
+    obj = json.loads(body)
+    assert obj["usage"] == {"prompt_tokens": obj["usage"]["prompt_tokens"], "completion_tokens": 6}
+    assert_complete_split(timing.parse(headers["Server-Timing"]))
+    resp, _ = grpc_generate(synthetic_server.grpc_target, prompt="hello", max_tokens=6)
+    assert obj["text"] == resp.text and obj["token_ids"] == list(resp.token_ids)
+
+    status, headers, body = http_post(url, {"prompt": "hello", "max_tokens": 6, "stream": True})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    events = sse_events(body)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert len(chunks) == 6 and "".join(c["text"] for c in chunks) == resp.text
+    assert "server_timing" in chunks[-1] and all("server_timing" not in c for c in chunks[:-1])
+    assert_complete_split(timing.parse(chunks[-1]["server_timing"]))
+
+
+def test_openai_client_completions_and_chat(synthetic_server: Server) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{synthetic_server.http_url}/v1", api_key="none")
+    models = client.models.list()
+    name = models.data[0].id
+    raw = client.completions.with_raw_response.create(model=name, prompt="hello", max_tokens=5)
+    c = raw.parse()
+    assert c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 5
+    assert_complete_split(timing.parse(raw.headers["server-timing"]))
+
+    chat = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
+    assert chat.usage.completion_tokens == 4
+
+    stream = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == chat.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == 4
+    assert_complete_split(timing.parse(chunks[-1].model_extra["server_timing"]))
+
+    stream = client.completions.create(model=name, prompt="hello", max_tokens=5, stream=True)
+    parts = list(stream)
+    assert "".join(p.choices[0].text for p in parts) == c.choices[0].text
+    assert parts[-1].choices[0].finish_reason == "length"
+    assert_complete_split(timing.parse(parts[-1].model_extra["server_timing"]))
+
+
+@pytest.fixture(scope="module")
+def timed_server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("timed"), "--engine", "synthetic", "--prefill-ms-per-token", "0.5",
+                 "--decode-ms-per-token", "5", "--max-batch-size", "2", "--max-queue", "64")
+    yield srv
+    srv.stop()
+
+
+def test_synthetic_times_match_configuration(timed_server: Server) -> None:
+    prompt_ids = list(range(10, 50))  # 40 tokens -> 20 ms prefill
+    for _ in range(3):
+        _, entries = grpc_generate(timed_server.grpc_target, prompt_token_ids=prompt_ids, max_tokens=21)
+        assert entries["srv.prefill"] == pytest.approx(40 * 0.5, rel=0.10)
+        # the first token comes out of prefill; 20 decode steps of 5 ms follow
+        assert entries["srv.decode_steps"] == pytest.approx(20 * 5, rel=0.10)
+        assert entries["srv.queue"] < 2.0
+
+
+def test_queue_grows_only_beyond_batch_slots(timed_server: Server) -> None:
+    def call(_):
+        return grpc_generate(timed_server.grpc_target, prompt="hi", max_tokens=11)[1]
+
+    with ThreadPoolExecutor(2) as pool:
+        within = list(pool.map(call, range(2)))
+    assert max(e["srv.queue"] for e in within) < 5.0
+    with ThreadPoolExecutor(6) as pool:
+        beyond = list(pool.map(call, range(6)))
+    queues = sorted(e["srv.queue"] for e in beyond)
+    # 6 requests, 2 slots, ~50 ms each: the last two wait about two generations
+    assert queues[-1] > 60.0, queues
+    assert all(e["srv.decode_steps"] == pytest.approx(50, rel=0.15) for e in beyond)
+
+
+BAD_GRPC = [
+    ({"prompt": "", "max_tokens": 4}, "prompt"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": -3}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 10_000_000}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 4, "temperature": 2.5}, "temperature"),
+    ({"prompt": "hi", "max_tokens": 4, "temperature": float("nan")}, "temperature"),
+    ({"prompt": "hi", "max_tokens": 4, "top_p": 1.5}, "top_p"),
+    ({"prompt": "hi", "max_tokens": 4, "model": "no-such-model"}, "model"),
+    ({"prompt": "word " * 5000, "max_tokens": 4}, "prompt"),
+    ({"prompt_token_ids": [1, 99_999_999], "max_tokens": 4}, "prompt_token_ids[1]"),
+]
+
+
+@pytest.mark.parametrize(("fields", "field"), BAD_GRPC)
+def test_grpc_bad_input(synthetic_server: Server, fields: dict, field: str) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        grpc_generate(synthetic_server.grpc_target, **fields)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith(field), info.value.details()
+    assert "srv.total" in timing.from_metadata(info.value.trailing_metadata())
+    # still serving
+    assert grpc_generate(synthetic_server.grpc_target, prompt="ok", max_tokens=1)[0].usage.completion_tokens == 1
+
+
+def test_grpc_undecodable_payload(synthetic_server: Server) -> None:
+    with grpc.insecure_channel(synthetic_server.grpc_target) as ch:
+        call = ch.unary_unary("/pathprobe.v1.LLM/Generate")
+        with pytest.raises(grpc.RpcError) as info:
+            call(b"\xff\xff\xff\xff not protobuf", timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "request" in info.value.details()
+
+
+BAD_HTTP = [
+    ("/v1/generate", b"{not json", "body"),
+    ("/v1/generate", b"[1, 2]", "body"),
+    ("/v1/generate", json.dumps({"prompt": "hi", "max_tokens": "4"}).encode(), "max_tokens"),
+    ("/v1/generate", json.dumps({"prompt": 7, "max_tokens": 4}).encode(), "prompt"),
+    ("/v1/generate", json.dumps({"prompt": "hi", "max_tokens": 4, "stream": "yes"}).encode(), "stream"),
+    ("/v1/generate", json.dumps({"prompt": "hi", "max_tokens": 4, "top_p": -0.5}).encode(), "top_p"),
+    ("/v1/generate", json.dumps({"prompt": "hi", "max_tokens": 4, "bogus": 1}).encode(), "bogus"),
+    ("/v1/completions", json.dumps({"prompt": "hi", "max_tokens": "x"}).encode(), "max_tokens"),
+    ("/v1/completions", json.dumps({"max_tokens": 3}).encode(), "prompt"),
+    ("/v1/completions", json.dumps({"prompt": "hi", "temperature": 9}).encode(), "temperature"),
+    ("/v1/completions", json.dumps({"prompt": "hi", "model": "gpt-9"}).encode(), "model"),
+    ("/v1/chat/completions", json.dumps({"messages": "hi"}).encode(), "messages"),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}).encode(),
+     "max_tokens"),
+]
+
+
+@pytest.mark.parametrize(("path", "raw", "field"), BAD_HTTP)
+def test_http_bad_input(synthetic_server: Server, path: str, raw: bytes, field: str) -> None:
+    status, _, body = http_post(synthetic_server.http_url + path, None, raw=raw)
+    assert status == 400, body
+    err = json.loads(body)["error"]
+    assert err["status"] == "INVALID_ARGUMENT"
+    assert err["message"].startswith(field) or (err["param"] or "").startswith(field), err
+    status, _, _ = http_post(synthetic_server.http_url + "/v1/generate", {"prompt": "ok", "max_tokens": 1})
+    assert status == 200
+
+
+def test_http_unknown_path_and_too_large(tmp_path) -> None:
+    srv = Server(tmp_path, "--engine", "synthetic", "--max-body-bytes", "1000")
+    try:
+        status, _, body = http_post(srv.http_url + "/v1/nope", {"a": 1})
+        assert status == 404 and "path" in json.loads(body)["error"]["message"]
+        status, _, body = http_post(srv.http_url + "/v1/generate", {"prompt": "x" * 5000, "max_tokens": 1})
+        assert status == 413 and json.loads(body)["error"]["status"] == "RESOURCE_EXHAUSTED"
+        assert http_post(srv.http_url + "/v1/generate", {"prompt": "ok", "max_tokens": 1})[0] == 200
+    finally:
+        srv.stop()
+
+
+def test_full_queue_is_resource_exhausted_and_disconnect_frees_slot(tmp_path) -> None:
+    srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "20", "--max-batch-size", "1",
+                 "--max-queue", "1")
+    try:
+        results: list[object] = []
+
+        def call() -> None:
+            try:
+                grpc_generate(srv.grpc_target, prompt="hi", max_tokens=20)
+                results.append("ok")
+            except grpc.RpcError as exc:
+                results.append(exc.code())
+
+        threads = [threading.Thread(target=call) for _ in range(4)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        status, _, body = http_post(srv.http_url + "/v1/generate", {"prompt": "hi", "max_tokens": 2})
+        assert status == 429 and json.loads(body)["error"]["status"] == "RESOURCE_EXHAUSTED"
+        for t in threads:
+            t.join()
+        assert results.count("ok") == 2 and results.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 2
+
+        # a client that disconnects mid-stream must not keep its engine slot
+        with grpc.insecure_channel(srv.grpc_target) as ch:
+            from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
+            call = llm_pb2_grpc.LLMStub(ch).GenerateStream(llm_pb2.GenerateRequest(prompt="hi", max_tokens=500))
+            next(call)
+            call.cancel()
+        req = urllib.request.Request(srv.http_url + "/v1/generate", method="POST",
+                                     data=json.dumps({"prompt": "hi", "max_tokens": 500, "stream": True}).encode())
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            resp.readline()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            health = json.loads(urllib.request.urlopen(srv.http_url + "/healthz").read())
+            if health["running"] == 0 and health["queue_depth"] == 0:
+                break
+            time.sleep(0.05)
+        assert health["running"] == 0 and health["queue_depth"] == 0, health
+        _, entries = grpc_generate(srv.grpc_target, prompt="hi", max_tokens=2)
+        assert entries["srv.queue"] < 5.0
+    finally:
+        srv.stop()
+
+
+def test_metrics_exposed(synthetic_server: Server) -> None:
+    grpc_generate(synthetic_server.grpc_target, prompt="hi", max_tokens=2)
+    text = urllib.request.urlopen(f"{synthetic_server.http_url}/metrics").read().decode()
+    assert 'pathprobe_server_requests_total{code="OK",route="grpc.Generate"}' in text
+    assert 'pathprobe_server_segment_ms_bucket{entry="srv.prefill"' in text
+    for name in ("pathprobe_server_queue_depth", "pathprobe_server_running", "pathprobe_server_generated_tokens_total",
+                 "pathprobe_server_batch_size_bucket"):
+        assert name in text
