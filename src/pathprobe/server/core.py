@@ -136,7 +136,9 @@ class RequestScope:
                 telemetry.child_span(_tracer, "engine.detokenize", span, t.decode_start + t.decode_steps,
                                      t.detokenize, {"pathprobe.entry": "srv.detokenize"})
         if self.encode_ms:
-            telemetry.child_span(_tracer, "server.encode", span, now_ms() - self.encode_ms, self.encode_ms,
+            # (possibly several chunks') encoding shown as one interval ending with the response
+            end = self.t0 + entries["srv.total"]
+            telemetry.child_span(_tracer, "server.encode", span, end - self.encode_ms, self.encode_ms,
                                  {"pathprobe.entry": "srv.encode"})
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, error.message))
