@@ -1,0 +1,36 @@
+# Two commands on a fresh machine:  `make demo` (the main job on the tiny model) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast install stubs bench clean
+
+# CPU torch first (a plain `torch` requirement would pull a multi-GB CUDA build).
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/pathprobe compare configs/default.yaml --out out/compare
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+stubs: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I proto --python_out=src --grpc_python_out=src --pyi_out=src proto/pathprobe/v1/llm.proto
+
+bench: $(STAMP)
+	$(PY) bench/gateway_bench.py
+	$(PY) bench/loadgen_bench.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
