@@ -1,0 +1,543 @@
+"""The transformers engine: torch + transformers on CPU or CUDA, continuous batching.
+
+One worker thread owns the model; the event loop only tokenizes, enqueues and hands
+tokens to the front ends, so it stays responsive while the model runs.
+
+Scheduling (continuous batching over a shared, left-padded KV cache):
+
+- ``generate()`` validates, tokenizes (so a context-length error is raised at once),
+  and appends the request to a bounded waiting queue (``max_queue`` → ResourceExhausted).
+- When nothing runs, the worker waits up to ``max_wait_ms`` for up to
+  ``max_batch_size`` requests (dynamic batching window), then prefills them together.
+- While a batch runs, each iteration first admits waiting requests into free slots
+  (one batched, left-padded prefill; their KV rows are merged into the running cache),
+  then runs one decode step for every running request. A request leaves the batch as
+  soon as it finishes or its front end goes away (its cache row is dropped at once), so
+  a slot frees without waiting for the rest of the batch. Requests wait in the queue
+  (``srv.queue`` grows) only when every slot is taken.
+
+Timing per request (ms): ``tokenize`` (in ``generate()``), ``queue`` (enqueued →
+admitted), ``prefill`` (the batched prefill forward that produced its first token),
+``decode_steps`` (every model forward that ran while it was in the batch after its
+prefill, including other requests' prefills that stalled the batch, since that time is
+inference work its tokens waited for), ``detokenize`` (incremental detokenization and
+stop-string checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from pathprobe.engine.base import (
+    Engine,
+    EngineConfig,
+    Generation,
+    GenParams,
+    TokenEvent,
+    check_context,
+    check_token_ids,
+    queue_full,
+    validate,
+)
+from pathprobe.errors import ConfigError, PathprobeError, Unavailable
+from pathprobe.timing import now_ms
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": "float32", "fp32": "float32", "f32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+}
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device in ("", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device: {device!r} asked for but CUDA is not available")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ConfigError(f"device: unknown device {device!r} (cpu, cuda, cuda:N, auto)")
+    return device
+
+
+def pick_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype in ("", "auto"):
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    name = _DTYPES.get(dtype.lower())
+    if name is None:
+        raise ConfigError(f"dtype: unknown dtype {dtype!r} (float32, bfloat16, float16, auto)")
+    return getattr(torch, name)
+
+
+class IncrementalDetokenizer:
+    """Turns token ids into text deltas one at a time (byte-level BPE safe).
+
+    Holds back text while the tail is an incomplete UTF-8 sequence (decodes to U+FFFD),
+    the way vLLM and TGI do: decode a short window before and after the new token and
+    emit the difference.
+    """
+
+    def __init__(self, decode) -> None:
+        self._decode = decode
+        self.ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        prefix_text = self._decode(self.ids[self._prefix:self._read])
+        new_text = self._decode(self.ids[self._prefix:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self.ids)
+            return new_text[len(prefix_text):]
+        return ""
+
+    def flush(self) -> str:
+        prefix_text = self._decode(self.ids[self._prefix:self._read])
+        new_text = self._decode(self.ids[self._prefix:])
+        self._prefix = self._read = len(self.ids)
+        return new_text[len(prefix_text):] if len(new_text) > len(prefix_text) else ""
+
+
+def stop_index(text: str, stops: list[str], new_from: int) -> int | None:
+    """Where the earliest stop string starts, if one ends at or after ``new_from``."""
+    best: int | None = None
+    for s in stops:
+        i = text.find(s, max(0, new_from - len(s) + 1))
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best
+
+
+def holdback(text: str, stops: list[str]) -> int:
+    """How many trailing chars might be the start of a stop string (not sent yet)."""
+    n = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), n, -1):
+            if text.endswith(s[:k]):
+                n = k
+                break
+    return n
+
+
+@dataclass(eq=False)
+class _Req:
+    gen: Generation
+    ids: list[int]
+    loop: asyncio.AbstractEventLoop
+    detok: IncrementalDetokenizer
+    generator: Any = None
+    out: list[int] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0  # chars of text already handed out
+    n_pos: int = 0  # tokens in the KV cache for this row (prompt + fed outputs)
+    last: int = 0  # last sampled token (next decode input)
+    done: bool = False
+
+
+class TransformersEngine(Engine):
+    def __init__(self, config: EngineConfig) -> None:
+        from pathprobe import models
+
+        self.config = config
+        self._folder = models.resolve_model(config.model)
+        self.tokenizer = models.load_tokenizer(config.model)
+        self.model_name = config.model_name or models.model_display_name(config.model, self._folder)
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, self.device)
+        if config.max_batch_size < 1:
+            raise ConfigError(f"max_batch_size: must be at least 1, got {config.max_batch_size}")
+        self.model: Any = None
+        self.max_context = 0
+        self._vocab = len(self.tokenizer)
+        self._eos: set[int] = set()
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[_Req] = collections.deque()
+        self._running = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: counters for tests and /metrics: decode steps, tokens made, requests cancelled
+        self.stats = {"prefills": 0, "decode_steps": 0, "tokens": 0, "cancelled": 0, "finished": 0}
+
+    # --- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._load)
+        self._thread = threading.Thread(target=self._worker, name="pathprobe-engine", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+        from pathprobe.models import has_weights
+
+        folder = str(self._folder)
+        try:
+            if has_weights(self._folder):
+                model = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype, local_files_only=True)
+                model.to(self.device)
+            else:  # a preset: published architecture, random weights made here
+                cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
+                with torch.device(self.device):
+                    model = AutoModelForCausalLM.from_config(cfg, dtype=self.dtype)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model: cannot load {folder}: {exc}") from exc
+        model.eval()
+        self.model = model
+        # transformers >= 5.2x names the KV cache argument ``cache``; older ones ``past_key_values``
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        mcfg = model.config
+        self.max_context = self.config.max_context or int(getattr(mcfg, "max_position_embeddings", 2048))
+        self._vocab = min(len(self.tokenizer), int(mcfg.vocab_size))
+        self._model_vocab = int(mcfg.vocab_size)
+        eos: set[int] = set()
+        try:
+            gc = GenerationConfig.from_pretrained(folder, local_files_only=True)
+            e = gc.eos_token_id
+            eos.update(e if isinstance(e, list) else [e] if e is not None else [])
+        except OSError:
+            pass
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self._eos = eos
+        pad = self.tokenizer.pad_token_id
+        self._pad = pad if pad is not None else (min(eos) if eos else 0)
+        backend = getattr(self.tokenizer, "_tokenizer", None)
+        if backend is not None and hasattr(backend, "decode"):
+            self._decode = lambda ids: backend.decode(ids, skip_special_tokens=True)
+        else:
+            self._decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
+        # warm-up: one tiny prefill + decode so the first request does not pay for lazy init
+        with torch.inference_mode():
+            from transformers import DynamicCache
+
+            ids = torch.tensor([[self._pad, self._pad]], device=self.device)
+            warm = DynamicCache(config=model.config)
+            model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
+            model(input_ids=ids[:, :1], use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    async def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+        with self._cond:
+            left = list(self._waiting)
+            self._waiting.clear()
+        for r in left:
+            r.gen.fail(Unavailable("server shutting down"))
+
+    # --- front-end side ---------------------------------------------------------------
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    def running(self) -> int:
+        return self._running
+
+    def generate(self, params: GenParams) -> Generation:
+        if self._loop is None or self.model is None:
+            raise Unavailable("engine not started")
+        validate(params, model_name=self.model_name)
+        gen = Generation(params)
+        t = gen.timing
+        t.tokenize_start = now_ms()
+        if params.prompt_token_ids:
+            check_token_ids(params.prompt_token_ids, self._vocab)
+            ids = list(params.prompt_token_ids)
+        else:
+            ids = self.tokenizer.encode(params.prompt)
+        t.tokenize = now_ms() - t.tokenize_start
+        check_context(len(ids), params.max_tokens, self.max_context)
+        gen.prompt_tokens = len(ids)
+        req = _Req(gen=gen, ids=ids, loop=asyncio.get_running_loop(), detok=IncrementalDetokenizer(self._decode))
+        with self._cond:
+            if self._stopping:
+                raise Unavailable("server shutting down")
+            if len(self._waiting) >= self.config.max_queue:
+                raise queue_full(len(self._waiting), self.config.max_queue)
+            t.queue_start = now_ms()
+            self._waiting.append(req)
+            self._cond.notify_all()
+        gen.on_close = self._wake  # a closed request leaves the queue / its slot at the next step
+        return gen
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # --- worker thread ------------------------------------------------------------------
+    def _deliver(self, loop: asyncio.AbstractEventLoop, items: list[tuple[Generation, Any]]) -> None:
+        def run() -> None:
+            for gen, item in items:
+                if item is None:
+                    gen.finish()
+                elif isinstance(item, BaseException):
+                    gen.fail(item)
+                else:
+                    gen.push(item)
+
+        try:
+            loop.call_soon_threadsafe(run)
+        except RuntimeError:  # loop closed: nobody is listening any more
+            pass
+
+    def _admit(self, running: list[_Req]) -> list[_Req]:
+        """Take waiting requests into free slots (blocking while there is nothing to do)."""
+        cfg = self.config
+        with self._cond:
+            while not self._stopping and not running and not self._waiting:
+                self._cond.wait()
+            if self._stopping:
+                return []
+            if not running and self._waiting:
+                # dynamic batching window: wait for companions, at most max_wait_ms
+                deadline = self._waiting[0].gen.timing.queue_start + cfg.max_wait_ms
+                while not self._stopping and len(self._waiting) < cfg.max_batch_size:
+                    left = deadline - now_ms()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left / 1000.0)
+            new: list[_Req] = []
+            dropped: list[_Req] = []
+            while self._waiting and len(running) + len(new) < cfg.max_batch_size:
+                r = self._waiting.popleft()
+                (dropped if r.gen.cancelled else new).append(r)
+            self._running = len(running) + len(new)
+        for r in dropped:
+            self.stats["cancelled"] += 1
+            self._deliver(r.loop, [(r.gen, None)])
+        return new
+
+    def _worker(self) -> None:
+        import torch
+
+        running: list[_Req] = []
+        cache: Any = None
+        mask: Any = None
+        with torch.inference_mode():
+            while True:
+                new = self._admit(running)
+                if self._stopping:
+                    break
+                try:
+                    if new:
+                        cache, mask = self._prefill(new, running, cache, mask)
+                        running = running + new
+                        running, cache, mask = self._compact(running, cache, mask)
+                    if running:
+                        mask = self._decode_step(running, cache, mask)
+                        running, cache, mask = self._compact(running, cache, mask)
+                except Exception as exc:  # noqa: BLE001 - every request in the batch learns why
+                    log.exception("engine step failed")
+                    err = PathprobeError(f"engine error: {type(exc).__name__}: {exc}")
+                    for r in running + new:
+                        if not r.done:
+                            r.done = True
+                            self._deliver(r.loop, [(r.gen, err)])
+                    running, cache, mask = [], None, None
+                with self._cond:
+                    self._running = len(running)
+        # shutting down: end what still runs
+        for r in running:
+            self._deliver(r.loop, [(r.gen, Unavailable("server shutting down"))])
+        with self._cond:
+            self._running = 0
+
+    def _prefill(self, new: list[_Req], running: list[_Req], cache: Any, mask: Any) -> tuple[Any, Any]:
+        import torch
+        from transformers import DynamicCache
+
+        start = now_ms()
+        batch = len(running) + len(new)
+        for r in new:
+            t = r.gen.timing
+            t.queue = start - t.queue_start
+            t.prefill_start = start
+            t.batch_size = max(t.batch_size, batch)
+        width = max(len(r.ids) for r in new)
+        ids = torch.full((len(new), width), self._pad, dtype=torch.long)
+        nmask = torch.zeros((len(new), width), dtype=torch.long)
+        for i, r in enumerate(new):
+            n = len(r.ids)
+            ids[i, width - n:] = torch.tensor(r.ids, dtype=torch.long)
+            nmask[i, width - n:] = 1
+            r.n_pos = n
+            if r.gen.params.temperature > 0:
+                r.generator = torch.Generator(device=self.device).manual_seed(int(r.gen.params.seed))
+        ids, nmask = ids.to(self.device), nmask.to(self.device)
+        pos = (nmask.cumsum(-1) - 1).clamp(min=0)
+        ncache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=nmask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **{self._cache_kw: ncache})
+        tokens = self._sample(out.logits[:, -1, :], new)
+        end = now_ms()
+        self.stats["prefills"] += 1
+        for r in running:  # the batch stalled while the newcomers prefilled
+            r.gen.timing.decode_steps += end - start
+            r.gen.timing.batch_size = max(r.gen.timing.batch_size, batch)
+        events = []
+        for r, tok in zip(new, tokens):
+            r.gen.timing.prefill = end - start
+            r.gen.timing.decode_start = end
+            events.append(self._emit(r, tok))
+        self._deliver_events(new, events)
+        if cache is None:
+            return ncache, nmask
+        return _merge(cache, mask, ncache, nmask)
+
+    def _decode_step(self, running: list[_Req], cache: Any, mask: Any) -> Any:
+        import torch
+
+        start = now_ms()
+        ids = torch.tensor([[r.last] for r in running], dtype=torch.long, device=self.device)
+        pos = torch.tensor([[r.n_pos] for r in running], dtype=torch.long, device=self.device)
+        step_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        out = self.model(input_ids=ids, attention_mask=step_mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **{self._cache_kw: cache})
+        tokens = self._sample(out.logits[:, -1, :], running)
+        dur = now_ms() - start
+        self.stats["decode_steps"] += 1
+        events = []
+        for r, tok in zip(running, tokens):
+            r.n_pos += 1
+            t = r.gen.timing
+            t.decode_steps += dur
+            t.batch_size = max(t.batch_size, len(running))
+            events.append(self._emit(r, tok))
+        self._deliver_events(running, events)
+        return step_mask
+
+    def _deliver_events(self, reqs: list[_Req], events: list[TokenEvent | None]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Generation, Any]]] = {}
+        for r, ev in zip(reqs, events):
+            if ev is None:
+                continue
+            items = by_loop.setdefault(r.loop, [])
+            items.append((r.gen, ev))
+            if r.done:
+                items.append((r.gen, None))
+        for loop, items in by_loop.items():
+            self._deliver(loop, items)
+
+    def _sample(self, logits: Any, reqs: list[_Req]) -> list[int]:
+        import torch
+
+        logits = logits.float()
+        if self._model_vocab > self._vocab:  # ids the tokenizer cannot spell (presets)
+            logits[:, self._vocab:] = float("-inf")
+        tokens = logits.argmax(dim=-1).tolist()
+        for i, r in enumerate(reqs):
+            p = r.gen.params
+            if p.temperature <= 0:
+                continue
+            probs = torch.softmax(logits[i] / p.temperature, dim=-1)
+            if p.top_p < 1.0:
+                sp, si = torch.sort(probs, descending=True)
+                cut = (sp.cumsum(-1) - sp) >= p.top_p
+                sp[cut] = 0.0
+                choice = torch.multinomial(sp, 1, generator=r.generator)
+                tokens[i] = int(si[choice].item())
+            else:
+                tokens[i] = int(torch.multinomial(probs, 1, generator=r.generator).item())
+        return tokens
+
+    def _emit(self, r: _Req, tok: int) -> TokenEvent | None:
+        """Account one new token of ``r``: text delta, stop checks, finish reason."""
+        p, t = r.gen.params, r.gen.timing
+        if r.gen.cancelled:  # _compact drops the row and ends the Generation
+            return None
+        d0 = now_ms()
+        r.out.append(tok)
+        r.last = tok
+        self.stats["tokens"] += 1
+        finish: str | None = None
+        if tok in self._eos and not p.ignore_eos:
+            r.text += r.detok.flush()
+            piece = r.text[r.sent:]
+            finish = "stop"
+        else:
+            before = len(r.text)
+            r.text += r.detok.add(tok)
+            at_end = len(r.out) >= p.max_tokens
+            if at_end:
+                r.text += r.detok.flush()
+            cut = stop_index(r.text, p.stop, before) if p.stop else None
+            if cut is not None:
+                piece = r.text[r.sent:cut] if cut >= r.sent else ""
+                r.text = r.text[:cut]
+                finish = "stop"
+            elif at_end:
+                piece = r.text[r.sent:]
+                finish = "length"
+            else:
+                keep = holdback(r.text, p.stop) if p.stop else 0
+                piece = r.text[r.sent:len(r.text) - keep]
+        r.sent += len(piece)
+        if finish:
+            r.done = True
+            self.stats["finished"] += 1
+        t.detokenize += now_ms() - d0
+        return TokenEvent(piece, [tok], finish)
+
+    def _compact(self, running: list[_Req], cache: Any, mask: Any) -> tuple[list[_Req], Any, Any]:
+        """Drop finished / cancelled rows from the batch and trim all-padding columns."""
+        import torch
+
+        for r in running:
+            if not r.done and r.gen.cancelled:
+                r.done = True
+                self.stats["cancelled"] += 1
+                self._deliver(r.loop, [(r.gen, None)])
+        keep = [i for i, r in enumerate(running) if not r.done]
+        if len(keep) == len(running):
+            return running, cache, mask
+        if not keep:
+            return [], None, None
+        idx = torch.tensor(keep, device=mask.device)
+        mask = mask.index_select(0, idx)
+        # leading columns no remaining row attends to
+        used = mask.any(dim=0).nonzero()
+        first = int(used[0].item()) if used.numel() else 0
+        mask = mask[:, first:]
+        for layer in cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)[:, :, first:, :]
+            layer.values = layer.values.index_select(0, idx)[:, :, first:, :]
+        return [running[i] for i in keep], cache, mask
+
+
+def _merge(cache: Any, mask: Any, ncache: Any, nmask: Any) -> tuple[Any, Any]:
+    """Stack two left-padded caches into one (the shorter one is padded on the left)."""
+    import torch
+
+    la, lb = mask.shape[1], nmask.shape[1]
+    width = max(la, lb)
+
+    def pad_mask(m: Any, n: int) -> Any:
+        return m if n == width else torch.cat([m.new_zeros((m.shape[0], width - n)), m], dim=1)
+
+    def pad_kv(x: Any, n: int) -> Any:
+        if n == width:
+            return x
+        b, h, _, d = x.shape
+        return torch.cat([x.new_zeros((b, h, width - n, d)), x], dim=2)
+
+    for la_layer, lb_layer in zip(cache.layers, ncache.layers):
+        la_layer.keys = torch.cat([pad_kv(la_layer.keys, la), pad_kv(lb_layer.keys, lb)], dim=0)
+        la_layer.values = torch.cat([pad_kv(la_layer.values, la), pad_kv(lb_layer.values, lb)], dim=0)
+    return cache, torch.cat([pad_mask(mask, la), pad_mask(nmask, lb)], dim=0)
