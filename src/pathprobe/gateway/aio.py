@@ -1,0 +1,120 @@
+"""asyncio helpers for the HTTP-facing and HTTP-upstream modes: spans, serving, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from pathprobe import telemetry, timing
+from pathprobe.gateway.common import dumps, error_json, http_status_of
+from pathprobe.timing import now_ms
+
+log = logging.getLogger("pathprobe.gateway")
+
+_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
+
+
+def param_of(message: str) -> str | None:
+    """``"max_tokens: must be > 0"`` -> ``"max_tokens"`` (the server's messages name the field first)."""
+    m = _FIELD.match(message or "")
+    return m.group(1) if m else None
+
+
+def json_error(code: grpc.StatusCode, message: str, entries: Mapping[str, float] | None = None,
+               upstream_timing: str | None = None, status: int | None = None,
+               param: str | None = None) -> web.Response:
+    status = status or http_status_of(code)
+    headers = {}
+    if entries is not None or upstream_timing:
+        headers[timing.HTTP_HEADER] = timing.append(upstream_timing, entries or {})
+    body = error_json(status, code, message, param if param is not None else param_of(message))
+    return web.Response(status=status, body=dumps(body), content_type="application/json", headers=headers)
+
+
+class Spans:
+    """SERVER span + children for one gateway call; all no-ops when tracing is off."""
+
+    __slots__ = ("tracer", "server", "ctx", "attrs")
+
+    def __init__(self, tracing: bool, name: str, carrier: Mapping[str, str], attrs: dict[str, Any]) -> None:
+        self.server = None
+        self.ctx = None
+        self.attrs = attrs
+        self.tracer = None
+        if not tracing:
+            return
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        self.tracer = telemetry.get_tracer("pathprobe.gateway")
+        parent = telemetry.extract({k.lower(): v for k, v in carrier.items()})
+        self.server = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs)
+        self.ctx = trace.set_span_in_context(self.server)
+
+    def child(self, name: str, start_ms: float, dur_ms: float) -> None:
+        if self.server is not None:
+            telemetry.child_span(self.tracer, name, self.server, start_ms, dur_ms)
+
+    def client(self, name: str, attrs: dict[str, Any]) -> tuple[Any, dict[str, str]]:
+        """Start the CLIENT span of the upstream call; returns it and the headers to propagate."""
+        if self.server is None:
+            return None, {}
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        span = self.tracer.start_span(name, context=self.ctx, kind=SpanKind.CLIENT, attributes=attrs)
+        carrier: dict[str, str] = {}
+        telemetry.inject(carrier, trace.set_span_in_context(span))
+        return span, carrier
+
+    @staticmethod
+    def end_client(span: Any, attrs: Mapping[str, Any], error: str | None = None) -> None:
+        if span is None:
+            return
+        from opentelemetry.trace import Status, StatusCode
+
+        for k, v in attrs.items():
+            span.set_attribute(k, v)
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+
+    def end(self, attrs: Mapping[str, Any], error: str | None = None) -> None:
+        if self.server is not None:
+            self.end_client(self.server, attrs, error)
+
+
+def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], host: str, port: int, label: str,
+                on_cleanup: Callable[[], Awaitable[None]] | None = None) -> int:
+    """Serve an aiohttp app until SIGTERM/SIGINT."""
+
+    async def main() -> None:
+        app = await app_factory()
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_port=True)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1] if site._server else port  # type: ignore[union-attr]
+        print(f"pathprobe gateway: {label} listening on {host}:{bound}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+        if on_cleanup is not None:
+            await on_cleanup()
+
+    asyncio.run(main())
+    return 0
+
+
+def elapsed(t0: float) -> float:
+    return now_ms() - t0

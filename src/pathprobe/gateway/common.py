@@ -1,0 +1,95 @@
+"""Pieces every gateway mode shares: addresses, error bodies, metadata filtering."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from pathprobe import jsoncodec
+from pathprobe.errors import ConfigError, GRPC_TO_HTTP, PathprobeError
+
+MODES = ("passthrough", "transcode", "reencode", "http-proxy")
+BALANCE = ("round-robin", "least-outstanding")
+
+#: gRPC metadata keys the gateway never copies onto the upstream call (grpc sets them itself).
+_DROP_METADATA = frozenset({"user-agent", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding", "te",
+                            "content-type", "host"})
+#: HTTP hop-by-hop headers (RFC 9110 7.6.1) plus the ones aiohttp recomputes.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
+                        "upgrade", "host", "content-length", "proxy-authenticate", "proxy-authorization"})
+
+
+def parse_hostport(value: str, flag: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{flag}: expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_upstreams(value: str, flag: str = "--upstream") -> list[str]:
+    out = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "://" in item:  # tolerate http://host:port for the HTTP upstream flag
+            item = item.split("://", 1)[1].rstrip("/")
+        host, port = parse_hostport(item, flag)
+        out.append(f"{host}:{port}")
+    if not out:
+        raise ConfigError(f"{flag}: at least one HOST:PORT is needed")
+    return out
+
+
+def forward_metadata(invocation: Any) -> list[tuple[str, str | bytes]]:
+    """Incoming gRPC metadata that goes on to the upstream unchanged."""
+    return [(k, v) for k, v in (invocation or ()) if k[0] != ":" and k not in _DROP_METADATA]
+
+
+def grpc_timeout(time_remaining: float | None) -> float | None:
+    """The sync server reports 'no deadline' as ~9.2e18 s; the channel wants None."""
+    if time_remaining is None or time_remaining > 1e8:
+        return None
+    return time_remaining
+
+
+def error_json(status: int, code: grpc.StatusCode, message: str, param: str | None = None) -> dict[str, Any]:
+    """The same error shape as the server's HTTP front end."""
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status == 400 else code.name.lower(),
+            "code": status,
+            "status": code.name,
+            "param": param,
+        }
+    }
+
+
+def exc_json(exc: PathprobeError) -> dict[str, Any]:
+    return error_json(exc.http_status, exc.grpc_code, exc.message, getattr(exc, "field", None))
+
+
+def http_status_of(code: grpc.StatusCode) -> int:
+    return GRPC_TO_HTTP.get(code, 500)
+
+
+def dumps(obj: Any) -> bytes:
+    return jsoncodec.dumps(obj)
+
+
+@dataclass
+class Entries:
+    """The gateway's own ``gw.*`` durations for one call (ms)."""
+
+    decode: float = 0.0
+    encode: float = 0.0
+    upstream: float = 0.0
+    total: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"gw.decode": self.decode, "gw.encode": self.encode, "gw.upstream": self.upstream,
+                "gw.total": self.total}

@@ -1,0 +1,167 @@
+"""``http-proxy``: HTTP in, HTTP out over a keep-alive pool, no transcoding.
+
+The baseline for the HTTP side. Any method and path is forwarded (native and
+OpenAI-compatible routes alike). ``Server-Timing`` is forwarded with ``gw.*`` appended;
+for SSE streams the event that carries ``server_timing`` is re-written with the gateway's
+entries appended (its parse and re-dump are the only ``gw.decode`` / ``gw.encode``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import grpc
+from aiohttp import web
+
+from pathprobe import timing
+from pathprobe.errors import PathprobeError, PayloadTooLarge
+from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
+from pathprobe.gateway.common import HOP_BY_HOP, Entries
+from pathprobe.gateway import httpup
+from pathprobe.gateway.httpup import body_error, make_session
+from pathprobe.gateway.metrics import Metrics
+from pathprobe.gateway.upstreams import Pool
+from pathprobe.timing import now_ms
+
+
+def _req_headers(h: Any) -> dict[str, str]:
+    return {k: v for k, v in h.items() if k.lower() not in HOP_BY_HOP}
+
+
+class HttpProxy:
+    def __init__(self, args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        self.args = args
+        self.pool = pool
+        self.metrics = metrics
+        self.tracing = tracing
+        self.session: aiohttp.ClientSession | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        t0 = now_ms()
+        ent = Entries()
+        route = f"{request.method} {request.path}"
+        spans = Spans(self.tracing, route, request.headers,
+                      {"http.request.method": request.method, "url.path": request.path,
+                       "network.protocol.name": "http", "server.port": self.args.listen_port,
+                       "pathprobe.gateway.mode": "http-proxy"})
+        up = None
+        status = 0
+        try:
+            if request.content_length is not None and request.content_length > self.args.max_body_bytes:
+                raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
+                                      f"{self.args.max_body_bytes}")
+            try:
+                body = await request.read() if request.body_exists else None
+            except web.HTTPRequestEntityTooLarge:
+                raise PayloadTooLarge(f"body: over the limit of {self.args.max_body_bytes} bytes") from None
+            up = await request_(self, request, body, spans)
+            resp = up.resp
+            status = resp.status
+            headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP
+                       and k.lower() != timing.HTTP_HEADER.lower()}
+            upstream_st = ", ".join(resp.headers.getall(timing.HTTP_HEADER, [])) or None
+            if resp.content_type == "text/event-stream":
+                return await self._stream(request, up, headers, t0, ent, spans)
+            try:
+                data = await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise body_error(up.upstream, exc, self.args.timeout) from None
+            ent.upstream = now_ms() - up.t0
+            Spans.end_client(up.cspan, {"http.response.status_code": status})
+            ent.total = now_ms() - t0
+            headers[timing.HTTP_HEADER] = timing.append(upstream_st, ent.as_dict())
+            self.metrics.observe(route, str(status), ent.total, up.upstream.target, ent.upstream)
+            spans.end({"http.response.status_code": status})
+            return web.Response(status=status, body=data, headers=headers)
+        except PathprobeError as exc:
+            ent.total = now_ms() - t0
+            self.metrics.observe(route, str(exc.http_status), ent.total, up.upstream.target if up else None,
+                                 ent.upstream)
+            spans.end({"http.response.status_code": exc.http_status}, exc.message)
+            return json_error(exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status,
+                              param=getattr(exc, "field", None))
+        finally:
+            if up is not None:
+                up.resp.release()
+                self.pool.release(up.upstream)
+
+    async def _stream(self, request: web.Request, up: Any, headers: dict[str, str], t0: float, ent: Entries,
+                      spans: Spans) -> web.StreamResponse:
+        out = web.StreamResponse(status=up.resp.status, headers=headers)
+        await out.prepare(request)
+        status = up.resp.status
+        try:
+            event: list[bytes] = []
+            try:
+                async for line in up.resp.content:
+                    event.append(line)
+                    if line not in (b"\n", b"\r\n"):
+                        continue
+                    data = b"".join(event)
+                    event = []
+                    if b'"server_timing"' in data and data.startswith(b"data:"):
+                        data = self._rewrite(data, up, t0, ent)
+                    await out.write(data)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                err = body_error(up.upstream, exc, self.args.timeout)
+                code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)
+                from pathprobe.gateway.common import error_json
+
+                ev = error_json(getattr(err, "http_status", 503), code, str(err))
+                await out.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                status = getattr(err, "http_status", 503)
+            if event:
+                await out.write(b"".join(event))
+            await out.write_eof()
+        except ConnectionResetError:
+            status = 499  # client went away; the upstream response is closed in handle()
+            up.resp.close()
+        finally:
+            if ent.upstream == 0:
+                ent.upstream = now_ms() - up.t0
+            if ent.total == 0:
+                ent.total = now_ms() - t0
+            Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status})
+            self.metrics.observe(f"{request.method} {request.path} stream", str(status), ent.total,
+                                 up.upstream.target, ent.upstream)
+            spans.end({"http.response.status_code": status})
+        return out
+
+    def _rewrite(self, data: bytes, up: Any, t0: float, ent: Entries) -> bytes:
+        td = now_ms()
+        try:
+            obj = json.loads(data[5:])
+        except ValueError:
+            return data
+        t1 = now_ms()
+        ent.decode += t1 - td
+        ent.upstream = t1 - up.t0  # the upstream's last timed event: its work is done
+        ent.total = now_ms() - t0
+        obj["server_timing"] = timing.append(obj.get("server_timing"), ent.as_dict())
+        out = b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+        ent.encode += now_ms() - t1
+        return out
+
+
+async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, spans: Spans) -> Any:
+    return await httpup.request(proxy.session, proxy.pool, request.method, request.path_qs,
+                         _req_headers(request.headers), body, proxy.args.timeout, spans)
+
+
+def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
+    p = HttpProxy(args, pool, metrics, tracing)
+
+    async def factory() -> web.Application:
+        p.session = make_session(args.pool_size)
+        app = web.Application(client_max_size=args.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", p.handle)
+        return app
+
+    async def cleanup() -> None:
+        if p.session is not None:
+            await p.session.close()
+
+    return run_aiohttp(factory, args.listen_host, args.listen_port, f"http-proxy -> HTTP {pool.names()}", cleanup)

@@ -1,0 +1,87 @@
+"""HTTP upstream calls over one keep-alive pool, with connect-failure failover."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from pathprobe.errors import DeadlineExceeded, Unavailable
+from pathprobe.gateway.aio import Spans
+from pathprobe.gateway.upstreams import Pool, Upstream
+from pathprobe.timing import now_ms
+
+
+def make_session(pool_size: int) -> aiohttp.ClientSession:
+    conn = aiohttp.TCPConnector(limit=0, limit_per_host=pool_size, keepalive_timeout=75, ttl_dns_cache=None,
+                                force_close=False, enable_cleanup_closed=True)
+    return aiohttp.ClientSession(connector=conn, auto_decompress=False, skip_auto_headers=("User-Agent",))
+
+
+class UpstreamResponse:
+    __slots__ = ("upstream", "resp", "t0", "cspan")
+
+    def __init__(self, upstream: Upstream, resp: aiohttp.ClientResponse, t0: float, cspan: Any) -> None:
+        self.upstream = upstream
+        self.resp = resp
+        self.t0 = t0
+        self.cspan = cspan
+
+
+async def request(session: aiohttp.ClientSession, pool: Pool, method: str, path: str,
+                  headers: Mapping[str, str], body: bytes | None, timeout: float | None,
+                  spans: Spans) -> UpstreamResponse:
+    """Send the request to a picked upstream; returns with the response headers read.
+
+    The caller must ``release`` the response (and ``pool.release(upstream)``). A refused
+    connection (the request never left) is retried on another upstream; anything after
+    the request was sent is reported, never retried.
+    """
+    tried: tuple[Upstream, ...] = ()
+    client_timeout = aiohttp.ClientTimeout(total=timeout) if timeout else aiohttp.ClientTimeout(total=None)
+    while True:
+        u = pool.acquire(tried)
+        host, _, port = u.target.rpartition(":")
+        cspan, carrier = spans.client(f"{method} {path.split('?', 1)[0]}", {
+            "http.request.method": method, "server.address": host, "server.port": int(port),
+            "url.full": f"http://{u.target}{path}"})
+        hdrs = dict(headers)
+        if carrier:
+            for k in ("traceparent", "tracestate", "Traceparent", "Tracestate"):
+                hdrs.pop(k, None)
+            hdrs.update(carrier)
+        t0 = now_ms()
+        try:
+            resp = await session.request(method, f"http://{u.target}{path}", headers=hdrs, data=body,
+                                         timeout=client_timeout, allow_redirects=False)
+        except aiohttp.ClientConnectorError as exc:
+            pool.release(u)
+            u.mark(False, f"connect: {exc.os_error}")
+            Spans.end_client(cspan, {}, "connect failed")
+            tried += (u,)
+            if len(tried) < len(pool.upstreams):
+                continue
+            raise Unavailable(f"upstream {u.target}: connect failed: {exc.os_error}") from None
+        except asyncio.TimeoutError:
+            pool.release(u)
+            Spans.end_client(cspan, {}, "timeout")
+            raise DeadlineExceeded(f"upstream {u.target}: no response within {timeout:.3f}s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            pool.release(u)
+            u.mark(False, str(exc))
+            Spans.end_client(cspan, {}, str(exc))
+            raise Unavailable(f"upstream {u.target}: {type(exc).__name__}: {exc}") from None
+        except BaseException:
+            pool.release(u)
+            Spans.end_client(cspan, {}, "cancelled")
+            raise
+        return UpstreamResponse(u, resp, t0, cspan)
+
+
+def body_error(u: Upstream, exc: BaseException, timeout: float | None) -> Exception:
+    """What a failure while reading an upstream body becomes."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return DeadlineExceeded(f"upstream {u.target}: response not complete within {timeout:.3f}s")
+    return Unavailable(f"upstream {u.target}: {type(exc).__name__}: {exc}")

@@ -1,0 +1,376 @@
+"""``passthrough``: any gRPC method forwarded as raw bytes, never parsed.
+
+Design (chosen by measurement, see docs/results/*-gateway.md): a *sync* ``grpc.server``
+with a generic handler and no (de)serializers, and one sync channel per upstream whose
+calls run entirely on the handler's thread (``SingleThreadedUnaryStream``: the call polls
+its own completion queue, no hand-off to the channel's spin thread). Unary and
+server-streaming methods both go upstream as unary-stream calls: on the wire the two are
+the same, and the unary-stream call can be cancelled from another thread, which gives
+cancellation both ways. The grpc.aio variant of the same proxy costs several times more
+per call on a small machine (thread and event-loop hand-offs).
+
+Cardinality comes from the protobuf descriptor pool for the services this package knows
+(``pathprobe.v1.LLM``, gRPC health); any other method is forwarded as a bidirectional
+stream, so the upstream decides (``UNIMPLEMENTED`` for a method it does not have).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from concurrent import futures
+from typing import Any
+
+import grpc
+import grpc.experimental
+
+from pathprobe import telemetry, timing
+from pathprobe.errors import Unavailable
+from pathprobe.gateway.common import forward_metadata, grpc_timeout
+from pathprobe.gateway.metrics import Metrics
+from pathprobe.gateway.upstreams import Pool, Upstream
+from pathprobe.timing import now_ms
+
+log = logging.getLogger("pathprobe.gateway")
+
+#: Environment that makes grpcio use its older poller (fewer thread hand-offs per call).
+LEGACY_POLLER = "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
+
+CHANNEL_OPTIONS = [
+    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+]
+
+
+def connect_failure(details: str | None) -> bool:
+    """True when the call never reached the upstream (safe to try another one)."""
+    d = (details or "").lower()
+    return "failed to connect" in d or "connection refused" in d
+
+
+def method_kind(method: str) -> tuple[bool, bool] | None:
+    """(client_streaming, server_streaming) of a known method, else None."""
+    from google.protobuf import descriptor_pool
+
+    import pathprobe.v1.llm_pb2  # noqa: F401  (registers pathprobe.v1 in the default pool)
+
+    try:
+        import grpc_health.v1.health_pb2  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pass
+    service, _, name = method.lstrip("/").partition("/")
+    try:
+        md = descriptor_pool.Default().FindServiceByName(service).FindMethodByName(name)
+    except KeyError:
+        return None
+    if md is None:
+        return None
+    return md.client_streaming, md.server_streaming
+
+
+class _Abort(Exception):
+    pass
+
+
+class Passthrough(grpc.GenericRpcHandler):
+    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.tracing = tracing
+        self.tracer = telemetry.get_tracer("pathprobe.gateway") if tracing else None
+        self._handlers: dict[str, Any] = {}
+        for u in pool.upstreams:
+            u.client = grpc.insecure_channel(u.target, options=CHANNEL_OPTIONS)
+
+    # -------------------------------------------------------------- handler lookup
+    def service(self, details: grpc.HandlerCallDetails) -> Any:
+        method = details.method
+        h = self._handlers.get(method)
+        if h is None:
+            h = self._handlers[method] = self._make_handler(method)
+        return h
+
+    def _make_handler(self, method: str) -> Any:
+        kind = method_kind(method)
+        callables: dict[int, Any] = {}
+        bmethod = method
+
+        def upstream_call(u: Upstream) -> Any:
+            mc = callables.get(u.index)
+            if mc is None:
+                mc = callables[u.index] = u.client.unary_stream(bmethod)
+            return mc
+
+        if kind is None or kind[0]:
+            return grpc.stream_stream_rpc_method_handler(self._bidi_handler(method))
+        if kind[1]:
+            return grpc.unary_stream_rpc_method_handler(self._stream_handler(method, upstream_call))
+        return grpc.unary_unary_rpc_method_handler(self._unary_handler(method, upstream_call))
+
+    # -------------------------------------------------------------- shared pieces
+    def _start(self, method: str, ctx: grpc.ServicerContext, md: list) -> Any:
+        if not self.tracing:
+            return None
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        carrier = {k: v for k, v in md if isinstance(v, str)}
+        parent = telemetry.extract(carrier)
+        service, _, name = method.lstrip("/").partition("/")
+        attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name,
+                 "pathprobe.gateway.mode": "passthrough"}
+        span = self.tracer.start_span(method.lstrip("/"), context=parent, kind=SpanKind.SERVER, attributes=attrs)
+        return span, trace.set_span_in_context(span), attrs
+
+    def _client_span(self, tr: Any, method: str, u: Upstream, md: list) -> tuple[Any, list]:
+        if tr is None:
+            return None, md
+        from opentelemetry.trace import SpanKind
+
+        host, _, port = u.target.rpartition(":")
+        span = self.tracer.start_span(method.lstrip("/"), context=tr[1], kind=SpanKind.CLIENT,
+                                      attributes={**tr[2], "server.address": host, "server.port": int(port)})
+        from opentelemetry import trace
+
+        carrier: dict[str, str] = {}
+        telemetry.inject(carrier, trace.set_span_in_context(span))
+        md = [(k, v) for k, v in md if k not in ("traceparent", "tracestate")] + list(carrier.items())
+        return span, md
+
+    @staticmethod
+    def _end_spans(tr: Any, cspan: Any, code: grpc.StatusCode, details: str = "") -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        for span in (cspan, tr[0] if tr else None):
+            if span is None:
+                continue
+            span.set_attribute("rpc.grpc.status_code", code.value[0])
+            if code is not grpc.StatusCode.OK:
+                span.set_status(Status(StatusCode.ERROR, details))
+            span.end()
+
+    def _trailing(self, call: Any, t0: float, t_up: float) -> tuple[list, dict[str, float]]:
+        """Upstream trailing metadata with ``gw.*`` appended to ``server-timing``."""
+        own = {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}
+        out = []
+        upstream_st = None
+        try:
+            tm = call.trailing_metadata() or ()
+        except Exception:
+            tm = ()
+        for k, v in tm:
+            if k == timing.METADATA_KEY:
+                upstream_st = v if upstream_st is None else f"{upstream_st}, {v}"
+            else:
+                out.append((k, v))
+        out.append((timing.METADATA_KEY, timing.append(upstream_st, own)))
+        return out, own
+
+    def _fail(self, ctx: grpc.ServicerContext, u: Upstream | None, err: grpc.RpcError, call: Any, t0: float,
+              t_up: float, method: str, tr: Any, cspan: Any) -> None:
+        if isinstance(err, grpc.RpcError):
+            code, details = err.code(), err.details()
+        else:  # a PathprobeError raised by the gateway itself
+            code, details = getattr(err, "grpc_code", grpc.StatusCode.INTERNAL), str(err)
+        if u is not None and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                      grpc.StatusCode.CANCELLED) and not (details or "").startswith("upstream "):
+            details = f"upstream {u.target}: {details}"
+        if u is not None and code is grpc.StatusCode.UNAVAILABLE and self.metrics is not None:
+            self.metrics.upstream_error(u.target, code.name)
+        md, own = self._trailing(call, t0, t_up) if call is not None else (
+            [(timing.METADATA_KEY, timing.format_entries(
+                {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}))], None)
+        ctx.set_trailing_metadata(md)
+        if self.metrics is not None:
+            self.metrics.observe(method, code.name, now_ms() - t0, u.target if u else None, t_up)
+        if tr is not None:
+            self._end_spans(tr, cspan, code, details)
+        ctx.abort(code, details)
+
+    def _open(self, method: str, request: bytes, ctx: grpc.ServicerContext, upstream_call: Any, tr: Any,
+              md: list, timeout: float | None) -> tuple[Upstream, Any, Any, float]:
+        """Start the upstream call, trying another upstream only when one refused to connect."""
+        tried: tuple[Upstream, ...] = ()
+        while True:
+            u = self.pool.acquire(tried)
+            cspan, cmd = self._client_span(tr, method, u, md)
+            t_up0 = now_ms()
+            call = upstream_call(u)(request, timeout=timeout, metadata=cmd)
+            if not ctx.add_callback(call.cancel):
+                call.cancel()
+            if len(self.pool.upstreams) == 1:
+                return u, call, cspan, t_up0
+            # Multi-upstream: wait for the response headers so a refused connection can fail over.
+            try:
+                call.initial_metadata()
+            except grpc.RpcError:
+                pass
+            if call.done() and call.code() is grpc.StatusCode.UNAVAILABLE and connect_failure(call.details()):
+                self.pool.release(u)
+                u.mark(False, call.details() or "connect failed")
+                if cspan is not None:
+                    self._end_spans(None, cspan, grpc.StatusCode.UNAVAILABLE, call.details() or "")
+                tried += (u,)
+                if len(tried) >= len(self.pool.upstreams):
+                    return u, call, None, t_up0  # report the last refusal (release handled by caller)
+                continue
+            return u, call, cspan, t_up0
+
+    # -------------------------------------------------------------- the three shapes
+    def _unary_handler(self, method: str, upstream_call: Any) -> Any:
+        pool = self.pool
+
+        def handler(request: bytes, ctx: grpc.ServicerContext) -> bytes:
+            t0 = now_ms()
+            md = forward_metadata(ctx.invocation_metadata())
+            tr = self._start(method, ctx, md)
+            timeout = grpc_timeout(ctx.time_remaining())
+            try:
+                u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
+            except Unavailable as exc:
+                return self._fail(ctx, None, exc, None, t0, 0.0, method, tr, None)  # type: ignore[arg-type]
+            try:
+                resp = None
+                try:
+                    for resp in call:
+                        pass
+                except grpc.RpcError as err:
+                    t_up = now_ms() - t_up0
+                    if err.code() is grpc.StatusCode.UNAVAILABLE and not call.trailing_metadata():
+                        u.mark(False, err.details() or "")
+                    self._fail(ctx, u, err, call, t0, t_up, method, tr, cspan)
+                t_up = now_ms() - t_up0
+                im = call.initial_metadata()
+                if im:
+                    ctx.send_initial_metadata(im)
+                tm, own = self._trailing(call, t0, t_up)
+                ctx.set_trailing_metadata(tm)
+            finally:
+                pool.release(u)
+            if self.metrics is not None:
+                self.metrics.observe(method, "OK", own["gw.total"], u.target, t_up)
+            if tr is not None:
+                self._end_spans(tr, cspan, grpc.StatusCode.OK)
+            return resp
+
+        return handler
+
+    def _stream_handler(self, method: str, upstream_call: Any) -> Any:
+        pool = self.pool
+
+        def handler(request: bytes, ctx: grpc.ServicerContext) -> Any:
+            t0 = now_ms()
+            md = forward_metadata(ctx.invocation_metadata())
+            tr = self._start(method, ctx, md)
+            timeout = grpc_timeout(ctx.time_remaining())
+            try:
+                u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
+            except Unavailable as exc:
+                self._fail(ctx, None, exc, None, t0, 0.0, method, tr, None)  # type: ignore[arg-type]
+                return
+            try:
+                try:
+                    first = True
+                    for msg in call:
+                        if first:
+                            first = False
+                            im = call.initial_metadata()
+                            if im:
+                                ctx.send_initial_metadata(im)
+                        yield msg
+                except grpc.RpcError as err:
+                    t_up = now_ms() - t_up0
+                    if err.code() is grpc.StatusCode.UNAVAILABLE and not call.trailing_metadata():
+                        u.mark(False, err.details() or "")
+                    self._fail(ctx, u, err, call, t0, t_up, method, tr, cspan)
+                t_up = now_ms() - t_up0
+                tm, own = self._trailing(call, t0, t_up)
+                ctx.set_trailing_metadata(tm)
+            finally:
+                # a client that went away closes this generator: the upstream call goes too
+                call.cancel()
+                pool.release(u)
+            if self.metrics is not None:
+                self.metrics.observe(method, "OK", own["gw.total"], u.target, t_up)
+            if tr is not None:
+                self._end_spans(tr, cspan, grpc.StatusCode.OK)
+
+        return handler
+
+    def _bidi_handler(self, method: str) -> Any:
+        pool = self.pool
+        callables: dict[int, Any] = {}
+
+        def handler(request_iterator: Any, ctx: grpc.ServicerContext) -> Any:
+            t0 = now_ms()
+            md = forward_metadata(ctx.invocation_metadata())
+            u = pool.acquire()
+            mc = callables.get(u.index)
+            if mc is None:
+                mc = callables[u.index] = u.client.stream_stream(method)
+            t_up0 = now_ms()
+            call = mc(request_iterator, timeout=grpc_timeout(ctx.time_remaining()), metadata=md)
+            if not ctx.add_callback(call.cancel):
+                call.cancel()
+            try:
+                try:
+                    yield from call
+                except grpc.RpcError as err:
+                    self._fail(ctx, u, err, call, t0, now_ms() - t_up0, method, None, None)
+                tm, _ = self._trailing(call, t0, now_ms() - t_up0)
+                ctx.set_trailing_metadata(tm)
+            finally:
+                call.cancel()
+                pool.release(u)
+
+        return handler
+
+
+def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
+    """Run the passthrough server until SIGTERM/SIGINT."""
+    host, port = args.listen_host, args.listen_port
+    children: list[subprocess.Popen] = []
+    if args.workers > 1 and not args.worker_child:
+        # Extra processes bind the same port (SO_REUSEPORT, grpc's default on Linux).
+        argv = [a for a in sys.argv[1:]]
+        for i in range(1, args.workers):
+            children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *argv, "--worker-child"]))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=args.threads, thread_name_prefix="gw"),
+        handlers=(Passthrough(pool, metrics, tracing),),
+        options=[("grpc.max_receive_message_length", args.max_body_bytes),
+                 ("grpc.max_send_message_length", -1),
+                 ("grpc.so_reuseport", 1)],
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if not bound:
+        raise Unavailable(f"--listen: cannot bind {host}:{port}")
+    server.start()
+    log.warning("passthrough gateway on %s:%d -> %s (%s)", host, bound, pool.names(), pool.balance)
+    print(f"pathprobe gateway: passthrough listening on {host}:{bound} -> {pool.names()}", flush=True)
+    done = threading.Event()
+
+    def stop(*_: Any) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    done.wait()
+    for c in children:
+        c.send_signal(signal.SIGTERM)
+    server.stop(grace=1).wait()
+    for c in children:
+        try:
+            c.wait(5)
+        except subprocess.TimeoutExpired:
+            c.kill()
+    return 0
+
+
+def want_legacy_poller(args: Any) -> bool:
+    return args.grpc_poller == "legacy" and os.environ.get("GRPC_EXPERIMENTS") is None

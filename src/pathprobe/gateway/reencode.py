@@ -1,0 +1,276 @@
+"""``reencode``: gRPC in -> protobuf decoded -> JSON -> the server's HTTP ``/v1/generate``.
+
+The "JSON re-encoding inside the gateway" path: every request and response is decoded
+and re-encoded twice. ``gw.decode`` = protobuf request parse + upstream JSON parse,
+``gw.encode`` = JSON request dump + protobuf response serialize. Upstream ``srv.*`` come
+from the ``Server-Timing`` header (unary) or the last SSE event's ``server_timing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from typing import Any
+
+import aiohttp
+import grpc
+import grpc.aio
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from pathprobe import timing
+from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http_to_grpc
+from pathprobe.gateway.aio import Spans
+from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout
+from pathprobe.gateway.httpup import body_error, make_session, request
+from pathprobe.gateway.metrics import Metrics
+from pathprobe.gateway.upstreams import Pool
+from pathprobe.timing import now_ms
+from pathprobe.v1 import llm_pb2
+
+log = logging.getLogger("pathprobe.gateway")
+
+GENERATE = "/pathprobe.v1.LLM/Generate"
+GENERATE_STREAM = "/pathprobe.v1.LLM/GenerateStream"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
+
+def request_to_json(req: llm_pb2.GenerateRequest) -> dict[str, Any]:
+    """Set fields only, with their native JSON types (int64 stays a number)."""
+    out: dict[str, Any] = {}
+    for fd, value in req.ListFields():
+        out[fd.name] = list(value) if fd.is_repeated else value
+    return out
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def _error_of(status: int, body: bytes, target: str) -> _Abort:
+    try:
+        err = json.loads(body)["error"]
+        message = err.get("message") or f"HTTP {status}"
+        code = grpc.StatusCode[err["status"]] if err.get("status") in grpc.StatusCode.__members__ else None
+    except (ValueError, KeyError, TypeError):
+        message, code = body[:200].decode(errors="replace") or f"HTTP {status}", None
+    code = code or http_to_grpc(status)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        message = f"upstream {target}: {message}"
+    return _Abort(code, message)
+
+
+class Reencoder:
+    def __init__(self, args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        self.args = args
+        self.pool = pool
+        self.metrics = metrics
+        self.tracing = tracing
+        self.session: aiohttp.ClientSession | None = None
+
+    def _spans(self, method: str, ctx: grpc.aio.ServicerContext, md: list) -> Spans:
+        return Spans(self.tracing, method.lstrip("/"), {k: v for k, v in md if isinstance(v, str)},
+                     {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
+                      "server.port": self.args.listen_port, "pathprobe.gateway.mode": "reencode"})
+
+    def _decode(self, raw: bytes, ent: Entries, spans: Spans, stream: bool) -> bytes:
+        td = now_ms()
+        try:
+            req = llm_pb2.GenerateRequest.FromString(raw)
+        except DecodeError as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid GenerateRequest ({exc})") from None
+        t1 = now_ms()
+        obj = request_to_json(req)
+        if stream:
+            obj["stream"] = True
+        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+        t2 = now_ms()
+        ent.decode += t1 - td
+        ent.encode += t2 - t1
+        spans.child("gw.decode", td, t1 - td)
+        spans.child("gw.encode", t1, t2 - t1)
+        return body
+
+    def _headers(self, md: list) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        for k, v in md:
+            if isinstance(v, str) and (k in ("traceparent", "tracestate") or k.startswith("x-")):
+                h[k] = v
+        return h
+
+    async def _finish_error(self, ctx: Any, ent: Entries, t0: float, spans: Spans, code: grpc.StatusCode,
+                            details: str, upstream_st: str | None, method: str, target: str | None) -> None:
+        ent.total = now_ms() - t0
+        self.metrics.observe(method, code.name, ent.total, target, ent.upstream)
+        if target and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            self.metrics.upstream_error(target, code.name)
+        spans.end({"rpc.grpc.status_code": code.value[0]}, details)
+        await ctx.abort(code, details, trailing_metadata=((timing.METADATA_KEY,
+                                                            timing.append(upstream_st, ent.as_dict())),))
+
+    # -------------------------------------------------------------- unary
+    async def generate(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
+        t0 = now_ms()
+        ent = Entries()
+        md = forward_metadata(ctx.invocation_metadata())
+        spans = self._spans(GENERATE, ctx, md)
+        timeout = grpc_timeout(ctx.time_remaining()) or self.args.timeout
+        up = None
+        upstream_st = None
+        try:
+            body = self._decode(raw, ent, spans, False)
+            up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
+                               timeout, spans)
+            try:
+                data = await up.resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise body_error(up.upstream, exc, timeout) from None
+            ent.upstream = now_ms() - up.t0
+            upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
+            Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status})
+            if up.resp.status != 200:
+                raise _error_of(up.resp.status, data, up.upstream.target)
+            td = now_ms()
+            msg = llm_pb2.GenerateResponse()
+            json_format.ParseDict(json.loads(data), msg, ignore_unknown_fields=True)
+            t1 = now_ms()
+            out = msg.SerializeToString()
+            t2 = now_ms()
+            ent.decode += t1 - td
+            ent.encode += t2 - t1
+            spans.child("gw.decode", td, t1 - td)
+            spans.child("gw.encode", t1, t2 - t1)
+        except _Abort as exc:
+            await self._finish_error(ctx, ent, t0, spans, exc.code, exc.details, upstream_st, GENERATE,
+                                     up.upstream.target if up else None)
+        except PathprobeError as exc:
+            await self._finish_error(ctx, ent, t0, spans, exc.grpc_code, exc.message, upstream_st, GENERATE,
+                                     up.upstream.target if up else None)
+        finally:
+            if up is not None:
+                up.resp.release()
+                self.pool.release(up.upstream)
+        ent.total = now_ms() - t0
+        ctx.set_trailing_metadata(((timing.METADATA_KEY, timing.append(upstream_st, ent.as_dict())),))
+        self.metrics.observe(GENERATE, "OK", ent.total, up.upstream.target, ent.upstream)
+        spans.end({"rpc.grpc.status_code": 0})
+        return out
+
+    # -------------------------------------------------------------- streaming
+    async def generate_stream(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> Any:
+        t0 = now_ms()
+        ent = Entries()
+        md = forward_metadata(ctx.invocation_metadata())
+        spans = self._spans(GENERATE_STREAM, ctx, md)
+        timeout = grpc_timeout(ctx.time_remaining()) or self.args.timeout
+        up = None
+        upstream_st = None
+        ok = False
+        try:
+            body = self._decode(raw, ent, spans, True)
+            up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
+                               timeout, spans)
+            if up.resp.status != 200:
+                data = await up.resp.read()
+                ent.upstream = now_ms() - up.t0
+                upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
+                Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, "error")
+                raise _error_of(up.resp.status, data, up.upstream.target)
+            try:
+                async for line in up.resp.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        break
+                    td = now_ms()
+                    obj = json.loads(payload)
+                    st = obj.pop("server_timing", None)
+                    if st is not None:
+                        upstream_st = st
+                    if "error" in obj:
+                        err = obj["error"]
+                        status = err.get("code", 500) if isinstance(err.get("code"), int) else 500
+                        raise _error_of(status, json.dumps({"error": err}).encode(), up.upstream.target)
+                    chunk = llm_pb2.GenerateChunk()
+                    json_format.ParseDict(obj, chunk, ignore_unknown_fields=True)
+                    t1 = now_ms()
+                    out = chunk.SerializeToString()
+                    ent.decode += t1 - td
+                    ent.encode += now_ms() - t1
+                    yield out
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise body_error(up.upstream, exc, timeout) from None
+            ent.upstream = now_ms() - up.t0
+            Spans.end_client(up.cspan, {"http.response.status_code": 200})
+            ok = True
+        except _Abort as exc:
+            await self._finish_error(ctx, ent, t0, spans, exc.code, exc.details, upstream_st, GENERATE_STREAM,
+                                     up.upstream.target if up else None)
+        except PathprobeError as exc:
+            await self._finish_error(ctx, ent, t0, spans, exc.grpc_code, exc.message, upstream_st,
+                                     GENERATE_STREAM, up.upstream.target if up else None)
+        finally:
+            if up is not None:
+                if ok:
+                    up.resp.release()
+                else:
+                    up.resp.close()  # a half-read stream: drop the connection, the server frees the slot
+                self.pool.release(up.upstream)
+        ent.total = now_ms() - t0
+        ctx.set_trailing_metadata(((timing.METADATA_KEY, timing.append(upstream_st, ent.as_dict())),))
+        self.metrics.observe(GENERATE_STREAM, "OK", ent.total, up.upstream.target, ent.upstream)
+        spans.end({"rpc.grpc.status_code": 0})
+
+    async def health(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
+        from grpc_health.v1 import health_pb2
+
+        status = (health_pb2.HealthCheckResponse.SERVING if self.pool.any_healthy()
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        return health_pb2.HealthCheckResponse(status=status).SerializeToString()
+
+
+class _Handler(grpc.GenericRpcHandler):
+    def __init__(self, r: Reencoder) -> None:
+        self.handlers = {
+            GENERATE: grpc.unary_unary_rpc_method_handler(r.generate),
+            GENERATE_STREAM: grpc.unary_stream_rpc_method_handler(r.generate_stream),
+            HEALTH_CHECK: grpc.unary_unary_rpc_method_handler(r.health),
+        }
+
+    def service(self, details: grpc.HandlerCallDetails) -> Any:
+        return self.handlers.get(details.method)  # None -> UNIMPLEMENTED
+
+
+def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
+    r = Reencoder(args, pool, metrics, tracing)
+
+    async def main() -> None:
+        r.session = make_session(args.pool_size)
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", args.max_body_bytes),
+                                          ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 1)])
+        server.add_generic_rpc_handlers((_Handler(r),))
+        bound = server.add_insecure_port(f"{args.listen_host}:{args.listen_port}")
+        if not bound:
+            raise Unavailable(f"--listen: cannot bind {args.listen}")
+        await server.start()
+        print(f"pathprobe gateway: reencode listening on {args.listen_host}:{bound} -> HTTP {pool.names()}",
+              flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop(1)
+        await r.session.close()
+
+    asyncio.run(main())
+    return 0
+
+
+__all__ = ["serve", "DeadlineExceeded"]

@@ -1,0 +1,289 @@
+"""``transcode``: the server's native HTTP/JSON routes in front of its gRPC port.
+
+``POST /v1/generate`` (SSE when ``"stream": true``) and ``GET /healthz``, so a client
+switches between server and gateway by changing only the address. JSON -> protobuf with
+:mod:`pathprobe.jsoncodec` (proto field names), gRPC status -> HTTP as grpc-gateway and
+Envoy map it (:data:`pathprobe.errors.GRPC_TO_HTTP`). Timing: ``gw.decode`` = JSON parse
++ message build + upstream response parse, ``gw.encode`` = request serialize + response
+JSON; upstream ``srv.*`` entries come from the call's trailing metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import grpc
+import grpc.aio
+from aiohttp import web
+
+from pathprobe import jsoncodec, timing
+from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge, Unavailable
+from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
+from pathprobe.gateway.common import Entries, exc_json
+from pathprobe.gateway.metrics import Metrics
+from pathprobe.gateway.passthrough import connect_failure
+from pathprobe.gateway.upstreams import Pool, Upstream
+from pathprobe.timing import now_ms
+from pathprobe.v1 import llm_pb2
+
+log = logging.getLogger("pathprobe.gateway")
+
+GENERATE = "/pathprobe.v1.LLM/Generate"
+GENERATE_STREAM = "/pathprobe.v1.LLM/GenerateStream"
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class _Clients:
+    __slots__ = ("channel", "unary", "stream")
+
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])
+        self.unary = self.channel.unary_unary(GENERATE)
+        self.stream = self.channel.unary_stream(GENERATE_STREAM)
+
+
+def _upstream_timing(md: Any) -> str | None:
+    values = [v if isinstance(v, str) else v.decode() for k, v in (md or ()) if k == timing.METADATA_KEY]
+    return ", ".join(values) if values else None
+
+
+class Transcoder:
+    def __init__(self, args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        self.args = args
+        self.pool = pool
+        self.metrics = metrics
+        self.tracing = tracing
+
+    def start_clients(self) -> None:
+        for u in self.pool.upstreams:
+            u.client = _Clients(u.target)
+
+    async def close(self) -> None:
+        for u in self.pool.upstreams:
+            if u.client is not None:
+                await u.client.channel.close()
+
+    # ---------------------------------------------------------------- routes
+    async def healthz(self, request: web.Request) -> web.Response:
+        ok = self.pool.any_healthy()
+        return web.json_response({"status": "ok" if ok else "unavailable",
+                                  "upstreams": {u.target: u.healthy for u in self.pool.upstreams}},
+                                 status=200 if ok else 503)
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        return json_error(grpc.StatusCode.UNIMPLEMENTED, f"path: no route {request.method} {request.path}",
+                          status=404, param="path")
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        t0 = now_ms()
+        ent = Entries()
+        spans = Spans(self.tracing, "POST /v1/generate", request.headers,
+                      {"http.request.method": "POST", "url.path": request.path, "http.route": "/v1/generate",
+                       "network.protocol.name": "http", "server.port": self.args.listen_port,
+                       "pathprobe.gateway.mode": "transcode"})
+        try:
+            if request.content_length is not None and request.content_length > self.args.max_body_bytes:
+                raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
+                                      f"{self.args.max_body_bytes}")
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise PayloadTooLarge(f"body: over the limit of {self.args.max_body_bytes} bytes") from None
+            td = now_ms()
+            obj = jsoncodec.loads_object(body)
+            req = jsoncodec.request_from_dict(obj)
+            stream = jsoncodec.stream_flag(obj)
+            ent.decode = now_ms() - td
+            spans.child("gw.decode", td, ent.decode)
+            te = now_ms()
+            payload = req.SerializeToString()
+            enc = now_ms() - te
+            ent.encode += enc
+        except PathprobeError as exc:
+            ent.total = now_ms() - t0
+            self.metrics.observe("POST /v1/generate", str(exc.http_status), ent.total, None, 0)
+            spans.end({"http.response.status_code": exc.http_status}, exc.message)
+            return web.Response(status=exc.http_status, body=jsoncodec.dumps(exc_json(exc)),
+                                content_type="application/json",
+                                headers={timing.HTTP_HEADER: timing.format_entries(ent.as_dict())})
+        if stream:
+            return await self._stream(request, payload, t0, ent, spans, te, enc)
+        return await self._unary(payload, t0, ent, spans, te, enc)
+
+    # ---------------------------------------------------------------- upstream
+    async def _call(self, kind: str, payload: bytes, spans: Spans) -> tuple[Upstream, Any, Any, float, Any]:
+        """Start the call; a refused connection fails over to another upstream."""
+        tried: tuple[Upstream, ...] = ()
+        while True:
+            u = self.pool.acquire(tried)
+            method = GENERATE_STREAM if kind == "stream" else GENERATE
+            host, _, port = u.target.rpartition(":")
+            cattrs = {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
+                      "server.address": host, "server.port": int(port)}
+            cspan, carrier = spans.client(method.lstrip("/"), cattrs)
+            t_up0 = now_ms()
+            mc = u.client.stream if kind == "stream" else u.client.unary
+            call = mc(payload, timeout=self.args.timeout, metadata=tuple(carrier.items()) or None)
+            if len(self.pool.upstreams) > 1:
+                try:
+                    await call.initial_metadata()
+                except grpc.RpcError:
+                    pass
+                if call.done() and await call.code() is grpc.StatusCode.UNAVAILABLE \
+                        and connect_failure(await call.details()):
+                    self.pool.release(u)
+                    u.mark(False, await call.details() or "connect failed")
+                    Spans.end_client(cspan, {"rpc.grpc.status_code": 14}, "connect failed")
+                    tried += (u,)
+                    if len(tried) < len(self.pool.upstreams):
+                        continue
+            return u, call, cspan, t_up0, cattrs
+
+    def _error(self, err: grpc.aio.AioRpcError, u: Upstream) -> tuple[grpc.StatusCode, str]:
+        code, details = err.code(), err.details() or ""
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            details = f"upstream {u.target}: {details}"
+            if code is grpc.StatusCode.UNAVAILABLE and not err.trailing_metadata():
+                u.mark(False, details)
+            self.metrics.upstream_error(u.target, code.name)
+        return code, details
+
+    async def _unary(self, payload: bytes, t0: float, ent: Entries, spans: Spans, te: float,
+                     enc: float) -> web.Response:
+        try:
+            u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans)
+        except Unavailable as exc:
+            ent.total = now_ms() - t0
+            spans.end({"http.response.status_code": 503}, exc.message)
+            return json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
+        spans.child("gw.encode", te, enc)
+        try:
+            try:
+                raw = await call
+            except grpc.aio.AioRpcError as err:
+                ent.upstream = now_ms() - t_up0
+                code, details = self._error(err, u)
+                Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details)
+                ent.total = now_ms() - t0
+                status = json_error(code, details, ent.as_dict(), _upstream_timing(err.trailing_metadata()))
+                self.metrics.observe("POST /v1/generate", str(status.status), ent.total, u.target, ent.upstream)
+                spans.end({"http.response.status_code": status.status}, details)
+                return status
+            ent.upstream = now_ms() - t_up0
+            upstream_st = _upstream_timing(await call.trailing_metadata())
+            Spans.end_client(cspan, {"rpc.grpc.status_code": 0})
+            td = now_ms()
+            msg = llm_pb2.GenerateResponse.FromString(raw)
+            ent.decode += now_ms() - td
+            spans.child("gw.decode", td, now_ms() - td)
+            te2 = now_ms()
+            body = jsoncodec.dumps(jsoncodec.to_dict(msg))
+            ent.encode += now_ms() - te2
+            spans.child("gw.encode", te2, now_ms() - te2)
+        finally:
+            if not call.done():
+                call.cancel()
+            self.pool.release(u)
+        ent.total = now_ms() - t0
+        self.metrics.observe("POST /v1/generate", "200", ent.total, u.target, ent.upstream)
+        spans.end({"http.response.status_code": 200})
+        return web.Response(body=body, content_type="application/json",
+                            headers={timing.HTTP_HEADER: timing.append(upstream_st, ent.as_dict())})
+
+    async def _stream(self, request: web.Request, payload: bytes, t0: float, ent: Entries, spans: Spans,
+                      te: float, enc: float) -> web.StreamResponse:
+        try:
+            u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans)
+        except Unavailable as exc:
+            ent.total = now_ms() - t0
+            spans.end({"http.response.status_code": 503}, exc.message)
+            return json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
+        spans.child("gw.encode", te, enc)
+        resp: web.StreamResponse | None = None
+        held: dict[str, Any] | None = None
+        status = 200
+        try:
+            try:
+                async for raw in call:
+                    td = now_ms()
+                    chunk = llm_pb2.GenerateChunk.FromString(raw)
+                    t1 = now_ms()
+                    obj = jsoncodec.to_dict(chunk)
+                    ent.decode += t1 - td
+                    if chunk.finish_reason:
+                        ent.encode += now_ms() - t1
+                        held = obj  # the last chunk waits for the trailers (srv.* timing)
+                        continue
+                    data = b"data: " + jsoncodec.dumps(obj) + b"\n\n"
+                    ent.encode += now_ms() - t1
+                    if resp is None:
+                        resp = web.StreamResponse(headers=SSE_HEADERS)
+                        await resp.prepare(request)
+                    await resp.write(data)
+                ent.upstream = now_ms() - t_up0
+                upstream_st = _upstream_timing(await call.trailing_metadata())
+                Spans.end_client(cspan, {"rpc.grpc.status_code": 0})
+                if resp is None:
+                    resp = web.StreamResponse(headers=SSE_HEADERS)
+                    await resp.prepare(request)
+                if held is not None:
+                    t1 = now_ms()
+                    ent.total = t1 - t0
+                    held["server_timing"] = timing.append(upstream_st, ent.as_dict())
+                    data = b"data: " + jsoncodec.dumps(held) + b"\n\n"
+                    ent.encode += now_ms() - t1
+                    await resp.write(data)
+                await resp.write(SSE_DONE)
+            except grpc.aio.AioRpcError as err:
+                ent.upstream = now_ms() - t_up0
+                code, details = self._error(err, u)
+                Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details)
+                ent.total = now_ms() - t0
+                upstream_st = _upstream_timing(err.trailing_metadata())
+                status = 200 if resp is not None else 0
+                if resp is None:  # nothing sent yet: a real HTTP error status
+                    r = json_error(code, details, ent.as_dict(), upstream_st)
+                    status = r.status
+                    self.metrics.observe("POST /v1/generate", str(r.status), ent.total, u.target, ent.upstream)
+                    spans.end({"http.response.status_code": r.status}, details)
+                    return r
+                from pathprobe.gateway.common import error_json, http_status_of
+
+                ev = {**error_json(http_status_of(code), code, details),
+                      "server_timing": timing.append(upstream_st, ent.as_dict())}
+                await resp.write(b"data: " + jsoncodec.dumps(ev) + b"\n\n")
+            except ConnectionResetError:
+                status = 499  # the client went away: the upstream stream is cancelled below
+            except asyncio.CancelledError:
+                status = 499
+                raise
+        finally:
+            if not call.done():
+                call.cancel()
+            self.pool.release(u)
+            if ent.total == 0:
+                ent.total = now_ms() - t0
+            self.metrics.observe("POST /v1/generate stream", str(status), ent.total, u.target, ent.upstream)
+            spans.end({"http.response.status_code": status})
+        return resp
+
+
+def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
+    tc = Transcoder(args, pool, metrics, tracing)
+
+    async def factory() -> web.Application:
+        tc.start_clients()
+        app = web.Application(client_max_size=args.max_body_bytes)
+        app.router.add_post("/v1/generate", tc.generate)
+        app.router.add_get("/healthz", tc.healthz)
+        app.router.add_route("*", "/{tail:.*}", tc.not_found)
+        return app
+
+    return run_aiohttp(factory, args.listen_host, args.listen_port, f"transcode -> gRPC {pool.names()}",
+                       tc.close)
+
+
+__all__ = ["serve", "Transcoder", "InvalidArgument"]

@@ -1,0 +1,179 @@
+"""Upstream set: balancing (round-robin, least-outstanding) and active health checks.
+
+The pool is shared by every mode. Health checks run on one daemon thread (a gRPC
+``grpc.health.v1.Health/Check`` for gRPC upstreams, ``GET /healthz`` for HTTP ones), so
+they work the same under the sync passthrough server and the asyncio modes. A failed
+check (or a connect failure seen by a real call) takes an upstream out; the next passing
+check puts it back.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pathprobe.errors import Unavailable
+
+log = logging.getLogger("pathprobe.gateway")
+
+
+class Upstream:
+    __slots__ = ("target", "kind", "healthy", "outstanding", "failures", "client", "index", "_on_change")
+
+    def __init__(self, target: str, kind: str, index: int) -> None:
+        self.target = target
+        self.kind = kind  # "grpc" | "http"
+        self.index = index
+        self.healthy = True  # optimistic until the first check says otherwise
+        self.outstanding = 0
+        self.failures = 0
+        self.client: Any = None  # mode-specific (a channel, a session, ...)
+        self._on_change: Callable[[Upstream], None] | None = None
+
+    def mark(self, healthy: bool, why: str = "") -> None:
+        if healthy:
+            self.failures = 0
+        if healthy != self.healthy:
+            self.healthy = healthy
+            log.warning("upstream %s is now %s%s", self.target, "healthy" if healthy else "UNHEALTHY",
+                        f" ({why})" if why else "")
+            if self._on_change is not None:
+                self._on_change(self)
+
+    def __repr__(self) -> str:
+        return f"Upstream({self.target}, healthy={self.healthy}, outstanding={self.outstanding})"
+
+
+class Pool:
+    """Picks an upstream per call; tracks outstanding calls per upstream."""
+
+    def __init__(self, targets: Iterable[str], kind: str, balance: str = "round-robin") -> None:
+        self.upstreams = [Upstream(t, kind, i) for i, t in enumerate(targets)]
+        self.kind = kind
+        self.balance = balance
+        self._lock = threading.Lock()
+        self._rr = 0
+        self._single = self.upstreams[0] if len(self.upstreams) == 1 else None
+
+    def set_on_change(self, fn: Callable[[Upstream], None]) -> None:
+        for u in self.upstreams:
+            u._on_change = fn
+
+    def names(self) -> str:
+        return ",".join(u.target for u in self.upstreams)
+
+    def any_healthy(self) -> bool:
+        return any(u.healthy for u in self.upstreams)
+
+    def acquire(self, exclude: tuple[Upstream, ...] = ()) -> Upstream:
+        """Pick an upstream and count the call as outstanding on it (call :meth:`release`)."""
+        with self._lock:
+            single = self._single
+            if single is not None:
+                if exclude:
+                    raise Unavailable(f"upstream {single.target}: unavailable (no other upstream to try)")
+                single.outstanding += 1
+                return single
+            ups = [u for u in self.upstreams if u.healthy and u not in exclude]
+            if not ups:
+                # Health data may be stale: try the others anyway rather than refuse outright.
+                ups = [u for u in self.upstreams if u not in exclude]
+                if not ups:
+                    raise Unavailable(f"no healthy upstream among {self.names()}")
+            self._rr += 1
+            n = len(ups)
+            if self.balance == "least-outstanding":
+                start = self._rr % n
+                best = None
+                for i in range(n):
+                    u = ups[(start + i) % n]
+                    if best is None or u.outstanding < best.outstanding:
+                        best = u
+                u = best
+            else:
+                u = ups[self._rr % n]
+            u.outstanding += 1
+            return u
+
+    def release(self, u: Upstream) -> None:
+        with self._lock:
+            u.outstanding -= 1
+
+
+# ---------------------------------------------------------------------------------- health
+
+
+def check_grpc(target: str, channels: dict[str, Any], timeout: float) -> tuple[bool, str]:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    ch = channels.get(target)
+    if ch is None:
+        ch = channels[target] = grpc.insecure_channel(target)
+    try:
+        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+    except grpc.RpcError as exc:
+        return False, f"health check: {exc.code().name}"
+    ok = resp.status == health_pb2.HealthCheckResponse.SERVING
+    return ok, "" if ok else f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}"
+
+
+def check_http(target: str, timeout: float, path: str = "/healthz") -> tuple[bool, str]:
+    host, _, port = target.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status == 200, f"GET {path} -> {resp.status}"
+    except OSError as exc:
+        return False, f"GET {path}: {exc}"
+    finally:
+        conn.close()
+
+
+class HealthChecker:
+    """Checks every upstream every ``interval`` seconds on a daemon thread."""
+
+    def __init__(self, pool: Pool, interval: float = 1.0, timeout: float = 1.0, fall: int = 1) -> None:
+        self.pool = pool
+        self.interval = interval
+        self.timeout = min(timeout, max(interval, 0.05))
+        self.fall = max(1, fall)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._channels: dict[str, Any] = {}
+
+    def check_once(self) -> None:
+        for u in self.pool.upstreams:
+            if u.kind == "grpc":
+                ok, why = check_grpc(u.target, self._channels, self.timeout)
+            else:
+                ok, why = check_http(u.target, self.timeout)
+            if ok:
+                u.mark(True)
+            else:
+                u.failures += 1
+                if u.failures >= self.fall:
+                    u.mark(False, why)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check_once()
+            except Exception:  # a checker bug must not kill the gateway
+                log.exception("health check failed")
+
+    def start(self) -> HealthChecker:
+        if self.interval > 0:
+            self._thread = threading.Thread(target=self._run, name="gw-health", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for ch in self._channels.values():
+            ch.close()
