@@ -7,6 +7,7 @@ with the ``server-timing`` trailing metadata.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -78,6 +79,9 @@ class LLMService:
         except PathprobeError as exc:
             await self._abort(scope, context, exc)
             raise AssertionError("unreachable")  # abort raises
+        except asyncio.CancelledError:  # client cancelled or its deadline passed
+            scope.finish("CANCELLED")
+            raise
         entries = scope.finish("OK")
         context.set_trailing_metadata(((timing.METADATA_KEY, timing.format_entries(entries)),))
         return out
@@ -105,6 +109,9 @@ class LLMService:
         except PathprobeError as exc:
             await self._abort(scope, context, exc)
             return
+        except asyncio.CancelledError:
+            scope.finish("CANCELLED")
+            raise
         finally:
             if gen is not None and gen.finish_reason is None:
                 gen.close()  # client went away mid-stream: free the engine slot
