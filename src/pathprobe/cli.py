@@ -21,6 +21,7 @@ VERBS = {
     "load": "pathprobe.loadgen.cli",
     "compare": "pathprobe.analysis.compare_cli",
     "analyze": "pathprobe.analysis.analyze_cli",
+    "netem": "pathprobe.netem.cli",
     "make-model": "pathprobe.models",
 }
 

@@ -1,0 +1,340 @@
+"""``pathprobe compare``: the whole job, from config to report files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pathprobe.analysis.config import CompareConfig
+from pathprobe.analysis.report import add_comparisons, markdown, metric_values, summarize_group
+from pathprobe.analysis.runner import (
+    Path_,
+    RunResult,
+    Stack,
+    expected_shift_ms,
+    normalize_address,
+    now_iso,
+    reachable,
+    run_load,
+    split_hostport,
+    versions,
+    wait_ready,
+)
+from pathprobe.errors import ConfigError
+
+
+def _stderr(msg: str) -> None:
+    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
+    L = cfg.load
+    return {
+        "primary_metric": primary,
+        "summary": (f"{L.rounds} interleaved rounds x {L.duration_s:g} s per configuration and concurrency "
+                    f"({', '.join(map(str, L.concurrency))}), order rotated per round; warm-up {L.warmup_s:g} s "
+                    f"per configuration excluded; {L.arrival} arrival"
+                    + (f" at {L.rate:g} req/s" if L.rate else "")
+                    + f"; {'stream' if L.stream else 'unary'}, {L.prompt_set} prompts of {L.prompt_tokens} tokens, "
+                    f"max_tokens {L.max_tokens}. p50/p95/p99 with 95% bootstrap CIs ({cfg.bootstrap} resamples); "
+                    f"Welch's t-test vs the baseline, Holm-adjusted, alpha {cfg.alpha}; a verdict needs "
+                    f"significance and a non-negligible Cliff's delta (>= 0.147)."),
+        "rounds": L.rounds,
+        "duration_s": L.duration_s,
+        "warmup_s": L.warmup_s,
+        "concurrency": L.concurrency,
+        "arrival": L.arrival,
+        "rate": L.rate,
+        "stream": L.stream,
+        "prompt_set": L.prompt_set,
+        "prompt_tokens": L.prompt_tokens,
+        "max_tokens": L.max_tokens,
+        "alpha": cfg.alpha,
+        "test": "Welch's t-test (scipy.stats.ttest_ind, equal_var=False) per request, Holm-Bonferroni across configurations",
+        "effect_sizes": "Cliff's delta (magnitude: Romano et al.) and Cohen's d",
+        "ci": f"percentile bootstrap, {cfg.bootstrap} resamples, 95%",
+        "note": "requests inside one run are not independent (shared queue, machine noise); "
+                "per-round medians are in report.json (targets.*.by_concurrency.*.rounds) to judge stability",
+    }
+
+
+def _prepare_out(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for sub in ("runs", "traces", "logs", "nginx"):
+        shutil.rmtree(out / sub, ignore_errors=True)
+    (out / "traces" / "client").mkdir(parents=True, exist_ok=True)
+
+
+def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = _stderr, html: bool = True) -> dict[str, Any]:
+    out = Path(cfg.out)
+    _prepare_out(out)
+    started = now_iso()
+    t_start = time.monotonic()
+    targets = cfg.enabled_targets
+    stack = Stack(cfg, out, log)
+    paths: dict[str, Path_] = {}
+    primary = "latency" if cfg.load.arrival != "closed" else "e2e"
+    net = cfg.network if (cfg.network and cfg.network.active) else None
+    results: dict[str, list[RunResult]] = {t.name: [] for t in targets}
+    warmups: dict[str, RunResult] = {}
+    try:
+        # ---- early failures: bad addresses, taken ports
+        for i, t in enumerate(targets):
+            if cfg.mode == "remote" or t.kind == "external":
+                host, port = split_hostport(t.address or "")
+                why = reachable(f"{host}:{port}")
+                if why:
+                    raise ConfigError(f"targets[{cfg.targets.index(t)}] '{t.name}': {t.address} is unreachable: {why}")
+        if cfg.mode == "local":
+            stack.check_ports()
+            stack.start_server()
+        # ---- bring every path up and probe it with a real request
+        for t in targets:
+            if cfg.mode == "remote":
+                p = Path_(t, url=normalize_address(t.address or "", t.protocol or "grpc"))
+                try:
+                    if net:
+                        front, m = stack.relay(t.name, "%s:%d" % split_hostport(t.address or ""), net)
+                        p.procs.append(m)
+                        p.url = normalize_address(front, t.protocol or "grpc")
+                    p.probe_ms = wait_ready(p.url, 30, p.procs, t.model)
+                    p.status = "ok"
+                except Exception as exc:  # noqa: BLE001
+                    p.status, p.reason = "failed", f"did not answer: {getattr(exc, 'message', exc)}"
+            else:
+                p = stack.build(t)
+            paths[t.name] = p
+            log(f"{t.name}: {p.status}" + (f" ({p.reason})" if p.reason else f" at {p.url}, "
+                                           f"first request {p.probe_ms:.1f} ms"))
+        live = [p for p in paths.values() if p.status == "ok"]
+        if not live:
+            raise ConfigError("no configuration could be started: "
+                              + "; ".join(f"{p.name}: {p.reason}" for p in paths.values()))
+        traces_dir = out / "traces" / "client"
+        # ---- warm-up, separately, per configuration
+        if cfg.load.warmup_s > 0:
+            for p in live:
+                res = run_load(cfg, p, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
+                               out / "runs" / p.name / "warmup", None)
+                warmups[p.name] = res
+                ok = [r for r in res.records if r.get("ok")]
+                if res.error or not ok:
+                    _fail(p, f"warm-up: {res.error or _first_error(res.records)}")
+                log(f"warm-up {p.name}: {len(ok)} ok of {len(res.records)}")
+        # ---- measured rounds, interleaved
+        n_runs = cfg.load.rounds * len(cfg.load.concurrency)
+        k = 0
+        for rnd in range(cfg.load.rounds):
+            for ci, conc in enumerate(cfg.load.concurrency):
+                k += 1
+                order = [p for p in live if p.status == "ok"]
+                if not order:
+                    break
+                shift = (rnd + ci) % len(order)
+                order = order[shift:] + order[:shift]
+                for p in order:
+                    if p.status != "ok":
+                        continue
+                    dead = p.dead() or (stack.server if stack.server and stack.server.exit_code() is not None else None)
+                    if dead is not None:
+                        _fail(p, f"{dead.name} exited with code {dead.exit_code()} before round {rnd + 1}: {dead.tail()}")
+                        continue
+                    tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
+                    res = run_load(cfg, p, conc, rnd, cfg.load.duration_s,
+                                   out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf)
+                    results[p.name].append(res)
+                    ok = [r for r in res.records if r.get("ok")]
+                    dead = p.dead()
+                    if dead is not None:
+                        _fail(p, f"{dead.name} exited with code {dead.exit_code()} during round {rnd + 1}, "
+                                 f"concurrency {conc}: {dead.tail()}")
+                    elif res.error:
+                        _fail(p, f"round {rnd + 1}, concurrency {conc}: {res.error}")
+                    elif not ok:
+                        _fail(p, f"round {rnd + 1}, concurrency {conc}: every request failed: "
+                                 f"{_first_error(res.records)}")
+                    vals = metric_values([r for r in ok if r.get("split")], primary)
+                    import numpy as np
+
+                    p50 = f"{float(np.median(vals)):.3f} ms" if vals else "–"
+                    log(f"[{k}/{n_runs}] round {rnd + 1} c={conc} {p.name}: {len(ok)} ok, "
+                        f"{len(res.records) - len(ok)} err, p50 {p50}"
+                        + (f"  FAILED: {p.reason}" if p.status == "failed" else ""))
+        if cfg.tracing:
+            time.sleep(1.5)  # servers and gateways export spans every 0.5 s
+    finally:
+        stack.close()
+    report = build_report(cfg, paths, results, warmups, primary, started, t_start)
+    if cfg.tracing:
+        try:
+            attach_traces(cfg, report, results, out, log)
+        except Exception as exc:  # noqa: BLE001 - traces are a bonus; never lose the report for them
+            report["traces_error"] = f"{type(exc).__name__}: {exc}"
+            log(f"traces: {report['traces_error']}")
+    write_reports(report, results, out, html, primary)
+    return report
+
+
+def _first_error(records: list[dict[str, Any]]) -> str:
+    for r in records:
+        if not r.get("ok"):
+            return f"{r.get('status')}: {r.get('error')}"
+    return "no request was sent"
+
+
+def _fail(p: Path_, reason: str) -> None:
+    if p.status != "failed":
+        p.status, p.reason = "failed", reason
+
+
+def build_report(
+    cfg: CompareConfig,
+    paths: dict[str, Path_],
+    results: dict[str, list[RunResult]],
+    warmups: dict[str, RunResult],
+    primary: str,
+    started: str,
+    t_start: float,
+) -> dict[str, Any]:
+    import numpy as np
+
+    concs = cfg.load.concurrency
+    report_targets: dict[str, Any] = {}
+    samples: dict[str, dict[int, list[float]]] = {}
+    for t in cfg.enabled_targets:
+        p = paths.get(t.name) or Path_(t, status="failed", reason="not started")
+        entry: dict[str, Any] = {
+            "status": p.status if p.status != "pending" else "failed",
+            "reason": p.reason,
+            "kind": t.kind,
+            "protocol": t.protocol,
+            "mode": t.mode,
+            "url": p.url,
+            "notes": p.notes,
+            "by_concurrency": {},
+        }
+        w = warmups.get(t.name)
+        if w is not None:
+            ok = sorted((r for r in w.records if r.get("ok")), key=lambda r: r.get("ts", 0))
+            if ok:
+                entry["cold_start"] = {
+                    "first_ms": float(ok[0]["e2e_ms"]),
+                    "probe_ms": p.probe_ms,
+                    "warmup_p50_ms": float(np.median([r["e2e_ms"] for r in ok])),
+                    "n": len(w.records),
+                }
+        elif p.probe_ms is not None:
+            entry["cold_start"] = {"first_ms": p.probe_ms, "probe_ms": p.probe_ms, "n": 0}
+        samples[t.name] = {}
+        for conc in concs:
+            runs = [r for r in results.get(t.name, []) if r.concurrency == conc]
+            if not runs:
+                continue
+            recs = [rec for r in runs for rec in r.records]
+            rounds = {r.round: r.records for r in runs}
+            g = summarize_group(recs, duration_s=sum(r.duration_s for r in runs), primary=primary,
+                                n_boot=cfg.bootstrap, rounds=rounds)
+            entry["by_concurrency"][str(conc)] = g
+            if entry["status"] == "ok":
+                samples[t.name][conc] = metric_values([r for r in recs if r.get("ok") and r.get("split")], primary)
+        report_targets[t.name] = entry
+    baseline = cfg.baseline_name
+    verdicts = add_comparisons(report_targets, samples, baseline, concs, primary, cfg.alpha)
+    net = cfg.network if (cfg.network and cfg.network.active) else None
+    from pathprobe.netem.relay import LinkSpec
+
+    return {
+        "meta": {
+            "started": started,
+            "finished": now_iso(),
+            "wall_s": round(time.monotonic() - t_start, 1),
+            "mode": cfg.mode,
+            "engine": f"{cfg.server.engine} / {cfg.server.model}" if cfg.mode == "local" else "remote",
+            "host": platform.node(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "versions": versions(),
+            "config": json.loads(cfg.model_dump_json()),
+        },
+        "baseline": baseline,
+        "concurrency": concs,
+        "method": method_summary(cfg, primary),
+        "network": {
+            "hop": net.hop,
+            "describe": LinkSpec(net.delay_ms, net.jitter_ms, net.loss, net.rto_ms, net.rate_mbit).describe(),
+            "delay_ms_one_way": net.delay_ms,
+            "expected_request_ms": expected_shift_ms(net),
+            "mechanism": "pathprobe's delaying TCP relay (pathprobe netem) inserted on the hop",
+        } if net else None,
+        "targets": report_targets,
+        "verdicts": verdicts,
+        "_samples": samples,  # removed before writing
+    }
+
+
+def attach_traces(cfg: CompareConfig, report: dict[str, Any], results: dict[str, list[RunResult]], out: Path,
+                  log: Callable[[str], None]) -> None:
+    """List (and write as Jaeger files) the slowest requests' traces; check trace vs in-band split."""
+    from pathprobe.analysis import traces as tr
+    from pathprobe.analysis.records import agreement
+    from pathprobe.analysis.tracesplit import split_trace
+
+    files = sorted((out / "traces").glob("*.jsonl")) + sorted((out / "traces" / "client").glob("*.jsonl"))
+    files = [f for f in files if f.stat().st_size > 0]
+    if not files:
+        return
+    wanted: dict[str, list[dict[str, Any]]] = {}
+    for name, runs in results.items():
+        ok = [r for run in runs for r in run.records if r.get("ok") and r.get("trace_id")]
+        wanted[name] = sorted(ok, key=lambda r: -float(r["e2e_ms"]))[: cfg.slowest]
+    spans = tr.read_spans(files)
+    traces = tr.group_traces(spans)
+    for name, slow in wanted.items():
+        entries = []
+        for rank, r in enumerate(slow, 1):
+            tid = r["trace_id"]
+            item = {"trace_id": tid, "e2e_ms": float(r["e2e_ms"]), "round": r.get("_round", 0) + 1,
+                    "concurrency": r.get("_concurrency"), "split": r.get("split")}
+            if tid in traces:
+                path = tr.write_trace_file([traces[tid]], out / "traces" / "slowest" / name / f"{rank:02d}-{tid}.json")
+                item["file"] = str(path.relative_to(out))
+            entries.append(item)
+        report["targets"][name]["slowest"] = entries
+        # trace-based split vs in-band, for this configuration
+        recs = [r for run in results.get(name, []) for r in run.records]
+        ids = {r["trace_id"] for r in recs if r.get("trace_id")}
+        mine = [traces[i] for i in ids if i in traces]
+        if mine:
+            agr = {src: agreement([split_trace(t, src) for t in mine], recs) for src in ("attributes", "durations")}
+            report["targets"][name]["trace_agreement"] = {
+                src: {"matched": a["matched"], "agree": a["agree"], "rule": a["rule"],
+                      "max_abs_diff_ms": {k: v["max_abs_diff_ms"] for k, v in a["segments"].items()},
+                      "outside": {k: v["outside"] for k, v in a["segments"].items()}}
+                for src, a in agr.items()
+            }
+    log(f"traces: {len(traces)} traces from {len(files)} files; slowest written under {out / 'traces' / 'slowest'}")
+
+
+def write_reports(report: dict[str, Any], results: dict[str, list[RunResult]], out: Path, html: bool,
+                  primary: str) -> None:
+    from pathprobe.analysis.html import json_safe, render
+
+    samples = report.pop("_samples", {})
+    report["files"] = {"json": str(out / "report.json")}
+    if html:
+        report["files"]["html"] = str(out / "report.html")
+    (out / "report.json").write_text(json.dumps(json_safe(report), indent=1), encoding="utf-8")
+    if html:
+        records = {name: {} for name in results}
+        for name, runs in results.items():
+            for run in runs:
+                records[name].setdefault(run.concurrency, []).extend(run.records)
+        render(report, samples, records, out / "report.html")
+    (out / "report.md").write_text(markdown(report) + "\n", encoding="utf-8")

@@ -1,0 +1,294 @@
+"""``pathprobe compare`` configuration: YAML, ``${ENV}`` substitution, pydantic validation.
+
+Errors name the key (``targets[2].mode: ...``) and the problem, and are raised as
+:class:`pathprobe.errors.ConfigError` so the CLI prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pathprobe.errors import ConfigError
+
+GATEWAY_MODES = ("passthrough", "transcode", "reencode", "http-proxy")
+#: what a client speaks to each kind of target, and what the gateway speaks upstream
+CLIENT_PROTOCOL = {"passthrough": "grpc", "transcode": "http", "reencode": "grpc", "http-proxy": "http"}
+UPSTREAM_PROTOCOL = {"passthrough": "grpc", "transcode": "grpc", "reencode": "http", "http-proxy": "http"}
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NetworkConfig(_Strict):
+    """A WAN-like condition on one hop, applied by a delaying TCP relay.
+
+    ``delay_ms`` is ONE-WAY and applies to each direction, like ``tc netem delay``
+    on both ends of a link: a unary request crosses the hop once each way, so its
+    latency (and its network segment) grows by 2 x ``delay_ms``.
+    """
+
+    hop: Literal["client", "upstream"] = Field(
+        "upstream",
+        description="client: client<->first hop (gateway, or server when direct); "
+        "upstream: gateway<->server (direct paths: the client<->server link)",
+    )
+    delay_ms: float = Field(0.0, ge=0, le=60_000)
+    jitter_ms: float = Field(0.0, ge=0, le=60_000)
+    loss: float = Field(0.0, ge=0, lt=1, description="probability a chunk is 'lost' (held one retransmission timeout)")
+    rto_ms: float = Field(200.0, gt=0, description="what a lost chunk costs (Linux' minimum RTO is 200 ms)")
+    rate_mbit: float | None = Field(None, gt=0, description="bandwidth limit per direction")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.delay_ms or self.jitter_ms or self.loss or self.rate_mbit)
+
+
+class ServerConfig(_Strict):
+    engine: Literal["synthetic", "transformers", "vllm"] = "transformers"
+    model: str = "tiny"
+    max_batch_size: int = Field(8, ge=1)
+    max_wait_ms: float | None = Field(None, ge=0)
+    max_queue: int | None = Field(None, ge=1)
+    prefill_ms_per_token: float | None = Field(None, ge=0)
+    decode_ms_per_token: float | None = Field(None, ge=0)
+    extra_args: list[str] = Field(default_factory=list)
+    #: local mode: pin the server's ports (default: free ports); taken ports fail early
+    grpc_port: int | None = Field(None, ge=1, le=65535)
+    http_port: int | None = Field(None, ge=1, le=65535)
+    startup_timeout_s: float = Field(180.0, gt=0)
+
+
+class LoadConfig(_Strict):
+    duration_s: float = Field(4.0, gt=0, description="measured seconds per configuration, round and concurrency")
+    warmup_s: float = Field(2.0, ge=0, description="per configuration, before any measurement")
+    rounds: int = Field(3, ge=1)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4], min_length=1)
+    arrival: Literal["closed", "constant", "poisson"] = "closed"
+    rate: float | None = Field(None, gt=0, description="req/s for open-loop arrival")
+    prompt_set: Literal["fixed", "sweep", "mixed", "file"] = "fixed"
+    prompt_tokens: int = Field(64, ge=1)
+    prompt_file: str | None = None
+    max_tokens: int = Field(16, ge=1)
+    stream: bool = False
+    timeout_s: float = Field(60.0, gt=0, description="per request")
+    extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        for i, c in enumerate(v):
+            if c < 1:
+                raise ValueError(f"entry {i} is {c}; every concurrency must be >= 1")
+        return v
+
+    @model_validator(mode="after")
+    def _rate(self) -> LoadConfig:
+        if self.arrival != "closed" and self.rate is None:
+            raise ValueError(f"arrival '{self.arrival}' needs 'rate' (requests per second)")
+        if self.prompt_set == "file" and not self.prompt_file:
+            raise ValueError("prompt_set 'file' needs 'prompt_file'")
+        return self
+
+
+class TargetConfig(_Strict):
+    """One configuration of the matrix."""
+
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    kind: Literal["direct", "gateway", "nginx", "external"]
+    protocol: Literal["grpc", "http", "openai"] | None = None
+    mode: Literal["passthrough", "transcode", "reencode", "http-proxy"] | None = None
+    #: remote mode (any kind) or external: the address the load generator hits,
+    #: as a URL (grpc://H:P, http://H:P, openai+http://H:P) or H:P
+    address: str | None = None
+    #: local mode: pin the port this configuration listens on (gateway, nginx)
+    port: int | None = Field(None, ge=1, le=65535)
+    #: external OpenAI-compatible targets: the model name to ask for
+    model: str | None = None
+    gateway_args: list[str] = Field(default_factory=list)
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> TargetConfig:
+        if self.kind == "gateway" and self.mode is None:
+            raise ValueError(f"kind 'gateway' needs 'mode' (one of {', '.join(GATEWAY_MODES)})")
+        if self.kind != "gateway" and self.mode is not None:
+            raise ValueError(f"'mode' only applies to kind 'gateway', not '{self.kind}'")
+        if self.kind == "external" and not self.address:
+            raise ValueError("kind 'external' needs 'address'")
+        if self.kind == "direct" and self.protocol is None:
+            self.protocol = "grpc"
+        if self.kind == "gateway" and self.protocol is None:
+            self.protocol = CLIENT_PROTOCOL[self.mode]  # type: ignore[index]
+        if self.kind == "gateway" and self.protocol not in (CLIENT_PROTOCOL[self.mode], "openai"):  # type: ignore[index]
+            if not (self.mode in ("transcode", "http-proxy") and self.protocol == "http"):
+                raise ValueError(
+                    f"gateway mode '{self.mode}' accepts {CLIENT_PROTOCOL[self.mode]} clients, not '{self.protocol}'"  # type: ignore[index]
+                )
+        if self.kind == "nginx" and self.protocol is None:
+            self.protocol = "grpc"
+        if self.kind == "external" and self.protocol is None:
+            self.protocol = _protocol_of(self.address or "") or "openai"
+        return self
+
+
+def _protocol_of(address: str) -> str | None:
+    if address.startswith("grpc://"):
+        return "grpc"
+    if address.startswith("openai+"):
+        return "openai"
+    if address.startswith(("http://", "https://")):
+        return "http"
+    return None
+
+
+def _default_targets() -> list[TargetConfig]:
+    return [
+        TargetConfig(name="direct-grpc", kind="direct", protocol="grpc"),
+        TargetConfig(name="direct-http", kind="direct", protocol="http"),
+        TargetConfig(name="passthrough", kind="gateway", mode="passthrough"),
+        TargetConfig(name="transcode", kind="gateway", mode="transcode"),
+        TargetConfig(name="reencode", kind="gateway", mode="reencode"),
+        TargetConfig(name="http-proxy", kind="gateway", mode="http-proxy"),
+        TargetConfig(name="nginx", kind="nginx"),
+    ]
+
+
+class CompareConfig(_Strict):
+    mode: Literal["local", "remote"] = "local"
+    out: str = "pathprobe-compare"
+    baseline: str | None = Field(None, description="target name every other is tested against (default: the first)")
+    alpha: float = Field(0.05, gt=0, lt=1)
+    bootstrap: int = Field(1000, ge=100)
+    slowest: int = Field(5, ge=0, description="slowest requests per configuration whose traces are listed")
+    tracing: bool = True
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    load: LoadConfig = Field(default_factory=LoadConfig)
+    network: NetworkConfig | None = None
+    targets: list[TargetConfig] = Field(default_factory=_default_targets, min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> CompareConfig:
+        seen: set[str] = set()
+        for t in self.targets:
+            if t.name in seen:
+                raise ValueError(f"target name '{t.name}' appears twice")
+            seen.add(t.name)
+        enabled = [t.name for t in self.targets if t.enabled]
+        if not enabled:
+            raise ValueError("no enabled target")
+        if self.baseline is not None and self.baseline not in enabled:
+            raise ValueError(f"baseline '{self.baseline}' is not an enabled target ({', '.join(enabled)})")
+        if self.mode == "remote":
+            for t in self.targets:
+                if t.enabled and not t.address:
+                    raise ValueError(f"remote mode: target '{t.name}' needs 'address'")
+        return self
+
+    @property
+    def enabled_targets(self) -> list[TargetConfig]:
+        return [t for t in self.targets if t.enabled]
+
+    @property
+    def baseline_name(self) -> str:
+        return self.baseline or self.enabled_targets[0].name
+
+
+# ---------------------------------------------------------------- loading
+
+
+def substitute_env(node: Any, env: dict[str, str] | None = None, path: str = "") -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string value; a missing
+    variable without default is an error naming the key."""
+    env = os.environ if env is None else env
+    if isinstance(node, dict):
+        return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [substitute_env(v, env, f"{path}[{i}]") for i, v in enumerate(node)]
+    if isinstance(node, str):
+        def repl(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"{path or '<root>'}: environment variable ${{{name}}} is not set (use ${{{name}:-default}})")
+
+        whole = _ENV.fullmatch(node)
+        out = _ENV.sub(repl, node)
+        if whole is not None:
+            # a value that is exactly ${VAR} may be a number or bool: let YAML type it
+            import yaml
+
+            try:
+                typed = yaml.safe_load(out)
+            except yaml.YAMLError:
+                return out
+            return typed if isinstance(typed, (int, float, bool)) or typed is None else out
+        return out
+    return node
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+def format_validation_error(exc: ValidationError, source: str = "") -> str:
+    lines = []
+    for err in exc.errors():
+        loc = _loc(tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
+        typ = err.get("type", "")
+        msg = err.get("msg", "invalid")
+        if typ == "extra_forbidden":
+            msg = "unknown key"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        given = err.get("input")
+        if typ not in ("extra_forbidden", "missing") and not isinstance(given, (dict, list)):
+            msg += f" (got {given!r})"
+        lines.append(f"{loc}: {msg}")
+    prefix = f"{source}: " if source else ""
+    return prefix + "; ".join(lines)
+
+
+def parse_config(data: Any, source: str = "", env: dict[str, str] | None = None) -> CompareConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source or 'config'}: the top level must be a mapping of keys, not {type(data).__name__}")
+    data = substitute_env(data, env)
+    try:
+        return CompareConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: str | os.PathLike[str] | None, env: dict[str, str] | None = None) -> CompareConfig:
+    """Read and validate a YAML file (None -> the built-in defaults)."""
+    if path is None:
+        return CompareConfig()
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    return parse_config(data, str(p), env)

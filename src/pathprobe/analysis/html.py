@@ -1,0 +1,309 @@
+"""The HTML report: plots (matplotlib, inline PNG) and the tables, one self-contained file."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pathprobe.analysis.report import SEG_COLS, fmt_ms, metric_values
+from pathprobe.segments import SEGMENTS
+
+SEG_COLORS = {"network": "#4e79a7", "serialization": "#f28e2b", "queueing": "#e15759",
+              "inference": "#59a14f", "other": "#9c755f"}
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _names(report: Mapping[str, Any], conc: int) -> list[str]:
+    return [n for n, t in report["targets"].items() if str(conc) in t.get("by_concurrency", {})
+            and t["by_concurrency"][str(conc)]["ok"] > 0]
+
+
+def plot_segments(report: Mapping[str, Any]) -> str | None:
+    import matplotlib.pyplot as plt
+
+    concs = report["concurrency"]
+    if not any(_names(report, c) for c in concs):
+        return None
+    fig, axes = plt.subplots(1, len(concs), figsize=(5.5 * len(concs), 0.5 + 0.45 * len(report["targets"]) + 1),
+                             squeeze=False)
+    for ax, conc in zip(axes[0], concs):
+        names = _names(report, conc)
+        left = [0.0] * len(names)
+        for seg in SEGMENTS:
+            vals = [max(0.0, report["targets"][n]["by_concurrency"][str(conc)]["segments"][seg].get("mean", 0.0))
+                    for n in names]
+            ax.barh(names, vals, left=left, color=SEG_COLORS[seg], label=seg)
+            left = [a + b for a, b in zip(left, vals)]
+        ax.invert_yaxis()
+        ax.set_xlabel("ms per request (mean)")
+        ax.set_title(f"where the time goes, concurrency {conc}")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][-1].legend(loc="lower right", fontsize=8)
+    return _png(fig)
+
+
+def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequence[float]]]) -> str | None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    concs = report["concurrency"]
+    fig, axes = plt.subplots(1, len(concs), figsize=(5.5 * len(concs), 4), squeeze=False)
+    drawn = False
+    for ax, conc in zip(axes[0], concs):
+        for name in _names(report, conc):
+            x = np.sort(np.asarray(samples.get(name, {}).get(conc, []), dtype=float))
+            if x.size == 0:
+                continue
+            y = np.arange(1, x.size + 1) / x.size
+            ax.step(x, y, where="post", label=name, lw=1.4)
+            drawn = True
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{report['method']['primary_metric']} ms (log)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"latency CDF, concurrency {conc}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    if not drawn:
+        plt.close(fig)
+        return None
+    return _png(fig)
+
+
+def plot_streaming(report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]) -> str | None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    conc = max(report["concurrency"])
+    data = {}
+    for name in _names(report, conc):
+        recs = records.get(name, {}).get(conc, [])
+        ok = [r for r in recs if r.get("ok")]
+        ttft, itl = metric_values(ok, "ttft"), metric_values(ok, "itl")
+        if ttft or itl:
+            data[name] = (ttft, itl)
+    if not data:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, (ttft, itl) in data.items():
+        for ax, vals in zip(axes, (ttft, itl)):
+            if vals:
+                x = np.sort(np.asarray(vals, dtype=float))
+                ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=name, lw=1.4)
+    axes[0].set_title(f"time to first token, concurrency {conc}")
+    axes[1].set_title(f"inter-token latency, concurrency {conc}")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("ms (log)")
+        ax.set_ylabel("fraction")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def plot_sweep(report: Mapping[str, Any]) -> str | None:
+    import matplotlib.pyplot as plt
+
+    concs = report["concurrency"]
+    primary = report["method"]["primary_metric"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    drawn = False
+    for name, t in report["targets"].items():
+        xs, p50, lo, hi, p99, rps = [], [], [], [], [], []
+        for c in concs:
+            g = t.get("by_concurrency", {}).get(str(c))
+            if not g or not g["ok"]:
+                continue
+            est = g[primary]["p50"]
+            xs.append(c)
+            p50.append(est["value"])
+            lo.append(est["value"] - est["lo"])
+            hi.append(est["hi"] - est["value"])
+            p99.append(g[primary]["p99"]["value"])
+            rps.append(g["rps"])
+        if not xs:
+            continue
+        drawn = True
+        line = axes[0].errorbar(xs, p50, yerr=[lo, hi], marker="o", capsize=3, label=f"{name} p50")
+        axes[0].plot(xs, p99, ls="--", marker="x", color=line[0].get_color(), alpha=0.6)
+        axes[1].plot(xs, rps, marker="o", label=name)
+    if not drawn:
+        plt.close(fig)
+        return None
+    axes[0].set_title(f"{primary} vs concurrency (solid p50 with 95% CI, dashed p99)")
+    axes[0].set_ylabel("ms")
+    axes[1].set_title("throughput vs concurrency")
+    axes[1].set_ylabel("successful requests / s")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(concs, [str(c) for c in concs])
+        ax.set_xlabel("concurrency (users)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _png(fig)
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#222;max-width:1400px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
+td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}.verdict{background:#fff6d6;padding:6px 10px;margin:4px 0}
+.failed{color:#b00}.skipped{color:#888}img.plot{max-width:100%;border:1px solid #eee;margin:8px 0}
+code{background:#f4f4f4;padding:1px 3px}.meta{color:#555;font-size:13px}
+"""
+
+_JS = """
+window.addEventListener('load', function () {
+  var imgs = document.querySelectorAll('img.plot');
+  var ok = 0;
+  imgs.forEach(function (im) { if (im.complete && im.naturalWidth > 0) ok++; });
+  document.body.setAttribute('data-plots-total', String(imgs.length));
+  document.body.setAttribute('data-plots-loaded', String(ok));
+});
+"""
+
+
+def _table(report: Mapping[str, Any], conc: int) -> str:
+    primary = report["method"]["primary_metric"]
+    head = ["config", "ok", "err", "req/s", f"{primary} p50", "95% CI", "p95", "p99", *SEGMENTS,
+            "hop1", "hop2", "Δp50", "p (Holm)", "Cliff's δ", "Cohen's d"]
+    rows = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    for name, t in report["targets"].items():
+        g = t.get("by_concurrency", {}).get(str(conc))
+        if g is None:
+            rows.append(f"<tr class='{t['status']}'><td>{html.escape(name)}</td>"
+                        f"<td colspan='{len(head) - 1}' style='text-align:left'>{t['status']}: "
+                        f"{html.escape(str(t.get('reason', '')))}</td></tr>")
+            continue
+        p = g.get(primary, {})
+        seg = g["segments"]
+        c = g.get("comparison") or {}
+        cells = [
+            name + (" (base)" if name == report["baseline"] else "") + (" FAILED" if t["status"] == "failed" else ""),
+            str(g["ok"]), str(g["errors"]), fmt_ms(g["rps"], 1),
+            fmt_ms(p.get("p50", {}).get("value")),
+            f"{fmt_ms(p.get('p50', {}).get('lo'))} – {fmt_ms(p.get('p50', {}).get('hi'))}",
+            fmt_ms(p.get("p95", {}).get("value")), fmt_ms(p.get("p99", {}).get("value")),
+            *[fmt_ms(seg[s].get("mean")) for s in (*SEGMENTS, "network_hop1", "network_hop2")],
+            f"{c['p50_diff_ms']:+.3f}" if c else "–", f"{c['p_adjusted']:.2g}" if c else "–",
+            f"{c['cliffs_delta']:+.2f} ({c['magnitude']})" if c else "–", f"{c['cohens_d']:+.2f}" if c else "–",
+        ]
+        rows.append(f"<tr class='{t['status']}'>" + "".join(f"<td>{html.escape(x)}</td>" for x in cells) + "</tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def render(
+    report: Mapping[str, Any],
+    samples: Mapping[str, Mapping[int, Sequence[float]]],
+    records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+    out_path: str | Path,
+) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    plots = [
+        ("Where the time goes", "Mean milliseconds per request in each segment; the bar's length is the mean "
+         "end-to-end time.", plot_segments(report)),
+        ("Latency distribution", "Empirical CDF of every measured request (rounds pooled).", plot_cdfs(report, samples)),
+        ("Streaming: TTFT and inter-token latency", "Client-observed, highest concurrency.",
+         plot_streaming(report, records)),
+        ("Concurrency sweep", "p50 with its 95% bootstrap interval, p99 dashed; throughput on the right.",
+         plot_sweep(report)),
+    ]
+    meta = report["meta"]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>pathprobe compare</title>"
+             f"<style>{_CSS}</style><script>{_JS}</script></head><body>"]
+    parts.append("<h1>pathprobe compare</h1>")
+    parts.append("<p class='meta'>" + html.escape(
+        f"{meta.get('started', '')} · engine {meta.get('engine', '')} · {meta.get('host', '')} · "
+        f"{meta.get('cpus', '')} CPUs · pathprobe {meta.get('versions', {}).get('pathprobe', '')}") + "</p>")
+    parts.append(f"<p>baseline <b>{html.escape(report['baseline'])}</b>. {html.escape(report['method']['summary'])}</p>")
+    net = report.get("network")
+    if net:
+        parts.append(f"<p>Network condition on hop <b>{html.escape(net['hop'])}</b>: {html.escape(net['describe'])}; "
+                     f"expected +{net['expected_request_ms']:g} ms per request.</p>")
+    parts.append("<h2>Verdicts</h2>")
+    if report["verdicts"]:
+        parts.extend(f"<div class='verdict'>{html.escape(v['text'])}</div>" for v in report["verdicts"])
+    else:
+        parts.append("<p>No configuration differs significantly from the baseline.</p>")
+    for conc in report["concurrency"]:
+        parts.append(f"<h2>Concurrency {conc}</h2>")
+        parts.append(_table(report, conc))
+    for title, caption, png in plots:
+        if png is None:
+            continue
+        parts.append(f"<h2>{html.escape(title)}</h2><p>{html.escape(caption)}</p>")
+        parts.append(f"<img class='plot' alt='{html.escape(title)}' src='data:image/png;base64,{png}'>")
+    parts.append("<h2>Slowest requests' traces</h2>")
+    any_slow = False
+    for name, t in report["targets"].items():
+        slow = t.get("slowest") or []
+        if not slow:
+            continue
+        any_slow = True
+        parts.append(f"<h3>{html.escape(name)}</h3><ul>")
+        for s in slow:
+            link = s.get("file")
+            label = f"{s['e2e_ms']:.3f} ms · c={s['concurrency']} round {s['round']} · trace {s.get('trace_id') or '–'}"
+            if link:
+                parts.append(f"<li><a href='{html.escape(link)}'>{html.escape(label)}</a></li>")
+            else:
+                parts.append(f"<li>{html.escape(label)}</li>")
+        parts.append("</ul>")
+    if any_slow:
+        parts.append("<p>Open a trace file in Jaeger's UI (Search → Upload / JSON File), or run "
+                     "<code>pathprobe analyze FILE</code>.</p>")
+    else:
+        parts.append("<p>No traces were recorded (tracing off).</p>")
+    problems = [(n, t) for n, t in report["targets"].items() if t["status"] in ("failed", "skipped")]
+    if problems:
+        parts.append("<h2>Failed and skipped</h2><ul>")
+        parts.extend(f"<li class='{t['status']}'><b>{html.escape(n)}</b>: {t['status']}: "
+                     f"{html.escape(str(t.get('reason', '')))}</li>" for n, t in problems)
+        parts.append("</ul>")
+    cold = [(n, t["cold_start"]) for n, t in report["targets"].items() if t.get("cold_start")]
+    if cold:
+        parts.append("<h2>Cold start</h2><p>First request after each path came up (not in the figures above), "
+                     "and the warm-up's median.</p><table><tr><th>config</th><th>first request ms</th>"
+                     "<th>warm-up p50 ms</th><th>warm-up requests</th></tr>")
+        for n, c in cold:
+            parts.append(f"<tr><td>{html.escape(n)}</td><td>{fmt_ms(c['first_ms'])}</td>"
+                         f"<td>{fmt_ms(c.get('warmup_p50_ms'))}</td><td>{c.get('n', 0)}</td></tr>")
+        parts.append("</table>")
+    parts.append("<h2>Method</h2><pre>" + html.escape(json.dumps(report["method"], indent=1)) + "</pre>")
+    parts.append("</body></html>")
+    out = Path(out_path)
+    out.write_text("\n".join(parts), encoding="utf-8")
+    return out
+
+
+def _nan_to_none(x: Any) -> Any:
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_nan_to_none(v) for v in x]
+    return x
+
+
+def json_safe(report: Any) -> Any:
+    """NaN/inf -> null so report.json is strict JSON."""
+    return _nan_to_none(report)
+
+
+__all__ = ["render", "json_safe", "SEG_COLS"]

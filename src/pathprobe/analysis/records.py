@@ -1,0 +1,81 @@
+"""Per-request records written by ``pathprobe load`` (``records.jsonl``), and the
+agreement check between trace-based and in-band splits."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pathprobe.errors import PathprobeError
+from pathprobe.segments import SEGMENTS
+
+SPLIT_KEYS = (*SEGMENTS, "network_hop1", "network_hop2")
+
+
+def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    p = Path(path)
+    out: list[dict[str, Any]] = []
+    try:
+        fh = open(p, encoding="utf-8")
+    except OSError as exc:
+        raise PathprobeError(f"{p}: cannot read records: {exc.strerror or exc}") from None
+    with fh:
+        for i, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise PathprobeError(f"{p}:{i}: not a JSON record: {exc.msg}") from None
+    return out
+
+
+def ok_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("ok") and r.get("split")]
+
+
+def within(a: float, b: float, rel: float = 0.05, abs_ms: float = 0.2) -> bool:
+    """The agreement rule: equal within 5% (of the in-band value) or 0.2 ms."""
+    return abs(a - b) <= max(rel * abs(b), abs_ms)
+
+
+def agreement(
+    trace_splits: Sequence[Any],
+    records: Sequence[dict[str, Any]],
+    *,
+    rel: float = 0.05,
+    abs_ms: float = 0.2,
+) -> dict[str, Any]:
+    """Match trace splits to records by trace id; per segment, how far apart they are."""
+    by_id = {r["trace_id"]: r for r in records if r.get("trace_id") and r.get("split")}
+    per: dict[str, dict[str, Any]] = {k: {"n": 0, "outside": 0, "max_abs_diff_ms": 0.0, "worst_trace": None}
+                                      for k in ("e2e", *SPLIT_KEYS)}
+    matched = 0
+    for ts in trace_splits:
+        rec = by_id.get(ts.trace_id)
+        if rec is None or ts.split is None:
+            continue
+        matched += 1
+        mine = ts.split.as_dict()
+        for key, st in per.items():
+            a, b = mine.get(key), rec["split"].get(key)
+            if a is None or b is None:
+                continue
+            st["n"] += 1
+            d = abs(a - b)
+            if d > st["max_abs_diff_ms"]:
+                st["max_abs_diff_ms"], st["worst_trace"] = d, ts.trace_id
+            if not within(a, b, rel, abs_ms):
+                st["outside"] += 1
+    return {
+        "rule": f"|trace - in-band| <= max({rel:.0%} of in-band, {abs_ms} ms)",
+        "traces": len(trace_splits),
+        "records_with_trace": len(by_id),
+        "matched": matched,
+        "segments": per,
+        "agree": matched > 0 and all(st["outside"] == 0 for st in per.values()),
+    }

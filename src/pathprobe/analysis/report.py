@@ -1,0 +1,205 @@
+"""Aggregate compare results into ``report.json`` figures and Markdown tables."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pathprobe.analysis import stats
+from pathprobe.segments import SEGMENTS
+
+SEG_COLS = (*SEGMENTS, "network_hop1", "network_hop2")
+
+
+def _pcts(values: Sequence[float]) -> dict[str, float]:
+    import numpy as np
+
+    if not len(values):
+        return {"n": 0}
+    x = np.asarray(values, dtype=float)
+    p50, p95, p99 = np.percentile(x, [50, 95, 99])
+    return {"n": int(x.size), "mean": float(x.mean()), "p50": float(p50), "p95": float(p95), "p99": float(p99),
+            "max": float(x.max())}
+
+
+def segment_table(by_route: Mapping[str, Sequence[Mapping[str, float]]]) -> str:
+    """A Markdown table of p50/p95/p99 per segment per route (analyze's output)."""
+    lines = ["| route | n | metric | e2e | network | serialization | queueing | inference | other | hop1 | hop2 |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    cols = ("e2e", *SEGMENTS, "network_hop1", "network_hop2")
+    for route, splits in sorted(by_route.items()):
+        per = {c: _pcts([s[c] for s in splits]) for c in cols}
+        for metric in ("mean", "p50", "p95", "p99"):
+            cells = " | ".join(f"{per[c][metric]:.3f}" for c in cols)
+            lines.append(f"| {route if metric == 'mean' else ''} | {len(splits) if metric == 'mean' else ''} | "
+                         f"{metric} | {cells} |")
+    return "\n".join(lines)
+
+
+def metric_values(records: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
+    """Values of one metric from OK records: e2e/latency, a split key, ttft, itl (flattened), tpot."""
+    out: list[float] = []
+    for r in records:
+        if metric == "e2e":
+            out.append(float(r["e2e_ms"]))
+        elif metric == "latency":
+            out.append(float(r.get("latency_ms", r["e2e_ms"])))
+        elif metric == "itl":
+            out.extend(float(x) for x in r.get("itl_ms") or ())
+        elif metric in ("ttft", "tpot"):
+            v = r.get(f"{metric}_ms")
+            if v is not None:
+                out.append(float(v))
+        elif metric == "schedule_lag":
+            out.append(float(r.get("schedule_lag_ms") or 0.0))
+        else:
+            sp = r.get("split") or {}
+            if metric in sp:
+                out.append(float(sp[metric]))
+    return out
+
+
+def summarize_group(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    duration_s: float,
+    primary: str = "e2e",
+    n_boot: int = 1000,
+    rounds: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Every figure for one configuration at one concurrency (records pooled over rounds)."""
+    ok = [r for r in records if r.get("ok") and r.get("split")]
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r.get("ok"):
+            key = str(r.get("status") or "ERROR")
+            errors[key] = errors.get(key, 0) + 1
+    first_error = next((r.get("error") for r in records if not r.get("ok") and r.get("error")), None)
+    out: dict[str, Any] = {
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": len(records) - len(ok),
+        "errors_by_status": errors,
+        "first_error": first_error,
+        "duration_s": duration_s,
+        "rps": len(ok) / duration_s if duration_s > 0 else math.nan,
+        primary: stats.summarize(metric_values(ok, primary), n_boot=n_boot),
+        "segments": {c: _pcts(metric_values(ok, c)) for c in SEG_COLS},
+    }
+    if primary != "e2e":
+        out["e2e"] = _pcts(metric_values(ok, "e2e"))
+    for m in ("ttft", "itl", "tpot", "schedule_lag"):
+        vals = metric_values(ok, m)
+        if vals and any(vals):
+            out[m] = _pcts(vals)
+    if rounds:
+        out["rounds"] = {str(k): _pcts(metric_values([r for r in v if r.get("ok") and r.get("split")], primary))
+                         for k, v in sorted(rounds.items())}
+    return out
+
+
+def fmt_ms(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:.{digits}f}"
+
+
+def _ci(est: Mapping[str, float] | None) -> str:
+    if not est:
+        return "–"
+    return f"{est['value']:.3f} [{est['lo']:.3f}, {est['hi']:.3f}]"
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """The side-by-side tables printed on stdout."""
+    primary = report["method"]["primary_metric"]
+    lines: list[str] = []
+    net = report.get("network")
+    title = f"## pathprobe compare — {report['meta'].get('engine', '')}"
+    lines.append(title)
+    lines.append("")
+    lines.append(f"baseline: **{report['baseline']}**; {report['method']['summary']}")
+    if net:
+        lines.append(f"network condition on hop '{net['hop']}': {net['describe']} "
+                     f"(expected: +{net['expected_request_ms']:g} ms per request: one-way delay x 2 traversals)")
+    lines.append("")
+    targets = report["targets"]
+    for conc in report["concurrency"]:
+        key = str(conc)
+        lines.append(f"### concurrency {conc}")
+        lines.append("")
+        lines.append(f"| config | ok | err | req/s | {primary} p50 [95% CI] ms | p95 | p99 | network | serial. | "
+                     "queue | infer. | other | Δp50 vs base | p (Welch, Holm) | Cliff's δ |")
+        lines.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name, t in targets.items():
+            if t["status"] in ("skipped", "failed") and key not in t.get("by_concurrency", {}):
+                lines.append(f"| {name} | {t['status']}: {t.get('reason', '')} |" + " |" * 13)
+                continue
+            g = t["by_concurrency"].get(key)
+            if g is None:
+                lines.append(f"| {name} | (no run at this concurrency) |" + " |" * 13)
+                continue
+            p = g.get(primary, {})
+            seg = g["segments"]
+            cmp_ = g.get("comparison")
+            name_cell = name + (" (base)" if name == report["baseline"] else "")
+            if t["status"] == "failed":
+                name_cell += " FAILED"
+            lines.append(
+                f"| {name_cell} | {g['ok']} | {g['errors']} | {fmt_ms(g['rps'], 1)} | "
+                f"{_ci(p.get('p50'))} | {fmt_ms(p.get('p95', {}).get('value'))} | "
+                f"{fmt_ms(p.get('p99', {}).get('value'))} | "
+                + " | ".join(fmt_ms(seg[s].get("mean")) for s in SEGMENTS)
+                + " | "
+                + (f"{cmp_['p50_diff_ms']:+.3f} | {cmp_['p_adjusted']:.2g} | {cmp_['cliffs_delta']:+.2f} |"
+                   if cmp_ else "– | – | – |")
+            )
+        lines.append("")
+        verdicts = [v for v in report["verdicts"] if v["concurrency"] == conc]
+        for v in verdicts:
+            lines.append(f"- **verdict**: {v['text']}")
+        if not verdicts:
+            lines.append("- no configuration differs significantly from the baseline at this concurrency")
+        lines.append("")
+    lines.append("Segments are means per request in ms (network + serialization + queue + inference + other = mean e2e).")
+    cold = [(n, t["cold_start"]) for n, t in targets.items() if t.get("cold_start")]
+    if cold:
+        lines.append("")
+        lines.append("cold start (first request after start, excluded from the figures above): "
+                     + ", ".join(f"{n} {c['first_ms']:.1f} ms" for n, c in cold))
+    problems = [(n, t) for n, t in targets.items() if t["status"] in ("failed", "skipped")]
+    for n, t in problems:
+        lines.append(f"- {n}: {t['status']}: {t.get('reason', '')}")
+    if report.get("files"):
+        lines.append("")
+        lines.append("reports: " + ", ".join(f"{k}: {v}" for k, v in report["files"].items()))
+    return "\n".join(lines)
+
+
+def add_comparisons(
+    report_targets: dict[str, Any],
+    samples: Mapping[str, Mapping[int, Sequence[float]]],
+    baseline: str,
+    concurrency: Sequence[int],
+    primary: str,
+    alpha: float,
+) -> list[dict[str, Any]]:
+    """Welch's t-test + effect sizes vs the baseline per concurrency; returns verdicts."""
+    verdicts: list[dict[str, Any]] = []
+    for conc in concurrency:
+        base = samples.get(baseline, {}).get(conc)
+        if not base or len(base) < 2:
+            continue
+        names, comps = [], []
+        for name, per in samples.items():
+            if name == baseline or not per.get(conc) or len(per[conc]) < 2:
+                continue
+            names.append(name)
+            comps.append(stats.compare(per[conc], base, metric=primary))
+        stats.judge(comps, names, baseline, alpha=alpha)
+        for name, comp in zip(names, comps):
+            report_targets[name]["by_concurrency"][str(conc)]["comparison"] = comp.as_dict()
+            if comp.verdict:
+                verdicts.append({"concurrency": conc, "target": name, "text": f"c={conc}: {comp.verdict}"})
+    return verdicts

@@ -1,0 +1,466 @@
+"""``pathprobe compare``'s engine room: start the paths, run the load, collect records.
+
+Local mode starts one model server and, per configuration, the gateway / nginx /
+delay relay it needs, each on a free loopback port, and probes every path with a
+real request before any load. Remote mode only probes the given addresses.
+
+Method: every configuration is warmed up first (its first request is reported as
+the cold start and nothing from the warm-up enters the figures); then, for each
+round and each concurrency, every configuration runs one ``pathprobe load`` of
+the same duration, in an order rotated per round, so drift on a shared machine
+hits all configurations alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
+from pathprobe.errors import ConfigError, PathprobeError
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def reachable(address: str, timeout: float = 3.0) -> str | None:
+    """None when a TCP connection to HOST:PORT succeeds, else the reason."""
+    host, port = split_hostport(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def split_hostport(address: str) -> tuple[str, int]:
+    rest = address.split("://", 1)[-1].split("/", 1)[0]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"address {address!r}: expected [scheme://]HOST:PORT")
+    return host.strip("[]") or LOOPBACK, int(port)
+
+
+def url_for(protocol: str, hostport: str) -> str:
+    scheme = {"grpc": "grpc://", "http": "http://", "openai": "openai+http://"}[protocol]
+    return scheme + hostport
+
+
+def normalize_address(address: str, protocol: str) -> str:
+    """A load-generator URL from an address that may lack its scheme."""
+    if "://" in address:
+        return address
+    return url_for(protocol, address)
+
+
+# ------------------------------------------------------------------ processes
+
+
+@dataclass
+class Managed:
+    """A child process compare started; its output goes to a log file."""
+
+    name: str
+    args: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen | None = None
+
+    def start(self) -> Managed:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self.popen = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    def exit_code(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def tail(self, n: int = 6) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(lines[-n:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.popen.wait()
+        try:
+            self._log.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _py(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pathprobe", *args]
+
+
+# ------------------------------------------------------------------ probes
+
+
+def probe_once(url: str, model: str | None = None, timeout: float = 10.0) -> float:
+    """One real 1-token request over ``url``; returns its latency in ms or raises."""
+    t0 = time.perf_counter()
+    if url.startswith("grpc://"):
+        import grpc
+
+        from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
+        with grpc.insecure_channel(url[len("grpc://"):]) as ch:
+            stub = llm_pb2_grpc.LLMStub(ch)
+            stub.Generate(llm_pb2.GenerateRequest(prompt="Hello", max_tokens=1, model=model or ""), timeout=timeout)
+    else:
+        import urllib.request
+
+        if url.startswith("openai+"):
+            base = url[len("openai+"):].rstrip("/")
+            path, body = "/v1/completions", {"prompt": "Hello", "max_tokens": 1, "model": model or ""}
+            if not model:
+                with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
+                    models = json.loads(resp.read()).get("data") or [{}]
+                body["model"] = models[0].get("id", "")
+        else:
+            base = url.rstrip("/")
+            path, body = "/v1/generate", {"prompt": "Hello", "max_tokens": 1}
+        req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            resp.read()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None) -> float:
+    """Probe until the path answers a real request; raise with the reason on timeout or exit."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        for p in procs:
+            code = p.exit_code()
+            if code is not None:
+                raise PathprobeError(f"{p.name} exited with code {code} while starting: {p.tail()}")
+        try:
+            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready yet
+            last = str(getattr(exc, "details", lambda: None)() or exc).strip().splitlines()[0][:300] if str(exc) else type(exc).__name__
+        time.sleep(0.2)
+    raise PathprobeError(f"{url} not ready after {timeout:.0f} s: {last}")
+
+
+# ------------------------------------------------------------------ paths
+
+
+@dataclass
+class Path_:
+    """One configuration's live path."""
+
+    target: TargetConfig
+    url: str = ""
+    procs: list[Managed] = field(default_factory=list)
+    status: str = "pending"  # pending, ok, failed, skipped
+    reason: str = ""
+    probe_ms: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    def dead(self) -> Managed | None:
+        return next((p for p in self.procs if p.exit_code() is not None), None)
+
+
+def expected_shift_ms(net: NetworkConfig | None) -> float:
+    """What the condition should add to one request: one-way delay x 2 traversals (+ mean jitter)."""
+    if net is None:
+        return 0.0
+    return 2.0 * (net.delay_ms + net.jitter_ms / 2.0)
+
+
+class Stack:
+    """Every process of a local compare; ``close()`` ends them all."""
+
+    def __init__(self, cfg: CompareConfig, out: Path, log: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.out = out
+        self.log = log
+        self.procs: list[Managed] = []
+        self.server_grpc = ""
+        self.server_http = ""
+        self.server: Managed | None = None
+        self.traces_dir = out / "traces"
+
+    def _start(self, m: Managed) -> Managed:
+        self.procs.append(m.start())
+        self._write_pids()
+        return m
+
+    def _write_pids(self) -> None:
+        info = {m.name: m.pid for m in self.procs}
+        (self.out / "processes.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+
+    def _traces_env(self, name: str) -> dict[str, str]:
+        return {}
+
+    def check_ports(self) -> None:
+        """Early failure when a port the config pins is taken."""
+        s = self.cfg.server
+        pinned = [("server.grpc_port", s.grpc_port), ("server.http_port", s.http_port)]
+        pinned += [(f"targets[{i}].port", t.port) for i, t in enumerate(self.cfg.targets) if t.enabled]
+        for key, port in pinned:
+            if port and port_in_use(LOOPBACK, port):
+                raise ConfigError(f"{key}: {LOOPBACK}:{port} is already in use")
+
+    def start_server(self) -> None:
+        s = self.cfg.server
+        gport, hport = s.grpc_port or free_port(), s.http_port or free_port()
+        args = _py("serve", "--engine", s.engine, "--model", s.model, "--host", LOOPBACK,
+                   "--grpc-port", str(gport), "--http-port", str(hport), "--max-batch-size", str(s.max_batch_size))
+        for flag, value in (("--max-wait-ms", s.max_wait_ms), ("--max-queue", s.max_queue),
+                            ("--prefill-ms-per-token", s.prefill_ms_per_token),
+                            ("--decode-ms-per-token", s.decode_ms_per_token)):
+            if value is not None:
+                args += [flag, str(value)]
+        if self.cfg.tracing:
+            args += ["--traces-file", str(self.traces_dir / "server.jsonl")]
+        args += s.extra_args
+        self.log(f"starting server ({s.engine}, {s.model}) on grpc {gport} / http {hport}")
+        self.server = self._start(Managed("server", args, self.out / "logs" / "server.log"))
+        self.server_grpc, self.server_http = f"{LOOPBACK}:{gport}", f"{LOOPBACK}:{hport}"
+        t0 = time.monotonic()
+        wait_ready(url_for("http", self.server_http), s.startup_timeout_s, [self.server])
+        wait_ready(url_for("grpc", self.server_grpc), 30, [self.server])
+        self.log(f"server ready after {time.monotonic() - t0:.1f} s")
+
+    def relay(self, name: str, upstream: str, net: NetworkConfig) -> tuple[str, Managed]:
+        port = free_port()
+        args = _py("netem", "--listen", f"{LOOPBACK}:{port}", "--upstream", upstream,
+                   "--delay-ms", str(net.delay_ms), "--jitter-ms", str(net.jitter_ms), "--loss", str(net.loss),
+                   "--rto-ms", str(net.rto_ms))
+        if net.rate_mbit:
+            args += ["--rate-mbit", str(net.rate_mbit)]
+        m = self._start(Managed(f"{name}-relay", args, self.out / "logs" / f"{name}-relay.log"))
+        deadline = time.monotonic() + 20
+        while reachable(f"{LOOPBACK}:{port}", 0.5) is not None:
+            if m.exit_code() is not None:
+                raise PathprobeError(f"delay relay exited with code {m.exit_code()}: {m.tail()}")
+            if time.monotonic() > deadline:
+                raise PathprobeError(f"delay relay on port {port} not listening after 20 s")
+            time.sleep(0.1)
+        return f"{LOOPBACK}:{port}", m
+
+    def build(self, t: TargetConfig) -> Path_:
+        """Start what target ``t`` needs; returns its path (status ok/failed/skipped)."""
+        p = Path_(t)
+        net = self.cfg.network if (self.cfg.network and self.cfg.network.active) else None
+        try:
+            if t.kind == "external":
+                addr = split_hostport(t.address or "")
+                why = reachable(f"{addr[0]}:{addr[1]}")
+                if why:
+                    raise ConfigError(f"target '{t.name}': {t.address} is unreachable: {why}")
+                front = f"{addr[0]}:{addr[1]}"
+                if net:
+                    if net.hop == "upstream":
+                        p.notes.append("external target: the condition is put on the only hop pathprobe controls "
+                                       "(client <-> target)")
+                    front, m = self.relay(t.name, front, net)
+                    p.procs.append(m)
+                p.url = url_for(t.protocol or "openai", front)
+            elif t.kind == "direct":
+                upstream = self.server_grpc if t.protocol == "grpc" else self.server_http
+                if net:
+                    if net.hop == "upstream":
+                        p.notes.append("direct path: no gateway, the condition is on the client <-> server link")
+                    upstream, m = self.relay(t.name, upstream, net)
+                    p.procs.append(m)
+                p.url = url_for(t.protocol or "grpc", upstream)
+            elif t.kind in ("gateway", "nginx"):
+                up_proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else "grpc"  # type: ignore[index]
+                upstream = self.server_grpc if up_proto == "grpc" else self.server_http
+                if net and net.hop == "upstream":
+                    upstream, m = self.relay(f"{t.name}-up", upstream, net)
+                    p.procs.append(m)
+                port = t.port or free_port()
+                if t.kind == "gateway":
+                    args = _py("gateway", "--mode", t.mode or "passthrough", "--listen", f"{LOOPBACK}:{port}",
+                               "--upstream", upstream)
+                    if self.cfg.tracing:
+                        args += ["--traces-file", str(self.traces_dir / f"gateway-{t.name}.jsonl")]
+                    args += t.gateway_args
+                    p.procs.append(self._start(Managed(t.name, args, self.out / "logs" / f"{t.name}.log")))
+                else:
+                    nginx = shutil.which("nginx")
+                    if not nginx:
+                        p.status, p.reason = "skipped", "nginx is not installed (not on PATH)"
+                        return p
+                    p.procs.append(self._start(self._nginx(t.name, nginx, port, upstream)))
+                front = f"{LOOPBACK}:{port}"
+                if net and net.hop == "client":
+                    front, m = self.relay(f"{t.name}-client", front, net)
+                    p.procs.append(m)
+                p.url = url_for(t.protocol or "grpc", front)
+            p.probe_ms = wait_ready(p.url, 60, [*p.procs, *([self.server] if self.server else [])], t.model)
+            p.status = "ok"
+        except ConfigError:
+            raise
+        except PathprobeError as exc:
+            p.status, p.reason = "failed", f"did not start: {exc.message}"
+        return p
+
+    def _nginx(self, name: str, nginx: str, port: int, upstream: str) -> Managed:
+        d = (self.out / "nginx" / name).resolve()
+        (d / "tmp").mkdir(parents=True, exist_ok=True)
+        user = "user root;\n" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
+        conf = f"""{user}worker_processes 1;
+pid {d}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/tmp/body; proxy_temp_path {d}/tmp/proxy; fastcgi_temp_path {d}/tmp/fastcgi;
+  uwsgi_temp_path {d}/tmp/uwsgi; scgi_temp_path {d}/tmp/scgi;
+  keepalive_requests 1000000;
+  upstream llm {{ server {upstream}; keepalive 16; keepalive_requests 1000000; }}
+  server {{
+    listen {LOOPBACK}:{port} http2;
+    location / {{ grpc_pass grpc://llm; grpc_read_timeout 600s; grpc_send_timeout 600s; }}
+  }}
+}}
+"""
+        (d / "nginx.conf").write_text(conf, encoding="utf-8")
+        return Managed(name, [nginx, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"),
+                              "-g", "daemon off;"], self.out / "logs" / f"{name}.log")
+
+    def close(self) -> None:
+        for m in reversed(self.procs):
+            m.stop()
+
+
+# ------------------------------------------------------------------ load
+
+
+@dataclass
+class RunResult:
+    target: str
+    concurrency: int
+    round: int  # -1 = warm-up
+    out_dir: Path
+    records: list[dict[str, Any]]
+    duration_s: float
+    error: str | None = None
+    traces_file: str | None = None
+
+
+def run_load(
+    cfg: CompareConfig, p: Path_, concurrency: int, rnd: int, duration_s: float, out_dir: Path,
+    traces_file: Path | None,
+) -> RunResult:
+    from pathprobe.analysis.records import read_records
+
+    L = cfg.load
+    secs = max(1, int(math.ceil(duration_s)))
+    args = _py("load", "--headless", "-H", p.url, "-u", str(concurrency), "-r", str(concurrency),
+               "-t", f"{secs}s", "--out", str(out_dir), "--max-tokens", str(L.max_tokens),
+               "--prompt-set", L.prompt_set, "--prompt-tokens", str(L.prompt_tokens),
+               "--timeout-s", str(L.timeout_s), "--only-summary", "--loglevel", "WARNING",
+               "--exit-code-on-error", "0", "--stop-timeout", str(int(L.timeout_s)),
+               "--label", f"{p.name} c={concurrency} round={rnd}")
+    if L.stream:
+        args.append("--stream")
+    if L.arrival != "closed":
+        args += ["--arrival", L.arrival, "--rate", str(L.rate)]
+    if L.prompt_file:
+        args += ["--prompt-file", L.prompt_file]
+    if p.target.model:
+        args += ["--model", p.target.model]
+    if traces_file is not None:
+        args += ["--traces-file", str(traces_file)]
+    args += L.extra_args
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir / "load.log"
+    try:
+        with open(log, "wb") as fh:
+            proc = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, timeout=secs + L.timeout_s + 90,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        code = -1
+    rec_path = out_dir / "records.jsonl"
+    if not rec_path.exists():
+        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
+        return RunResult(p.name, concurrency, rnd, out_dir, [], secs,
+                         f"pathprobe load exited with code {code} and wrote no records: {tail}")
+    records = read_records(rec_path)
+    for r in records:
+        r["_round"] = rnd
+        r["_concurrency"] = concurrency
+    summary = out_dir / "summary.json"
+    dur = float(secs)
+    if summary.exists():
+        try:
+            dur = float(json.loads(summary.read_text())["meta"].get("duration_s") or secs)
+        except (ValueError, KeyError, TypeError):
+            pass
+    return RunResult(p.name, concurrency, rnd, out_dir, records, dur,
+                     traces_file=str(traces_file) if traces_file else None)
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("pathprobe", "grpcio", "locust", "aiohttp", "torch", "transformers"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

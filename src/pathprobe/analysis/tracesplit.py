@@ -1,0 +1,214 @@
+"""The segment split computed from a trace, with the same formula as in-band.
+
+Two ways to get each hop's entries:
+
+- ``durations``: from span timing alone. A span with attribute ``pathprobe.entry``
+  counts as that entry; the server's SERVER span is ``srv.total``, the gateway's
+  SERVER span is ``gw.total`` and its upstream CLIENT child ``gw.upstream``; the
+  client's CLIENT span is the end-to-end time. This is the independent check.
+- ``attributes`` (default): the exact values each hop recorded on its span
+  (``server_timing`` on SERVER spans, ``pathprobe.e2e_ms`` / client encode/decode
+  on the CLIENT span), falling back to durations for anything missing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pathprobe import timing
+from pathprobe.analysis.traces import Span, Trace
+from pathprobe.segments import Split, split
+
+#: span name -> entry, for spans that carry no ``pathprobe.entry`` attribute
+NAME_TO_ENTRY = {
+    "server.decode": "srv.decode",
+    "server.encode": "srv.encode",
+    "engine.queue": "srv.queue",
+    "engine.tokenize": "srv.tokenize",
+    "engine.prefill": "srv.prefill",
+    "engine.decode_steps": "srv.decode_steps",
+    "engine.detokenize": "srv.detokenize",
+    "gw.decode": "gw.decode",
+    "gw.encode": "gw.encode",
+    "gw.upstream": "gw.upstream",
+    "gateway.decode": "gw.decode",
+    "gateway.encode": "gw.encode",
+    "gateway.upstream": "gw.upstream",
+}
+E2E_KEYS = ("pathprobe.e2e_ms", "e2e_ms", "pathprobe.client.e2e_ms")
+ENC_KEYS = ("pathprobe.client.encode_ms", "client.encode_ms", "pathprobe.client_encode_ms", "client_encode_ms")
+DEC_KEYS = ("pathprobe.client.decode_ms", "client.decode_ms", "pathprobe.client_decode_ms", "client_decode_ms")
+ROUTE_KEYS = ("pathprobe.route", "route")
+TIMING_KEYS = ("server_timing", "pathprobe.server_timing", "http.response.header.server-timing")
+
+
+@dataclass(slots=True)
+class TraceSplit:
+    trace_id: str
+    route: str
+    split: Split | None
+    entries: dict[str, float]
+    e2e_source: str  # "attribute" | "client span" | "outermost server span"
+    client_encode_ms: float
+    client_decode_ms: float
+    hops: list[str] = field(default_factory=list)
+    ok: bool = True
+    problem: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trace_id": self.trace_id,
+            "route": self.route,
+            "ok": self.ok,
+            "problem": self.problem,
+            "hops": self.hops,
+            "e2e_source": self.e2e_source,
+            "client_encode_ms": self.client_encode_ms,
+            "client_decode_ms": self.client_decode_ms,
+            "entries": self.entries,
+            "split": self.split.as_dict() if self.split else None,
+        }
+
+
+def _first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        if k in attrs and attrs[k] is not None:
+            return attrs[k]
+    return None
+
+
+def _entry_of(span: Span) -> str | None:
+    e = span.attributes.get("pathprobe.entry")
+    if isinstance(e, str) and e:
+        return e
+    return NAME_TO_ENTRY.get(span.name)
+
+
+def _is_server_hop(trace: Trace, span: Span) -> bool:
+    if span.kind != "SERVER":
+        return False
+    st = _first(span.attributes, TIMING_KEYS)
+    if isinstance(st, str) and "srv." in st and "gw." not in st:
+        return True
+    return any((_entry_of(c) or "").startswith("srv.") for c in trace.children.get(span.span_id, []))
+
+
+def _is_gateway_hop(trace: Trace, span: Span) -> bool:
+    if span.kind != "SERVER":
+        return False
+    if span.attributes.get("pathprobe.entry") == "gw.total":
+        return True
+    st = _first(span.attributes, TIMING_KEYS)
+    if isinstance(st, str) and "gw." in st:
+        return True
+    if any((_entry_of(c) or "").startswith("gw.") for c in trace.children.get(span.span_id, [])):
+        return True
+    # a SERVER span that has a SERVER descendant which is the model server
+    return any(_is_server_hop(trace, d) for d in trace.descendants(span))
+
+
+def _gateway_entries_from_durations(trace: Trace, gw: Span) -> dict[str, float]:
+    out: dict[str, float] = {"gw.total": gw.duration_ms}
+    upstream: Span | None = None
+    for d in trace.descendants(gw):
+        if d.kind == "SERVER":
+            break
+        e = _entry_of(d)
+        if e in ("gw.decode", "gw.encode"):
+            out[e] = out.get(e, 0.0) + d.duration_ms
+        elif e == "gw.upstream":
+            upstream = d if upstream is None else upstream
+    if upstream is None:
+        clients = [c for c in trace.children.get(gw.span_id, []) if c.kind == "CLIENT"]
+        if clients:
+            upstream = clients[0]
+    if upstream is not None:
+        # a stream's upstream call may be split in several spans: take the first's start to the last's end
+        out["gw.upstream"] = upstream.duration_ms
+    for c in trace.children.get(gw.span_id, []):  # transcode work named *decode / *encode
+        if c.span_id == (upstream.span_id if upstream else None) or _entry_of(c):
+            continue
+        if c.name.endswith("decode"):
+            out["gw.decode"] = out.get("gw.decode", 0.0) + c.duration_ms
+        elif c.name.endswith("encode"):
+            out["gw.encode"] = out.get("gw.encode", 0.0) + c.duration_ms
+    return out
+
+
+def _server_entries_from_durations(trace: Trace, srv: Span) -> dict[str, float]:
+    out: dict[str, float] = {"srv.total": srv.duration_ms}
+    for c in trace.descendants(srv):
+        e = _entry_of(c)
+        if e and e.startswith("srv.") and e != "srv.total":
+            out[e] = out.get(e, 0.0) + c.duration_ms
+    return out
+
+
+def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
+    """Split one trace. ``source``: ``attributes`` (exact, default) or ``durations``."""
+    use_attrs = source == "attributes"
+    servers = [s for s in trace.spans if _is_server_hop(trace, s)]
+    gateways = [s for s in trace.spans if s not in servers and _is_gateway_hop(trace, s)]
+    clients = [s for s in trace.spans if s.kind == "CLIENT" and not any(a.kind in ("SERVER", "CLIENT")
+                                                                         for a in trace.ancestors(s))]
+    client = clients[0] if clients else None
+    hops: list[str] = []
+    entries: dict[str, float] = {}
+    problem = None
+    if len(servers) > 1:
+        problem = f"{len(servers)} server spans in one trace (retries?); the first is used"
+    srv = servers[0] if servers else None
+    # the gateway that is an ancestor of the server span (or the outermost one)
+    gw = None
+    if gateways:
+        anc = set(a.span_id for a in trace.ancestors(srv)) if srv else set()
+        on_path = [g for g in gateways if g.span_id in anc]
+        gw = on_path[0] if on_path else gateways[0]  # sorted by start: the outermost
+    if gw is not None:
+        hops.append(f"gateway:{gw.service or gw.name}")
+        entries.update(_gateway_entries_from_durations(trace, gw))
+    if srv is not None:
+        hops.append(f"server:{srv.service or srv.name}")
+        entries.update(_server_entries_from_durations(trace, srv))
+    if use_attrs:
+        for hop in (s for s in (gw, srv) if s is not None):
+            st = _first(hop.attributes, TIMING_KEYS)
+            if isinstance(st, str):
+                entries.update(timing.parse(st))
+        if client is not None:
+            st = _first(client.attributes, TIMING_KEYS)
+            if isinstance(st, str):
+                received = timing.parse(st)
+                entries.update(received)
+    enc = dec = 0.0
+    route = ""
+    if client is not None:
+        hops.insert(0, f"client:{client.service or client.name}")
+        attrs = client.attributes
+        route = str(_first(attrs, ROUTE_KEYS) or client.name)
+        enc = float(_first(attrs, ENC_KEYS) or 0.0)
+        dec = float(_first(attrs, DEC_KEYS) or 0.0)
+        e2e_attr = _first(attrs, E2E_KEYS)
+        if use_attrs and e2e_attr is not None:
+            e2e, e2e_source = float(e2e_attr), "attribute"
+        else:
+            e2e, e2e_source = client.duration_ms, "client span"
+    else:
+        outer = gw or srv
+        if outer is None:
+            return TraceSplit(trace.trace_id, "", None, entries, "none", 0.0, 0.0, hops, False,
+                              "no client, gateway or server span in this trace")
+        route = outer.name
+        e2e, e2e_source = outer.duration_ms, "outermost server span"
+        problem = problem or "no client span: network hop 1 is not measured (e2e = outermost server span)"
+    if srv is None:
+        problem = problem or "no server span (a server that exports no traces?): its time counts as network"
+    if client is not None:
+        status = client.status.get("code") if client.status else None
+        ok = status not in (2, "STATUS_CODE_ERROR")
+    else:
+        ok = True
+    sp = split(e2e, entries, enc, dec) if not math.isnan(e2e) else None
+    return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem)
