@@ -27,6 +27,18 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _plain_log_axis(ax: Any) -> None:
+    """Log scale with plain numbers (2, 5, 10) instead of 2x10^0."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    fmt = ScalarFormatter()
+    fmt.set_scientific(False)
+    ax.xaxis.set_major_formatter(fmt)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _names(report: Mapping[str, Any], conc: int) -> list[str]:
     return [n for n, t in report["targets"].items() if str(conc) in t.get("by_concurrency", {})
             and t["by_concurrency"][str(conc)]["ok"] > 0]
@@ -71,7 +83,7 @@ def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequ
             y = np.arange(1, x.size + 1) / x.size
             ax.step(x, y, where="post", label=name, lw=1.4)
             drawn = True
-        ax.set_xscale("log")
+        _plain_log_axis(ax)
         ax.set_xlabel(f"{report['method']['primary_metric']} ms (log)")
         ax.set_ylabel("fraction of requests")
         ax.set_title(f"latency CDF, concurrency {conc}")
@@ -106,7 +118,7 @@ def plot_streaming(report: Mapping[str, Any], records: Mapping[str, Mapping[int,
     axes[0].set_title(f"time to first token, concurrency {conc}")
     axes[1].set_title(f"inter-token latency, concurrency {conc}")
     for ax in axes:
-        ax.set_xscale("log")
+        _plain_log_axis(ax)
         ax.set_xlabel("ms (log)")
         ax.set_ylabel("fraction")
         ax.grid(alpha=0.3, which="both")

@@ -37,7 +37,11 @@ NAME_TO_ENTRY = {
     "gateway.encode": "gw.encode",
     "gateway.upstream": "gw.upstream",
 }
-E2E_KEYS = ("pathprobe.e2e_ms", "e2e_ms", "pathprobe.client.e2e_ms")
+E2E_KEYS = ("pathprobe.e2e_ms", "pathprobe.split.e2e_ms", "e2e_ms", "pathprobe.client.e2e_ms")
+#: the load generator's CLIENT span carries its in-band split; only its serialization total is
+#: used (to recover the client's own encode/decode), never the other segments
+CLIENT_SER_KEY = "pathprobe.split.serialization_ms"
+HOP_SER = ("gw.decode", "gw.encode", "srv.decode", "srv.encode")
 ENC_KEYS = ("pathprobe.client.encode_ms", "client.encode_ms", "pathprobe.client_encode_ms", "client_encode_ms")
 DEC_KEYS = ("pathprobe.client.decode_ms", "client.decode_ms", "pathprobe.client_decode_ms", "client_decode_ms")
 ROUTE_KEYS = ("pathprobe.route", "route")
@@ -190,6 +194,10 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         route = str(_first(attrs, ROUTE_KEYS) or client.name)
         enc = float(_first(attrs, ENC_KEYS) or 0.0)
         dec = float(_first(attrs, DEC_KEYS) or 0.0)
+        if use_attrs and _first(attrs, ENC_KEYS) is None and _first(attrs, DEC_KEYS) is None \
+                and CLIENT_SER_KEY in attrs:
+            # client encode + decode = the client's serialization total minus the hops' own
+            enc = max(0.0, float(attrs[CLIENT_SER_KEY]) - sum(entries.get(k, 0.0) for k in HOP_SER))
         e2e_attr = _first(attrs, E2E_KEYS)
         if use_attrs and e2e_attr is not None:
             e2e, e2e_source = float(e2e_attr), "attribute"

@@ -1,0 +1,137 @@
+"""compare's report: figures, Markdown, report.json, and the HTML opened in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pathprobe.analysis.compare import build_report, write_reports
+from pathprobe.analysis.config import parse_config
+from pathprobe.analysis.report import markdown
+from pathprobe.analysis.runner import Path_, RunResult
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def _records(rng, n, base_ms, stream, rnd, conc, fail=0):
+    out = []
+    for i in range(n):
+        net, ser, q, inf = rng.gamma(4, base_ms / 8), rng.gamma(2, 0.02), rng.exponential(0.1 * conc), 5 + rng.normal(0, 0.1)
+        other = rng.gamma(2, 0.05)
+        e2e = net + ser + q + inf + other
+        ok = i >= fail
+        out.append({
+            "ts": 1000.0 + i * 0.01, "route": "grpc.Generate", "ok": ok, "status": "OK" if ok else "UNAVAILABLE",
+            "error": None if ok else "upstream down", "e2e_ms": e2e, "latency_ms": e2e, "client_encode_ms": 0.01,
+            "client_decode_ms": 0.01, "ttft_ms": inf / 3 + net if stream else None,
+            "itl_ms": list(rng.gamma(4, 0.25, 15)) if stream else [], "tpot_ms": 0.3 if stream else None,
+            "tokens_in": 64, "tokens_out": 16, "schedule_lag_ms": 0.0, "entries": {},
+            "split": {"e2e": e2e, "network": net, "serialization": ser, "queueing": q, "inference": inf,
+                      "other": other, "network_hop1": net, "network_hop2": 0.0} if ok else None,
+            "trace_id": f"{rnd:04x}{conc:04x}{i:024x}", "_round": rnd, "_concurrency": conc,
+        })
+    return out
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    cfg = parse_config({
+        "out": str(out), "bootstrap": 200,
+        "load": {"rounds": 2, "concurrency": [1, 4], "stream": True, "duration_s": 2},
+        "targets": [{"name": "direct-grpc", "kind": "direct"},
+                    {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+                    {"name": "same", "kind": "direct"},
+                    {"name": "broken", "kind": "gateway", "mode": "reencode"},
+                    {"name": "nginx", "kind": "nginx"}],
+    })
+    rng = np.random.default_rng(0)
+    base = {"direct-grpc": 1.0, "passthrough": 3.0, "same": 1.0, "broken": 1.0}
+    paths = {t.name: Path_(t, url="grpc://x", status="ok") for t in cfg.targets}
+    paths["nginx"].status, paths["nginx"].reason = "skipped", "nginx is not installed (not on PATH)"
+    paths["broken"].status = "failed"
+    paths["broken"].reason = "broken exited with code -9 during round 1, concurrency 4: killed"
+    results = {}
+    for name, b in base.items():
+        runs = []
+        for rnd in range(2):
+            for conc in (1, 4):
+                if name == "broken" and (rnd, conc) > (0, 1):
+                    continue
+                recs = _records(rng, 300, b, True, rnd, conc, fail=5 if name == "broken" else 0)
+                runs.append(RunResult(name, conc, rnd, out, recs, 2.0))
+        results[name] = runs
+    warm = {"direct-grpc": RunResult("direct-grpc", 4, -1, out, _records(rng, 10, 30.0, True, 0, 4), 1.0)}
+    report = build_report(cfg, paths, results, warm, "e2e", "2026-11-29T00:00:00Z", 0.0)
+    write_reports(report, results, out, True, "e2e")
+    return out, report
+
+
+def test_report_json_has_every_figure(report_dir):
+    out, _ = report_dir
+    rep = json.loads((out / "report.json").read_text())
+    t = rep["targets"]
+    assert rep["baseline"] == "direct-grpc"
+    g = t["passthrough"]["by_concurrency"]["4"]
+    assert g["ok"] == 600 and g["errors"] == 0
+    for q in ("p50", "p95", "p99"):
+        assert g["e2e"][q]["lo"] <= g["e2e"][q]["value"] <= g["e2e"][q]["hi"]
+    assert set(g["segments"]) >= {"network", "serialization", "queueing", "inference", "other"}
+    assert g["ttft"]["n"] == 600 and g["itl"]["n"] == 600 * 15
+    assert set(g["rounds"]) == {"0", "1"}
+    cmp_ = g["comparison"]
+    assert cmp_["significant"] and cmp_["p_value"] < 1e-6 and cmp_["cliffs_delta"] > 0.5
+    assert not t["same"]["by_concurrency"]["1"]["comparison"]["significant"]
+    assert t["broken"]["status"] == "failed" and "exited with code -9" in t["broken"]["reason"]
+    assert t["broken"]["by_concurrency"]["1"]["errors"] == 5
+    assert t["nginx"]["status"] == "skipped"
+    assert t["direct-grpc"]["cold_start"]["first_ms"] > 0
+    # a verdict only for the significant difference, at each concurrency
+    assert {(v["target"], v["concurrency"]) for v in rep["verdicts"]} == {("passthrough", 1), ("passthrough", 4)}
+
+
+def test_markdown_table(report_dir):
+    _, report = report_dir
+    md = markdown(report)
+    assert "| direct-grpc (base) |" in md and "| passthrough |" in md
+    assert "verdict**: c=4: passthrough is slower than direct-grpc" in md
+    assert "nginx | skipped: nginx is not installed" in md
+    assert "broken FAILED" in md
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_html_opens_in_headless_chromium(report_dir, tmp_path):
+    out, _ = report_dir
+    html = out / "report.html"
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", "--hide-scrollbars"]
+    dom = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u1'}", "--virtual-time-budget=5000",
+                          "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # the page's own script counted the plots the browser decoded (naturalWidth > 0)
+    import re
+
+    total = re.search(r'data-plots-total="(\d+)"', dom.stdout)
+    loaded = re.search(r'data-plots-loaded="(\d+)"', dom.stdout)
+    assert total and loaded, dom.stdout[:500]
+    assert int(total.group(1)) == 4 and int(loaded.group(1)) == 4
+    shot = tmp_path / "shot.png"
+    res = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u2'}", "--window-size=1400,2400",
+                          f"--screenshot={shot}", html.as_uri()], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(shot)
+    assert img.shape[0] >= 2000 and img.shape[1] >= 1300
+    # not a blank page: many distinct colours (plots), and the segment colours are present
+    flat = (img[..., :3] * 255).astype(int).reshape(-1, 3)
+    colours = {tuple(c) for c in flat[:: 37]}
+    assert len(colours) > 50
+    network_blue = np.array([0x4E, 0x79, 0xA7])
+    assert (np.abs(flat - network_blue).sum(axis=1) < 12).sum() > 500  # the stacked bars' network colour
