@@ -41,6 +41,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workers", type=int, default=1,
                    help="passthrough: processes sharing the port with SO_REUSEPORT")
     p.add_argument("--worker-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--impl", choices=("h2", "grpc"), default="h2",
+                   help="passthrough: relay HTTP/2 streams (h2, like nginx) or terminate gRPC with grpcio (grpc)")
+    p.add_argument("--no-decode-metadata", action="store_true",
+                   help="passthrough h2: skip HPACK-decoding headers for metrics (method/status labels become '?')")
     p.add_argument("--grpc-poller", choices=("legacy", "default"), default="legacy",
                    help="passthrough: grpcio's older poller does fewer thread hand-offs per call (measured faster)")
     p.add_argument("--pool-size", type=int, default=64, help="HTTP upstream keep-alive connections per upstream")
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.threads < 1:
         raise ConfigError("--workers/--threads: must be >= 1")
 
-    if args.mode == "passthrough" and args.grpc_poller == "legacy" and "GRPC_EXPERIMENTS" not in os.environ \
+    if args.mode == "passthrough" and args.impl == "grpc" and args.grpc_poller == "legacy" and "GRPC_EXPERIMENTS" not in os.environ \
             and "gateway" in sys.argv:
         # The poller is chosen when grpc core starts: re-exec with it set (same pid).
         from pathprobe.gateway.passthrough import LEGACY_POLLER
@@ -89,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         metrics.serve(args.admin_host or args.listen_host, args.admin_port)
     health = HealthChecker(pool, args.health_interval, args.health_timeout, args.unhealthy_after).start()
     try:
+        if args.mode == "passthrough" and args.impl == "h2":
+            from pathprobe.gateway.h2proxy import serve as serve_h2
+
+            return serve_h2(args, pool, metrics, provider is not None)
         if args.mode == "passthrough":
             from pathprobe.gateway.passthrough import serve
 

@@ -1,0 +1,590 @@
+"""``passthrough`` as an HTTP/2 frame relay: gRPC forwarded without terminating it.
+
+Each client connection is paired with one upstream connection (chosen by the pool's
+balancing policy when the client connects). Frames are relayed as they are: SETTINGS,
+PING, WINDOW_UPDATE, DATA, RST_STREAM, GOAWAY and the header blocks keep their bytes, so
+flow control, deadlines (``grpc-timeout``), metadata (``traceparent`` and custom keys) and
+cancellation (RST_STREAM in either direction) work end to end exactly as without the
+gateway, and the gRPC message bytes are never looked at. The relay changes one thing: the
+header block that ends a stream from the upstream (the trailers) gets one more field,
+``server-timing`` with the gateway's ``gw.*`` entries, encoded as an HPACK literal without
+indexing so neither side's header table moves (the client's gRPC library merges both
+``server-timing`` values into its trailing metadata; :func:`pathprobe.timing.from_metadata`
+reads them together).
+
+Header blocks are HPACK-decoded *after* they have been forwarded, for metrics (method,
+status) only, so decoding is off the latency path. With tracing on, request header blocks
+are decoded before forwarding and re-encoded as literals carrying the gateway's CLIENT
+span in ``traceparent``.
+
+When the upstream connection dies, every call in flight on it ends with ``UNAVAILABLE``
+naming the upstream, then the client connection gets GOAWAY and is closed; the client's
+next calls open a new connection, which the pool sends to a healthy upstream. A refused
+upstream connection is retried on the next upstream before anything is sent.
+
+Trade-off: balancing is per client connection (like an L4 balancer), not per call; use
+``--impl grpc`` for per-call balancing over one client connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import subprocess
+import sys
+from typing import Any
+from urllib.parse import quote
+
+from hpack import Decoder
+from hpack.exceptions import HPACKError
+
+from pathprobe import telemetry, timing
+from pathprobe.gateway.metrics import Metrics
+from pathprobe.gateway.upstreams import Pool, Upstream
+from pathprobe.timing import now_ms
+
+log = logging.getLogger("pathprobe.gateway")
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM, END_HEADERS, PADDED, F_PRIORITY = 0x1, 0x4, 0x8, 0x20
+
+CODE_NAMES = {"0": "OK", "1": "CANCELLED", "2": "UNKNOWN", "3": "INVALID_ARGUMENT", "4": "DEADLINE_EXCEEDED",
+              "5": "NOT_FOUND", "6": "ALREADY_EXISTS", "7": "PERMISSION_DENIED", "8": "RESOURCE_EXHAUSTED",
+              "9": "FAILED_PRECONDITION", "10": "ABORTED", "11": "OUT_OF_RANGE", "12": "UNIMPLEMENTED",
+              "13": "INTERNAL", "14": "UNAVAILABLE", "15": "DATA_LOSS", "16": "UNAUTHENTICATED"}
+
+
+# ------------------------------------------------------------------------------ HPACK bits
+def _int(value: int, prefix_bits: int, first: int) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def literal(name: bytes, value: bytes) -> bytes:
+    """HPACK 'literal header field without indexing, new name', no Huffman: touches no table."""
+    return b"\x00" + _int(len(name), 7, 0) + name + _int(len(value), 7, 0) + value
+
+
+def literal_block(headers: list[tuple[bytes, bytes]]) -> bytes:
+    return b"".join(literal(k, v) for k, v in headers)
+
+
+def frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
+
+
+def fragment(flags: int, payload: bytes) -> tuple[bytes, bytes]:
+    """(priority prefix, header block fragment) of a HEADERS payload, padding removed."""
+    start, end = 0, len(payload)
+    if flags & PADDED:
+        end -= payload[0]
+        start = 1
+    prio = b""
+    if flags & F_PRIORITY:
+        prio = payload[start:start + 5]
+        start += 5
+    return prio, payload[start:end]
+
+
+def grpc_error_block(code: int, message: str, own: dict[str, float], with_status: bool) -> bytes:
+    h = [(b":status", b"200"), (b"content-type", b"application/grpc")] if with_status else []
+    h += [(b"grpc-status", str(code).encode()), (b"grpc-message", quote(message, safe=" :/()=,.;'-_").encode()),
+          (timing.METADATA_KEY.encode(), timing.format_entries(own).encode())]
+    return literal_block(h)
+
+
+# ------------------------------------------------------------------------------ relay
+class Stream:
+    __slots__ = ("sid", "t0", "t_fwd", "method", "resp_seen", "received", "span", "cspan", "dropped", "ended")
+
+    def __init__(self, sid: int, t0: float) -> None:
+        self.sid = sid
+        self.t0 = t0
+        self.t_fwd = t0
+        self.method = "?"
+        self.resp_seen = False
+        self.received = 0
+        self.span = None
+        self.cspan = None
+        self.dropped = False
+        self.ended = False  # trailers relayed, bookkeeping pending
+
+
+class Relay:
+    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, max_body: int,
+                 decode: bool = True) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.tracing = tracing
+        self.decode = decode or tracing
+        self.tracer = telemetry.get_tracer("pathprobe.gateway") if tracing else None
+        self.max_body = max_body
+        self.clients: set[ClientConn] = set()
+
+
+class UpstreamProto(asyncio.Protocol):
+    def __init__(self, client: ClientConn) -> None:
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.client.upstream_ready(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.client.from_upstream(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.client.upstream_lost(exc)
+
+
+class ClientConn(asyncio.Protocol):
+    """One client connection and the upstream connection paired with it."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.transport: asyncio.Transport | None = None
+        self.up: UpstreamProto | None = None
+        self.upstream: Upstream | None = None
+        self.cbuf = bytearray()
+        self.ubuf = bytearray()
+        self.preface = False
+        self.streams: dict[int, Stream] = {}
+        self.max_sid = 0
+        self.pending_up: list[bytes] = []  # client bytes held until the upstream connects
+        self.tried: tuple[Upstream, ...] = ()
+        self.cdec = Decoder()
+        self.udec = Decoder()
+        self.cdec.max_allowed_table_size = self.udec.max_allowed_table_size = 1 << 20
+        self.c_hdr: tuple[int, int, bytearray] | None = None  # (sid, flags, block) while CONTINUATIONs come
+        self.u_hdr: tuple[int, int, bytes, bytearray] | None = None
+        self.dead = False
+        self.dead_why = ""
+        self.finishes: list[tuple[Stream, dict[str, float]]] = []  # acting as a minimal HTTP/2 server that refuses every call
+
+    # ---------------------------------------------------------------- connection set-up
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.relay.clients.add(self)
+        self._connect()
+
+    def _connect(self) -> None:
+        try:
+            u = self.relay.pool.acquire(self.tried)
+        except Exception as exc:  # every upstream tried
+            self._refuse_all(str(exc))
+            return
+        self.relay.pool.release(u)  # outstanding is counted per stream below
+        self.upstream = u
+        u.outstanding += len(self.streams)
+        host, _, port = u.target.rpartition(":")
+        asyncio.ensure_future(self._open(u, host, int(port)))
+
+    async def _open(self, u: Upstream, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.create_connection(lambda: UpstreamProto(self), host, port)
+        except OSError as exc:
+            why = f"upstream {u.target}: connect failed: {exc.strerror or exc}"
+            u.mark(False, why)
+            u.outstanding -= len(self.streams)
+            self.upstream = None
+            self.tried += (u,)
+            if self.transport is None:
+                return
+            if len(self.tried) < len(self.relay.pool.upstreams):
+                self._connect()
+            else:
+                self._refuse_all(why)
+
+    def upstream_ready(self, up: UpstreamProto) -> None:
+        if self.transport is None:  # the client left meanwhile
+            up.transport.close()  # type: ignore[union-attr]
+            return
+        self.up = up
+        if self.pending_up:
+            up.transport.write(b"".join(self.pending_up))  # type: ignore[union-attr]
+            self.pending_up = []
+
+    def _refuse_all(self, why: str) -> None:
+        """No upstream: answer as a minimal HTTP/2 server, every call UNAVAILABLE, then GOAWAY."""
+        self.dead_why = why
+        self.dead = True
+        for st in list(self.streams.values()):
+            self._finish(st, "14", why)
+        self.max_sid = 0
+        if self.transport is None:
+            return
+        self.transport.write(frame(SETTINGS, 0, 0, b""))
+        data = b"".join(self.pending_up) + bytes(self.cbuf)  # from the start, preface included
+        self.pending_up = []
+        self.cbuf = bytearray()
+        self.preface = False
+        if data:
+            self._refuse_frames(data)
+
+    def _refuse_frames(self, data: bytes) -> None:
+        buf = self.cbuf
+        buf += data
+        if not self.preface:
+            if len(buf) < 24:
+                return
+            del buf[:24]
+            self.preface = True
+        out = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 9:
+            length = int.from_bytes(buf[pos:pos + 3], "big")
+            if n - pos < 9 + length:
+                break
+            ftype, flags = buf[pos + 3], buf[pos + 4]
+            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            if ftype == SETTINGS and not flags & 1:
+                out.append(frame(SETTINGS, 1, 0, b""))
+            elif ftype == PING and not flags & 1:
+                out.append(frame(PING, 1, 0, bytes(buf[pos + 9:pos + 9 + length])))
+            elif ftype == HEADERS and sid > self.max_sid:
+                self.max_sid = sid
+                block = grpc_error_block(14, self.dead_why, {"gw.decode": 0.0, "gw.upstream": 0.0,
+                                                            "gw.encode": 0.0, "gw.total": 0.0}, True)
+                out.append(frame(HEADERS, END_STREAM | END_HEADERS, sid, block))
+                if self.relay.metrics is not None:
+                    self.relay.metrics.observe("?", "UNAVAILABLE", 0.0, None, 0.0)
+            pos += 9 + length
+        del buf[:pos]
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    # ---------------------------------------------------------------- client -> upstream
+    def data_received(self, data: bytes) -> None:
+        if self.dead:
+            self._refuse_frames(data)
+            return
+        buf = self.cbuf
+        buf += data
+        pos = 0
+        if not self.preface:
+            if len(buf) < 24:
+                return
+            if bytes(buf[:24]) != PREFACE:
+                log.warning("client did not open with the HTTP/2 preface; closing")
+                if self.transport is not None:
+                    self.transport.close()
+                return
+            self.preface = True
+            pos = 24  # forwarded with the first run of frames
+        n = len(buf)
+        out: list[bytes] = []
+        run = 0  # start of the run of frames forwarded untouched
+        decode_after: list[tuple[int, bytes]] = []
+        new_streams: list[Stream] = []
+        relay = self.relay
+        while n - pos >= 9:
+            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+            end = pos + 9 + length
+            if end > n:
+                break
+            ftype = buf[pos + 3]
+            if ftype == DATA:
+                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                st = self.streams.get(sid)
+                if st is not None:
+                    st.received += length
+                    if st.dropped or st.received > relay.max_body:
+                        if run < pos:
+                            out.append(bytes(buf[run:pos]))
+                        run = end
+                        self._too_large(st, length)
+            elif ftype == HEADERS or ftype == CONTINUATION:
+                flags = buf[pos + 4]
+                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                payload = bytes(buf[pos + 9:end])
+                if ftype == HEADERS:
+                    if sid not in self.streams and sid > self.max_sid:
+                        self.max_sid = sid
+                        st = Stream(sid, now_ms())
+                        self.streams[sid] = st
+                        new_streams.append(st)
+                        if self.upstream is not None:
+                            self.upstream.outstanding += 1
+                    prio, frag = fragment(flags, payload)
+                    self.c_hdr = (sid, flags, bytearray(frag))
+                else:
+                    if self.c_hdr is not None:
+                        self.c_hdr[2].extend(payload)
+                if flags & END_HEADERS and self.c_hdr is not None:
+                    hsid, hflags, block = self.c_hdr
+                    self.c_hdr = None
+                    if relay.tracing:
+                        # rewrite the whole block (decoded now) with the CLIENT span's traceparent
+                        if run < pos:
+                            out.append(bytes(buf[run:pos]))
+                        run = end
+                        out.append(frame(HEADERS, (hflags & END_STREAM) | END_HEADERS, hsid,
+                                         self._traced_block(hsid, bytes(block))))
+                    elif relay.decode:
+                        decode_after.append((hsid, bytes(block)))
+                elif relay.tracing:
+                    if run < pos:
+                        out.append(bytes(buf[run:pos]))
+                    run = end
+            elif ftype == RST_STREAM:
+                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                st = self.streams.get(sid)
+                if st is not None:
+                    self._finish(st, "1", "cancelled by the client")
+            pos = end
+        if run < pos:
+            out.append(bytes(buf[run:pos]))
+        del buf[:pos]
+        if out:
+            payload = b"".join(out) if len(out) > 1 else out[0]
+            if self.up is not None and self.up.transport is not None:
+                self.up.transport.write(payload)
+                if new_streams:
+                    t = now_ms()
+                    for st in new_streams:
+                        st.t_fwd = t
+            elif not self.dead:
+                self.pending_up.append(payload)
+        for sid, block in decode_after:
+            self._decode_request(sid, block)
+
+    def _decode_request(self, sid: int, block: bytes) -> list[tuple[bytes, bytes]]:
+        try:
+            headers = self.cdec.decode(block, raw=True)
+        except HPACKError as exc:
+            log.warning("cannot decode a client header block: %s", exc)
+            return []
+        st = self.streams.get(sid)
+        if st is not None:
+            for k, v in headers:
+                if k == b":path":
+                    st.method = v.decode(errors="replace")
+                    break
+        return headers
+
+    def _traced_block(self, sid: int, block: bytes) -> bytes:
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        headers = self._decode_request(sid, block)
+        st = self.streams.get(sid)
+        carrier = {k.decode(): v.decode() for k, v in headers if k in (b"traceparent", b"tracestate")}
+        if st is None:
+            return literal_block(headers)
+        service, _, name = st.method.lstrip("/").partition("/")
+        attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name,
+                 "pathprobe.gateway.mode": "passthrough"}
+        tracer = self.relay.tracer
+        st.span = tracer.start_span(st.method.lstrip("/"), context=telemetry.extract(carrier),
+                                    kind=SpanKind.SERVER, attributes=attrs)
+        host, _, port = (self.upstream.target if self.upstream else "?:0").rpartition(":")
+        st.cspan = tracer.start_span(st.method.lstrip("/"), context=trace.set_span_in_context(st.span),
+                                     kind=SpanKind.CLIENT,
+                                     attributes={**attrs, "server.address": host, "server.port": int(port or 0)})
+        out: dict[str, str] = {}
+        telemetry.inject(out, trace.set_span_in_context(st.cspan))
+        headers = [(k, v) for k, v in headers if k not in (b"traceparent", b"tracestate")]
+        headers += [(k.encode(), v.encode()) for k, v in out.items()]
+        return literal_block(headers)
+
+    def _too_large(self, st: Stream, length: int) -> None:
+        """Body over the limit: cancel upstream, answer RESOURCE_EXHAUSTED, keep the window open."""
+        if self.transport is not None and length:
+            self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
+        if st.dropped:
+            return
+        st.dropped = True
+        rst = frame(RST_STREAM, 0, st.sid, (8).to_bytes(4, "big"))
+        if self.up is not None and self.up.transport is not None:
+            self.up.transport.write(rst)
+        else:
+            self.pending_up.append(rst)
+        own = self._own(st)
+        msg = f"request body: over the gateway limit of {self.relay.max_body} bytes"
+        if self.transport is not None:
+            self.transport.write(frame(HEADERS, END_STREAM | END_HEADERS, st.sid,
+                                       grpc_error_block(8, msg, own, not st.resp_seen)))
+        self._finish(st, "8", msg, own)
+
+    # ---------------------------------------------------------------- upstream -> client
+    def from_upstream(self, data: bytes) -> None:
+        t_in = now_ms()
+        buf = self.ubuf
+        buf += data
+        pos = 0
+        n = len(buf)
+        out: list[bytes] = []
+        run = 0
+        decode_after: list[tuple[int, bytes, bool]] = []
+        while n - pos >= 9:
+            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+            end = pos + 9 + length
+            if end > n:
+                break
+            ftype = buf[pos + 3]
+            if ftype == HEADERS or ftype == CONTINUATION:
+                flags = buf[pos + 4]
+                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                payload = bytes(buf[pos + 9:end])
+                if ftype == HEADERS:
+                    prio, frag = fragment(flags, payload)
+                    self.u_hdr = (sid, flags, prio, bytearray(frag))
+                elif self.u_hdr is not None:
+                    self.u_hdr[3].extend(payload)
+                u_hdr = self.u_hdr
+                if u_hdr is not None and u_hdr[1] & END_STREAM:
+                    # the trailers: hold the frames of this block, re-emit it with gw.* appended
+                    if run < pos:
+                        out.append(bytes(buf[run:pos]))
+                    run = end
+                    if flags & END_HEADERS:
+                        hsid, hflags, prio, block = u_hdr
+                        self.u_hdr = None
+                        st = self.streams.get(hsid)
+                        own = self._own(st, t_in) if st is not None else None
+                        extra = literal(b"server-timing", timing.format_entries(own).encode()) if own else b""
+                        out.append(frame(HEADERS, END_STREAM | END_HEADERS | (hflags & F_PRIORITY), hsid,
+                                         prio + bytes(block) + extra))
+                        decode_after.append((hsid, bytes(block), True))
+                        if st is not None:
+                            st.resp_seen = True
+                            st.ended = True
+                            self.finishes.append((st, own))
+                elif flags & END_HEADERS and u_hdr is not None:
+                    hsid = u_hdr[0]
+                    self.u_hdr = None
+                    st = self.streams.get(hsid)
+                    if st is not None:
+                        st.resp_seen = True
+                    decode_after.append((hsid, bytes(u_hdr[3]), False))
+            elif ftype == RST_STREAM:
+                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                st = self.streams.get(sid)
+                if st is not None and not st.ended:
+                    code = int.from_bytes(buf[pos + 9:pos + 13], "big") if length >= 4 else 0
+                    self._finish(st, {8: "1", 7: "14"}.get(code, "2"), f"upstream reset the stream (h2 error {code})")
+            pos = end
+        if run < pos:
+            out.append(bytes(buf[run:pos]))
+        del buf[:pos]
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+        # bookkeeping after the bytes are on their way
+        finishes = self.finishes
+        codes: dict[int, str] = {}
+        if self.relay.decode:
+            for sid, block, trailers in decode_after:
+                try:
+                    headers = self.udec.decode(block, raw=True)
+                except HPACKError:
+                    continue
+                if trailers:
+                    for k, v in headers:
+                        if k == b"grpc-status":
+                            codes[sid] = v.decode()
+        if finishes:
+            self.finishes = []
+            for st, own in finishes:
+                self._finish(st, codes.get(st.sid, "0" if not self.relay.decode else "2"), None, own)
+
+    # ---------------------------------------------------------------- ends
+    def _own(self, st: Stream, t_in: float | None = None) -> dict[str, float]:
+        t = now_ms()
+        return {"gw.decode": 0.0, "gw.upstream": (t_in or t) - st.t_fwd, "gw.encode": 0.0, "gw.total": t - st.t0}
+
+    def _finish(self, st: Stream, code: str, error: str | None, own: dict[str, float] | None = None) -> None:
+        if self.streams.pop(st.sid, None) is None:
+            return
+        if self.upstream is not None:
+            self.upstream.outstanding -= 1
+        own = own or self._own(st)
+        m = self.relay.metrics
+        if m is not None:
+            name = CODE_NAMES.get(code, code)
+            m.observe(st.method, name, own["gw.total"], self.upstream.target if self.upstream else None,
+                      own["gw.upstream"])
+            if self.upstream is not None and code in ("14", "4"):
+                m.upstream_error(self.upstream.target, name)
+        if st.span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            for s in (st.cspan, st.span):
+                s.set_attribute("rpc.grpc.status_code", int(code) if code.isdigit() else 2)
+                if code != "0":
+                    s.set_status(Status(StatusCode.ERROR, error or f"grpc-status {code}"))
+                s.end()
+
+    def upstream_lost(self, exc: Exception | None) -> None:
+        """The upstream went away: fail what was in flight, GOAWAY the client, close."""
+        u = self.upstream
+        why = f"upstream {u.target if u else '?'}: connection lost" + (f" ({exc})" if exc else "")
+        if self.streams and u is not None:
+            u.mark(False, why)
+        out = []
+        for st in list(self.streams.values()):
+            own = self._own(st)
+            out.append(frame(HEADERS, END_STREAM | END_HEADERS, st.sid, grpc_error_block(14, why, own,
+                                                                                      not st.resp_seen)))
+            self._finish(st, "14", why, own)
+        out.append(frame(GOAWAY, 0, 0, self.max_sid.to_bytes(4, "big") + (0).to_bytes(4, "big")))
+        if self.transport is not None:
+            self.transport.write(b"".join(out))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.relay.clients.discard(self)
+        for st in list(self.streams.values()):
+            self._finish(st, "1", "client connection lost")
+        if self.up is not None and self.up.transport is not None:
+            self.up.transport.close()
+
+
+def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
+    children: list[subprocess.Popen] = []
+    if args.workers > 1 and not args.worker_child:
+        for _ in range(1, args.workers):
+            children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *sys.argv[1:], "--worker-child"]))
+    relay = Relay(pool, metrics, tracing, args.max_body_bytes, decode=not args.no_decode_metadata)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: ClientConn(relay), args.listen_host, args.listen_port,
+                                          reuse_port=True, backlog=1024)
+        bound = server.sockets[0].getsockname()[1]
+        print(f"pathprobe gateway: passthrough (HTTP/2 frame relay) listening on {args.listen_host}:{bound} -> "
+              f"{pool.names()}", flush=True)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        server.close()
+        for c in list(relay.clients):
+            if c.transport is not None:
+                c.transport.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        for c in children:
+            c.send_signal(signal.SIGTERM)
+        for c in children:
+            try:
+                c.wait(5)
+            except subprocess.TimeoutExpired:
+                c.kill()
+    return 0
