@@ -1,0 +1,171 @@
+"""Standard prompt sets: fixed length, length sweep, mixed lengths, a user JSONL file.
+
+Lengths are exact in the target's tokenizer: the base text is repeated, then cut to
+N token ids and decoded; the cut is adjusted until the text re-encodes to N tokens
+(no special tokens counted; a server may add a BOS of its own).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pathprobe.errors import ConfigError
+
+DEFAULT_PROMPT = "The capital of France is"
+DEFAULT_LENGTHS = (16, 64, 256, 1024)
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    text: str
+    tokens: int | None  # prompt length in the chosen tokenizer (None: unknown)
+    max_tokens: int | None = None  # per-prompt override (file sets)
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class _HFTokenizer:
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+class _WordTokenizer:
+    """Whitespace words: an approximation for targets whose tokenizer is not at hand."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(range(len(text.split())))
+
+    def decode(self, ids: Sequence[int]) -> str:  # pragma: no cover - not used for cutting
+        raise NotImplementedError
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """``tiny`` / a preset / a local folder (pathprobe.models), or ``none``."""
+    if spec in ("none", ""):
+        return _WordTokenizer()
+    from pathprobe import models
+
+    return _HFTokenizer(models.load_tokenizer(spec))
+
+
+def exact_length(base: str, n: int, tok: Tokenizer) -> Prompt:
+    """``base`` repeated/trimmed to exactly ``n`` tokens of ``tok``."""
+    if n <= 0:
+        raise ConfigError(f"prompt-tokens: must be > 0, got {n}")
+    if isinstance(tok, _WordTokenizer):
+        words = base.split() or ["x"]
+        out = [words[i % len(words)] for i in range(n)]
+        return Prompt(" ".join(out), n)
+    unit = tok.encode(base)
+    if not unit:
+        raise ConfigError("prompt: encodes to no tokens")
+    text = base
+    while len(tok.encode(text)) < n + 8:
+        text = text + " " + base
+    ids = tok.encode(text)
+    # find a cut whose decoded text re-encodes to exactly n tokens
+    for cut in (n, n - 1, n + 1, n - 2, n + 2, n - 3, n + 3):
+        if cut <= 0:
+            continue
+        candidate = tok.decode(ids[:cut])
+        got = len(tok.encode(candidate))
+        if got == n:
+            return Prompt(candidate, n)
+    candidate = tok.decode(ids[:n])
+    return Prompt(candidate, len(tok.encode(candidate)))
+
+
+def from_file(path: str, tok: Tokenizer | None) -> list[Prompt]:
+    """JSONL: one ``{"prompt": str, "max_tokens": int?}`` per line (a bare JSON string also works)."""
+    out: list[Prompt] = []
+    try:
+        fh = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"prompt-file: cannot read {path}: {exc.strerror}") from None
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise ConfigError(f"prompt-file: {path}:{lineno}: malformed JSON: {exc}") from None
+            if isinstance(obj, str):
+                obj = {"prompt": obj}
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+                raise ConfigError(f"prompt-file: {path}:{lineno}: needs a non-empty string 'prompt'")
+            mt = obj.get("max_tokens")
+            if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
+                raise ConfigError(f"prompt-file: {path}:{lineno}: max_tokens must be a positive integer")
+            n = len(tok.encode(obj["prompt"])) if tok is not None else None
+            out.append(Prompt(obj["prompt"], n, mt))
+    if not out:
+        raise ConfigError(f"prompt-file: {path} holds no prompts")
+    return out
+
+
+class PromptSet:
+    """Hands out prompts: in order (fixed, sweep, file) or at random (mixed)."""
+
+    def __init__(self, prompts: list[Prompt], shuffle: bool = False, seed: int = 0) -> None:
+        if not prompts:
+            raise ConfigError("prompt-set: no prompts")
+        self.prompts = prompts
+        self.shuffle = shuffle
+        self._rng = random.Random(seed)
+        self._i = 0
+
+    def next(self) -> Prompt:
+        if self.shuffle:
+            return self._rng.choice(self.prompts)
+        p = self.prompts[self._i % len(self.prompts)]
+        self._i += 1
+        return p
+
+
+def build(
+    kind: str,
+    *,
+    base: str = DEFAULT_PROMPT,
+    tokens: int = 64,
+    lengths: Sequence[int] = DEFAULT_LENGTHS,
+    path: str | None = None,
+    tokenizer: str = "tiny",
+    seed: int = 0,
+) -> PromptSet:
+    tok = load_tokenizer(tokenizer)
+    if kind == "fixed":
+        return PromptSet([exact_length(base, tokens, tok)])
+    if kind == "sweep":
+        return PromptSet([exact_length(base, n, tok) for n in lengths])
+    if kind == "mixed":
+        return PromptSet([exact_length(base, n, tok) for n in lengths], shuffle=True, seed=seed)
+    if kind == "file":
+        if not path:
+            raise ConfigError("prompt-file: --prompt-set file needs --prompt-file PATH")
+        return PromptSet(from_file(path, None if isinstance(tok, _WordTokenizer) else tok))
+    raise ConfigError(f"prompt-set: unknown set {kind!r} (fixed, sweep, mixed, file)")
+
+
+def parse_int_list(value: str, flag: str) -> list[int]:
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated integers, got {value!r}") from None
+    if not out or any(x <= 0 for x in out):
+        raise ConfigError(f"{flag}: expected positive integers, got {value!r}")
+    return out

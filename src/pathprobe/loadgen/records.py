@@ -1,0 +1,306 @@
+"""Per-request records and their exact aggregation (per route, per metric).
+
+A record is a plain dict (the JSONL schema in the README / ``pathprobe load --help``).
+:class:`Aggregator` keeps request/ok/error counts and one HDR histogram per route and
+metric. Records are appended to a pending batch on the hot path; :meth:`Aggregator.flush`
+moves the batch into the histograms (vectorised) and hands it to a sink (JSONL file or
+the master). Histogram deltas can be shipped as encoded text and merged exactly.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+from pathprobe.loadgen import hist
+
+SEGMENT_METRICS = (
+    "network",
+    "serialization",
+    "queueing",
+    "inference",
+    "other",
+    "network_hop1",
+    "network_hop2",
+)
+#: every metric a summary can hold, in table order
+METRICS = (
+    "e2e",
+    "latency",
+    *SEGMENT_METRICS,
+    "client_encode",
+    "client_decode",
+    "schedule_lag",
+    "ttft",
+    "itl",
+    "tpot",
+)
+
+Record = dict[str, Any]
+#: a request still in flight when the test stopped: recorded, counted apart from errors
+STOPPED = "STOPPED"
+
+
+def metric_values(rec: Record) -> Iterable[tuple[str, float]]:
+    """(metric, ms) pairs one OK record contributes; ``itl`` yields one per gap."""
+    yield "e2e", rec["e2e_ms"]
+    yield "latency", rec["latency_ms"]
+    yield "client_encode", rec["client_encode_ms"]
+    yield "client_decode", rec["client_decode_ms"]
+    yield "schedule_lag", rec["schedule_lag_ms"]
+    sp = rec.get("split")
+    if sp:
+        for name in SEGMENT_METRICS:
+            yield name, sp[name]
+    if rec.get("ttft_ms") is not None:
+        yield "ttft", rec["ttft_ms"]
+    if rec.get("tpot_ms") is not None:
+        yield "tpot", rec["tpot_ms"]
+    for gap in rec.get("itl_ms") or ():
+        yield "itl", gap
+
+
+class RouteAgg:
+    __slots__ = ("requests", "ok", "errors_by_status", "hists", "sums", "first_ts", "last_ts")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.ok = 0
+        self.errors_by_status: dict[str, int] = {}
+        self.hists: dict[str, HdrHistogram] = {}
+        self.sums: dict[str, float] = {}  # exact sums (ms) for the means
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+
+    def hist(self, metric: str) -> HdrHistogram:
+        h = self.hists.get(metric)
+        if h is None:
+            h = self.hists[metric] = hist.new_histogram()
+        return h
+
+    def _ts(self, first: float | None, last: float | None) -> None:
+        if first is not None and (self.first_ts is None or first < self.first_ts):
+            self.first_ts = first
+        if last is not None and (self.last_ts is None or last > self.last_ts):
+            self.last_ts = last
+
+    def add_records(self, recs: list[Record]) -> None:
+        values: dict[str, list[float]] = {}
+        for rec in recs:
+            self.requests += 1
+            if rec["ok"]:
+                self.ok += 1
+                for name, v in metric_values(rec):
+                    lst = values.get(name)
+                    if lst is None:
+                        lst = values[name] = []
+                    lst.append(v)
+            else:
+                st = str(rec.get("status"))
+                self.errors_by_status[st] = self.errors_by_status.get(st, 0) + 1
+            ts = rec.get("ts")
+            end = ts + rec["e2e_ms"] / 1000.0 if ts is not None else None
+            self._ts(ts, end)
+        for name, lst in values.items():
+            hist.record_many(self.hist(name), lst)
+            self.sums[name] = self.sums.get(name, 0.0) + sum(lst)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "ok": self.ok,
+            "errors_by_status": dict(self.errors_by_status),
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "hists": {m: hist.encode(h) for m, h in self.hists.items() if h.get_total_count()},
+            "sums": dict(self.sums),
+        }
+
+    def merge_wire(self, data: dict[str, Any]) -> None:
+        self.requests += data["requests"]
+        self.ok += data["ok"]
+        for st, n in data["errors_by_status"].items():
+            self.errors_by_status[st] = self.errors_by_status.get(st, 0) + n
+        self._ts(data.get("first_ts"), data.get("last_ts"))
+        for m, enc in data["hists"].items():
+            hist.decode_into(self.hist(m), enc)
+        for m, v in data.get("sums", {}).items():
+            self.sums[m] = self.sums.get(m, 0.0) + v
+
+    def merge(self, other: RouteAgg) -> None:
+        self.requests += other.requests
+        self.ok += other.ok
+        for st, n in other.errors_by_status.items():
+            self.errors_by_status[st] = self.errors_by_status.get(st, 0) + n
+        self._ts(other.first_ts, other.last_ts)
+        for m, h in other.hists.items():
+            self.hist(m).add(h)
+        for m, v in other.sums.items():
+            self.sums[m] = self.sums.get(m, 0.0) + v
+
+    @property
+    def stopped(self) -> int:
+        return self.errors_by_status.get(STOPPED, 0)
+
+    @property
+    def errors(self) -> int:
+        return self.requests - self.ok - self.stopped
+
+    def summary(self) -> dict[str, Any]:
+        span = (self.last_ts - self.first_ts) if self.first_ts is not None and self.last_ts is not None else 0.0
+        return {
+            "requests": self.requests,
+            "ok": self.ok,
+            "errors": self.errors,
+            "stopped": self.stopped,
+            "errors_by_status": {k: v for k, v in sorted(self.errors_by_status.items()) if k != STOPPED},
+            "rps": round(self.requests / span, 3) if span > 0 else None,
+            "metrics": {m: hist.stats(self.hists[m], self.sums.get(m)) for m in METRICS if m in self.hists},
+        }
+
+
+class Aggregator:
+    """Counts and histograms per route; a pending batch of raw records."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, RouteAgg] = {}
+        self.pending: list[Record] = []
+
+    def add(self, rec: Record) -> None:  # hot path: one append
+        self.pending.append(rec)
+
+    def route(self, name: str) -> RouteAgg:
+        r = self.routes.get(name)
+        if r is None:
+            r = self.routes[name] = RouteAgg()
+        return r
+
+    def take_pending(self) -> list[Record]:
+        batch, self.pending = self.pending, []
+        return batch
+
+    def add_batch(self, batch: list[Record]) -> None:
+        by_route: dict[str, list[Record]] = {}
+        for rec in batch:
+            by_route.setdefault(rec["route"], []).append(rec)
+        for name, recs in by_route.items():
+            self.route(name).add_records(recs)
+
+    def flush(self, sink: Callable[[list[Record]], None] | None = None) -> list[Record]:
+        batch = self.take_pending()
+        if batch:
+            self.add_batch(batch)
+            if sink is not None:
+                sink(batch)
+        return batch
+
+    def merge(self, other: Aggregator) -> None:
+        for name, r in other.routes.items():
+            self.route(name).merge(r)
+
+    # -- shipping -------------------------------------------------------------------
+    def to_wire(self) -> dict[str, Any]:
+        return {name: r.to_wire() for name, r in self.routes.items()}
+
+    def merge_wire(self, data: dict[str, Any]) -> None:
+        for name, rdata in data.items():
+            self.route(name).merge_wire(rdata)
+
+    # -- results --------------------------------------------------------------------
+    def totals(self) -> dict[str, Any]:
+        req = sum(r.requests for r in self.routes.values())
+        ok = sum(r.ok for r in self.routes.values())
+        by: dict[str, int] = {}
+        for r in self.routes.values():
+            for st, n in r.errors_by_status.items():
+                by[st] = by.get(st, 0) + n
+        stopped = by.pop(STOPPED, 0)
+        return {"requests": req, "ok": ok, "errors": req - ok - stopped, "stopped": stopped,
+                "errors_by_status": dict(sorted(by.items()))}
+
+    def summary(self, meta: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "meta": meta,
+            "totals": self.totals(),
+            "routes": {name: r.summary() for name, r in sorted(self.routes.items())},
+        }
+
+    def histograms(self) -> dict[str, dict[str, Any]]:
+        return {name: r.to_wire() for name, r in sorted(self.routes.items())}
+
+
+class JsonlWriter:
+    """Appends records to ``records.jsonl`` (opened lazily, flushed per batch)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fh = None
+
+    def open_fresh(self) -> None:
+        self.close()
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._fh = open(self.path, "w", encoding="utf-8")
+
+    def __call__(self, batch: list[Record]) -> None:
+        if self._fh is None:
+            self.open_fresh()
+        assert self._fh is not None
+        dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        self._fh.write("".join(dumps(r) + "\n" for r in batch))
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def write_outputs(out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str = "summary") -> dict[str, Any]:
+    """``<name>.json``, ``<name>.csv`` and (for the main summary) ``histograms.json``."""
+    os.makedirs(out_dir, exist_ok=True)
+    summary = agg.summary(meta)
+    with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=2)
+    with open(os.path.join(out_dir, f"{name}.csv"), "w", newline="", encoding="utf-8") as fh:
+        cols = ["count", "min", "mean", "p50", "p90", "p95", "p99", "p999", "max"]
+        w = csv.writer(fh)
+        w.writerow(["route", "metric", *cols])
+        for route, rs in summary["routes"].items():
+            for metric, st in rs["metrics"].items():
+                w.writerow([route, metric, *(st.get(c, "") for c in cols)])
+    if name == "summary":
+        with open(os.path.join(out_dir, "histograms.json"), "w", encoding="utf-8") as fh:
+            json.dump(agg.histograms(), fh)
+    return summary
+
+
+TABLE_METRICS = ("e2e", "network", "serialization", "queueing", "inference", "other", "ttft", "itl", "schedule_lag")
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """Per-route p50/p95/p99 of e2e, each segment, TTFT/ITL (ms)."""
+    lines: list[str] = []
+    for route, rs in summary["routes"].items():
+        errs = ", ".join(f"{k}={v}" for k, v in rs["errors_by_status"].items()) or "none"
+        rps = f"{rs['rps']:.1f} req/s" if rs.get("rps") else "-"
+        lines.append(f"{route}: {rs['requests']} requests, {rs['ok']} ok, errors: {errs}, "
+                     f"{rs['stopped']} stopped in flight, {rps}")
+        lines.append(f"  {'metric (ms)':<16}{'p50':>11}{'p95':>11}{'p99':>11}{'max':>11}{'count':>9}")
+        for m in TABLE_METRICS:
+            st = rs["metrics"].get(m)
+            if not st or not st.get("count"):
+                continue
+            if m == "schedule_lag" and st["max"] == 0:
+                continue
+            lines.append(
+                f"  {m:<16}{st['p50']:>11.3f}{st['p95']:>11.3f}{st['p99']:>11.3f}{st['max']:>11.3f}{st['count']:>9}"
+            )
+    t = summary["totals"]
+    lines.append(f"total: {t['requests']} requests, {t['ok']} ok, {t['errors']} errors, "
+                 f"{t['stopped']} stopped in flight")
+    return "\n".join(lines)

@@ -1,0 +1,419 @@
+"""Transports: one call to a target, measured with ``perf_counter_ns``.
+
+Each target fills an :class:`Outcome` in place, so a call interrupted by Locust (the
+test stops while it is in flight) still leaves what was measured so far. No Locust
+import here: these are usable from any gevent (or plain threaded) program.
+
+- gRPC: raw-bytes calls (no stub serializers) so ``client.encode`` / ``client.decode``
+  time exactly the protobuf (de)serialization; ``server-timing`` from trailing metadata.
+- native HTTP (``POST /v1/generate``) and OpenAI-compatible routes over
+  geventhttpclient (the HTTP client under Locust's FastHttpUser): ``client.encode`` /
+  ``client.decode`` time ``json.dumps`` / ``json.loads``; entries from the
+  ``Server-Timing`` header or, for SSE streams, the last event's ``server_timing``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from pathprobe import timing
+from pathprobe.errors import ConfigError
+
+pc = time.perf_counter_ns
+
+
+@dataclass(slots=True)
+class CallSpec:
+    prompt: str
+    max_tokens: int
+    stream: bool
+    ignore_eos: bool = True
+    model: str = ""
+    request_id: str = ""
+    tokens_in: int | None = None  # the prompt set's count, used when the server reports none
+
+
+@dataclass(slots=True)
+class Outcome:
+    t0: int = 0  # perf_counter_ns at send (before client encode)
+    t_end: int = 0
+    encode_ns: int = 0
+    decode_ns: int = 0
+    token_times: list[int] = field(default_factory=list)  # arrival of each chunk carrying tokens
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    ok: bool = False
+    status: str = ""
+    error: str | None = None
+    entries: dict[str, float] = field(default_factory=dict)
+    response_bytes: int = 0
+
+
+class Target:
+    kind = "?"
+    address = ""
+
+    def route(self, stream: bool) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
+
+
+# --- gRPC --------------------------------------------------------------------------------
+class GrpcTarget(Target):
+    kind = "grpc"
+
+    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+        import grpc
+
+        from pathprobe.v1 import llm_pb2
+
+        self._grpc = grpc
+        self._pb = llm_pb2
+        self.address = address
+        self.timeout_s = timeout_s
+        self.channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)]
+        )
+        self._unary = self.channel.unary_unary("/pathprobe.v1.LLM/Generate")
+        self._stream = self.channel.unary_stream("/pathprobe.v1.LLM/GenerateStream")
+
+    def route(self, stream: bool) -> str:
+        return "grpc.GenerateStream" if stream else "grpc.Generate"
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
+        pb = self._pb
+        out.t0 = t0 = pc()
+        data = pb.GenerateRequest(
+            prompt=spec.prompt, max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos,
+            request_id=spec.request_id, model=spec.model,
+        ).SerializeToString()
+        out.encode_ns = pc() - t0
+        md = tuple(headers.items()) if headers else None
+        try:
+            if spec.stream:
+                self._call_stream(data, md, out)
+            else:
+                resp_bytes, call = self._unary.with_call(data, timeout=self.timeout_s, metadata=md)
+                t2 = pc()
+                resp = pb.GenerateResponse.FromString(resp_bytes)
+                out.t_end = t3 = pc()
+                out.decode_ns = t3 - t2
+                out.response_bytes = len(resp_bytes)
+                out.tokens_out = resp.usage.completion_tokens if resp.HasField("usage") else len(resp.token_ids)
+                out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
+                out.entries = timing.from_metadata(call.trailing_metadata())
+                out.ok, out.status = True, "OK"
+        except self._grpc.RpcError as exc:
+            out.t_end = out.t_end or pc()
+            code = exc.code() if hasattr(exc, "code") else None
+            out.ok = False
+            out.status = code.name if code is not None else "UNKNOWN"
+            out.error = exc.details() if hasattr(exc, "details") else str(exc)
+            try:
+                out.entries = timing.from_metadata(exc.trailing_metadata())
+            except Exception:  # noqa: BLE001 - a failed call may carry no metadata
+                pass
+
+    def _call_stream(self, data: bytes, md: Any, out: Outcome) -> None:
+        pb = self._pb
+        it = self._stream(data, timeout=self.timeout_s, metadata=md)
+        dec = 0
+        n = 0
+        usage = None
+        times = out.token_times
+        for raw in it:
+            ta = pc()
+            chunk = pb.GenerateChunk.FromString(raw)
+            dec += pc() - ta
+            out.response_bytes += len(raw)
+            if chunk.token_ids or chunk.text:
+                times.append(ta)
+                n += len(chunk.token_ids) or 1
+            if chunk.HasField("usage"):
+                usage = chunk.usage
+        out.t_end = pc()
+        out.decode_ns = dec
+        out.tokens_out = usage.completion_tokens if usage is not None else n
+        out.tokens_in = usage.prompt_tokens if usage is not None else None
+        out.entries = timing.from_metadata(it.trailing_metadata())
+        out.ok, out.status = True, "OK"
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+# --- HTTP (native and OpenAI) --------------------------------------------------------------
+class _HttpBase(Target):
+    def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
+        from geventhttpclient import HTTPClient
+        from geventhttpclient.url import URL
+
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"host: expected http(s)://HOST:PORT, got {base_url!r}")
+        self.address = base_url
+        self.prefix = parts.path.rstrip("/")
+        self.timeout_s = timeout_s
+        self.client = HTTPClient.from_url(
+            URL(f"{parts.scheme}://{parts.netloc}/"), concurrency=1,
+            connection_timeout=timeout_s, network_timeout=timeout_s,
+        )
+        self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        self._loads = json.loads
+
+    def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
+        out.t0 = t0 = pc()
+        body = self._dumps(body_obj).encode()
+        out.encode_ns = pc() - t0
+        hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        if headers:
+            hdrs.update(headers)
+        return self.client.post(self.prefix + path, body=body, headers=hdrs)
+
+    def _entries_from_header(self, resp: Any) -> dict[str, float]:
+        value = resp.get("server-timing") if hasattr(resp, "get") else None
+        if value is None:
+            return {}
+        if isinstance(value, list):
+            return timing.parse_all(value)
+        return timing.parse(value)
+
+    def _error(self, resp: Any, out: Outcome) -> None:
+        body = resp.read()
+        out.t_end = pc()
+        out.response_bytes = len(body)
+        out.ok = False
+        out.status = str(resp.status_code)
+        out.entries = self._entries_from_header(resp)
+        msg = body.decode(errors="replace")[:500]
+        try:
+            obj = self._loads(body)
+            err = obj.get("error") if isinstance(obj, dict) else None
+            if isinstance(err, dict) and err.get("message"):
+                msg = str(err["message"])
+            elif isinstance(err, str):
+                msg = err
+        except ValueError:
+            pass
+        out.error = msg
+
+    def _unary(self, resp: Any, out: Outcome) -> dict[str, Any]:
+        body = resp.read()
+        t2 = pc()
+        obj = self._loads(body)
+        out.t_end = t3 = pc()
+        out.decode_ns = t3 - t2
+        out.response_bytes = len(body)
+        out.entries = self._entries_from_header(resp)
+        return obj
+
+    def _sse(self, resp: Any, out: Outcome, on_event: Any) -> None:
+        """Reads ``data:`` events until ``[DONE]`` or the end of the body."""
+        dec = 0
+        loads = self._loads
+        while True:
+            line = resp.readline(b"\n")
+            if not line:
+                break
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            out.response_bytes += len(line)
+            if payload == b"[DONE]":
+                break
+            ta = pc()
+            obj = loads(payload)
+            dec += pc() - ta
+            on_event(ta, obj)
+        resp.read()  # drain the end of the chunked body so the connection is reused
+        out.t_end = pc()
+        out.decode_ns = dec
+        if not out.entries:
+            out.entries = self._entries_from_header(resp)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class NativeHttpTarget(_HttpBase):
+    """``POST /v1/generate`` (SSE when streaming)."""
+
+    kind = "http"
+
+    def route(self, stream: bool) -> str:
+        return "http.generate.stream" if stream else "http.generate"
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
+        body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "ignore_eos": spec.ignore_eos,
+                "request_id": spec.request_id, "stream": spec.stream}
+        if spec.model:
+            body["model"] = spec.model
+        resp = self._post("/v1/generate", body, headers, out)
+        if resp.status_code != 200:
+            self._error(resp, out)
+            return
+        if not spec.stream:
+            obj = self._unary(resp, out)
+            usage = obj.get("usage") or {}
+            out.tokens_out = usage.get("completion_tokens", len(obj.get("token_ids") or ()))
+            out.tokens_in = usage.get("prompt_tokens")
+            out.ok, out.status = True, "OK"
+            return
+        state: dict[str, Any] = {"n": 0, "err": None}
+
+        def on_event(ta: int, obj: dict[str, Any]) -> None:
+            if "error" in obj:
+                state["err"] = obj["error"]
+            if obj.get("text") or obj.get("token_ids"):
+                out.token_times.append(ta)
+                state["n"] += len(obj.get("token_ids") or ()) or 1
+            usage = obj.get("usage")
+            if usage:
+                out.tokens_out = usage.get("completion_tokens")
+                out.tokens_in = usage.get("prompt_tokens")
+            st = obj.get("server_timing")
+            if st:
+                out.entries = timing.parse(st)
+
+        self._sse(resp, out, on_event)
+        if out.tokens_out is None:
+            out.tokens_out = state["n"]
+        _finish_stream(out, state["err"])
+
+
+class OpenAITarget(_HttpBase):
+    """OpenAI-compatible ``/v1/completions`` or ``/v1/chat/completions``; any such server.
+
+    ``Server-Timing`` entries are used when present and are optional.
+    """
+
+    kind = "openai"
+
+    def __init__(self, base_url: str, timeout_s: float = 60.0, api: str = "completions") -> None:
+        super().__init__(base_url, timeout_s)
+        if api not in ("completions", "chat"):
+            raise ConfigError(f"openai-api: expected completions or chat, got {api!r}")
+        self.api = api
+        self._model: str | None = None
+
+    def route(self, stream: bool) -> str:
+        base = "openai.chat" if self.api == "chat" else "openai.completions"
+        return base + ".stream" if stream else base
+
+    def default_model(self) -> str:
+        """First id of ``GET /v1/models`` (OpenAI requires a model name)."""
+        if self._model is None:
+            self._model = "default"
+            try:
+                resp = self.client.get(self.prefix + "/v1/models")
+                body = resp.read()
+                if resp.status_code == 200:
+                    data = json.loads(body).get("data") or []
+                    if data and data[0].get("id"):
+                        self._model = str(data[0]["id"])
+            except Exception:  # noqa: BLE001 - fall back to "default"; the server will say if wrong
+                pass
+        return self._model
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
+        model = spec.model or self.default_model()
+        chat = self.api == "chat"
+        body: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "temperature": 0.0,
+                                "stream": spec.stream}
+        if chat:
+            body["messages"] = [{"role": "user", "content": spec.prompt}]
+        else:
+            body["prompt"] = spec.prompt
+        if spec.ignore_eos:
+            body["ignore_eos"] = True
+        if spec.stream:
+            body["stream_options"] = {"include_usage": True}
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        resp = self._post(path, body, headers, out)
+        if resp.status_code != 200:
+            self._error(resp, out)
+            return
+        if not spec.stream:
+            obj = self._unary(resp, out)
+            usage = obj.get("usage") or {}
+            out.tokens_out = usage.get("completion_tokens")
+            out.tokens_in = usage.get("prompt_tokens")
+            st = obj.get("server_timing")
+            if st and not out.entries:
+                out.entries = timing.parse(st)
+            out.ok, out.status = True, "OK"
+            return
+        state: dict[str, Any] = {"n": 0, "err": None}
+
+        def on_event(ta: int, obj: dict[str, Any]) -> None:
+            if "error" in obj:
+                state["err"] = obj["error"]
+            for choice in obj.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                if piece:
+                    out.token_times.append(ta)
+                    state["n"] += 1
+            usage = obj.get("usage")
+            if usage:
+                out.tokens_out = usage.get("completion_tokens")
+                out.tokens_in = usage.get("prompt_tokens")
+            st = obj.get("server_timing")
+            if st:
+                out.entries = timing.parse(st)
+
+        self._sse(resp, out, on_event)
+        if out.tokens_out is None:
+            out.tokens_out = state["n"]
+        _finish_stream(out, state["err"])
+
+
+def _finish_stream(out: Outcome, err: Any) -> None:
+    if err:
+        out.ok = False
+        if isinstance(err, dict):
+            out.status = str(err.get("status") or err.get("code") or "STREAM_ERROR")
+            out.error = str(err.get("message") or err)
+        else:
+            out.status, out.error = "STREAM_ERROR", str(err)
+    else:
+        out.ok, out.status = True, "OK"
+
+
+# --- host URL -> target ------------------------------------------------------------------
+def parse_host(host: str) -> tuple[str, str]:
+    """``grpc://h:p`` -> ("grpc", "h:p"); ``http://h:p`` -> ("http", url);
+    ``openai+http://h:p`` -> ("openai", "http://h:p")."""
+    if not host:
+        raise ConfigError("host: give the target with -H/--host (grpc://, http://, openai+http://)")
+    parts = urlsplit(host)
+    scheme = parts.scheme.lower()
+    if scheme in ("grpc", "grpcs"):
+        if scheme == "grpcs":
+            raise ConfigError("host: grpcs:// (TLS) is not supported yet; use grpc://HOST:PORT")
+        if not parts.netloc:
+            raise ConfigError(f"host: expected grpc://HOST:PORT, got {host!r}")
+        return "grpc", parts.netloc
+    if scheme in ("http", "https"):
+        return "http", host.rstrip("/")
+    if scheme in ("openai+http", "openai+https", "openai"):
+        inner = scheme.split("+", 1)[1] if "+" in scheme else "http"
+        return "openai", f"{inner}://{parts.netloc}{parts.path}".rstrip("/")
+    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc://, http:// or openai+http://")
+
+
+def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions") -> Target:
+    kind, addr = parse_host(host)
+    if kind == "grpc":
+        return GrpcTarget(addr, timeout_s)
+    if kind == "http":
+        return NativeHttpTarget(addr, timeout_s)
+    return OpenAITarget(addr, timeout_s, openai_api)

@@ -1,0 +1,238 @@
+"""Locust users that record every request with its segment split.
+
+Import this module in a locustfile to get pathprobe's accounting (it registers the
+plugin's event listeners and command-line arguments):
+
+    from pathprobe.loadgen.users import LLMUser            # picks gRPC/HTTP/OpenAI from --host
+    from pathprobe.loadgen.users import GrpcLLMUser, HttpLLMUser, OpenAIUser
+
+Every request fires Locust's ``request`` event (name = route, e.g. ``grpc.Generate``;
+request_type = ``grpc``/``http``/``openai``) and adds one record to the run's
+aggregator. A request interrupted by the end of the test is recorded as ``CANCELLED``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from grpc.experimental import gevent as grpc_gevent
+
+grpc_gevent.init_gevent()  # before any channel exists; makes grpc cooperative under gevent
+
+import gevent  # noqa: E402
+from locust import User, constant, task  # noqa: E402
+from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
+
+from pathprobe import segments  # noqa: E402
+from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
+from pathprobe.loadgen.records import STOPPED  # noqa: E402
+from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
+
+pc = time.perf_counter_ns
+_user_ids = itertools.count()
+
+
+class RequestFailed(Exception):
+    """What Locust's stats see for a failed request: ``STATUS: message``."""
+
+
+class _LLMMixin:
+    """The request loop shared by every pathprobe user class."""
+
+    environment: Any
+    host: str | None
+    target_kind: str | None = None  # None: taken from the host URL
+
+    def _pp_init(self) -> None:
+        self._rt = plugin.runtime(self.environment)
+        self._rt.ensure_started()
+        self._uid = next(_user_ids)
+        self._seq = itertools.count()
+        host = self.host or self.environment.host or ""
+        kind, _ = parse_host(host)
+        if self.target_kind and kind != self.target_kind:
+            # e.g. HttpLLMUser given grpc://: say so instead of failing obscurely
+            from pathprobe.errors import ConfigError
+
+            raise ConfigError(f"host: {type(self).__name__} needs a {self.target_kind} target, got {host!r}")
+        self._host = host
+        self.target: Target = make_target(host, self._rt.cfg.timeout_s, self._rt.cfg.openai_api)
+
+    def _pp_stop(self) -> None:
+        target = getattr(self, "target", None)
+        if target is not None:
+            target.close()
+
+    def generate(self) -> None:
+        """One request: pace (open loop), send, measure, record, fire Locust's event."""
+        rt = self._rt
+        cfg = rt.cfg
+        lag_ns = 0
+        if rt.schedule is not None:
+            intended = rt.schedule.next_ns()
+            now = pc()
+            if intended > now:
+                gevent.sleep((intended - now) / 1e9)
+            lag_ns = max(0, pc() - intended)
+        prompt = rt.prompts.next()
+        spec = CallSpec(
+            prompt=prompt.text,
+            max_tokens=prompt.max_tokens or cfg.max_tokens,
+            stream=cfg.stream,
+            ignore_eos=cfg.ignore_eos,
+            model=cfg.model,
+            request_id=f"{rt.worker}-{self._uid}-{next(self._seq)}",
+            tokens_in=prompt.tokens,
+        )
+        target = self.target
+        route = target.route(cfg.stream)
+        headers: dict[str, str] = {}
+        span = rt.tracing.start(route, target, spec, headers) if rt.tracing is not None else None
+        ts = time.time()
+        out = Outcome()
+        try:
+            target.call(spec, headers, out)
+        except gevent.GreenletExit:
+            _interrupted(out, STOPPED, "the test stopped while the request was in flight")
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a record, never a crash
+            _interrupted(out, "CLIENT_ERROR", f"{type(exc).__name__}: {exc}")
+        except BaseException:
+            _interrupted(out, "CANCELLED", "interrupted")
+            raise
+        finally:
+            rec = build_record(out, spec, route, self._host, ts, lag_ns, self._uid, rt.worker)
+            if span is not None:
+                rt.tracing.end(span, rec)
+            rt.agg.add(rec)
+            if rec["status"] != STOPPED:  # like Locust's own users: a killed request is not a failure
+                self.environment.events.request.fire(
+                    request_type=target.kind,
+                    name=route,
+                    response_time=rec["latency_ms"],
+                    response_length=out.response_bytes,
+                    exception=None if rec["ok"] else RequestFailed(f"{rec['status']}: {rec['error']}"),
+                    context={},
+                    start_time=ts,
+                    url=self._host,
+                    response=None,
+                )
+
+
+def _interrupted(out: Outcome, status: str, error: str) -> None:
+    if out.t0 == 0:
+        out.t0 = pc()
+    out.t_end = pc()
+    out.ok = False
+    out.status = status
+    out.error = error
+
+
+def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float, lag_ns: int,
+                 user: int, worker: str) -> dict[str, Any]:
+    e2e = (out.t_end - out.t0) / 1e6
+    enc = out.encode_ns / 1e6
+    dec = out.decode_ns / 1e6
+    lag = lag_ns / 1e6
+    times = out.token_times
+    ttft = itl = tpot = None
+    if spec.stream:
+        if times:
+            ttft = (times[0] - out.t0) / 1e6
+            itl = [(b - a) / 1e6 for a, b in zip(times, times[1:])]
+        else:
+            itl = []
+        n = out.tokens_out or 0
+        if ttft is not None and n > 1:
+            tpot = (e2e - ttft) / (n - 1)
+    sp = segments.split(e2e, out.entries, enc, dec).as_dict() if out.ok else None
+    return {
+        "ts": ts,
+        "route": route,
+        "target": host,
+        "ok": out.ok,
+        "status": out.status,
+        "error": out.error,
+        "e2e_ms": e2e,
+        "latency_ms": e2e + lag,
+        "client_encode_ms": enc,
+        "client_decode_ms": dec,
+        "ttft_ms": ttft,
+        "itl_ms": itl if itl is not None else [],
+        "tpot_ms": tpot,
+        "tokens_in": out.tokens_in if out.tokens_in is not None else spec.tokens_in,
+        "tokens_out": out.tokens_out,
+        "schedule_lag_ms": lag,
+        "entries": out.entries,
+        "split": sp,
+        "trace_id": None,
+        "user": user,
+        "worker": worker,
+        "request_id": spec.request_id,
+    }
+
+
+class LLMUser(_LLMMixin, User):
+    """Talks to whatever ``--host`` names: ``grpc://``, ``http://`` or ``openai+http://``."""
+
+    abstract = False
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        self._pp_init()
+
+    def on_stop(self) -> None:
+        self._pp_stop()
+
+    @task
+    def llm(self) -> None:
+        self.generate()
+
+
+class GrpcLLMUser(LLMUser):
+    """gRPC ``pathprobe.v1.LLM`` (one channel per user; deadline = ``--timeout-s``)."""
+
+    target_kind = "grpc"
+
+
+class _FastHttpBase(_LLMMixin, FastHttpUser):
+    """FastHttpUser whose ``self.client`` stays usable for extra calls of your own;
+    the LLM calls go through pathprobe's measured geventhttpclient connection."""
+
+    abstract = True
+    wait_time = constant(0)
+
+    def __init__(self, environment: Any) -> None:
+        host = self.host or environment.host or ""
+        if host.startswith("openai+"):
+            self.host = host[len("openai+"):]  # FastHttpUser wants http(s)://
+        super().__init__(environment)
+        self._orig_host = host
+
+    def on_start(self) -> None:
+        if getattr(self, "_orig_host", None):
+            self.host = self._orig_host
+        self._pp_init()
+
+    def on_stop(self) -> None:
+        self._pp_stop()
+
+    @task
+    def llm(self) -> None:
+        self.generate()
+
+
+class HttpLLMUser(_FastHttpBase):
+    """Native JSON API ``POST /v1/generate`` (SSE with ``--stream``)."""
+
+    abstract = True  # concrete in your locustfile: ``class MyUser(HttpLLMUser): pass``
+    target_kind = "http"
+
+
+class OpenAIUser(_FastHttpBase):
+    """OpenAI-compatible completions/chat (``--openai-api``), stream or not; any such server."""
+
+    abstract = True
+    target_kind = "openai"
