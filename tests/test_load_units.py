@@ -1,0 +1,148 @@
+"""Load generator building blocks: histograms, aggregation, arrivals, prompts, CLI parsing."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from pathprobe.errors import ConfigError
+from pathprobe.loadgen import hist
+from pathprobe.loadgen.arrival import Schedule
+from pathprobe.loadgen.cli import _opt_value, _without, validate
+from pathprobe.loadgen.records import Aggregator, format_table
+from pathprobe.loadgen.targets import parse_host
+
+
+def test_record_many_matches_record_value_bucket_for_bucket():
+    rng = random.Random(1)
+    vals = [rng.choice([rng.uniform(0, 3), rng.uniform(0, 400), rng.uniform(0, 90_000), -0.5, 0.0])
+            for _ in range(5000)]
+    a, b = hist.new_histogram(), hist.new_histogram()
+    for v in vals:
+        a.record_value(max(0, int(round(v * 1000))))
+    hist.record_many(b, vals)
+    assert a.get_total_count() == b.get_total_count() == len(vals)
+    assert (a.get_min_value(), a.get_max_value()) == (b.get_min_value(), b.get_max_value())
+    assert all(a.get_count_at_index(i) == b.get_count_at_index(i) for i in range(a.counts_len))
+
+
+def test_microsecond_values_are_exact_below_32ms():
+    h = hist.new_histogram()
+    vals = [1.001, 2.002, 3.003, 17.017, 31.999]
+    hist.record_many(h, vals)
+    st = hist.stats(h, sum(vals))
+    assert st["min"] == 1.001 and st["max"] == 31.999 and st["p50"] == 3.003
+
+
+def _rec(route: str, ok: bool, e2e: float, status: str = "OK") -> dict:
+    split = {"e2e": e2e, "network": e2e / 2, "serialization": 0.1, "queueing": 0.0,
+             "inference": e2e / 2 - 0.1, "other": 0.0, "network_hop1": e2e / 2, "network_hop2": 0.0}
+    return {"ts": 1.0, "route": route, "ok": ok, "status": status, "e2e_ms": e2e, "latency_ms": e2e,
+            "client_encode_ms": 0.01, "client_decode_ms": 0.02, "schedule_lag_ms": 0.0,
+            "split": split if ok else None, "ttft_ms": None, "itl_ms": [], "tpot_ms": None}
+
+
+def test_wire_merge_equals_single_aggregation():
+    rng = random.Random(2)
+    recs = [_rec(rng.choice(["grpc.Generate", "http.generate"]), rng.random() > 0.1, rng.uniform(1, 50),
+                 "UNAVAILABLE") for _ in range(600)]
+    for r in recs:
+        if r["ok"]:
+            r["status"] = "OK"
+    whole = Aggregator()
+    whole.add_batch(recs)
+    parts = [Aggregator(), Aggregator()]
+    parts[0].add_batch(recs[:250])
+    parts[1].add_batch(recs[250:])
+    merged = Aggregator()
+    for p in parts:  # through the wire format, as workers ship it (JSON-able)
+        merged.merge_wire(json.loads(json.dumps(p.to_wire())))
+    a, b = whole.summary({}), merged.summary({})
+    assert a["totals"] == b["totals"]
+    for route in a["routes"]:
+        for m, st in a["routes"][route]["metrics"].items():
+            stb = b["routes"][route]["metrics"][m]
+            assert {k: v for k, v in st.items() if k != "mean"} == {k: v for k, v in stb.items() if k != "mean"}
+            assert st["mean"] == pytest.approx(stb["mean"], abs=1e-3)
+    table = format_table(a)
+    assert "p50" in table and "p99" in table and "grpc.Generate" in table
+
+
+def test_stopped_requests_are_counted_apart_from_errors():
+    agg = Aggregator()
+    agg.add_batch([_rec("grpc.Generate", True, 5), _rec("grpc.Generate", False, 2, "STOPPED"),
+                   _rec("grpc.Generate", False, 3, "UNAVAILABLE")])
+    t = agg.totals()
+    assert t == {"requests": 3, "ok": 1, "errors": 1, "stopped": 1, "errors_by_status": {"UNAVAILABLE": 1}}
+
+
+def test_constant_schedule_with_ramp():
+    s = Schedule(100.0, "constant", ramp_s=2.0, start_ns=0)
+    times = [s.next_ns() / 1e9 for _ in range(400)]
+    # ramp: R*T/2 = 100 arrivals in the first 2 s, then 100/s
+    assert sum(t <= 2.0 for t in times) == 100
+    assert times[199] == pytest.approx(3.0, abs=0.011)
+    gaps_late = [b - a for a, b in zip(times[200:], times[201:])]
+    assert all(g == pytest.approx(0.01, abs=1e-6) for g in gaps_late)
+
+
+def test_poisson_schedule_rate():
+    s = Schedule(200.0, "poisson", start_ns=0, seed=3)
+    times = [s.next_ns() / 1e9 for _ in range(4000)]
+    assert 4000 / times[-1] == pytest.approx(200.0, rel=0.06)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(set(round(g, 6) for g in gaps)) > 1000  # not constant
+
+
+def test_parse_host():
+    assert parse_host("grpc://127.0.0.1:5") == ("grpc", "127.0.0.1:5")
+    assert parse_host("http://h:8/") == ("http", "http://h:8")
+    assert parse_host("openai+http://h:8") == ("openai", "http://h:8")
+    assert parse_host("openai+https://h:8/x") == ("openai", "https://h:8/x")
+    with pytest.raises(ConfigError, match="host"):
+        parse_host("ftp://h:1")
+
+
+def test_cli_option_helpers_and_validation(tmp_path):
+    args = ["-u", "4", "--users=5", "-r2", "--out", "d", "--sweep", "1,2", "-H", "grpc://h:1"]
+    assert _opt_value(args, "-u", "--users") == "5"
+    assert _opt_value(args, "-r", "--spawn-rate") == "2"
+    assert _without(args, "-u", "--users", "-r", "--spawn-rate", "--sweep") == ["--out", "d", "-H", "grpc://h:1"]
+    with pytest.raises(ConfigError, match="rate"):
+        validate(["-H", "grpc://h:1", "--arrival", "poisson"])
+    with pytest.raises(ConfigError, match="host"):
+        validate(["-H", "tcp://h:1"])
+    with pytest.raises(ConfigError, match="prompt-file"):
+        validate(["--prompt-file", str(tmp_path / "missing.jsonl")])
+    with pytest.raises(ConfigError, match="max-tokens"):
+        validate(["--max-tokens", "0"])
+
+
+def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():
+    from pathprobe import models
+    from pathprobe.loadgen import prompts
+
+    tok = models.load_tokenizer("tiny")
+    ps = prompts.build("fixed", tokens=64, tokenizer="tiny")
+    p = ps.next()
+    assert p.text.startswith("The capital of France is")
+    assert p.tokens == 64 == len(tok.encode(p.text, add_special_tokens=False))
+    sweep = prompts.build("sweep", lengths=[8, 32, 100], tokenizer="tiny")
+    got = [len(tok.encode(sweep.next().text, add_special_tokens=False)) for _ in range(3)]
+    assert got == [8, 32, 100]
+
+
+def test_prompt_file(tmp_path):
+    from pathprobe.loadgen import prompts
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hello there", "max_tokens": 3}\n"just text"\n')
+    ps = prompts.build("file", path=str(f), tokenizer="none")
+    a, b = ps.next(), ps.next()
+    assert (a.text, a.max_tokens, b.text) == ("hello there", 3, "just text")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": ""}\n')
+    with pytest.raises(ConfigError, match="bad.jsonl:1"):
+        prompts.build("file", path=str(bad), tokenizer="none")
