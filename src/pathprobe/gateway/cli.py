@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--health-interval", type=float, default=1.0, metavar="S",
                    help="seconds between active health checks (0 = off)")
     p.add_argument("--health-timeout", type=float, default=1.0, metavar="S")
-    p.add_argument("--unhealthy-after", type=int, default=1, metavar="N",
+    p.add_argument("--unhealthy-after", type=int, default=2, metavar="N",
                    help="consecutive failed checks that take an upstream out")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S",
                    help="upstream timeout when the caller sets no deadline (HTTP callers never do)")

@@ -188,6 +188,7 @@ class ClientConn(asyncio.Protocol):
         self.relay.pool.release(u)  # outstanding is counted per stream below
         self.upstream = u
         u.outstanding += len(self.streams)
+        log.info("client connection -> upstream %s", u.target)
         host, _, port = u.target.rpartition(":")
         asyncio.ensure_future(self._open(u, host, int(port)))
 

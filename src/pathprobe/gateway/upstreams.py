@@ -141,7 +141,7 @@ class HealthChecker:
     def __init__(self, pool: Pool, interval: float = 1.0, timeout: float = 1.0, fall: int = 1) -> None:
         self.pool = pool
         self.interval = interval
-        self.timeout = min(timeout, max(interval, 0.05))
+        self.timeout = timeout
         self.fall = max(1, fall)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
