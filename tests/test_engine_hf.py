@@ -323,3 +323,40 @@ def test_detokenizer_and_stop_helpers(engine: TransformersEngine) -> None:
     assert stop_index("abc STOP def", ["STOP"], 9) is None
     assert holdback("the end of ST", ["STOP"]) == 2
     assert holdback("nothing", ["STOP"]) == 0
+
+
+def test_static_cache_path_matches_dynamic(engine: TransformersEngine) -> None:
+    """static_cache=1 (the CUDA-graph decode path, run eagerly here): same tokens, slots freed."""
+    eng = make_engine(max_batch_size=4, max_wait_ms=2.0, options={"static_cache": "1", "static_max_len": "256"})
+    try:
+        assert eng.max_context == 256 and eng._static is not None
+        prompts = [*PROMPTS, PROMPTS[1] * 4]
+        alone = [greedy(engine, p, 16, ignore_eos=True)[:2] for p in prompts]
+
+        async def go():
+            gens = [eng.generate(GenParams(prompt=p, max_tokens=16, ignore_eos=True)) for p in prompts]
+            together = await asyncio.gather(*(g.collect() for g in gens))
+            # staggered: a longer prompt joins a running batch (its columns are moved to make room)
+            first = eng.generate(GenParams(prompt=prompts[0], max_tokens=16, ignore_eos=True))
+            it = first.__aiter__()
+            head = [await it.__anext__() for _ in range(3)]
+            late = eng.generate(GenParams(prompt=prompts[-1], max_tokens=16, ignore_eos=True))
+            rest = [ev async for ev in it]
+            late_res = await late.collect()
+            # a client leaves mid-stream: its slot comes back
+            c = eng.generate(GenParams(prompt=prompts[2], max_tokens=200, ignore_eos=True))
+            itc = c.__aiter__()
+            await itc.__anext__()
+            await itc.aclose()
+            return together, "".join(e.text for e in head + rest), late_res, first, late
+
+        together, first_text, late_res, first, late = run(go())
+        assert together == alone
+        assert first_text == alone[0][0] and late_res == alone[-1]
+        assert first.timing.batch_size == 2 and late.timing.batch_size == 2
+        with pytest.raises(InvalidArgument, match="256"):
+            eng.generate(GenParams(prompt_token_ids=[5] * 250, max_tokens=10))
+        wait_idle(eng)
+        assert sorted(eng._static.free) == [0, 1, 2, 3] and not eng._static.start
+    finally:
+        run(eng.stop())

@@ -144,6 +144,7 @@ class _Req:
     n_pos: int = 0  # tokens in the KV cache for this row (prompt + fed outputs)
     last: int = 0  # last sampled token (next decode input)
     done: bool = False
+    slot: int = -1  # static mode: the KV row this request owns
 
 
 class TransformersEngine(Engine):
@@ -168,6 +169,12 @@ class TransformersEngine(Engine):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        opts = config.options
+        self._graphs = _flag(opts.get("cuda_graphs", False))
+        self._static_opt = self._graphs or _flag(opts.get("static_cache", False))
+        if self._graphs and not self.device.startswith("cuda"):
+            raise ConfigError("--engine-option cuda_graphs: needs a CUDA device (use static_cache=1 on the CPU)")
+        self._static: _StaticBatch | None = None
         #: counters for tests and /metrics: decode steps, tokens made, requests cancelled
         self.stats = {"prefills": 0, "decode_steps": 0, "tokens": 0, "cancelled": 0, "finished": 0}
 
@@ -213,6 +220,9 @@ class TransformersEngine(Engine):
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self._eos = eos
+        if self._static_opt:
+            max_len = int(self.config.options.get("static_max_len", min(self.max_context, 2048)))
+            self.max_context = min(self.max_context, max_len)
         pad = self.tokenizer.pad_token_id
         self._pad = pad if pad is not None else (min(eos) if eos else 0)
         backend = getattr(self.tokenizer, "_tokenizer", None)
@@ -228,6 +238,9 @@ class TransformersEngine(Engine):
             warm = DynamicCache(config=model.config)
             model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
             model(input_ids=ids[:, :1], use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
+        if self._static_opt:
+            with torch.inference_mode():
+                self._static = _StaticBatch(self, self.config.max_batch_size, self.max_context, self._graphs)
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
 
@@ -316,7 +329,10 @@ class TransformersEngine(Engine):
             new: list[_Req] = []
             dropped: list[_Req] = []
             while self._waiting and len(running) + len(new) < cfg.max_batch_size:
-                r = self._waiting.popleft()
+                r = self._waiting[0]
+                if not r.gen.cancelled and self._static is not None and not self._static.fits(r, running, new):
+                    break  # static cache: waits until the columns it needs are free (FIFO)
+                self._waiting.popleft()
                 (dropped if r.gen.cancelled else new).append(r)
             self._running = len(running) + len(new)
         for r in dropped:
@@ -350,6 +366,8 @@ class TransformersEngine(Engine):
                         if not r.done:
                             r.done = True
                             self._deliver(r.loop, [(r.gen, err)])
+                        if self._static is not None:
+                            self._static.release(r)
                     running, cache, mask = [], None, None
                 with self._cond:
                     self._running = len(running)
@@ -397,6 +415,9 @@ class TransformersEngine(Engine):
             r.gen.timing.decode_start = end
             events.append(self._emit(r, tok))
         self._deliver_events(new, events)
+        if self._static is not None:
+            self._static.place(new, running, ncache, width)
+            return None, None
         if cache is None:
             return ncache, nmask
         return _merge(cache, mask, ncache, nmask)
@@ -405,12 +426,17 @@ class TransformersEngine(Engine):
         import torch
 
         start = now_ms()
-        ids = torch.tensor([[r.last] for r in running], dtype=torch.long, device=self.device)
-        pos = torch.tensor([[r.n_pos] for r in running], dtype=torch.long, device=self.device)
-        step_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-        out = self.model(input_ids=ids, attention_mask=step_mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **{self._cache_kw: cache})
-        tokens = self._sample(out.logits[:, -1, :], running)
+        if self._static is not None:
+            step_mask = None
+            logits = self._static.step(running)
+        else:
+            ids = torch.tensor([[r.last] for r in running], dtype=torch.long, device=self.device)
+            pos = torch.tensor([[r.n_pos] for r in running], dtype=torch.long, device=self.device)
+            step_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            out = self.model(input_ids=ids, attention_mask=step_mask, position_ids=pos, use_cache=True,
+                             logits_to_keep=1, **{self._cache_kw: cache})
+            logits = out.logits[:, -1, :]
+        tokens = self._sample(logits, running)
         dur = now_ms() - start
         self.stats["decode_steps"] += 1
         events = []
@@ -507,6 +533,11 @@ class TransformersEngine(Engine):
         keep = [i for i, r in enumerate(running) if not r.done]
         if len(keep) == len(running):
             return running, cache, mask
+        if self._static is not None:
+            for r in running:
+                if r.done:
+                    self._static.release(r)
+            return [r for r in running if not r.done], None, None
         if not keep:
             return [], None, None
         idx = torch.tensor(keep, device=mask.device)
@@ -541,3 +572,186 @@ def _merge(cache: Any, mask: Any, ncache: Any, nmask: Any) -> tuple[Any, Any]:
         la_layer.keys = torch.cat([pad_kv(la_layer.keys, la), pad_kv(lb_layer.keys, lb)], dim=0)
         la_layer.values = torch.cat([pad_kv(la_layer.values, la), pad_kv(lb_layer.values, lb)], dim=0)
     return cache, torch.cat([pad_mask(mask, la), pad_mask(nmask, lb)], dim=0)
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+class _SlotCache:
+    """A KV cache view over the first ``b`` rows of preallocated static tensors.
+
+    The model calls ``update`` once per layer per forward; the new keys/values go into
+    column ``col`` (a device tensor, so a captured CUDA graph reads its current value)
+    and the whole row width is returned; a 4D boolean mask picks the valid columns.
+    """
+
+    is_compileable = False
+
+    def __init__(self, keys: list[Any], values: list[Any], col: Any, b: int) -> None:
+        self.keys = [k[:b] for k in keys]
+        self.values = [v[:b] for v in values]
+        self.col = col
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        k.index_copy_(2, self.col, key_states)
+        v.index_copy_(2, self.col, value_states)
+        return k, v
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.keys[0].shape[2]
+
+    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        return self.keys[0].shape[2], 0
+
+
+class _StaticBatch:
+    """Static KV cache + (on CUDA, optionally) one captured CUDA graph per batch bucket.
+
+    Every running request owns one row ("slot") of a ``[slots, kv_heads, L, head_dim]``
+    tensor per layer. All rows write the same column ``c`` at each decode step; a
+    request's prompt sits in columns ``[c - n, c)`` of its row when it joins, so
+    requests still join and leave between steps (continuous batching). When a newcomer
+    needs more columns on the left, or the right edge is near, the used columns are
+    moved (one copy). The decode step runs the first ``b`` rows, ``b`` the smallest
+    bucket (1, 2, 4, …) that covers the highest slot in use.
+    """
+
+    def __init__(self, engine: TransformersEngine, slots: int, max_len: int, graphs: bool) -> None:
+        import torch
+
+        model, dev = engine.model, engine.device
+        cfg = model.config
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        layers = int(text_cfg.num_hidden_layers)
+        kvh = int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads)
+        hd = int(getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads)
+        dtype = next(model.parameters()).dtype
+        self.engine = engine
+        self.slots, self.L = slots, max_len
+        self.keys = [torch.zeros((slots, kvh, max_len, hd), dtype=dtype, device=dev) for _ in range(layers)]
+        self.values = [torch.zeros((slots, kvh, max_len, hd), dtype=dtype, device=dev) for _ in range(layers)]
+        self.mask = torch.zeros((slots, 1, 1, max_len), dtype=torch.bool, device=dev)
+        self.ids = torch.zeros((slots, 1), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((slots, 1), dtype=torch.long, device=dev)
+        self.col = torch.zeros((1,), dtype=torch.long, device=dev)
+        self.c = 0
+        self.free = list(range(slots))
+        self.start: dict[int, int] = {}  # slot -> first column of its prompt
+        self.buckets = sorted({min(slots, 1 << i) for i in range(slots.bit_length() + 1)})
+        self.views = {b: _SlotCache(self.keys, self.values, self.col, b) for b in self.buckets}
+        self._cp = "cache_position" in inspect.signature(model.forward).parameters
+        self.graphs: dict[int, tuple[Any, Any]] = {}
+        if graphs:
+            self._capture()
+
+    # --- admission -------------------------------------------------------------------
+    def _plan(self, running: list[_Req], joiners: list[_Req]) -> int | None:
+        """The column the next step writes after admitting ``joiners``, or None if they don't fit."""
+        if running:
+            span = self.c - min(self.start[r.slot] for r in running)
+            need_right = max(r.gen.params.max_tokens - len(r.out) for r in running)
+        else:
+            span, need_right = 0, 0
+        if joiners:
+            span = max(span, max(len(r.ids) for r in joiners))
+            need_right = max(need_right, max(r.gen.params.max_tokens for r in joiners))
+        return span if span + need_right <= self.L else None
+
+    def fits(self, r: _Req, running: list[_Req], accepted: list[_Req]) -> bool:
+        return len(self.free) > len(accepted) and self._plan(running, [*accepted, r]) is not None
+
+    def place(self, new: list[_Req], running: list[_Req], ncache: Any, width: int) -> None:
+        """Move used columns if needed, then copy the newcomers' prefill KV into their rows."""
+        target = self._plan(running, new)
+        assert target is not None, "admitted requests must fit"
+        if running and target != self.c:
+            lo = min(self.start[r.slot] for r in running)
+            shift = target - self.c
+            for t in (*self.keys, *self.values):
+                t[:, :, lo + shift:target] = t[:, :, lo:self.c].clone()
+            m = self.mask[:, :, :, lo:self.c].clone()
+            self.mask.zero_()
+            self.mask[:, :, :, lo + shift:target] = m
+            for r in running:
+                self.start[r.slot] += shift
+        elif not running:
+            self.mask.zero_()
+        self.c = target
+        for r in new:
+            slot = self.free.pop(0)
+            r.slot = slot
+            n = len(r.ids)
+            self.start[slot] = target - n
+            self.mask[slot].zero_()
+            self.mask[slot, :, :, target - n:target] = True
+            i = new.index(r)
+            for dst, layer in zip(self.keys, ncache.layers):
+                dst[slot, :, target - n:target] = layer.keys[i, :, width - n:width]
+            for dst, layer in zip(self.values, ncache.layers):
+                dst[slot, :, target - n:target] = layer.values[i, :, width - n:width]
+        self.free.sort()
+
+    def release(self, r: _Req) -> None:
+        if r.slot >= 0:
+            self.free.append(r.slot)
+            self.free.sort()
+            self.start.pop(r.slot, None)
+            self.mask[r.slot].zero_()
+            r.slot = -1
+
+    # --- decode ------------------------------------------------------------------------
+    def _forward(self, b: int) -> Any:
+        kw: dict[str, Any] = {self.engine._cache_kw: self.views[b]}
+        if self._cp:
+            kw["cache_position"] = self.col
+        out = self.engine.model(input_ids=self.ids[:b], position_ids=self.pos[:b], attention_mask=self.mask[:b],
+                                use_cache=True, logits_to_keep=1, **kw)
+        return out.logits[:, -1, :]
+
+    def _capture(self) -> None:
+        import torch
+
+        # capture against harmless state: every row attends to column 0 only
+        self.mask.zero_()
+        self.mask[:, :, :, 0] = True
+        self.col.zero_()
+        pool = torch.cuda.graph_pool_handle()
+        for b in reversed(self.buckets):  # largest first: it sizes the shared pool
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._forward(b)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._forward(b)
+            self.graphs[b] = (graph, logits)
+        torch.cuda.synchronize()
+        self.mask.zero_()
+        for t in (*self.keys, *self.values):
+            t.zero_()
+
+    def step(self, running: list[_Req]) -> Any:
+        """One decode step for ``running`` (in its order); returns logits [len(running), vocab]."""
+        import torch
+
+        top = max(r.slot for r in running) + 1
+        b = next(x for x in self.buckets if x >= top)
+        dev = self.ids.device
+        slots = torch.tensor([r.slot for r in running], dtype=torch.long).to(dev)
+        self.ids[slots, 0] = torch.tensor([r.last for r in running], dtype=torch.long).to(dev)
+        self.pos[slots, 0] = torch.tensor([r.n_pos for r in running], dtype=torch.long).to(dev)
+        self.col.fill_(self.c)
+        self.mask[:b, :, :, self.c] = True  # every row in the bucket attends to the new column (free rows too)
+        if b in self.graphs:
+            graph, out = self.graphs[b]
+            graph.replay()
+        else:
+            out = self._forward(b)
+        self.c += 1
+        return out.index_select(0, slots)
