@@ -7,8 +7,11 @@ Measures, in one run, side by side:
   with 1, 8 and 32 concurrent requests;
 - the bare model's decode step at the same batch sizes, eager (DynamicCache), so the
   engine's own overhead per step shows as a ratio;
-- the same decode step with a StaticCache captured once as a CUDA graph and replayed
-  (what a static-cache / CUDA-graph decode path could reach; not an engine option yet).
+- the engine again with ``--engine-option cuda_graphs=1`` (static KV cache, one CUDA
+  graph per batch bucket, still continuous batching), measured interleaved with the
+  eager engine (both loaded at once, batch size by batch size);
+- a transformers StaticCache decode step captured as a CUDA graph outside any engine
+  (the floor the engine's graph path can approach).
 
 Random weights (``preset:NAME`` builds the published architecture), so only the
 timings mean anything. Writes ``docs/results/<date>-gpu-engine.md`` (or ``--out``).
@@ -108,14 +111,16 @@ def raw_eager_step(model, batch: int, prompt_len: int, steps: int, device: str) 
     kw = "cache" if "cache" in __import__("inspect").signature(model.forward).parameters else "past_key_values"
     ids = torch.randint(10, 1000, (batch, prompt_len), device=device)
     cache = DynamicCache(config=model.config)
+    mask = torch.ones((batch, prompt_len), dtype=torch.long, device=device)  # as the engine passes one
     with torch.inference_mode():
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **{kw: cache})
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         times = []
         for _ in range(steps):
+            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            out = model(input_ids=nxt, use_cache=True, logits_to_keep=1, **{kw: cache})
+            out = model(input_ids=nxt, attention_mask=mask, use_cache=True, logits_to_keep=1, **{kw: cache})
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             nxt.tolist()
             times.append((time.perf_counter() - t0) * 1000)
@@ -169,38 +174,69 @@ def graph_step(model, batch: int, prompt_len: int, steps: int, device: str) -> f
 
 async def main_async(args: argparse.Namespace) -> dict:
     batches = [int(b) for b in args.batches.split(",")]
-    cfg = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_batch_size=max(batches),
-                       max_wait_ms=args.max_wait_ms, max_queue=4 * max(batches))
-    t0 = time.perf_counter()
-    eng = TransformersEngine(cfg)
-    await eng.start()
-    load_s = time.perf_counter() - t0
-    print(f"engine up in {load_s:.1f}s on {eng.device} {eng.dtype}", flush=True)
-    ids = fixed_prompt_ids(eng.tokenizer, args.prompt_tokens)
-    # warm-up (kernels, allocator) at every batch size
+
+    async def start(options: dict) -> tuple[TransformersEngine, float]:
+        cfg = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_batch_size=max(batches),
+                           max_wait_ms=args.max_wait_ms, max_queue=4 * max(batches), options=options)
+        t0 = time.perf_counter()
+        eng = TransformersEngine(cfg)
+        await eng.start()
+        return eng, time.perf_counter() - t0
+
+    eager, load_s = await start({})
+    print(f"eager engine up in {load_s:.1f}s on {eager.device} {eager.dtype}", flush=True)
+    cuda = eager.device.startswith("cuda")
+    engines = {"eager": eager}
+    res: dict = {"info": device_info(), "model": args.model, "dtype": str(eager.dtype), "load_s": load_s,
+                 "max_wait_ms": args.max_wait_ms, "batches": {}, "ttft": {}}
+    if cuda and not args.no_graphs:
+        try:
+            graphs, gload = await start({"cuda_graphs": "1"})
+            engines["graphs"] = graphs
+            res["graphs_load_s"] = gload
+            print(f"cuda-graph engine up in {gload:.1f}s", flush=True)
+        except Exception as exc:  # noqa: BLE001 - report it, keep the eager figures
+            res["graphs_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            print("graphs engine failed:", res["graphs_error"], flush=True)
+    ids = fixed_prompt_ids(eager.tokenizer, args.prompt_tokens)
+    res["prompt_tokens"], res["new_tokens"] = len(ids), args.tokens
+    # same tokens from both paths (greedy), and warm-up at every batch size
+    texts = {}
+    for name, eng in engines.items():
+        g = eng.generate(GenParams(prompt_token_ids=ids, max_tokens=16, ignore_eos=True))
+        texts[name] = (await g.collect())[1]
+        for b in batches:
+            await engine_batch(eng, ids, b, 4, 1)
+    if "graphs" in texts:
+        res["graphs_same_tokens_as_eager"] = texts["graphs"] == texts["eager"]
+        res["tokens_eager_vs_graphs"] = [texts["eager"], texts["graphs"]]
+    for name, eng in engines.items():
+        res["ttft"][name] = await engine_ttft(eng, ids, args.reps * 3)
+        print("ttft", name, res["ttft"][name], flush=True)
     for b in batches:
-        await engine_batch(eng, ids, b, 4, 1)
-    res: dict = {"info": device_info(), "model": args.model, "dtype": str(eng.dtype), "load_s": load_s,
-                 "prompt_tokens": len(ids), "new_tokens": args.tokens, "max_wait_ms": args.max_wait_ms, "batches": {}}
-    res["ttft"] = await engine_ttft(eng, ids, args.reps * 3)
-    print("ttft", res["ttft"], flush=True)
-    cuda = eng.device.startswith("cuda")
-    for b in batches:
-        row = await engine_batch(eng, ids, b, args.tokens, args.reps)
+        row: dict = {}
+        for name, eng in engines.items():  # interleaved: same conditions for both
+            row[name] = await engine_batch(eng, ids, b, args.tokens, args.reps)
         if cuda:
-            row["raw_eager_step_ms"] = raw_eager_step(eng.model, b, len(ids), 20, eng.device)
+            row["raw_eager_step_ms"] = raw_eager_step(eager.model, b, len(ids), 20, eager.device)
             try:
-                row["cuda_graph_step_ms"] = graph_step(eng.model, b, len(ids), 20, eng.device)
+                row["cuda_graph_step_ms"] = graph_step(eager.model, b, len(ids), 20, eager.device)
             except Exception as exc:  # noqa: BLE001 - report, keep the other figures
                 row["cuda_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
         res["batches"][b] = row
         print(b, row, flush=True)
-    await eng.stop()
+    for eng in engines.values():
+        await eng.stop()
     return res
+
+
+def _f(x, fmt=".2f") -> str:
+    return "–" if x is None else format(x, fmt)
 
 
 def to_markdown(res: dict) -> str:
     info = res["info"]
+    tt = res["ttft"]
     lines = [
         f"# Transformers engine on GPU — {res['model']} ({res['dtype']}, random weights)",
         "",
@@ -208,33 +244,44 @@ def to_markdown(res: dict) -> str:
         + (f" ({info['nvidia-smi']})" if "nvidia-smi" in info else "") + ".",
         f"Versions: python {info['python']}, torch {info['torch']} (CUDA {info['cuda']}), "
         f"transformers {info['transformers']}, tokenizers {info['tokenizers']}.",
-        f"Prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new tokens per request (ignore_eos), "
-        f"greedy; engine load (random init on the device) {res['load_s']:.1f} s.",
+        f"Prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new tokens per request (ignore_eos), greedy. "
+        f"Engine load (random init on the device): {res['load_s']:.1f} s"
+        + (f"; with CUDA graphs (static KV cache + captures): {res['graphs_load_s']:.1f} s" if "graphs_load_s" in res
+           else "") + ".",
         "Command: `PYTHONPATH=src python3 bench/gpu_engine.py --model " + res["model"] + "`",
         "",
-        f"Time to first token, one request alone (generate() → first token in the consumer): "
-        f"**{res['ttft']['ttft_ms']:.1f} ms** (engine prefill {res['ttft']['prefill_ms']:.1f} ms, "
-        f"queue incl. the {res['max_wait_ms']:g} ms batching window {res['ttft']['queue_ms']:.1f} ms).",
+    ]
+    if "graphs_error" in res:
+        lines += [f"CUDA-graph engine failed to start: `{res['graphs_error']}`", ""]
+    if "graphs_same_tokens_as_eager" in res:
+        lines += [f"Greedy tokens identical on both paths (16 tokens): {res['graphs_same_tokens_as_eager']}.", ""]
+    lines += ["Time to first token, one request alone (generate() → first token in the consumer), median:", ""]
+    lines += ["| engine | TTFT ms | prefill ms | queue ms (incl. batching window) |", "|---|---|---|---|"]
+    for name, t in tt.items():
+        lines.append(f"| {name} | {t['ttft_ms']:.1f} | {t['prefill_ms']:.1f} | {t['queue_ms']:.1f} |")
+    lines += [
         "",
-        "| concurrent requests | engine ms/token (decode) | engine tok/s | bare eager step ms | engine / bare | CUDA-graph step ms | bare / graph |",
-        "|---|---|---|---|---|---|---|",
+        "| concurrent requests | eager engine ms/token | eager tok/s | CUDA-graph engine ms/token | graph tok/s "
+        "| graph speed-up | bare eager step ms | bare StaticCache graph step ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for b, row in res["batches"].items():
-        eager = row.get("raw_eager_step_ms")
-        graph = row.get("cuda_graph_step_ms")
+        e, g = row["eager"], row.get("graphs")
         lines.append(
-            f"| {b} | {row['decode_ms_per_token']:.2f} | {row['tokens_per_s']:.0f} | "
-            + (f"{eager:.2f} | {row['decode_ms_per_token'] / eager:.2f}× | " if eager else "– | – | ")
-            + (f"{graph:.2f} | {eager / graph:.2f}× |" if graph and eager else
-               f"failed: {row.get('cuda_graph_error', '–')} | – |")
+            f"| {b} | {e['decode_ms_per_token']:.2f} | {e['tokens_per_s']:.0f} | "
+            f"{_f(g and g['decode_ms_per_token'])} | {_f(g and g['tokens_per_s'], '.0f')} | "
+            + (f"{e['decode_ms_per_token'] / g['decode_ms_per_token']:.2f}× | " if g else "– | ")
+            + f"{_f(row.get('raw_eager_step_ms'))} | {_f(row.get('cuda_graph_step_ms'))}"
+            + (f" ({row['cuda_graph_error']})" if "cuda_graph_error" in row else "") + " |"
         )
     lines += [
         "",
-        "Engine ms/token is each request's `srv.decode_steps` / (tokens − 1), median over requests and reps; "
-        "it is the wall time of the batched decode forward + sampling per step, as the request saw it. "
-        "Bare eager step: the same model, one decode forward + argmax + host sync, no engine. "
-        "CUDA-graph step: StaticCache decode forward captured once with `torch.cuda.graph` and replayed "
-        "(not wired into the engine yet).",
+        "Engine ms/token: each request's `srv.decode_steps` / (tokens − 1), median over the requests and reps "
+        "(the batched decode forward + sampling per step, as each request saw it). tok/s: all tokens of the "
+        "burst / its wall time (prefill included). The two engines were loaded side by side and measured "
+        "interleaved, batch size by batch size. Bare eager step: the model alone, one decode forward with "
+        "an attention mask + argmax + host sync. Bare graph step: transformers' StaticCache decode forward "
+        "captured once with `torch.cuda.graph` and replayed, no engine.",
         "",
         "Raw figures:",
         "",
@@ -257,6 +304,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-wait-ms", type=float, default=2.0,
                     help="batching window (a burst submitted at once lands in one prefill anyway)")
+    ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph engine")
     ap.add_argument("--out", type=Path, default=Path("docs/results"))
     args = ap.parse_args()
     res = asyncio.run(main_async(args))
