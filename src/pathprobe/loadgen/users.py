@@ -13,6 +13,7 @@ aggregator. A request interrupted by the end of the test is recorded as ``CANCEL
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from typing import Any
@@ -32,6 +33,7 @@ from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, pa
 
 pc = time.perf_counter_ns
 _user_ids = itertools.count()
+_SPLIT_FIELDS = tuple(f.name for f in dataclasses.fields(segments.Split))
 
 
 class RequestFailed(Exception):
@@ -147,7 +149,12 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         n = out.tokens_out or 0
         if ttft is not None and n > 1:
             tpot = (e2e - ttft) / (n - 1)
-    sp = segments.split(e2e, out.entries, enc, dec).as_dict() if out.ok else None
+    if out.ok:
+        s = segments.split(e2e, out.entries, enc, dec)
+        # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
+        sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
+    else:
+        sp = None
     return {
         "ts": ts,
         "route": route,

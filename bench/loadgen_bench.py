@@ -1,0 +1,324 @@
+"""Load generator overhead: bare Locust users vs pathprobe users, side by side in one run.
+
+Against one synthetic server (0 ms inference, 1 output token) this runs, in
+interleaved rounds (bare, pathprobe, pathprobe+tracing, bare, ...), a closed-loop Locust
+test in this process with Locust's library API, for gRPC and for native HTTP:
+
+- bare: a minimal Locust user (grpc stub / FastHttpUser ``client.post``), Locust's own
+  request event, no records, no tracing;
+- pathprobe: ``GrpcLLMUser`` / ``HttpLLMUser`` with full accounting (records, HDR
+  histograms, JSONL written, summary at the end), no tracing exporter;
+- pathprobe+trace: the same plus a CLIENT span per request exported to an OTLP JSON
+  lines file.
+
+Reported per variant: max req/s (median over rounds) and load-generator CPU per request
+(process CPU time / requests; the server runs in another process). Added overhead =
+pathprobe CPU/request − bare CPU/request. Goal: ≤ 10 % lower max req/s and ≤ 50 µs
+added per request. Results go to docs/results/<date>-loadgen.{md,json}.
+
+    python bench/loadgen_bench.py [--rounds 3] [--seconds 5] [--users 16] [--protocols grpc,http]
+"""
+
+from __future__ import annotations
+
+from grpc.experimental import gevent as grpc_gevent
+
+grpc_gevent.init_gevent()
+
+import argparse  # noqa: E402
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gevent  # noqa: E402
+import grpc  # noqa: E402
+import locust  # noqa: E402
+from locust import User, constant, task  # noqa: E402
+from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
+from locust.env import Environment  # noqa: E402
+from locust.event import Events  # noqa: E402
+
+from pathprobe.loadgen import plugin  # noqa: E402
+from pathprobe.loadgen.targets import Target, parse_timing  # noqa: E402
+from pathprobe.loadgen.users import GrpcLLMUser, HttpLLMUser  # noqa: E402
+from pathprobe.v1 import llm_pb2, llm_pb2_grpc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.support.procs import Server  # noqa: E402
+
+PROMPT = "The capital of France is"
+MAX_TOKENS = 1
+
+
+class BareGrpcUser(User):
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        self.channel = grpc.insecure_channel(self.host.removeprefix("grpc://"))
+        self.stub = llm_pb2_grpc.LLMStub(self.channel)
+        self.req = dict(prompt=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    def on_stop(self) -> None:
+        self.channel.close()
+
+    @task
+    def generate(self) -> None:
+        t0 = time.perf_counter()
+        exc = None
+        try:
+            self.stub.Generate(llm_pb2.GenerateRequest(**self.req), timeout=60)
+        except grpc.RpcError as e:
+            exc = e
+        self.environment.events.request.fire(
+            request_type="grpc", name="bare.Generate", response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0, exception=exc, context={},
+        )
+
+
+class BareHttpUser(FastHttpUser):
+    wait_time = constant(0)
+
+    @task
+    def generate(self) -> None:
+        self.client.post("/v1/generate", json={"prompt": PROMPT, "max_tokens": MAX_TOKENS, "ignore_eos": True},
+                         name="bare.generate")
+
+
+class PPGrpcUser(GrpcLLMUser):
+    pass
+
+
+class PPHttpUser(HttpLLMUser):
+    abstract = False
+
+
+def fresh_events() -> Events:
+    """One Events per Environment: Locust's runners add stats listeners to it, and sharing
+    the global one across rounds would make every later round log into every earlier runner."""
+    ev = Events()
+    plugin.attach(ev)
+    return ev
+
+
+def run_round(user_class: type, host: str, users: int, seconds: float, out: str, traces: str | None) -> dict:
+    opts = argparse.Namespace(
+        out=out, tokenizer="none", prompt=PROMPT, prompt_set="fixed", prompt_tokens=5, max_tokens=MAX_TOKENS,
+        traces_file=traces or "", headless=True, num_users=users, host=host, otel=False,
+    )
+    env = Environment(user_classes=[user_class], events=fresh_events(), host=host, parsed_options=opts)
+    runner = env.create_local_runner()
+    env.events.init.fire(environment=env, runner=runner, web_ui=None)
+    count = {"n": 0, "fail": 0}
+
+    def on_request(exception=None, **_kw):  # noqa: ANN001
+        count["n"] += 1
+        if exception is not None:
+            count["fail"] += 1
+
+    env.events.request.add_listener(on_request)
+    runner.start(users, spawn_rate=users * 10)
+    gevent.sleep(1.0)  # spawn + warm-up, not measured
+    n0, c0, t0 = count["n"], time.process_time(), time.perf_counter()
+    gevent.sleep(seconds)
+    n1, c1, t1 = count["n"], time.process_time(), time.perf_counter()
+    runner.stop()
+    runner.quit()
+    env.events.request.remove_listener(on_request)
+    n = n1 - n0
+    return {"requests": n, "failures": count["fail"], "rps": n / (t1 - t0),
+            "cpu_us_per_req": (c1 - c0) / n * 1e6 if n else None}
+
+
+SERVER_TIMING = ("srv.decode;dur=0.012, srv.queue;dur=0.008, srv.tokenize;dur=0.101, srv.prefill;dur=0.210, "
+                 "srv.decode_steps;dur=0.022, srv.detokenize;dur=0.030, srv.encode;dur=0.015, srv.total;dur=0.900")
+
+
+class NullTarget(Target):
+    """Answers instantly with a realistic outcome: isolates pathprobe's own bookkeeping."""
+
+    kind = "grpc"
+    address = "null"
+
+    def route(self, stream: bool) -> str:
+        return "grpc.Generate"
+
+    def call(self, spec, headers, out) -> None:  # noqa: ANN001
+        out.t0 = time.perf_counter_ns()
+        out.encode_ns, out.decode_ns = 8000, 9000
+        out.entries = parse_timing(SERVER_TIMING)
+        out.tokens_in, out.tokens_out = 5, 1
+        out.ok, out.status = True, "OK"
+        out.t_end = time.perf_counter_ns() + 1_000_000
+
+
+def bookkeeping(n: int, out: str) -> dict:
+    """CPU per request of the accounting alone (no network), pathprobe vs a bare event fire."""
+    opts = argparse.Namespace(out=out, tokenizer="none", prompt=PROMPT, prompt_set="fixed", max_tokens=MAX_TOKENS,
+                              traces_file="", headless=True, otel=False)
+    env = Environment(user_classes=[PPGrpcUser], events=fresh_events(), host="grpc://127.0.0.1:1",
+                      parsed_options=opts)
+    runner = env.create_local_runner()
+    env.events.init.fire(environment=env, runner=runner, web_ui=None)
+    env.events.test_start.fire(environment=env)
+    user = PPGrpcUser(env)
+    user._pp_init()
+    user.target = NullTarget()
+    fire = env.events.request.fire
+    res = {}
+    for _ in range(2):  # second pass is the measured one (warm caches)
+        c0 = time.process_time()
+        for _i in range(n):
+            t0 = time.perf_counter()
+            fire(request_type="grpc", name="bare.Generate", response_time=(time.perf_counter() - t0) * 1000,
+                 response_length=0, exception=None, context={})
+        c1 = time.process_time()
+        for _i in range(n):
+            user.generate()
+        plugin.runtime(env).agg.flush(plugin.runtime(env).writer)  # histograms + JSONL, as the flusher does
+        c2 = time.process_time()
+        res = {"bare_us": (c1 - c0) / n * 1e6, "pathprobe_us": (c2 - c1) / n * 1e6}
+    env.events.test_stop.fire(environment=env)
+    runner.quit()
+    res["added_us"] = res["pathprobe_us"] - res["bare_us"]
+    return res
+
+
+def versions() -> dict:
+    import hdrh  # noqa: F401
+
+    from pathprobe import __version__
+
+    return {"pathprobe": __version__, "locust": locust.__version__, "grpcio": grpc.__version__,
+            "gevent": gevent.__version__, "python": platform.python_version()}
+
+
+def device() -> dict:
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": load}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--users", type=int, default=16)
+    ap.add_argument("--protocols", default="grpc,http")
+    ap.add_argument("--no-trace-variant", action="store_true")
+    ap.add_argument("--results", default=str(ROOT / "docs" / "results"))
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="loadgen-bench-"))
+    dev = device()
+    book = [bookkeeping(20000, str(tmp / f"book{i}")) for i in range(3)]
+    for b in book:
+        print(f"bookkeeping: bare {b['bare_us']:.1f} us, pathprobe {b['pathprobe_us']:.1f} us, "
+              f"added {b['added_us']:.1f} us per request", flush=True)
+    srv = Server(tmp, "--engine", "synthetic", "--prefill-ms-per-token", "0", "--decode-ms-per-token", "0",
+                 "--max-batch-size", "64")
+    results: dict[str, dict[str, list[dict]]] = {}
+    try:
+        protos = [p for p in args.protocols.split(",") if p]
+        classes = {"grpc": (BareGrpcUser, PPGrpcUser, f"grpc://{srv.grpc_target}"),
+                   "http": (BareHttpUser, PPHttpUser, srv.http_url)}
+        for proto in protos:
+            bare, pp, host = classes[proto]
+            variants = [("bare", bare, None), ("pathprobe", pp, None)]
+            if not args.no_trace_variant:
+                variants.append(("pathprobe+trace", pp, str(tmp / f"traces-{proto}.jsonl")))
+            results[proto] = {name: [] for name, _, _ in variants}
+            for r in range(args.rounds):
+                order = variants if r % 2 == 0 else list(reversed(variants))
+                for name, cls, traces in order:
+                    res = run_round(cls, host, args.users, args.seconds, str(tmp / f"out-{proto}-{name}-{r}"), traces)
+                    results[proto][name].append(res)
+                    print(f"{proto:5} round {r} {name:16} {res['rps']:8.1f} req/s  "
+                          f"{res['cpu_us_per_req']:7.1f} us CPU/req  failures {res['failures']}", flush=True)
+    finally:
+        srv.stop()
+
+    summary: dict[str, dict] = {}
+    for proto, by in results.items():
+        med = {name: {"rps": statistics.median(x["rps"] for x in runs),
+                      "cpu_us_per_req": statistics.median(x["cpu_us_per_req"] for x in runs)}
+               for name, runs in by.items()}
+        base = med["bare"]
+        for name, m in med.items():
+            m["rps_vs_bare"] = m["rps"] / base["rps"]
+            m["added_cpu_us_per_req"] = m["cpu_us_per_req"] - base["cpu_us_per_req"]
+        summary[proto] = med
+
+    today = dt.date.today().isoformat()
+    doc = {"date": today, "device": dev, "versions": versions(),
+           "bookkeeping": {"runs": book, "added_us_median": statistics.median(b["added_us"] for b in book),
+                           "pathprobe_us_median": statistics.median(b["pathprobe_us"] for b in book),
+                           "bare_us_median": statistics.median(b["bare_us"] for b in book)},
+           "config": {"rounds": args.rounds, "seconds": args.seconds, "users": args.users,
+                      "max_tokens": MAX_TOKENS, "server": "pathprobe serve --engine synthetic, 0 ms inference"},
+           "summary": summary, "rounds": results}
+    os.makedirs(args.results, exist_ok=True)
+    jpath = Path(args.results) / f"{today}-loadgen.json"
+    jpath.write_text(json.dumps(doc, indent=2))
+    md = render_md(doc)
+    (Path(args.results) / f"{today}-loadgen.md").write_text(md)
+    print(md)
+    return 0
+
+
+def render_md(doc: dict) -> str:
+    lines = [
+        f"# Load generator overhead ({doc['date']})",
+        "",
+        "`bench/loadgen_bench.py`: bare Locust users vs pathprobe users against the same synthetic",
+        "server (0 ms inference, 1 output token) in one run, interleaved rounds "
+        f"({doc['config']['rounds']} x {doc['config']['seconds']} s per variant, {doc['config']['users']} users, "
+        "one Locust process). CPU/request is the load generator process's CPU time divided by requests "
+        "(the server is another process). Medians over rounds.",
+        "",
+        f"Device: {doc['device']['cpu']}, {doc['device']['cores']} cores, {doc['device']['platform']}, "
+        f"load average at start {doc['device']['loadavg_at_start']} (shared machine).",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()) + ".",
+        "",
+        "| protocol | variant | max req/s | vs bare | CPU µs/req | added µs/req |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for proto, med in doc["summary"].items():
+        for name, m in med.items():
+            lines.append(f"| {proto} | {name} | {m['rps']:.0f} | {m['rps_vs_bare']:.3f} | "
+                         f"{m['cpu_us_per_req']:.0f} | {m['added_cpu_us_per_req']:+.0f} |")
+    bk = doc["bookkeeping"]
+    lines += [
+        "",
+        "Bookkeeping alone (no network; the user's request path with an instantly answering target, "
+        "then the flush into HDR histograms + JSONL, vs a bare Locust request event; 20,000 requests, "
+        f"median of 3): bare {bk['bare_us_median']:.1f} µs, pathprobe {bk['pathprobe_us_median']:.1f} µs, "
+        f"**added {bk['added_us_median']:.1f} µs per request**.",
+        "",
+        "Goal: pathprobe ≤ 10 % lower max req/s than bare and ≤ 50 µs added per request.",
+        "",
+    ]
+    for proto, med in doc["summary"].items():
+        m = med["pathprobe"]
+        ok = m["rps_vs_bare"] >= 0.90 and m["added_cpu_us_per_req"] <= 50
+        lines.append(f"- {proto}: {'met' if ok else 'NOT met'} "
+                     f"({(1 - m['rps_vs_bare']) * 100:+.1f} % req/s, {m['added_cpu_us_per_req']:+.0f} µs/req).")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
