@@ -50,6 +50,9 @@ from pathprobe.timing import now_ms
 
 log = logging.getLogger(__name__)
 
+#: seed of a weightless folder's random weights (presets), so two loads are the same model
+PRESET_SEED = 0
+
 _DTYPES = {
     "float32": "float32", "fp32": "float32", "f32": "float32",
     "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -198,7 +201,9 @@ class TransformersEngine(Engine):
                 model.to(self.device)
             else:  # a preset: published architecture, random weights made here
                 cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
-                with torch.device(self.device):
+                cuda = [torch.device(self.device).index or 0] if self.device.startswith("cuda") else []
+                with torch.random.fork_rng(devices=cuda), torch.device(self.device):
+                    torch.manual_seed(PRESET_SEED)  # the same random weights on every load
                     model = AutoModelForCausalLM.from_config(cfg, dtype=self.dtype)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model: cannot load {folder}: {exc}") from exc
@@ -590,9 +595,9 @@ class _SlotCache:
 
     is_compileable = False
 
-    def __init__(self, keys: list[Any], values: list[Any], col: Any, b: int) -> None:
-        self.keys = [k[:b] for k in keys]
-        self.values = [v[:b] for v in values]
+    def __init__(self, keys: list[Any], values: list[Any], col: Any, b: int, width: int) -> None:
+        self.keys = [k[:b, :, :width] for k in keys]
+        self.values = [v[:b, :, :width] for v in values]
         self.col = col
 
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -642,9 +647,14 @@ class _StaticBatch:
         self.free = list(range(slots))
         self.start: dict[int, int] = {}  # slot -> first column of its prompt
         self.buckets = sorted({min(slots, 1 << i) for i in range(slots.bit_length() + 1)})
-        self.views = {b: _SlotCache(self.keys, self.values, self.col, b) for b in self.buckets}
+        # attend only to the first W columns (W a power of two >= the write column): attention
+        # reads (and, with grouped KV heads, copies) the whole width, so a full-length width
+        # would cost far more than the tokens actually in use
+        self.widths = sorted({min(max_len, 64 << i) for i in range(max(1, max_len.bit_length()))})
+        self.views = {(b, w): _SlotCache(self.keys, self.values, self.col, b, w)
+                      for b in self.buckets for w in self.widths}
         self._cp = "cache_position" in inspect.signature(model.forward).parameters
-        self.graphs: dict[int, tuple[Any, Any]] = {}
+        self.graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
         if graphs:
             self._capture()
 
@@ -704,12 +714,12 @@ class _StaticBatch:
             r.slot = -1
 
     # --- decode ------------------------------------------------------------------------
-    def _forward(self, b: int) -> Any:
-        kw: dict[str, Any] = {self.engine._cache_kw: self.views[b]}
+    def _forward(self, b: int, w: int) -> Any:
+        kw: dict[str, Any] = {self.engine._cache_kw: self.views[(b, w)]}
         if self._cp:
             kw["cache_position"] = self.col
-        out = self.engine.model(input_ids=self.ids[:b], position_ids=self.pos[:b], attention_mask=self.mask[:b],
-                                use_cache=True, logits_to_keep=1, **kw)
+        out = self.engine.model(input_ids=self.ids[:b], position_ids=self.pos[:b],
+                                attention_mask=self.mask[:b, :, :, :w], use_cache=True, logits_to_keep=1, **kw)
         return out.logits[:, -1, :]
 
     def _capture(self) -> None:
@@ -720,17 +730,17 @@ class _StaticBatch:
         self.mask[:, :, :, 0] = True
         self.col.zero_()
         pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.buckets):  # largest first: it sizes the shared pool
+        for key in sorted(self.views, reverse=True):  # largest first: it sizes the shared pool
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self._forward(b)
+                    self._forward(*key)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits = self._forward(b)
-            self.graphs[b] = (graph, logits)
+                logits = self._forward(*key)
+            self.graphs[key] = (graph, logits)
         torch.cuda.synchronize()
         self.mask.zero_()
         for t in (*self.keys, *self.values):
@@ -742,16 +752,17 @@ class _StaticBatch:
 
         top = max(r.slot for r in running) + 1
         b = next(x for x in self.buckets if x >= top)
+        w = next(x for x in self.widths if x > self.c)
         dev = self.ids.device
         slots = torch.tensor([r.slot for r in running], dtype=torch.long).to(dev)
         self.ids[slots, 0] = torch.tensor([r.last for r in running], dtype=torch.long).to(dev)
         self.pos[slots, 0] = torch.tensor([r.n_pos for r in running], dtype=torch.long).to(dev)
         self.col.fill_(self.c)
         self.mask[:b, :, :, self.c] = True  # every row in the bucket attends to the new column (free rows too)
-        if b in self.graphs:
-            graph, out = self.graphs[b]
+        if (b, w) in self.graphs:
+            graph, out = self.graphs[(b, w)]
             graph.replay()
         else:
-            out = self._forward(b)
+            out = self._forward(b, w)
         self.c += 1
         return out.index_select(0, slots)
