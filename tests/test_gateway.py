@@ -235,7 +235,7 @@ def test_passthrough_metrics(passthrough) -> None:
 
 # ------------------------------------------------------------------------------ transcode
 def test_transcode_unary_and_stream_identical(transcode, synthetic_server) -> None:
-    s1, h1, b1 = http_post(f"{synthetic_server.http_url}/v1/generate", REQ)
+    s1, _, b1 = http_post(f"{synthetic_server.http_url}/v1/generate", REQ)
     s2, h2, b2 = http_post(f"{transcode.url}/v1/generate", REQ)
     assert s1 == s2 == 200
     assert json.loads(b2) == json.loads(b1)
@@ -308,7 +308,7 @@ def test_reencode_errors(reencode) -> None:
 
 # ------------------------------------------------------------------------------ http-proxy
 def test_http_proxy_identical(http_proxy, synthetic_server) -> None:
-    s1, h1, b1 = http_post(f"{synthetic_server.http_url}/v1/generate", REQ)
+    s1, _, b1 = http_post(f"{synthetic_server.http_url}/v1/generate", REQ)
     s2, h2, b2 = http_post(f"{http_proxy.url}/v1/generate", REQ)
     assert s1 == s2 == 200 and b1 == b2
     entries = timing.parse(h2["Server-Timing"])

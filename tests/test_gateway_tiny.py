@@ -30,7 +30,7 @@ def test_tiny_engine_through_passthrough_and_transcode(tmp_path, tiny_server) ->
         assert v_chunks == d_chunks
         check_entries(entries, decode_zero=True)
         s1, _, b1 = http_post(f"{tiny_server.http_url}/v1/generate", REQ, timeout=120)
-        s2, h2, b2 = http_post(f"{gws[1].url}/v1/generate", REQ, timeout=120)
+        s2, _, b2 = http_post(f"{gws[1].url}/v1/generate", REQ, timeout=120)
         assert s1 == s2 == 200 and json.loads(b1) == json.loads(b2)
         s1, _, b1 = http_post(f"{tiny_server.http_url}/v1/generate", {**REQ, "stream": True}, timeout=120)
         s2, _, b2 = http_post(f"{gws[1].url}/v1/generate", {**REQ, "stream": True}, timeout=120)

@@ -41,7 +41,7 @@ def json_error(code: grpc.StatusCode, message: str, entries: Mapping[str, float]
 class Spans:
     """SERVER span + children for one gateway call; all no-ops when tracing is off."""
 
-    __slots__ = ("tracer", "server", "ctx", "attrs")
+    __slots__ = ("attrs", "ctx", "server", "tracer")
 
     def __init__(self, tracing: bool, name: str, carrier: Mapping[str, str], attrs: dict[str, Any]) -> None:
         self.server = None

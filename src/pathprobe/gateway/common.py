@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from pathprobe import jsoncodec
-from pathprobe.errors import ConfigError, GRPC_TO_HTTP, PathprobeError
+from pathprobe.errors import GRPC_TO_HTTP, ConfigError, PathprobeError
 
 MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 BALANCE = ("round-robin", "least-outstanding")

@@ -40,6 +40,7 @@ from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from pathprobe import telemetry, timing
+from pathprobe.errors import Unavailable
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
@@ -105,7 +106,7 @@ def grpc_error_block(code: int, message: str, own: dict[str, float], with_status
 
 # ------------------------------------------------------------------------------ relay
 class Stream:
-    __slots__ = ("sid", "t0", "t_fwd", "method", "resp_seen", "received", "span", "cspan", "dropped", "ended")
+    __slots__ = ("cspan", "dropped", "ended", "method", "received", "resp_seen", "sid", "span", "t0", "t_fwd")
 
     def __init__(self, sid: int, t0: float) -> None:
         self.sid = sid
@@ -182,7 +183,7 @@ class ClientConn(asyncio.Protocol):
     def _connect(self) -> None:
         try:
             u = self.relay.pool.acquire(self.tried)
-        except Exception as exc:  # every upstream tried
+        except Unavailable as exc:  # every upstream tried
             self._refuse_all(str(exc))
             return
         self.relay.pool.release(u)  # outstanding is counted per stream below

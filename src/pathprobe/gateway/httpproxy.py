@@ -8,7 +8,6 @@ entries appended (its parse and re-dump are the only ``gw.decode`` / ``gw.encode
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -18,9 +17,9 @@ from aiohttp import web
 
 from pathprobe import timing
 from pathprobe.errors import PathprobeError, PayloadTooLarge
+from pathprobe.gateway import httpup
 from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries
-from pathprobe.gateway import httpup
 from pathprobe.gateway.httpup import body_error, make_session
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
@@ -67,7 +66,7 @@ class HttpProxy:
                 return await self._stream(request, up, headers, t0, ent, spans)
             try:
                 data = await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise body_error(up.upstream, exc, self.args.timeout) from None
             ent.upstream = now_ms() - up.t0
             Spans.end_client(up.cspan, {"http.response.status_code": status})
@@ -105,7 +104,7 @@ class HttpProxy:
                     if b'"server_timing"' in data and data.startswith(b"data:"):
                         data = self._rewrite(data, up, t0, ent)
                     await out.write(data)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 err = body_error(up.upstream, exc, self.args.timeout)
                 code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)
                 from pathprobe.gateway.common import error_json

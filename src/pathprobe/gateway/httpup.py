@@ -21,7 +21,7 @@ def make_session(pool_size: int) -> aiohttp.ClientSession:
 
 
 class UpstreamResponse:
-    __slots__ = ("upstream", "resp", "t0", "cspan")
+    __slots__ = ("cspan", "resp", "t0", "upstream")
 
     def __init__(self, upstream: Upstream, resp: aiohttp.ClientResponse, t0: float, cspan: Any) -> None:
         self.upstream = upstream
@@ -64,7 +64,7 @@ async def request(session: aiohttp.ClientSession, pool: Pool, method: str, path:
             if len(tried) < len(pool.upstreams):
                 continue
             raise Unavailable(f"upstream {u.target}: connect failed: {exc.os_error}") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pool.release(u)
             Spans.end_client(cspan, {}, "timeout")
             raise DeadlineExceeded(f"upstream {u.target}: no response within {timeout:.3f}s") from None

@@ -128,7 +128,7 @@ class Reencoder:
                                timeout, spans)
             try:
                 data = await up.resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise body_error(up.upstream, exc, timeout) from None
             ent.upstream = now_ms() - up.t0
             upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
@@ -204,7 +204,7 @@ class Reencoder:
                     ent.decode += t1 - td
                     ent.encode += now_ms() - t1
                     yield out
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise body_error(up.upstream, exc, timeout) from None
             ent.upstream = now_ms() - up.t0
             Spans.end_client(up.cspan, {"http.response.status_code": 200})
@@ -273,4 +273,4 @@ def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
     return 0
 
 
-__all__ = ["serve", "DeadlineExceeded"]
+__all__ = ["DeadlineExceeded", "serve"]

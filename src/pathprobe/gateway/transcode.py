@@ -37,7 +37,7 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 class _Clients:
-    __slots__ = ("channel", "unary", "stream")
+    __slots__ = ("channel", "stream", "unary")
 
     def __init__(self, target: str) -> None:
         self.channel = grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])
@@ -286,4 +286,4 @@ def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
                        tc.close)
 
 
-__all__ = ["serve", "Transcoder", "InvalidArgument"]
+__all__ = ["InvalidArgument", "Transcoder", "serve"]

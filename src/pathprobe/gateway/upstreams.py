@@ -21,7 +21,7 @@ log = logging.getLogger("pathprobe.gateway")
 
 
 class Upstream:
-    __slots__ = ("target", "kind", "healthy", "outstanding", "failures", "client", "index", "_on_change")
+    __slots__ = ("_on_change", "client", "failures", "healthy", "index", "kind", "outstanding", "target")
 
     def __init__(self, target: str, kind: str, index: int) -> None:
         self.target = target
