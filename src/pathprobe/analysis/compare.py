@@ -81,7 +81,6 @@ def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = _stderr, htm
     stack = Stack(cfg, out, log)
     paths: dict[str, Path_] = {}
     primary = "latency" if cfg.load.arrival != "closed" else "e2e"
-    net = cfg.network if (cfg.network and cfg.network.active) else None
     results: dict[str, list[RunResult]] = {t.name: [] for t in targets}
     warmups: dict[str, RunResult] = {}
     try:
@@ -97,6 +96,7 @@ def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = _stderr, htm
             stack.start_server()
         # ---- bring every path up and probe it with a real request
         for t in targets:
+            net = cfg.network_for(t)
             if cfg.mode == "remote":
                 p = Path_(t, url=normalize_address(t.address or "", t.protocol or "grpc"))
                 try:
@@ -218,6 +218,7 @@ def build_report(
             "mode": t.mode,
             "url": p.url,
             "notes": p.notes,
+            "network": _network_info(cfg.network_for(t)),
             "by_concurrency": {},
         }
         w = warmups.get(t.name)
@@ -247,9 +248,6 @@ def build_report(
         report_targets[t.name] = entry
     baseline = cfg.baseline_name
     verdicts = add_comparisons(report_targets, samples, baseline, concs, primary, cfg.alpha)
-    net = cfg.network if (cfg.network and cfg.network.active) else None
-    from pathprobe.netem.relay import LinkSpec
-
     return {
         "meta": {
             "started": started,
@@ -266,16 +264,24 @@ def build_report(
         "baseline": baseline,
         "concurrency": concs,
         "method": method_summary(cfg, primary),
-        "network": {
-            "hop": net.hop,
-            "describe": LinkSpec(net.delay_ms, net.jitter_ms, net.loss, net.rto_ms, net.rate_mbit).describe(),
-            "delay_ms_one_way": net.delay_ms,
-            "expected_request_ms": expected_shift_ms(net),
-            "mechanism": "pathprobe's delaying TCP relay (pathprobe netem) inserted on the hop",
-        } if net else None,
+        "network": _network_info(cfg.network if cfg.network and cfg.network.active else None),
         "targets": report_targets,
         "verdicts": verdicts,
         "_samples": samples,  # removed before writing
+    }
+
+
+def _network_info(net: Any) -> dict[str, Any] | None:
+    if net is None:
+        return None
+    from pathprobe.netem.relay import LinkSpec
+
+    return {
+        "hop": net.hop,
+        "describe": LinkSpec(net.delay_ms, net.jitter_ms, net.loss, net.rto_ms, net.rate_mbit).describe(),
+        "delay_ms_one_way": net.delay_ms,
+        "expected_request_ms": expected_shift_ms(net),
+        "mechanism": "pathprobe's delaying TCP relay (pathprobe netem) inserted on the hop",
     }
 
 

@@ -113,6 +113,9 @@ class TargetConfig(_Strict):
     #: external OpenAI-compatible targets: the model name to ask for
     model: str | None = None
     gateway_args: list[str] = Field(default_factory=list)
+    #: a network condition for this configuration only (overrides the top-level one), so the
+    #: same path with and without a WAN-like hop can run side by side in one interleaved run
+    network: NetworkConfig | None = None
     enabled: bool = True
 
     @model_validator(mode="after")
@@ -199,6 +202,10 @@ class CompareConfig(_Strict):
     @property
     def baseline_name(self) -> str:
         return self.baseline or self.enabled_targets[0].name
+
+    def network_for(self, target: TargetConfig) -> NetworkConfig | None:
+        net = target.network if target.network is not None else self.network
+        return net if net is not None and net.active else None
 
 
 # ---------------------------------------------------------------- loading

@@ -123,8 +123,13 @@ def markdown(report: Mapping[str, Any]) -> str:
     if net:
         lines.append(f"network condition on hop '{net['hop']}': {net['describe']} "
                      f"(expected: +{net['expected_request_ms']:g} ms per request: one-way delay x 2 traversals)")
-    lines.append("")
     targets = report["targets"]
+    for name, t in targets.items():
+        tn = t.get("network")
+        if tn and tn != net:
+            lines.append(f"- {name}: network condition on hop '{tn['hop']}': {tn['describe']} "
+                         f"(expected +{tn['expected_request_ms']:g} ms per request)")
+    lines.append("")
     for conc in report["concurrency"]:
         key = str(conc)
         lines.append(f"### concurrency {conc}")

@@ -297,7 +297,7 @@ class Stack:
     def build(self, t: TargetConfig) -> Path_:
         """Start what target ``t`` needs; returns its path (status ok/failed/skipped)."""
         p = Path_(t)
-        net = self.cfg.network if (self.cfg.network and self.cfg.network.active) else None
+        net = self.cfg.network_for(t)
         try:
             if t.kind == "external":
                 addr = split_hostport(t.address or "")

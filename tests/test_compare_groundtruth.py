@@ -1,0 +1,131 @@
+"""Ground truth through `pathprobe compare`: inject what we know and check only the right segment moves.
+
+One interleaved compare run (synthetic engine, known per-token times) with the same passthrough
+gateway twice, once with a one-way delay D on its gateway<->server hop (the delaying relay), plus
+transcode and reencode; a second run with a much larger payload.
+
+What a delay costs: D is one-way and applies to each direction (like ``tc netem delay D`` on both ends
+of the link); a unary request crosses the hop once each way, so its network segment grows by 2 x D
+(an added round-trip of 2 x D); nothing else may move.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+P_MS, D_MS = 0.3, 3.0  # synthetic engine: prefill per prompt token, time per output token
+DELAY = 20.0  # one-way, ms
+
+
+def _compare(tmp: Path, name: str, load: dict, targets: list[dict], server: dict | None = None) -> tuple[Path, dict]:
+    out = tmp / name
+    cfg = {
+        "out": str(out), "bootstrap": 200, "slowest": 2,
+        "server": {"engine": "synthetic", "prefill_ms_per_token": P_MS, "decode_ms_per_token": D_MS,
+                   "max_batch_size": 8, **(server or {})},
+        "load": {"duration_s": 2, "warmup_s": 1, "rounds": 2, "concurrency": [1], **load},
+        "targets": targets,
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "| passthrough (base) |" in res.stdout
+    return out, json.loads((out / "report.json").read_text())
+
+
+def _records(out: Path, target: str) -> list[dict]:
+    recs = []
+    for f in sorted((out / "runs" / target).glob("c*/r*/records.jsonl")):
+        recs += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    ok = [r for r in recs if r["ok"]]
+    assert len(ok) >= 20 and len(ok) == len(recs), (target, len(ok), len(recs))
+    return ok
+
+
+def _med(recs: list[dict], seg: str) -> float:
+    return statistics.median(r["split"][seg] for r in recs)
+
+
+def _gw_ser(r: dict) -> float:
+    return r["entries"].get("gw.decode", 0.0) + r["entries"].get("gw.encode", 0.0)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gt")
+    return _compare(tmp, "small", {"prompt_tokens": 64, "max_tokens": 8}, [
+        {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+        {"name": "passthrough-wan", "kind": "gateway", "mode": "passthrough",
+         "network": {"hop": "upstream", "delay_ms": DELAY}},
+        {"name": "transcode", "kind": "gateway", "mode": "transcode"},
+        {"name": "reencode", "kind": "gateway", "mode": "reencode"},
+    ])
+
+
+def test_delay_on_gateway_server_hop_moves_only_network(small):
+    out, report = small
+    base, wan = _records(out, "passthrough"), _records(out, "passthrough-wan")
+    expected = 2 * DELAY  # one traversal each way
+    assert report["targets"]["passthrough-wan"]["network"]["expected_request_ms"] == expected
+    shift = _med(wan, "network") - _med(base, "network")
+    assert abs(shift - expected) <= max(0.1 * expected, 0.5), shift
+    # it lands on the gateway<->server hop, not the client's
+    hop2 = _med(wan, "network_hop2") - _med(base, "network_hop2")
+    assert abs(hop2 - expected) <= max(0.1 * expected, 0.5), hop2
+    for seg in ("serialization", "queueing", "inference", "other", "network_hop1"):
+        moved = _med(wan, seg) - _med(base, seg)
+        assert abs(moved) <= 0.5, (seg, moved)
+    # and the comparison calls it significant, with a verdict line
+    comp = report["targets"]["passthrough-wan"]["by_concurrency"]["1"]["comparison"]
+    assert comp["significant"] and comp["p50_diff_ms"] > 0.9 * expected
+    assert any(v["target"] == "passthrough-wan" for v in report["verdicts"])
+
+
+def test_synthetic_engine_time_appears_as_inference(small):
+    out, _ = small
+    for target in ("passthrough", "transcode", "reencode", "passthrough-wan"):
+        recs = _records(out, target)
+        for r in recs:
+            assert r["tokens_out"] == 8
+        prefill = statistics.median(r["entries"]["srv.prefill"] for r in recs)
+        decode = statistics.median(r["entries"]["srv.decode_steps"] for r in recs)
+        tokens_in = statistics.median(r["tokens_in"] for r in recs)
+        # within 10% (the engine sleeps on asyncio timers: ~1 ms late at worst on a busy box)
+        assert abs(prefill - P_MS * tokens_in) <= 0.1 * P_MS * tokens_in, (target, prefill)
+        assert abs(decode - D_MS * 7) <= 0.1 * D_MS * 7, (target, decode)  # first token comes from prefill
+        inference = _med(recs, "inference")
+        expected = P_MS * tokens_in + D_MS * 7
+        assert expected <= inference <= 1.1 * expected + 1.0, (target, inference, expected)
+
+
+def test_payload_grows_serialization_in_transcoding_modes_only(small, tmp_path_factory):
+    out_small, _ = small
+    tmp = tmp_path_factory.mktemp("gt-large")
+    out_large, _ = _compare(tmp, "large", {"prompt_tokens": 3000, "max_tokens": 400}, [
+        {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+        {"name": "transcode", "kind": "gateway", "mode": "transcode"},
+        {"name": "reencode", "kind": "gateway", "mode": "reencode"},
+    ], server={"decode_ms_per_token": 0.01, "prefill_ms_per_token": 0.0})
+    growth = {}
+    for target in ("passthrough", "transcode", "reencode"):
+        small_recs, large_recs = _records(out_small, target), _records(out_large, target)
+        gw_small = statistics.median(_gw_ser(r) for r in small_recs)
+        gw_large = statistics.median(_gw_ser(r) for r in large_recs)
+        growth[target] = _med(large_recs, "serialization") - _med(small_recs, "serialization")
+        if target == "passthrough":
+            assert gw_small == 0.0 and gw_large == 0.0  # bytes forwarded, never decoded
+        else:
+            assert gw_large > 1.5 * gw_small and gw_large - gw_small > 0.05, (target, gw_small, gw_large)
+    # the client and server (de)serialize bigger messages on every path; only transcoding adds the gateway's share
+    assert growth["transcode"] > growth["passthrough"] and growth["reencode"] > growth["passthrough"], growth
