@@ -235,7 +235,8 @@ class TransformersEngine(Engine):
             self._decode = lambda ids: backend.decode(ids, skip_special_tokens=True)
         else:
             self._decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
-        # warm-up: one tiny prefill + decode so the first request does not pay for lazy init
+        # warm-up: tokenizer, one tiny prefill + decode, so the first request pays no lazy init
+        self._decode(self.tokenizer.encode("warm up"))
         with torch.inference_mode():
             from transformers import DynamicCache
 

@@ -109,6 +109,7 @@ class VLLMEngine(Engine):
             self._decode = lambda ids: backend.decode(ids, skip_special_tokens=True)
         else:
             self._decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
+        self._decode(self.tokenizer.encode("warm up"))  # the first request pays no lazy init
         self.llm: Any = None
         self._waiting = 0  # submitted, no token yet (vLLM's queue + prefill)
         self._running = 0  # producing tokens
