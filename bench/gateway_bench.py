@@ -7,7 +7,8 @@ shared 2-core box), so slow spells of the machine hit all targets alike:
 - gRPC client: ``direct`` (the server's gRPC port), ``direct-again`` (a second channel to
   the same port: the noise floor), ``passthrough`` (HTTP/2 frame relay, the default),
   ``passthrough-grpc`` (the grpcio relay, ``--impl grpc``), ``passthrough-nodecode`` (the
-  frame relay without HPACK decoding for metrics labels), ``nginx`` (grpc_pass with an
+  frame relay without HPACK decoding for metrics labels), ``passthrough-uvloop`` (the frame
+  relay on uvloop, when installed), ``nginx`` (grpc_pass with an
   upstream keep-alive pool, deploy/nginx), ``reencode`` (gRPC in, server's HTTP out);
 - HTTP client (stdlib ``http.client``, keep-alive): ``direct-http``, ``transcode`` (HTTP in,
   gRPC out), ``http-proxy`` (HTTP in, HTTP out).
@@ -47,6 +48,12 @@ from pathprobe.v1 import llm_pb2, llm_pb2_grpc
 from tests.support.procs import Proc, Server, free_port
 
 PROMPT = "The capital of France is"
+try:
+    import uvloop  # noqa: F401
+
+    HAVE_UVLOOP = True
+except ImportError:  # optional: pip install uvloop
+    HAVE_UVLOOP = False
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -201,18 +208,24 @@ def main() -> int:
         pt, pt_port = gateway(tmp, "passthrough", srv.grpc_target)
         ptg, ptg_port = gateway(tmp, "passthrough", srv.grpc_target, "--impl", "grpc")
         ptn, ptn_port = gateway(tmp, "passthrough", srv.grpc_target, "--no-decode-metadata")
+        if HAVE_UVLOOP:
+            ptu, ptu_port = gateway(tmp, "passthrough", srv.grpc_target, "--loop", "uvloop")
+            procs.append(ptu)
         tc, tc_port = gateway(tmp, "transcode", srv.grpc_target)
         re_, re_port = gateway(tmp, "reencode", http_up)
         hp, hp_port = gateway(tmp, "http-proxy", http_up)
         procs += [pt, ptg, ptn, tc, re_, hp]
         pids = {"passthrough": pt.popen.pid, "passthrough-grpc": ptg.popen.pid, "passthrough-nodecode": ptn.popen.pid, "transcode": tc.popen.pid,
                 "reencode": re_.popen.pid, "http-proxy": hp.popen.pid}
+        if HAVE_UVLOOP:
+            pids["passthrough-uvloop"] = ptu.popen.pid
         targets: list = [
             GrpcTarget("direct", srv.grpc_target, "direct"),
             GrpcTarget("direct-again", srv.grpc_target, "direct"),
             GrpcTarget("passthrough", f"127.0.0.1:{pt_port}", "direct"),
             GrpcTarget("passthrough-grpc", f"127.0.0.1:{ptg_port}", "direct"),
             GrpcTarget("passthrough-nodecode", f"127.0.0.1:{ptn_port}", "direct"),
+            *([GrpcTarget("passthrough-uvloop", f"127.0.0.1:{ptu_port}", "direct")] if HAVE_UVLOOP else []),
             GrpcTarget("reencode", f"127.0.0.1:{re_port}", "direct"),
             HttpTarget("direct-http", srv.http_port, "direct-http"),
             HttpTarget("transcode", tc_port, "direct-http"),
@@ -266,6 +279,7 @@ def main() -> int:
                "p99_us": pct(a, 99)}
         if t.name != t.baseline:
             row["added_p50_us"], row["added_p50_lo"], row["added_p50_hi"] = added_with_ci(a, base, 50, rng)
+            row["added_p90_us"], row["added_p90_lo"], row["added_p90_hi"] = added_with_ci(a, base, 90, rng)
             row["added_p99_us"], row["added_p99_lo"], row["added_p99_hi"] = added_with_ci(a, base, 99, rng)
         if t.name in cpu:
             row["proxy_cpu_us_per_call"] = cpu[t.name]
@@ -273,9 +287,11 @@ def main() -> int:
         rows.append(row)
     ratios = {}
     if "nginx" in lat:
-        for name in ("direct-again", "passthrough", "passthrough-nodecode", "passthrough-grpc", "reencode"):
-            ratios[name] = {f"p{q}": ratio_with_ci(lat[name], lat["direct"], lat["nginx"], lat["direct"], q, rng)
-                            for q in (50, 99)}
+        for name in ("direct-again", "passthrough", "passthrough-nodecode", "passthrough-uvloop",
+                     "passthrough-grpc", "reencode"):
+            if name in lat:
+                ratios[name] = {f"p{q}": ratio_with_ci(lat[name], lat["direct"], lat["nginx"], lat["direct"], q, rng)
+                                for q in (50, 90, 99)}
     result = {"environment": env, "calls_per_path": args.calls, "max_tokens": args.max_tokens,
               "wall_s": wall, "rows": rows, "ratio_to_nginx_added": ratios}
     md = markdown(result)
@@ -306,8 +322,9 @@ def markdown(r: dict) -> str:
         f"brackets. CPU/call = the proxy process's own CPU time over the measured calls; "
         f"max calls/s on one core = 1 / that.",
         "",
-        "| path | baseline | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/call | max calls/s, one core |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| path | baseline | p50 µs | p99 µs | added p50 µs | added p90 µs | added p99 µs | proxy CPU µs/call "
+        "| max calls/s, one core |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in r["rows"]:
         def ci(key: str, row: dict = row) -> str:
@@ -316,14 +333,14 @@ def markdown(r: dict) -> str:
             return f"{row[key + '_us']:.0f} [{row[key + '_lo']:.0f}, {row[key + '_hi']:.0f}]"
         cpu = row.get("proxy_cpu_us_per_call")
         lines.append(f"| {row['path']} | {row['baseline']} | {row['p50_us']:.0f} | {row['p99_us']:.0f} | "
-                     f"{ci('added_p50')} | {ci('added_p99')} | {'–' if cpu is None else f'{cpu:.0f}'} | "
+                     f"{ci('added_p50')} | {ci('added_p90')} | {ci('added_p99')} | {'–' if cpu is None else f'{cpu:.0f}'} | "
                      f"{'–' if cpu is None else f'{1e6 / cpu:,.0f}'} |")
     if r["ratio_to_nginx_added"]:
         lines += ["", "Added latency relative to nginx's added latency (goal for passthrough: ≤ 2×):", "",
-                  "| path | × nginx at p50 | × nginx at p99 |", "|---|---:|---:|"]
+                  "| path | × nginx at p50 | × nginx at p90 | × nginx at p99 |", "|---|---:|---:|---:|"]
         for name, qs in r["ratio_to_nginx_added"].items():
-            cells = [f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for v in (qs["p50"], qs["p99"])]
-            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+            cells = [f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for v in (qs["p50"], qs["p90"], qs["p99"])]
+            lines.append(f"| {name} | {cells[0]} | {cells[1]} | {cells[2]} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -580,7 +580,12 @@ def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
                 c.transport.close()
 
     try:
-        asyncio.run(main())
+        if getattr(args, "loop", "asyncio") == "uvloop":
+            import uvloop
+
+            uvloop.run(main())
+        else:
+            asyncio.run(main())
     finally:
         for c in children:
             c.send_signal(signal.SIGTERM)
