@@ -123,3 +123,42 @@ def test_vllm_openai_client(vllm_server: Server) -> None:
     parts = list(client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=6,
                                            temperature=0, stream=True, extra_body={"ignore_eos": True}))
     assert "".join(p.choices[0].text for p in parts) == c.choices[0].text
+
+
+def _gauge(url: str, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_vllm_client_disconnect_frees_the_sequence(vllm_server: Server) -> None:
+    import time
+
+    import grpc
+
+    from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
+    with grpc.insecure_channel(vllm_server.grpc_target) as ch:
+        stub = llm_pb2_grpc.LLMStub(ch)
+        call = stub.GenerateStream(llm_pb2.GenerateRequest(prompt="Once upon a time", max_tokens=800, ignore_eos=True))
+        for _, _chunk in zip(range(3), call):
+            pass
+        assert _gauge(vllm_server.http_url, "pathprobe_server_running") == 1
+        call.cancel()
+    deadline = time.monotonic() + 20
+    while _gauge(vllm_server.http_url, "pathprobe_server_running") != 0:
+        assert time.monotonic() < deadline, "the cancelled request still holds a slot"
+        time.sleep(0.1)
+    assert _gauge(vllm_server.http_url, "pathprobe_server_queue_depth") == 0
+    # both sequence slots serve again at once: two requests, no queueing behind the aborted one
+    with cf.ThreadPoolExecutor(2) as pool:
+        res = list(pool.map(lambda _: grpc_generate(vllm_server.grpc_target, prompt="Hi", max_tokens=4,
+                                                    ignore_eos=True), range(2)))
+    assert all(r.usage.completion_tokens == 4 for r, _ in res)
