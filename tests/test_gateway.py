@@ -412,3 +412,33 @@ def test_no_leaks_after_failure_burst(tmp_path, synthetic_server, mode: str) -> 
         assert established_to(gw.popen.pid, up_port) <= (4 if http_up else 2)
     finally:
         gw.stop()
+
+
+# ------------------------------------------------------------------------------ sizes
+@pytest.mark.parametrize("impl", ["h2", "grpc"])
+def test_passthrough_body_limit_and_large_messages(tmp_path, synthetic_server, impl: str) -> None:
+    gw = Gateway(tmp_path, "passthrough", synthetic_server.grpc_target, "--impl", impl, "--max-body-bytes", "200000")
+    try:
+        with grpc.insecure_channel(gw.target) as ch, grpc.insecure_channel(synthetic_server.grpc_target) as dch:
+            stub, direct = llm_pb2_grpc.LLMStub(ch), llm_pb2_grpc.LLMStub(dch)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Generate(llm_pb2.GenerateRequest(prompt="x" * 300_000, max_tokens=3), timeout=10)
+            assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            # the same connection keeps working (flow-control windows were given back)
+            for _ in range(3):
+                assert stub.Generate(llm_pb2.GenerateRequest(**REQ), timeout=10).text
+            # large messages both ways, under the limit: byte-identical to the direct path
+            big = llm_pb2.GenerateRequest(prompt="word " * 30_000, max_tokens=3)
+            try:
+                want = ("ok", direct.Generate(big, timeout=30))
+            except grpc.RpcError as e:
+                want = ("err", e.code(), e.details())
+            try:
+                got = ("ok", stub.Generate(big, timeout=30))
+            except grpc.RpcError as e:
+                got = ("err", e.code(), e.details())
+            assert got == want
+            long = llm_pb2.GenerateRequest(prompt="hi", max_tokens=2000, ignore_eos=True)
+            assert list(stub.GenerateStream(long, timeout=60)) == list(direct.GenerateStream(long, timeout=60))
+    finally:
+        gw.stop()
