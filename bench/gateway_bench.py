@@ -341,8 +341,46 @@ def markdown(r: dict) -> str:
         for name, qs in r["ratio_to_nginx_added"].items():
             cells = [f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for v in (qs["p50"], qs["p90"], qs["p99"])]
             lines.append(f"| {name} | {cells[0]} | {cells[1]} | {cells[2]} |")
-    lines.append("")
+    lines += ["", DESIGN_NOTES]
     return "\n".join(lines)
+
+
+DESIGN_NOTES = """## The paths and what each design costs
+
+- **passthrough** (default, `--impl h2`): an HTTP/2 *frame relay*. Each client connection
+  is paired with one upstream connection; SETTINGS, PING, WINDOW_UPDATE, DATA, RST_STREAM,
+  GOAWAY and header blocks are relayed as bytes, so flow control, `grpc-timeout`, metadata
+  and cancellation work end to end. The one change: the header block that ends a stream
+  (the trailers) gets a `server-timing` field with `gw.*`, appended as an HPACK literal
+  without indexing (neither side's header table moves). After forwarding, header blocks
+  are HPACK-decoded for the metrics labels (method, grpc-status): that is the CPU gap
+  between `passthrough` and `passthrough-nodecode` (`--no-decode-metadata`).
+- **passthrough-grpc** (`--impl grpc`): grpcio terminates the call: a sync `grpc.server`
+  with a generic raw-bytes handler, one sync channel per upstream whose calls poll their
+  own completion queue on the handler thread (`SingleThreadedUnaryStream`), grpcio's older
+  poller (`GRPC_EXPERIMENTS=-event_engine_*`, set by the gateway). It balances per call.
+  Its cost is grpcio's thread hand-offs and Python-level call machinery, not byte copies.
+- Rejected after measuring: the obvious grpc.aio proxy (4–5.6× nginx's added latency in
+  earlier runs here) and a relay that terminates HTTP/2 on both sides with the pure-Python
+  `h2` library and multiplexes one upstream connection (≈ 3.3× nginx at p50 in a prototype
+  run: six pure-Python HPACK encodes/decodes per call, 50–90 µs each).
+- **transcode**: aiohttp in, JSON → protobuf (`pathprobe.jsoncodec`), grpc.aio out.
+  **reencode**: grpc.aio in, protobuf → JSON, aiohttp keep-alive pool to the server's
+  HTTP port. **http-proxy**: aiohttp in and out, bytes forwarded (only the last SSE event
+  is re-written for `server_timing`).
+
+Trade-offs of the frame relay: balancing is per client connection (an L4-style choice at
+connect time), so one client channel sticks to one upstream until its connection ends;
+use `--impl grpc` for per-call balancing. The trailers carry two `server-timing` fields
+(the server's and the gateway's); gRPC clients see both in trailing metadata and
+`pathprobe.timing.from_metadata` merges them. When an upstream dies, calls in flight on it
+end `UNAVAILABLE` naming it and the client connection gets GOAWAY; the client's next
+calls reconnect and go to a healthy upstream.
+
+p99 on this 2-core box is dominated by the other processes running on it (see the load
+average above and the `direct-again` control row, which measures the same server twice):
+read the p99 columns through their intervals; p50 and p90 are the stable comparison.
+"""
 
 
 if __name__ == "__main__":

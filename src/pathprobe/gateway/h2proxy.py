@@ -501,7 +501,8 @@ class ClientConn(asyncio.Protocol):
         if finishes:
             self.finishes = []
             for st, own in finishes:
-                self._finish(st, codes.get(st.sid, "0" if not self.relay.decode else "2"), None, own)
+                # without decoding the status is unknown to the relay: label it "?" rather than guess
+                self._finish(st, codes.get(st.sid, "2" if self.relay.decode else "?"), None, own)
 
     # ---------------------------------------------------------------- ends
     def _own(self, st: Stream, t_in: float | None = None) -> dict[str, float]:
