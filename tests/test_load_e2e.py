@@ -281,7 +281,8 @@ def test_trace_has_client_server_and_engine_spans(tmp_path_factory, tmp_path, ot
                  env=env)
         recs = [r for r in load_records(tmp_path) if r["ok"]]
         assert recs and all(r["trace_id"] for r in recs)
-        tid = bytes.fromhex(recs[0]["trace_id"])
+        rec = recs[-1]  # (the first request also pays one-time set-up inside its span)
+        tid = bytes.fromhex(rec["trace_id"])
 
         def complete(spans):
             services = {s for s, sp in spans if sp.trace_id == tid}
@@ -294,10 +295,17 @@ def test_trace_has_client_server_and_engine_spans(tmp_path_factory, tmp_path, ot
     spans = otlp_receiver.trace(tid)
     client = [sp for s, sp in spans if s == "pathprobe-loadgen"]
     assert len(client) == 1 and client[0].kind == 3  # SPAN_KIND_CLIENT
+    dur_ms = (client[0].end_time_unix_nano - client[0].start_time_unix_nano) / 1e6
+    # the span is placed on the record's clock: it ends at the record's end and starts just
+    # before the send (span creation + traceparent injection precede it)
+    assert 0 <= dur_ms - rec["e2e_ms"] < 1.0
+    attrs = {a.key: a.value for a in client[0].attributes}
+    assert attrs["rpc.system"].string_value == "grpc" and attrs["rpc.method"].string_value == "Generate"
+    assert attrs["pathprobe.client.encode_ms"].double_value == pytest.approx(rec["client_encode_ms"], abs=1e-3)
     server_side = [sp for s, sp in spans if s != "pathprobe-loadgen"]
     assert any(sp.kind == 2 and sp.parent_span_id == client[0].span_id for sp in server_side)  # SERVER child
     assert any(sp.name.startswith("engine.") for sp in server_side)
     # the same spans also went to the OTLP JSON lines file
     lines = (tmp_path / "client.jsonl").read_text().splitlines()
     assert lines and "resourceSpans" in json.loads(lines[0])
-    assert recs[0]["trace_id"] in "".join(lines)
+    assert rec["trace_id"] in "".join(lines)

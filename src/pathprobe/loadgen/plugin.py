@@ -154,6 +154,7 @@ class Tracing:
         self._status = Status
         self._code = StatusCode
         self._inject = telemetry.inject
+        self._wall = telemetry.mono_ms_to_wall_ns
 
     @classmethod
     def create(cls, cfg: Config, options: Any) -> Tracing | None:
@@ -187,13 +188,15 @@ class Tracing:
                           "server.address": host, "server.port": int(port) if port.isdigit() else 0})
         else:
             attrs.update({"http.request.method": "POST", "url.full": target.address})
-        span = self.tracer.start_span(route, kind=self._kind, attributes=attrs)
+        # placed on the same monotonic clock as the record, so span duration == e2e
+        start = self._wall(time.perf_counter_ns() / 1e6)
+        span = self.tracer.start_span(route, kind=self._kind, attributes=attrs, start_time=start)
         self._inject(headers, self._trace.set_span_in_context(span))
         return span
 
-    def end(self, span: Any, rec: dict[str, Any]) -> None:
+    def end(self, span: Any, rec: dict[str, Any], t_end_ns: int = 0) -> None:
         ctx = span.get_span_context()
-        if ctx.is_valid:
+        if ctx.is_valid and ctx.trace_flags.sampled:  # only ids of traces that are exported
             rec["trace_id"] = f"{ctx.trace_id:032x}"
         if rec["tokens_out"] is not None:
             span.set_attribute("gen_ai.usage.output_tokens", rec["tokens_out"])
@@ -204,6 +207,12 @@ class Tracing:
             span.set_attribute("http.response.status_code", int(rec["status"]))
         elif rec["route"].startswith("grpc."):
             span.set_attribute("rpc.grpc.status_code", rec["status"])
+        # the client's own durations (what trace-based analysis needs from this hop)
+        span.set_attribute("pathprobe.client.encode_ms", round(rec["client_encode_ms"], 4))
+        span.set_attribute("pathprobe.client.decode_ms", round(rec["client_decode_ms"], 4))
+        span.set_attribute("pathprobe.e2e_ms", round(rec["e2e_ms"], 4))
+        if rec["schedule_lag_ms"]:
+            span.set_attribute("pathprobe.schedule_lag_ms", round(rec["schedule_lag_ms"], 4))
         if rec["split"]:
             for k, v in rec["split"].items():
                 span.set_attribute(f"pathprobe.split.{k}_ms", round(v, 4))
@@ -211,7 +220,7 @@ class Tracing:
             span.set_attribute("pathprobe.ttft_ms", round(rec["ttft_ms"], 4))
         if not rec["ok"]:
             span.set_status(self._status(self._code.ERROR, f"{rec['status']}: {rec['error']}"))
-        span.end()
+        span.end(end_time=self._wall(t_end_ns / 1e6) if t_end_ns else None)
 
     def shutdown(self) -> None:
         if self.provider is not None:

@@ -107,7 +107,7 @@ class _LLMMixin:
         finally:
             rec = build_record(out, spec, route, self._host, ts, lag_ns, self._uid, rt.worker)
             if span is not None:
-                rt.tracing.end(span, rec)
+                rt.tracing.end(span, rec, out.t_end)
             rt.agg.add(rec)
             if rec["status"] != STOPPED:  # like Locust's own users: a killed request is not a failure
                 self.environment.events.request.fire(
