@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.write_trace:
         if spec.startswith("slowest:"):
             n = int(spec.split(":", 1)[1])
-            chosen = [traces[s.trace_id] for s in sorted(good, key=lambda s: -s.split.e2e)[:n]]  # type: ignore[union-attr]
+            # complete traces (with the client's span) first: a server-only trace's e2e is not the user's
+            pool = [s for s in good if s.e2e_source != "outermost server span"] or good
+            chosen = [traces[s.trace_id] for s in sorted(pool, key=lambda s: -s.split.e2e)[:n]]  # type: ignore[union-attr]
         else:
             if spec.lower() not in traces:
                 raise ConfigError(f"--write-trace: trace {spec} is not among the {len(traces)} traces read")
