@@ -203,6 +203,7 @@ def test_master_and_two_workers_totals_equal_sum_of_workers(synthetic_server, tm
             [sys.executable, "-m", "pathprobe", "load", "--master", "--master-bind-host", "127.0.0.1",
              "--master-bind-port", str(port), "--expect-workers", "2", "--headless", "-H", host,
              "-u", "4", "-r", "4", "-t", "4s", "--max-tokens", "4", "--tokenizer", "none", "--stream",
+             "--arrival", "constant", "--rate", "40",
              "--out", str(tmp_path / "out"), "--only-summary", "-L", "WARNING"],
             capture_output=True, text=True, timeout=180,
         )
@@ -228,6 +229,8 @@ def test_master_and_two_workers_totals_equal_sum_of_workers(synthetic_server, tm
     recs = load_records(out)
     assert len(recs) == total["totals"]["requests"]
     assert {r["worker"] for r in recs} == {"0", "1"}
+    # the open-loop rate is the total over both workers (each runs half), not per worker
+    assert 100 <= total["totals"]["requests"] <= 200
     assert "grpc.GenerateStream:" in master.stdout
 
 
@@ -309,3 +312,49 @@ def test_trace_has_client_server_and_engine_spans(tmp_path_factory, tmp_path, ot
     lines = (tmp_path / "client.jsonl").read_text().splitlines()
     assert lines and "resourceSpans" in json.loads(lines[0])
     assert rec["trace_id"] in "".join(lines)
+
+
+def test_load_through_passthrough_gateway_splits_both_hops(synthetic_server, tmp_path):
+    from tests.support.procs import wait_grpc
+
+    port = free_port()
+    gw = Proc([sys.executable, "-m", "pathprobe", "gateway", "--mode", "passthrough", "--listen",
+               f"127.0.0.1:{port}", "--upstream", synthetic_server.grpc_target], tmp_path / "gw.log")
+    try:
+        wait_grpc(f"127.0.0.1:{port}", 60, gw.popen)
+        run_load(tmp_path / "out", "-H", f"grpc://127.0.0.1:{port}", "-u", "2", "-r", "2", "-t", "2s",
+                 "--max-tokens", "4", "--tokenizer", "none", "--stream")
+    finally:
+        gw.stop()
+    recs = [r for r in load_records(tmp_path / "out") if r["ok"]]
+    assert recs
+    for r in recs:
+        assert "gw.total" in r["entries"] and "srv.total" in r["entries"]
+        sp = r["split"]
+        assert sp["network_hop2"] == pytest.approx(r["entries"]["gw.upstream"] - r["entries"]["srv.total"])
+        assert sp["network"] == pytest.approx(sp["network_hop1"] + sp["network_hop2"])
+        assert sum(sp[s] for s in SEGMENTS) == pytest.approx(r["e2e_ms"], abs=1e-6)
+
+
+def test_load_against_the_tiny_model(tiny_server, tmp_path):
+    proc = run_load(tmp_path, "-H", f"grpc://{tiny_server.grpc_target}", "-u", "1", "-r", "1", "-t", "3s",
+                    "--max-tokens", "4", "--stream")  # default tokenizer: tiny, prompt of exactly 64 tokens
+    recs = [r for r in load_records(tmp_path) if r["ok"]]
+    assert recs and "grpc.GenerateStream:" in proc.stdout
+    for r in recs:
+        assert r["tokens_out"] == 4 and r["tokens_in"] in (64, 65)  # 65: the server may add a BOS token
+        assert r["split"]["inference"] > 0 and r["ttft_ms"] > 0
+        assert sum(r["split"][s] for s in SEGMENTS) == pytest.approx(r["e2e_ms"], abs=1e-6)
+
+
+def test_compatible_with_locust_otel(synthetic_server, tmp_path, otlp_receiver):
+    # Locust's --otel owns the tracer provider; pathprobe's CLIENT spans go through it
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint, "OTEL_EXPORTER_OTLP_INSECURE": "true",
+           "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    run_load(tmp_path, "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "1", "-r", "1", "-t", "2s",
+             "--max-tokens", "2", "--tokenizer", "none", "--otel", env=env)
+    recs = [r for r in load_records(tmp_path) if r["ok"]]
+    assert recs and all(r["trace_id"] for r in recs)
+    ids = {bytes.fromhex(r["trace_id"]) for r in recs}
+    spans = otlp_receiver.wait_for(lambda s: ids <= {sp.trace_id for _, sp in s if sp.kind == 3}, timeout=20)
+    assert ids <= {sp.trace_id for _, sp in spans if sp.kind == 3 and sp.name == "grpc.Generate"}

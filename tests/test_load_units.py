@@ -114,6 +114,8 @@ def test_cli_option_helpers_and_validation(tmp_path):
         validate(["-H", "grpc://h:1", "--arrival", "poisson"])
     with pytest.raises(ConfigError, match="host"):
         validate(["-H", "tcp://h:1"])
+    with pytest.raises(ConfigError, match="host"):
+        validate(["--headless", "-t", "1s"])
     with pytest.raises(ConfigError, match="prompt-file"):
         validate(["--prompt-file", str(tmp_path / "missing.jsonl")])
     with pytest.raises(ConfigError, match="max-tokens"):

@@ -87,9 +87,13 @@ def validate(args: Sequence[str]) -> None:
 
     if any(a in ("-h", "--help", "-V", "--version", "--worker", "-l", "--list") for a in args):
         return
-    host = _opt_value(args, "-H", "--host")
+    host = _opt_value(args, "-H", "--host") or os.environ.get("LOCUST_HOST")
     if host:
         parse_host(host)
+    elif (("--headless" in args or "--autostart" in args)
+          and _opt_value(args, "-f", "--locustfile", "--config") is None):
+        raise ConfigError("host: give the target with -H/--host: grpc://HOST:PORT, http://HOST:PORT "
+                          "or openai+http://HOST:PORT")
     arrival = _opt_value(args, "--arrival") or "closed"
     if arrival not in ("closed", "constant", "poisson"):
         raise ConfigError(f"arrival: expected closed, constant or poisson, got {arrival!r}")

@@ -163,7 +163,7 @@ class Tracing:
         from pathprobe import telemetry
 
         locust_otel = bool(getattr(options, "otel", False))
-        if locust_otel:
+        if locust_otel and hasattr(trace.get_tracer_provider(), "add_span_processor"):
             # Locust's --otel owns the global provider (and its OTLP exporter): use it.
             provider = trace.get_tracer_provider()
             if cfg.traces_file and hasattr(provider, "add_span_processor"):
