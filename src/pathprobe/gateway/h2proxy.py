@@ -354,11 +354,11 @@ class ClientConn(asyncio.Protocol):
         if out:
             payload = b"".join(out) if len(out) > 1 else out[0]
             if self.up is not None and self.up.transport is not None:
-                self.up.transport.write(payload)
-                if new_streams:
+                if new_streams:  # stamp before the write: a preemption after it must not shrink gw.upstream
                     t = now_ms()
                     for st in new_streams:
                         st.t_fwd = t
+                self.up.transport.write(payload)
             elif not self.dead:
                 self.pending_up.append(payload)
         for sid, block in decode_after:
