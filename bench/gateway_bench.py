@@ -7,8 +7,8 @@ shared 2-core box), so slow spells of the machine hit all targets alike:
 - gRPC client: ``direct`` (the server's gRPC port), ``direct-again`` (a second channel to
   the same port: the noise floor), ``passthrough`` (HTTP/2 frame relay, the default),
   ``passthrough-grpc`` (the grpcio relay, ``--impl grpc``), ``passthrough-nodecode`` (the
-  frame relay without HPACK decoding for metrics labels), ``passthrough-uvloop`` (the frame
-  relay on uvloop, when installed), ``nginx`` (grpc_pass with an
+  frame relay without HPACK decoding for metrics labels), ``passthrough-asyncio`` (the frame
+  relay on the stdlib event loop instead of uvloop, when uvloop is installed), ``nginx`` (grpc_pass with an
   upstream keep-alive pool, deploy/nginx), ``reencode`` (gRPC in, server's HTTP out);
 - HTTP client (stdlib ``http.client``, keep-alive): ``direct-http``, ``transcode`` (HTTP in,
   gRPC out), ``http-proxy`` (HTTP in, HTTP out).
@@ -208,8 +208,8 @@ def main() -> int:
         pt, pt_port = gateway(tmp, "passthrough", srv.grpc_target)
         ptg, ptg_port = gateway(tmp, "passthrough", srv.grpc_target, "--impl", "grpc")
         ptn, ptn_port = gateway(tmp, "passthrough", srv.grpc_target, "--no-decode-metadata")
-        if HAVE_UVLOOP:
-            ptu, ptu_port = gateway(tmp, "passthrough", srv.grpc_target, "--loop", "uvloop")
+        if HAVE_UVLOOP:  # the default loop is uvloop when installed: also measure plain asyncio
+            ptu, ptu_port = gateway(tmp, "passthrough", srv.grpc_target, "--loop", "asyncio")
             procs.append(ptu)
         tc, tc_port = gateway(tmp, "transcode", srv.grpc_target)
         re_, re_port = gateway(tmp, "reencode", http_up)
@@ -218,14 +218,14 @@ def main() -> int:
         pids = {"passthrough": pt.popen.pid, "passthrough-grpc": ptg.popen.pid, "passthrough-nodecode": ptn.popen.pid, "transcode": tc.popen.pid,
                 "reencode": re_.popen.pid, "http-proxy": hp.popen.pid}
         if HAVE_UVLOOP:
-            pids["passthrough-uvloop"] = ptu.popen.pid
+            pids["passthrough-asyncio"] = ptu.popen.pid
         targets: list = [
             GrpcTarget("direct", srv.grpc_target, "direct"),
             GrpcTarget("direct-again", srv.grpc_target, "direct"),
             GrpcTarget("passthrough", f"127.0.0.1:{pt_port}", "direct"),
             GrpcTarget("passthrough-grpc", f"127.0.0.1:{ptg_port}", "direct"),
             GrpcTarget("passthrough-nodecode", f"127.0.0.1:{ptn_port}", "direct"),
-            *([GrpcTarget("passthrough-uvloop", f"127.0.0.1:{ptu_port}", "direct")] if HAVE_UVLOOP else []),
+            *([GrpcTarget("passthrough-asyncio", f"127.0.0.1:{ptu_port}", "direct")] if HAVE_UVLOOP else []),
             GrpcTarget("reencode", f"127.0.0.1:{re_port}", "direct"),
             HttpTarget("direct-http", srv.http_port, "direct-http"),
             HttpTarget("transcode", tc_port, "direct-http"),
@@ -287,7 +287,7 @@ def main() -> int:
         rows.append(row)
     ratios = {}
     if "nginx" in lat:
-        for name in ("direct-again", "passthrough", "passthrough-nodecode", "passthrough-uvloop",
+        for name in ("direct-again", "passthrough", "passthrough-nodecode", "passthrough-asyncio",
                      "passthrough-grpc", "reencode"):
             if name in lat:
                 ratios[name] = {f"p{q}": ratio_with_ci(lat[name], lat["direct"], lat["nginx"], lat["direct"], q, rng)
@@ -354,7 +354,8 @@ DESIGN_NOTES = """## The paths and what each design costs
   (the trailers) gets a `server-timing` field with `gw.*`, appended as an HPACK literal
   without indexing (neither side's header table moves). After forwarding, header blocks
   are HPACK-decoded for the metrics labels (method, grpc-status): that is the CPU gap
-  between `passthrough` and `passthrough-nodecode` (`--no-decode-metadata`).
+  between `passthrough` and `passthrough-nodecode` (`--no-decode-metadata`). It runs on
+  uvloop when installed (`--loop auto`); `passthrough-asyncio` is the stdlib loop.
 - **passthrough-grpc** (`--impl grpc`): grpcio terminates the call: a sync `grpc.server`
   with a generic raw-bytes handler, one sync channel per upstream whose calls poll their
   own completion queue on the handler thread (`SingleThreadedUnaryStream`), grpcio's older

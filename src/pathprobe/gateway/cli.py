@@ -43,8 +43,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--worker-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", choices=("h2", "grpc"), default="h2",
                    help="passthrough: relay HTTP/2 streams (h2, like nginx) or terminate gRPC with grpcio (grpc)")
-    p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
-                   help="passthrough h2: event loop implementation (uvloop must be installed)")
+    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                   help="passthrough h2: event loop (auto = uvloop when installed: measured ~10%% less added latency)")
     p.add_argument("--no-decode-metadata", action="store_true",
                    help="passthrough h2: skip HPACK-decoding headers for metrics (method/status labels become '?')")
     p.add_argument("--grpc-poller", choices=("legacy", "default"), default="legacy",

@@ -581,7 +581,15 @@ def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
                 c.transport.close()
 
     try:
-        if getattr(args, "loop", "asyncio") == "uvloop":
+        loop = getattr(args, "loop", "asyncio")
+        if loop == "auto":
+            try:
+                import uvloop  # noqa: F401
+
+                loop = "uvloop"
+            except ImportError:
+                loop = "asyncio"
+        if loop == "uvloop":
             import uvloop
 
             uvloop.run(main())
