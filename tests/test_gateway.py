@@ -319,6 +319,16 @@ def test_http_proxy_identical(http_proxy, synthetic_server) -> None:
     assert strip_timing(e2) == strip_timing(e1)
     check_entries(timing.parse(e2[-2]["server_timing"]))
     # any route passes: the OpenAI-compatible ones too, errors included
+    with urllib.request.urlopen(f"{http_proxy.url}/v1/models", timeout=5) as r:
+        assert r.status == 200
+        model = json.loads(r.read())["data"][0]["id"]
+    oa = {"model": model, "prompt": "hi", "max_tokens": 3}
+    s1, _, b1 = http_post(f"{synthetic_server.http_url}/v1/completions", oa)
+    s2, h2, b2 = http_post(f"{http_proxy.url}/v1/completions", oa)
+    assert s1 == s2 == 200, b2
+    c1, c2 = json.loads(b1), json.loads(b2)
+    assert c1["choices"] == c2["choices"] and c1["usage"] == c2["usage"]
+    assert "gw.total" in timing.parse(h2.get("Server-Timing", ""))
     s, _, b = http_post(f"{http_proxy.url}/v1/generate", {"prompt": "hi", "max_tokens": "x"})
     assert s == 400 and json.loads(b)["error"]["param"] == "max_tokens"
     s, _, b = http_post(f"{http_proxy.url}/v1/generate", {"prompt": "x" * 30000, "max_tokens": 3})
