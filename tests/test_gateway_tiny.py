@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pathprobe import timing
 from tests.support.clients import grpc_generate, grpc_stream, http_post, sse_events
 from tests.test_gateway import Gateway, check_entries, strip_timing
 
@@ -16,7 +17,8 @@ REQ = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0.0}
 def test_tiny_engine_through_passthrough_and_transcode(tmp_path, tiny_server) -> None:
     gws = [Gateway(tmp_path, "passthrough", tiny_server.grpc_target),
            Gateway(tmp_path, "transcode", tiny_server.grpc_target),
-           Gateway(tmp_path, "reencode", f"127.0.0.1:{tiny_server.http_port}")]
+           Gateway(tmp_path, "reencode", f"127.0.0.1:{tiny_server.http_port}"),
+           Gateway(tmp_path, "http-proxy", f"127.0.0.1:{tiny_server.http_port}")]
     try:
         direct, _ = grpc_generate(tiny_server.grpc_target, timeout=120, **REQ)
         assert direct.usage.completion_tokens > 0
@@ -30,11 +32,14 @@ def test_tiny_engine_through_passthrough_and_transcode(tmp_path, tiny_server) ->
         assert v_chunks == d_chunks
         check_entries(entries, decode_zero=True)
         s1, _, b1 = http_post(f"{tiny_server.http_url}/v1/generate", REQ, timeout=120)
-        s2, _, b2 = http_post(f"{gws[1].url}/v1/generate", REQ, timeout=120)
-        assert s1 == s2 == 200 and json.loads(b1) == json.loads(b2)
-        s1, _, b1 = http_post(f"{tiny_server.http_url}/v1/generate", {**REQ, "stream": True}, timeout=120)
-        s2, _, b2 = http_post(f"{gws[1].url}/v1/generate", {**REQ, "stream": True}, timeout=120)
-        assert strip_timing(sse_events(b2)) == strip_timing(sse_events(b1))
+        s3, _, b3 = http_post(f"{tiny_server.http_url}/v1/generate", {**REQ, "stream": True}, timeout=120)
+        for gw in (gws[1], gws[3]):  # transcode, http-proxy
+            s2, h2, b2 = http_post(f"{gw.url}/v1/generate", REQ, timeout=120)
+            assert s1 == s2 == 200 and json.loads(b1) == json.loads(b2)
+            check_entries(timing.parse(h2["Server-Timing"]), decode_zero=gw.mode == "http-proxy")
+            s4, _, b4 = http_post(f"{gw.url}/v1/generate", {**REQ, "stream": True}, timeout=120)
+            assert s3 == s4 == 200
+            assert strip_timing(sse_events(b4)) == strip_timing(sse_events(b3))
     finally:
         for gw in gws:
             gw.stop()
