@@ -21,6 +21,7 @@ from pathprobe.analysis.runner import (
     expected_shift_ms,
     normalize_address,
     now_iso,
+    prepare_prompts,
     reachable,
     run_load,
     split_hostport,
@@ -72,7 +73,30 @@ def _prepare_out(out: Path) -> None:
     (out / "traces" / "client").mkdir(parents=True, exist_ok=True)
 
 
+class Interrupted(Exception):
+    pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Interrupted(f"stopped by signal {signum}")
+
+
 def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = _stderr, html: bool = True) -> dict[str, Any]:
+    """Run the matrix; every process started is ended on return, on error and on SIGTERM/SIGINT."""
+    import signal
+    import threading
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _run_compare(cfg, log=log, html=html)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) -> dict[str, Any]:
     out = Path(cfg.out)
     _prepare_out(out)
     started = now_iso()
@@ -118,11 +142,12 @@ def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = _stderr, htm
             raise ConfigError("no configuration could be started: "
                               + "; ".join(f"{p.name}: {p.reason}" for p in paths.values()))
         traces_dir = out / "traces" / "client"
+        prompt_file = prepare_prompts(cfg, out, log)
         # ---- warm-up, separately, per configuration
         if cfg.load.warmup_s > 0:
             for p in live:
                 res = run_load(cfg, p, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
-                               out / "runs" / p.name / "warmup", None)
+                               out / "runs" / p.name / "warmup", None, prompt_file)
                 warmups[p.name] = res
                 ok = [r for r in res.records if r.get("ok")]
                 if res.error or not ok:
@@ -148,7 +173,7 @@ def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = _stderr, htm
                         continue
                     tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
                     res = run_load(cfg, p, conc, rnd, cfg.load.duration_s,
-                                   out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf)
+                                   out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf, prompt_file)
                     results[p.name].append(res)
                     ok = [r for r in res.records if r.get("ok")]
                     dead = p.dead()

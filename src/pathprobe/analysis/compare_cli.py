@@ -157,7 +157,13 @@ def run(args: argparse.Namespace) -> int:
     from pathprobe.analysis.compare import run_compare
     from pathprobe.analysis.report import markdown
 
-    report = run_compare(cfg, html=not args.no_html)
+    from pathprobe.analysis.compare import Interrupted
+
+    try:
+        report = run_compare(cfg, html=not args.no_html)
+    except Interrupted as exc:
+        print(f"pathprobe compare: {exc}; every process it started was ended", file=sys.stderr)
+        return 143
     if args.json_only:
         from pathprobe.analysis.html import json_safe
 

@@ -67,7 +67,7 @@ class ServerConfig(_Strict):
 
 
 class LoadConfig(_Strict):
-    duration_s: float = Field(4.0, gt=0, description="measured seconds per configuration, round and concurrency")
+    duration_s: float = Field(3.0, gt=0, description="measured seconds per configuration, round and concurrency")
     warmup_s: float = Field(2.0, ge=0, description="per configuration, before any measurement")
     rounds: int = Field(3, ge=1)
     concurrency: list[int] = Field(default_factory=lambda: [1, 4], min_length=1)

@@ -134,9 +134,12 @@ def markdown(report: Mapping[str, Any]) -> str:
         key = str(conc)
         lines.append(f"### concurrency {conc}")
         lines.append("")
+        stream = bool(report["method"].get("stream"))
+        extra_h = " TTFT p50 | ITL p50 |" if stream else ""
         lines.append(f"| config | ok | err | req/s | {primary} p50 [95% CI] ms | p95 | p99 | network | serial. | "
-                     "queue | infer. | other | Δp50 vs base | p (Welch, Holm) | Cliff's δ |")
-        lines.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                     f"queue | infer. | other | Δp50 vs base | p (Welch, Holm) | Cliff's δ |{extra_h}")
+        lines.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                     + ("---:|---:|" if stream else ""))
         for name, t in targets.items():
             if t["status"] in ("skipped", "failed") and key not in t.get("by_concurrency", {}):
                 lines.append(f"| {name} | {t['status']}: {t.get('reason', '')} |" + " |" * 13)
@@ -159,6 +162,8 @@ def markdown(report: Mapping[str, Any]) -> str:
                 + " | "
                 + (f"{cmp_['p50_diff_ms']:+.3f} | {cmp_['p_adjusted']:.2g} | {cmp_['cliffs_delta']:+.2f} |"
                    if cmp_ else "– | – | – |")
+                + (f" {fmt_ms((g.get('ttft') or {}).get('p50'))} | {fmt_ms((g.get('itl') or {}).get('p50'))} |"
+                   if stream else "")
             )
         lines.append("")
         verdicts = [v for v in report["verdicts"] if v["concurrency"] == conc]

@@ -396,17 +396,52 @@ class RunResult:
     traces_file: str | None = None
 
 
+def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -> Path | None:
+    """Cut the fixed/sweep prompts to exact token counts ONCE, into a prompt file.
+
+    Every ``pathprobe load`` would otherwise load the tokenizer (and import transformers:
+    seconds per run on a busy 2-core box); with the file it starts with ``--tokenizer none``.
+    Returns None (each run then cuts its own prompts) when the tokenizer cannot be loaded here.
+    """
+    L = cfg.load
+    if L.prompt_set not in ("fixed", "sweep") or any(a.startswith("--tokenizer") or a.startswith("--prompt")
+                                                     for a in L.extra_args):
+        return None
+    spec = cfg.server.model if cfg.mode == "local" else "tiny"
+    try:
+        from pathprobe.loadgen import prompts
+
+        if L.prompt_set == "fixed":
+            pset = prompts.build("fixed", tokens=L.prompt_tokens, tokenizer=spec)
+        else:
+            pset = prompts.build("sweep", tokenizer=spec)
+    except Exception as exc:  # noqa: BLE001 - fall back to letting each run cut its prompts
+        log(f"prompts: cutting them once failed ({type(exc).__name__}: {exc}); each load run will")
+        return None
+    path = out / "prompts.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for pr in pset.prompts:
+            fh.write(json.dumps({"prompt": pr.text}) + "\n")
+    log(f"prompts: {len(pset.prompts)} {L.prompt_set} prompt(s) cut with the {spec!r} tokenizer -> {path}")
+    return path
+
+
 def run_load(
     cfg: CompareConfig, p: Path_, concurrency: int, rnd: int, duration_s: float, out_dir: Path,
-    traces_file: Path | None,
+    traces_file: Path | None, prompt_file: Path | None = None,
 ) -> RunResult:
     from pathprobe.analysis.records import read_records
 
     L = cfg.load
     secs = max(1, int(math.ceil(duration_s)))
+    if prompt_file is not None:
+        prompt_args = ["--prompt-set", "file", "--prompt-file", str(prompt_file), "--tokenizer", "none"]
+    else:
+        prompt_args = ["--prompt-set", L.prompt_set, "--prompt-tokens", str(L.prompt_tokens)]
+        if L.prompt_file:
+            prompt_args += ["--prompt-file", L.prompt_file]
     args = _py("load", "--headless", "-H", p.url, "-u", str(concurrency), "-r", str(concurrency),
-               "-t", f"{secs}s", "--out", str(out_dir), "--max-tokens", str(L.max_tokens),
-               "--prompt-set", L.prompt_set, "--prompt-tokens", str(L.prompt_tokens),
+               "-t", f"{secs}s", "--out", str(out_dir), "--max-tokens", str(L.max_tokens), *prompt_args,
                "--timeout-s", str(L.timeout_s), "--only-summary", "--loglevel", "WARNING",
                "--exit-code-on-error", "0", "--stop-timeout", str(int(L.timeout_s)),
                "--label", f"{p.name} c={concurrency} round={rnd}")
@@ -414,8 +449,6 @@ def run_load(
         args.append("--stream")
     if L.arrival != "closed":
         args += ["--arrival", L.arrival, "--rate", str(L.rate)]
-    if L.prompt_file:
-        args += ["--prompt-file", L.prompt_file]
     if p.target.model:
         args += ["--model", p.target.model]
     if traces_file is not None:
@@ -423,13 +456,21 @@ def run_load(
     args += L.extra_args
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "load.log"
-    try:
-        with open(log, "wb") as fh:
-            proc = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, timeout=secs + L.timeout_s + 90,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        code = -1
+    with open(log, "wb") as fh:
+        # its own process group: on timeout or interruption the load AND its Locust child are ended
+        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            code = proc.wait(timeout=secs + L.timeout_s + 90)
+        except BaseException:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            code = -1
+            if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
+                raise
     rec_path = out_dir / "records.jsonl"
     if not rec_path.exists():
         tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
