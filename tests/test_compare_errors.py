@@ -90,3 +90,51 @@ def test_configuration_crashing_mid_run_is_reported_and_others_complete(tmp_path
         assert set(g["rounds"]) == {"0", "1", "2"} and g["errors"] == 0 and g["ok"] > 10
     assert "passthrough" in stdout and "exited with code -9" in stdout
     assert "| transcode |" in stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return "\nState:\tZ" not in fh.read()
+    except FileNotFoundError:
+        return False
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as fh:
+                    if text.encode() in fh.read() and _alive(int(d)):
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def test_sigterm_ends_every_process_compare_started(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "compare", "--engine", "synthetic", "--out", str(out),
+                             "--targets", "direct-grpc,passthrough", "--duration", "30", "--warmup", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not list((out / "runs").glob("*/c1/r0/load.log")):  # a load run is in flight
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        pids = json.loads((out / "processes.json").read_text())
+        assert {"server", "passthrough"} <= set(pids)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "every process it started was ended" in stderr
+    for name, pid in pids.items():
+        assert not _alive(pid), name
+    assert _pids_mentioning(str(out)) == []  # no load generator or Locust child left either

@@ -32,7 +32,7 @@ def _compare(tmp: Path, name: str, load: dict, targets: list[dict], server: dict
         "out": str(out), "bootstrap": 200, "slowest": 2,
         "server": {"engine": "synthetic", "prefill_ms_per_token": P_MS, "decode_ms_per_token": D_MS,
                    "max_batch_size": 8, **(server or {})},
-        "load": {"duration_s": 2, "warmup_s": 1, "rounds": 2, "concurrency": [1], **load},
+        "load": {"duration_s": 2, "warmup_s": 1, "rounds": 2, "concurrency": [1], "stream": False, **load},
         "targets": targets,
     }
     path = tmp / f"{name}.yaml"

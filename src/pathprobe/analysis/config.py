@@ -77,7 +77,7 @@ class LoadConfig(_Strict):
     prompt_tokens: int = Field(64, ge=1)
     prompt_file: str | None = None
     max_tokens: int = Field(16, ge=1)
-    stream: bool = False
+    stream: bool = True
     timeout_s: float = Field(60.0, gt=0, description="per request")
     extra_args: list[str] = Field(default_factory=list)
 
