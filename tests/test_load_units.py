@@ -165,3 +165,17 @@ def test_numpy_percentiles_agree_with_hdrh():
     hist.record_many(h, [rng.expovariate(0.05) for _ in range(3000)] + [0.0])
     pcts = [0.0, 1.0, 50.0, 90.0, 99.0, 99.9, 100.0]
     assert hist.percentiles(h, pcts) == h.get_percentile_to_value_dict(pcts)
+
+
+def test_prompts_are_cached_so_later_runs_skip_the_tokenizer(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from pathprobe.loadgen import prompts; "
+        "p = prompts.build('fixed', tokens=64, tokenizer='tiny').next(); "
+        "print(p.tokens, 'transformers' in sys.modules)"
+    )
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert second.stdout.split() == ["64", "False"], (first.stdout, second.stdout, second.stderr)

@@ -7,9 +7,11 @@ N token ids and decoded; the cut is adjusted until the text re-encodes to N toke
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -118,6 +120,51 @@ def from_file(path: str, tok: Tokenizer | None) -> list[Prompt]:
     return out
 
 
+def _tokenizer_digest(spec: str) -> str | None:
+    """Identity of a tokenizer from its files (no transformers import), or None."""
+    from pathprobe import models
+
+    try:
+        folder = models.resolve_model(spec)
+    except Exception:  # noqa: BLE001 - no cache then; the load below reports the real problem
+        return None
+    h = hashlib.sha256()
+    found = False
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model"):
+        f = folder / name
+        if f.is_file():
+            h.update(name.encode())
+            h.update(f.read_bytes())
+            found = True
+    return h.hexdigest()[:24] if found else None
+
+
+def exact_length_cached(base: str, n: int, spec: str, tok: Callable[[], Tokenizer]) -> Prompt:
+    """:func:`exact_length`, remembered on disk per (tokenizer files, text, n), so a run that
+    reuses a prompt does not pay the tokenizer's import and load (~10 s on a small machine)."""
+    digest = _tokenizer_digest(spec) if spec not in ("none", "") else None
+    if digest is None:
+        return exact_length(base, n, tok())
+    from pathprobe import models
+
+    key = hashlib.sha256(f"{digest}\0{n}\0{base}".encode()).hexdigest()[:32]
+    path = models.cache_dir() / "prompts" / f"{key}.json"
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+        return Prompt(obj["text"], int(obj["tokens"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    p = exact_length(base, n, tok())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"text": p.text, "tokens": p.tokens}), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs time
+    return p
+
+
 class PromptSet:
     """Hands out prompts: in order (fixed, sweep, file) or at random (mixed)."""
 
@@ -147,17 +194,24 @@ def build(
     tokenizer: str = "tiny",
     seed: int = 0,
 ) -> PromptSet:
-    tok = load_tokenizer(tokenizer)
+    loaded: list[Tokenizer] = []
+
+    def tok() -> Tokenizer:
+        if not loaded:
+            loaded.append(load_tokenizer(tokenizer))
+        return loaded[0]
+
     if kind == "fixed":
-        return PromptSet([exact_length(base, tokens, tok)])
+        return PromptSet([exact_length_cached(base, tokens, tokenizer, tok)])
     if kind == "sweep":
-        return PromptSet([exact_length(base, n, tok) for n in lengths])
+        return PromptSet([exact_length_cached(base, n, tokenizer, tok) for n in lengths])
     if kind == "mixed":
-        return PromptSet([exact_length(base, n, tok) for n in lengths], shuffle=True, seed=seed)
+        return PromptSet([exact_length_cached(base, n, tokenizer, tok) for n in lengths], shuffle=True, seed=seed)
     if kind == "file":
         if not path:
             raise ConfigError("prompt-file: --prompt-set file needs --prompt-file PATH")
-        return PromptSet(from_file(path, None if isinstance(tok, _WordTokenizer) else tok))
+        t = tok()
+        return PromptSet(from_file(path, None if isinstance(t, _WordTokenizer) else t))
     raise ConfigError(f"prompt-set: unknown set {kind!r} (fixed, sweep, mixed, file)")
 
 
