@@ -70,6 +70,8 @@ ROUTES = [
     ("http", False, [], "http.generate"),
     ("http", True, [], "http.generate.stream"),
     ("openai", False, [], "openai.completions"),
+    ("openai", True, [], "openai.completions.stream"),
+    ("openai", False, ["--openai-api", "chat"], "openai.chat"),
     ("openai", True, ["--openai-api", "chat"], "openai.chat.stream"),
 ]
 
