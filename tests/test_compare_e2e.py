@@ -1,0 +1,117 @@
+"""`pathprobe compare` end to end: the default matrix (every path, nginx when installed) on the
+synthetic engine, its HTML report opened in headless Chromium; remote mode with open-loop arrival."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import Server
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+ALL = ("direct-grpc", "direct-http", "passthrough", "transcode", "reencode", "http-proxy", "nginx")
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e") / "out"
+    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(ROOT / "configs" / "default.yaml"),
+                          "--engine", "synthetic", "--decode-ms-per-token", "0.5", "--duration", "1",
+                          "--warmup", "1", "--rounds", "2", "--concurrency", "1,2", "--out", str(out)],
+                         capture_output=True, text=True, timeout=900)
+    return out, res
+
+
+def test_default_matrix_prints_side_by_side_table(default_run):
+    out, res = default_run
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for c in (1, 2):
+        assert f"### concurrency {c}" in res.stdout
+    report = json.loads((out / "report.json").read_text())
+    nginx_ok = shutil.which("nginx") is not None
+    for name in ALL:
+        t = report["targets"][name]
+        if name == "nginx" and not nginx_ok:
+            assert t["status"] == "skipped" and "not installed" in t["reason"]
+            assert "nginx | skipped" in res.stdout
+            continue
+        assert t["status"] == "ok", (name, t["reason"])
+        assert re.search(rf"^\| {re.escape(name)}( \(base\))? \| \d+ \| 0 \|", res.stdout, re.M), name
+        for c in ("1", "2"):
+            g = t["by_concurrency"][c]
+            assert g["ok"] > 0 and g["errors"] == 0
+            assert g["ttft"]["n"] > 0 and g["itl"]["n"] > 0  # the default streams
+        assert t["cold_start"]["first_ms"] > 0
+        # the slowest requests' traces are written as Jaeger files and listed
+        slow = t["slowest"]
+        assert len(slow) == 5 and all((out / s["file"]).exists() for s in slow)
+        doc = json.loads((out / slow[0]["file"]).read_text())
+        services = {p["serviceName"] for p in doc["data"][0]["processes"].values()}
+        assert {"pathprobe-loadgen", "pathprobe-server"} <= services
+        if t["kind"] == "gateway":
+            assert "pathprobe-gateway" in services
+        # analyze's split from this run's traces agrees with in-band on e2e and the server's segments
+        agr = t["trace_agreement"]["attributes"]
+        assert agr["matched"] > 0
+        for seg in ("e2e", "queueing", "inference"):
+            assert agr["outside"][seg] == 0, (name, seg, agr)
+    # analyze reads the whole run's trace folder
+    res2 = subprocess.run([sys.executable, "-m", "pathprobe", "analyze", str(out / "traces")], capture_output=True,
+                          text=True, timeout=300)
+    assert res2.returncode == 0 and "grpc.GenerateStream" in res2.stdout, res2.stderr
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_real_report_opens_in_headless_chromium(default_run, tmp_path):
+    out, res = default_run
+    assert res.returncode == 0
+    html = out / "report.html"
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", "--hide-scrollbars"]
+    dom = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u1'}", "--virtual-time-budget=5000",
+                          "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # stacked segments, CDFs, TTFT/ITL, sweep: all four decoded by the browser
+    assert 'data-plots-total="4"' in dom.stdout and 'data-plots-loaded="4"' in dom.stdout
+    assert "traces/slowest/passthrough/01-" in dom.stdout
+    shot = tmp_path / "shot.png"
+    res = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u2'}", "--window-size=1400,3000",
+                          f"--screenshot={shot}", html.as_uri()], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and shot.exists()
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    flat = (mpimg.imread(shot)[..., :3] * 255).astype(int).reshape(-1, 3)
+    assert (np.abs(flat - np.array([0x59, 0xA1, 0x4F])).sum(axis=1) < 12).sum() > 500  # inference bars
+
+
+def test_remote_mode_open_loop(tmp_path):
+    srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "0.5")
+    try:
+        out = tmp_path / "out"
+        res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", "--remote", "--out", str(out),
+                              "--targets", "grpc,http", "--target", f"grpc=grpc://{srv.grpc_target}",
+                              "--target", f"http={srv.http_url}", "--arrival", "constant", "--rate", "20",
+                              "--duration", "2", "--warmup", "1", "--rounds", "2", "--concurrency", "2",
+                              "--no-stream", "--no-tracing"], capture_output=True, text=True, timeout=600)
+    finally:
+        srv.stop()
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["method"]["primary_metric"] == "latency"  # open loop: measured from the intended send time
+    assert "latency p50" in res.stdout
+    for name in ("grpc", "http"):
+        g = report["targets"][name]["by_concurrency"]["2"]
+        # 20 req/s for 2 s, twice (Locust may cut the last one): about 80 requests
+        assert 60 <= g["requests"] <= 84 and g["errors"] == 0, g["requests"]
+        assert "schedule_lag" in g or g["latency"]["n"] == g["ok"]
+    assert not (out / "logs" / "server.log").exists()  # remote mode starts nothing
