@@ -15,7 +15,6 @@ import here: these are usable from any gevent (or plain threaded) program.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,22 +26,22 @@ from pathprobe.errors import ConfigError
 pc = time.perf_counter_ns
 
 
-_ENTRY = re.compile(r"\s*([^\s,;=]+);dur=([-+0-9.eE]+)\s*(?:,|$)")
-
-
 def parse_timing(value: str | None) -> dict[str, float]:
-    """``timing.parse`` with a fast path for the plain ``name;dur=x, ...`` form (about 5x
-    cheaper); anything else goes through ``timing.parse`` itself."""
+    """``timing.parse`` with a fast path for the plain ``name;dur=x`` items (2-3x cheaper);
+    any other item goes through ``timing.parse`` itself."""
+    out: dict[str, float] = {}
     if not value:
-        return {}
-    items = _ENTRY.findall(value)
-    n = value.count(",") + 1
-    if len(items) == n and value.count(";") == n:
-        try:
-            return {name: float(dur) for name, dur in items}
-        except ValueError:
-            pass
-    return timing.parse(value)
+        return out
+    for item in value.split(","):
+        name, sep, dur = item.partition(";dur=")
+        if sep and ";" not in dur and ";" not in name:
+            try:
+                out[name.strip()] = float(dur)
+                continue
+            except ValueError:
+                pass
+        out.update(timing.parse(item))
+    return out
 
 
 def entries_from_metadata(md: Any) -> dict[str, float]:
