@@ -68,9 +68,23 @@ def small(tmp_path_factory):
         {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
         {"name": "passthrough-wan", "kind": "gateway", "mode": "passthrough",
          "network": {"hop": "upstream", "delay_ms": DELAY}},
+        {"name": "passthrough-wan-client", "kind": "gateway", "mode": "passthrough",
+         "network": {"hop": "client", "delay_ms": DELAY / 2}},
         {"name": "transcode", "kind": "gateway", "mode": "transcode"},
         {"name": "reencode", "kind": "gateway", "mode": "reencode"},
     ])
+
+
+def test_delay_on_client_hop_lands_in_hop1(small):
+    out, _ = small
+    base, wan = _records(out, "passthrough"), _records(out, "passthrough-wan-client")
+    expected = 2 * DELAY / 2
+    for seg in ("network", "network_hop1"):
+        shift = _med(wan, seg) - _med(base, seg)
+        assert abs(shift - expected) <= max(0.1 * expected, 0.5), (seg, shift)
+    for seg in ("network_hop2", "serialization", "queueing", "inference", "other"):
+        moved = _med(wan, seg) - _med(base, seg)
+        assert abs(moved) <= 0.5, (seg, moved)
 
 
 def test_delay_on_gateway_server_hop_moves_only_network(small):
