@@ -176,6 +176,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                                    out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf, prompt_file)
                     results[p.name].append(res)
                     ok = [r for r in res.records if r.get("ok")]
+                    failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
                     dead = p.dead()
                     if dead is not None:
                         _fail(p, f"{dead.name} exited with code {dead.exit_code()} during round {rnd + 1}, "
@@ -190,7 +191,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
 
                     p50 = f"{float(np.median(vals)):.3f} ms" if vals else "–"
                     log(f"[{k}/{n_runs}] round {rnd + 1} c={conc} {p.name}: {len(ok)} ok, "
-                        f"{len(res.records) - len(ok)} err, p50 {p50}"
+                        f"{len(failed)} err, p50 {p50}"
                         + (f"  FAILED: {p.reason}" if p.status == "failed" else ""))
         if cfg.tracing:
             time.sleep(1.5)  # servers and gateways export spans every 0.5 s
@@ -209,7 +210,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
 
 def _first_error(records: list[dict[str, Any]]) -> str:
     for r in records:
-        if not r.get("ok"):
+        if not r.get("ok") and r.get("status") != "STOPPED":
             return f"{r.get('status')}: {r.get('error')}"
     return "no request was sent"
 

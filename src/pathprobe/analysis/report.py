@@ -69,6 +69,9 @@ def summarize_group(
     rounds: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """Every figure for one configuration at one concurrency (records pooled over rounds)."""
+    # requests still in flight when a run's clock ran out are "STOPPED": not the path's failure
+    stopped = [r for r in records if r.get("status") == "STOPPED"]
+    records = [r for r in records if r.get("status") != "STOPPED"]
     ok = [r for r in records if r.get("ok") and r.get("split")]
     errors: dict[str, int] = {}
     for r in records:
@@ -81,6 +84,7 @@ def summarize_group(
         "ok": len(ok),
         "errors": len(records) - len(ok),
         "errors_by_status": errors,
+        "stopped": len(stopped),
         "first_error": first_error,
         "duration_s": duration_s,
         "rps": len(ok) / duration_s if duration_s > 0 else math.nan,
