@@ -167,7 +167,7 @@ def test_collector_style_base64_ids_and_jaeger_query_api(run, tmp_path):
     seen = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             seen.append(self.path)
             if not self.path.startswith("/api/v3/traces"):
                 self.send_error(404)

@@ -44,7 +44,7 @@ def test_default_matrix_prints_side_by_side_table(default_run):
             assert "nginx | skipped" in res.stdout
             continue
         assert t["status"] == "ok", (name, t["reason"])
-        assert re.search(rf"^\| {re.escape(name)}( \(base\))? \| \d+ \| 0 \|", res.stdout, re.M), name
+        assert re.search(rf"^\| {re.escape(name)}( \(base\))? \| \d+ \| 0 \|", res.stdout, re.MULTILINE), name
         for c in ("1", "2"):
             g = t["by_concurrency"][c]
             assert g["ok"] > 0 and g["errors"] == 0

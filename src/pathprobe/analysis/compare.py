@@ -130,7 +130,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                         p.url = normalize_address(front, t.protocol or "grpc")
                     p.probe_ms = wait_ready(p.url, 30, p.procs, t.model)
                     p.status = "ok"
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     p.status, p.reason = "failed", f"did not answer: {getattr(exc, 'message', exc)}"
             else:
                 p = stack.build(t)
@@ -201,7 +201,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     if cfg.tracing:
         try:
             attach_traces(cfg, report, results, out, log)
-        except Exception as exc:  # noqa: BLE001 - traces are a bonus; never lose the report for them
+        except Exception as exc:  # traces are a bonus; never lose the report for them
             report["traces_error"] = f"{type(exc).__name__}: {exc}"
             log(f"traces: {report['traces_error']}")
     write_reports(report, results, out, html, primary)

@@ -154,10 +154,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False))
         return 0
-    from pathprobe.analysis.compare import run_compare
+    from pathprobe.analysis.compare import Interrupted, run_compare
     from pathprobe.analysis.report import markdown
-
-    from pathprobe.analysis.compare import Interrupted
 
     try:
         report = run_compare(cfg, html=not args.no_html)

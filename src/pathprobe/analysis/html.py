@@ -318,4 +318,4 @@ def json_safe(report: Any) -> Any:
     return _nan_to_none(report)
 
 
-__all__ = ["render", "json_safe", "SEG_COLS"]
+__all__ = ["SEG_COLS", "json_safe", "render"]

@@ -133,7 +133,7 @@ class Managed:
                 self.popen.wait()
         try:
             self._log.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -186,7 +186,7 @@ def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None
                 raise PathprobeError(f"{p.name} exited with code {code} while starting: {p.tail()}")
         try:
             return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
-        except Exception as exc:  # noqa: BLE001 - any failure means not ready yet
+        except Exception as exc:  # any failure means: not ready yet
             last = str(getattr(exc, "details", lambda: None)() or exc).strip().splitlines()[0][:300] if str(exc) else type(exc).__name__
         time.sleep(0.2)
     raise PathprobeError(f"{url} not ready after {timeout:.0f} s: {last}")
@@ -404,7 +404,7 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
     Returns None (each run then cuts its own prompts) when the tokenizer cannot be loaded here.
     """
     L = cfg.load
-    if L.prompt_set not in ("fixed", "sweep") or any(a.startswith("--tokenizer") or a.startswith("--prompt")
+    if L.prompt_set not in ("fixed", "sweep") or any(a.startswith(("--tokenizer", "--prompt"))
                                                      for a in L.extra_args):
         return None
     spec = cfg.server.model if cfg.mode == "local" else "tiny"
@@ -415,13 +415,12 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
             pset = prompts.build("fixed", tokens=L.prompt_tokens, tokenizer=spec)
         else:
             pset = prompts.build("sweep", tokenizer=spec)
-    except Exception as exc:  # noqa: BLE001 - fall back to letting each run cut its prompts
+    except Exception as exc:  # fall back to letting each run cut its prompts
         log(f"prompts: cutting them once failed ({type(exc).__name__}: {exc}); each load run will")
         return None
     path = out / "prompts.jsonl"
     with open(path, "w", encoding="utf-8") as fh:
-        for pr in pset.prompts:
-            fh.write(json.dumps({"prompt": pr.text}) + "\n")
+        fh.writelines(json.dumps({"prompt": pr.text}) + "\n" for pr in pset.prompts)
     log(f"prompts: {len(pset.prompts)} {L.prompt_set} prompt(s) cut with the {spec!r} tokenizer -> {path}")
     return path
 
@@ -433,7 +432,7 @@ def run_load(
     from pathprobe.analysis.records import read_records
 
     L = cfg.load
-    secs = max(1, int(math.ceil(duration_s)))
+    secs = max(1, math.ceil(duration_s))
     if prompt_file is not None:
         prompt_args = ["--prompt-set", "file", "--prompt-file", str(prompt_file), "--tokenizer", "none"]
     else:

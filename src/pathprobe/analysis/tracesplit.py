@@ -167,7 +167,7 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     # the gateway that is an ancestor of the server span (or the outermost one)
     gw = None
     if gateways:
-        anc = set(a.span_id for a in trace.ancestors(srv)) if srv else set()
+        anc = {a.span_id for a in trace.ancestors(srv)} if srv else set()
         on_path = [g for g in gateways if g.span_id in anc]
         gw = on_path[0] if on_path else gateways[0]  # sorted by start: the outermost
     if gw is not None:
