@@ -106,7 +106,7 @@ def grpc_error_block(code: int, message: str, own: dict[str, float], with_status
 
 # ------------------------------------------------------------------------------ relay
 class Stream:
-    __slots__ = ("cspan", "dropped", "ended", "method", "received", "resp_seen", "sid", "span", "t0", "t_fwd")
+    __slots__ = ("cspan", "ended", "method", "received", "resp_seen", "sid", "span", "t0", "t_fwd")
 
     def __init__(self, sid: int, t0: float) -> None:
         self.sid = sid
@@ -117,7 +117,6 @@ class Stream:
         self.received = 0
         self.span = None
         self.cspan = None
-        self.dropped = False
         self.ended = False  # trailers relayed, bookkeeping pending
 
 
@@ -172,6 +171,7 @@ class ClientConn(asyncio.Protocol):
         self.u_hdr: tuple[int, int, bytes, bytearray] | None = None
         self.dead = False
         self.dead_why = ""
+        self.dropped_sids: set[int] = set()
         self.finishes: list[tuple[Stream, dict[str, float]]] = []  # acting as a minimal HTTP/2 server that refuses every call
 
     # ---------------------------------------------------------------- connection set-up
@@ -304,11 +304,18 @@ class ClientConn(asyncio.Protocol):
                 st = self.streams.get(sid)
                 if st is not None:
                     st.received += length
-                    if st.dropped or st.received > relay.max_body:
+                    if st.received > relay.max_body:
                         if run < pos:
                             out.append(bytes(buf[run:pos]))
                         run = end
-                        self._too_large(st, length)
+                        out.append(self._too_large(st))  # in order: after this stream's HEADERS
+                        self.dropped_sids.add(sid)
+                if sid in self.dropped_sids:  # a stream the gateway reset: its DATA goes nowhere
+                    if run < pos:
+                        out.append(bytes(buf[run:pos]))
+                    run = end
+                    if length and self.transport is not None:  # give the client's window back
+                        self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
             elif ftype == HEADERS or ftype == CONTINUATION:
                 flags = buf[pos + 4]
                 sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
@@ -403,24 +410,21 @@ class ClientConn(asyncio.Protocol):
         headers += [(k.encode(), v.encode()) for k, v in out.items()]
         return literal_block(headers)
 
-    def _too_large(self, st: Stream, length: int) -> None:
-        """Body over the limit: cancel upstream, answer RESOURCE_EXHAUSTED, keep the window open."""
-        if self.transport is not None and length:
-            self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
-        if st.dropped:
-            return
-        st.dropped = True
-        rst = frame(RST_STREAM, 0, st.sid, (8).to_bytes(4, "big"))
-        if self.up is not None and self.up.transport is not None:
-            self.up.transport.write(rst)
-        else:
-            self.pending_up.append(rst)
-        own = self._own(st)
+    def _too_large(self, st: Stream) -> bytes:
+        """Body over the limit: reset the stream both ways; returns the upstream RST frame.
+
+        The client gets RST_STREAM(ENHANCE_YOUR_CALM), which gRPC reports as
+        RESOURCE_EXHAUSTED. A reset (not a trailers-only answer) keeps the connection safe:
+        frames the upstream already sent for the stream become a stream error at the
+        client, not a connection error, and their header blocks still reach its HPACK
+        decoder.
+        """
         msg = f"request body: over the gateway limit of {self.relay.max_body} bytes"
+        log.info("stream %d: %s", st.sid, msg)
         if self.transport is not None:
-            self.transport.write(frame(HEADERS, END_STREAM | END_HEADERS, st.sid,
-                                       grpc_error_block(8, msg, own, not st.resp_seen)))
-        self._finish(st, "8", msg, own)
+            self.transport.write(frame(RST_STREAM, 0, st.sid, (0xB).to_bytes(4, "big")))
+        self._finish(st, "8", msg)
+        return frame(RST_STREAM, 0, st.sid, (8).to_bytes(4, "big"))
 
     # ---------------------------------------------------------------- upstream -> client
     def from_upstream(self, data: bytes) -> None:
