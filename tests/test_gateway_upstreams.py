@@ -113,7 +113,7 @@ def test_least_outstanding_avoids_the_busy_upstream(tmp_path, two_servers) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["passthrough", "transcode", "http-proxy"])
+@pytest.mark.parametrize("mode", ["passthrough", "passthrough-h2", "transcode", "http-proxy"])
 def test_health_check_takes_out_and_puts_back(tmp_path, mode: str) -> None:
     """An upstream that stops is marked unhealthy and gets no calls; back up, it gets calls again."""
     a = Server(tmp_path, *SYNTH)
@@ -130,7 +130,9 @@ def test_health_check_takes_out_and_puts_back(tmp_path, mode: str) -> None:
     http_up = mode == "http-proxy"
     ups = f"127.0.0.1:{a.http_port},127.0.0.1:{b_http}" if http_up else f"{a.grpc_target},127.0.0.1:{b_grpc}"
     b_name = f"127.0.0.1:{b_http if http_up else b_grpc}"
-    gw = Gateway(tmp_path, mode, ups, *(("--impl", "grpc") if mode == "passthrough" else ()))
+    impl = {"passthrough": ("--impl", "grpc"), "passthrough-h2": ("--impl", "h2")}.get(mode, ())
+    mode = mode.removesuffix("-h2")
+    gw = Gateway(tmp_path, mode, ups, *impl)
 
     def healthy(name: str) -> float:
         return gw.metrics()[f'pathprobe_gateway_upstream_healthy{{upstream="{name}"}}']

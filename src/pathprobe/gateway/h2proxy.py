@@ -267,7 +267,12 @@ class ClientConn(asyncio.Protocol):
             pos += 9 + length
         del buf[:pos]
         if out and self.transport is not None:
+            answered = self.max_sid > 0
+            if answered:  # then GOAWAY: the client's next call reconnects and tries the upstreams again
+                out.append(frame(GOAWAY, 0, 0, self.max_sid.to_bytes(4, "big") + (0).to_bytes(4, "big")))
             self.transport.write(b"".join(out))
+            if answered:
+                self.transport.close()
 
     # ---------------------------------------------------------------- client -> upstream
     def data_received(self, data: bytes) -> None:
@@ -588,7 +593,7 @@ def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
         loop = getattr(args, "loop", "asyncio")
         if loop == "auto":
             try:
-                import uvloop  # noqa: F401
+                import uvloop
 
                 loop = "uvloop"
             except ImportError:
