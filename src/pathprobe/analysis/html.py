@@ -28,14 +28,15 @@ def _png(fig: Any) -> str:
 
 
 def _plain_log_axis(ax: Any) -> None:
-    """Log scale with plain numbers (2, 5, 10) instead of 2x10^0."""
-    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+    """Log scale with plain numbers (2, 5, 10) instead of 2x10^0; call after plotting."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_xscale("log")
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    fmt = ScalarFormatter()
-    fmt.set_scientific(False)
-    ax.xaxis.set_major_formatter(fmt)
+    lo, hi = ax.get_xlim()
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 

@@ -182,6 +182,16 @@ def markdown(report: Mapping[str, Any]) -> str:
         lines.append("")
         lines.append("cold start (first request after start, excluded from the figures above): "
                      + ", ".join(f"{n} {c['first_ms']:.1f} ms" for n, c in cold))
+    checks = [(n, t["trace_agreement"]["attributes"]) for n, t in targets.items() if t.get("trace_agreement")]
+    if checks:
+        lines.append("")
+        parts = []
+        for n, a in checks:
+            bad = {k: v for k, v in a["outside"].items() if v}
+            parts.append(f"{n} {a['matched']} traces " + ("agree" if not bad else
+                         "differ on " + ", ".join(f"{k} ({v})" for k, v in bad.items())))
+        lines.append("trace check (`pathprobe analyze` on this run's spans vs the in-band split, "
+                     "max(5%, 0.2 ms)): " + "; ".join(parts))
     problems = [(n, t) for n, t in targets.items() if t["status"] in ("failed", "skipped")]
     for n, t in problems:
         lines.append(f"- {n}: {t['status']}: {t.get('reason', '')}")
@@ -212,8 +222,20 @@ def add_comparisons(
             names.append(name)
             comps.append(stats.compare(per[conc], base, metric=primary))
         stats.judge(comps, names, baseline, alpha=alpha)
+        base_seg = report_targets[baseline]["by_concurrency"][str(conc)]["segments"]
         for name, comp in zip(names, comps):
+            seg = report_targets[name]["by_concurrency"][str(conc)]["segments"]
+            diffs = {k: seg[k].get("mean", 0.0) - base_seg[k].get("mean", 0.0) for k in SEGMENTS
+                     if "mean" in seg[k] and "mean" in base_seg[k]}
+            comp.extra["segment_mean_diff_ms"] = diffs
             report_targets[name]["by_concurrency"][str(conc)]["comparison"] = comp.as_dict()
             if comp.verdict:
-                verdicts.append({"concurrency": conc, "target": name, "text": f"c={conc}: {comp.verdict}"})
+                top = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:2]
+                text = f"c={conc}: {comp.verdict}; by segment (mean): " + ", ".join(
+                    f"{k} {v:+.3f} ms" for k, v in top)
+                if top and top[0][0] in ("inference", "queueing"):
+                    text += (" -- mostly the engine's own time: CPU contention (the proxy's CPU use on a "
+                             "shared box, or other load), not the path's network or encoding")
+                verdicts.append({"concurrency": conc, "target": name, "text": text,
+                                 "segment_mean_diff_ms": diffs})
     return verdicts
