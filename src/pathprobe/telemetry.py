@@ -9,7 +9,6 @@ Spans go to OTLP/gRPC when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import threading
@@ -30,7 +29,6 @@ ENV_TRACES_FILE = "PATHPROBE_TRACES_FILE"
 ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 
-_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 # offset that turns perf_counter_ns() into time.time_ns(), taken once per process
 _WALL_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
 
@@ -40,26 +38,11 @@ def mono_ms_to_wall_ns(mono_ms: float) -> int:
     return int(mono_ms * 1e6) + _WALL_OFFSET_NS
 
 
-def _hex_ids(node: Any) -> Any:
-    """OTLP JSON wants trace/span ids as hex; protobuf's json_format writes base64."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _ID_FIELDS and isinstance(value, str) and value:
-                node[key] = base64.b64decode(value).hex()
-            else:
-                _hex_ids(value)
-    elif isinstance(node, list):
-        for item in node:
-            _hex_ids(item)
-    return node
-
-
 def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
-    from google.protobuf import json_format
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    """Spans as one OTLP JSON ``ExportTraceServiceRequest`` (ids in hex, as OTLP JSON wants)."""
+    from pathprobe._otlpjson import encode
 
-    msg = encode_spans(spans)
-    return _hex_ids(json_format.MessageToDict(msg))
+    return encode(spans)
 
 
 class OTLPJsonLinesExporter(SpanExporter):

@@ -1,0 +1,132 @@
+"""ReadableSpan -> OTLP JSON dict, directly (no protobuf round trip).
+
+Produces exactly what ``json_format.MessageToDict(encode_spans(spans))`` gives with ids
+in hex (tests check that against OpenTelemetry's own encoder), at a fraction of the
+cost: the load generator exports one span per request, and the protobuf path cost
+several hundred µs of CPU per span on a 2-core box, CPU taken from the measured clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind
+
+_KIND = {
+    SpanKind.INTERNAL: "SPAN_KIND_INTERNAL",
+    SpanKind.SERVER: "SPAN_KIND_SERVER",
+    SpanKind.CLIENT: "SPAN_KIND_CLIENT",
+    SpanKind.PRODUCER: "SPAN_KIND_PRODUCER",
+    SpanKind.CONSUMER: "SPAN_KIND_CONSUMER",
+}
+_STATUS = {1: "STATUS_CODE_OK", 2: "STATUS_CODE_ERROR"}
+_HAS_IS_REMOTE = 0x100
+_IS_REMOTE = 0x200
+
+
+def _value(v: Any) -> dict[str, Any]:
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, str):
+        return {"stringValue": v}
+    if isinstance(v, bytes):
+        import base64
+
+        return {"bytesValue": base64.b64encode(v).decode()}
+    if isinstance(v, Sequence):
+        return {"arrayValue": {"values": [_value(x) for x in v]} if v else {}}
+    if isinstance(v, Mapping):
+        return {"kvlistValue": {"values": _attributes(v)} if v else {}}
+    raise TypeError(f"unsupported attribute type {type(v).__name__}")
+
+
+def _attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    return [{"key": k, "value": _value(v)} for k, v in (attrs or {}).items()]
+
+
+def _flags(parent: SpanContext | None) -> int:
+    return _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
+
+
+def _put(d: dict[str, Any], key: str, value: Any) -> None:
+    if value:
+        d[key] = value
+
+
+def _span(s: ReadableSpan) -> dict[str, Any]:
+    ctx = s.get_span_context()
+    out: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+    if ctx.trace_state:
+        out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
+    if s.parent is not None:
+        out["parentSpanId"] = f"{s.parent.span_id:016x}"
+    _put(out, "name", s.name)
+    out["kind"] = _KIND[s.kind]
+    _put(out, "startTimeUnixNano", str(s.start_time) if s.start_time else "")
+    _put(out, "endTimeUnixNano", str(s.end_time) if s.end_time else "")
+    _put(out, "attributes", _attributes(s.attributes))
+    _put(out, "droppedAttributesCount", s.dropped_attributes)
+    events = []
+    for e in s.events:
+        ev: dict[str, Any] = {}
+        _put(ev, "timeUnixNano", str(e.timestamp) if e.timestamp else "")
+        _put(ev, "name", e.name)
+        _put(ev, "attributes", _attributes(e.attributes))
+        _put(ev, "droppedAttributesCount", e.dropped_attributes)
+        events.append(ev)
+    _put(out, "events", events)
+    _put(out, "droppedEventsCount", s.dropped_events)
+    links = []
+    for link in s.links:
+        lk: dict[str, Any] = {"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}"}
+        _put(lk, "attributes", _attributes(link.attributes))
+        _put(lk, "droppedAttributesCount", link.dropped_attributes)
+        lk["flags"] = _flags(link.context)
+        links.append(lk)
+    _put(out, "links", links)
+    _put(out, "droppedLinksCount", s.dropped_links)
+    status: dict[str, Any] = {}
+    if s.status is not None:
+        _put(status, "message", s.status.description or "")
+        code = s.status.status_code.value
+        if code:
+            status["code"] = _STATUS[code]
+    out["status"] = status
+    out["flags"] = _flags(s.parent)
+    return out
+
+
+def encode(spans: Iterable[ReadableSpan]) -> dict[str, Any]:
+    """``{"resourceSpans": [...]}`` grouped by resource, then instrumentation scope."""
+    grouped: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
+    for s in spans:
+        grouped.setdefault(s.resource, {}).setdefault(s.instrumentation_scope or None, []).append(_span(s))
+    resource_spans = []
+    for resource, scopes in grouped.items():
+        scope_spans = []
+        for scope, encoded in scopes.items():
+            entry: dict[str, Any] = {}
+            if scope is not None:
+                sc: dict[str, Any] = {}
+                _put(sc, "name", scope.name)
+                _put(sc, "version", scope.version or "")
+                _put(sc, "attributes", _attributes(scope.attributes))
+                entry["scope"] = sc
+            entry["spans"] = encoded
+            if scope is not None:
+                _put(entry, "schemaUrl", scope.schema_url or "")
+            scope_spans.append(entry)
+        rs: dict[str, Any] = {}
+        res: dict[str, Any] = {}
+        _put(res, "attributes", _attributes(resource.attributes))
+        rs["resource"] = res
+        rs["scopeSpans"] = scope_spans
+        _put(rs, "schemaUrl", resource.schema_url or "")
+        resource_spans.append(rs)
+    return {"resourceSpans": resource_spans}
