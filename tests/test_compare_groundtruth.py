@@ -143,3 +143,25 @@ def test_payload_grows_serialization_in_transcoding_modes_only(small, tmp_path_f
             assert gw_large > 1.5 * gw_small and gw_large - gw_small > 0.05, (target, gw_small, gw_large)
     # the client and server (de)serialize bigger messages on every path; only transcoding adds the gateway's share
     assert growth["transcode"] > growth["passthrough"] and growth["reencode"] > growth["passthrough"], growth
+
+
+def test_stream_delay_moves_ttft_not_inter_token_gaps(tmp_path_factory):
+    """Streams: a one-way delay D on the gateway<->server hop delays the first token by 2 x D (request
+    out, first chunk back) and the end by 2 x D; the gaps between tokens do not change."""
+    tmp = tmp_path_factory.mktemp("gt-stream")
+    d = DELAY / 2
+    out, _ = _compare(tmp, "stream", {"prompt_tokens": 64, "max_tokens": 8, "stream": True}, [
+        {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+        {"name": "passthrough-wan", "kind": "gateway", "mode": "passthrough",
+         "network": {"hop": "upstream", "delay_ms": d}},
+    ])
+    base, wan = _records(out, "passthrough"), _records(out, "passthrough-wan")
+    expected = 2 * d
+    ttft = statistics.median(r["ttft_ms"] for r in wan) - statistics.median(r["ttft_ms"] for r in base)
+    assert abs(ttft - expected) <= max(0.1 * expected, 0.5), ttft
+    e2e = _med(wan, "e2e") - _med(base, "e2e")
+    assert abs(e2e - expected) <= max(0.1 * expected, 0.5), e2e
+    itl = statistics.median(x for r in wan for x in r["itl_ms"]) - statistics.median(x for r in base for x in r["itl_ms"])
+    assert abs(itl) <= 0.5, itl
+    net = _med(wan, "network") - _med(base, "network")
+    assert abs(net - expected) <= max(0.1 * expected, 0.5), net
