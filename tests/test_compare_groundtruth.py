@@ -161,7 +161,8 @@ def test_stream_delay_moves_ttft_not_inter_token_gaps(tmp_path_factory):
     assert abs(ttft - expected) <= max(0.1 * expected, 0.5), ttft
     e2e = _med(wan, "e2e") - _med(base, "e2e")
     assert abs(e2e - expected) <= max(0.1 * expected, 0.5), e2e
-    itl = statistics.median(x for r in wan for x in r["itl_ms"]) - statistics.median(x for r in base for x in r["itl_ms"])
+    itl = (statistics.median(x for r in wan for x in r["itl_ms"])
+           - statistics.median(x for r in base for x in r["itl_ms"]))
     assert abs(itl) <= 0.5, itl
     net = _med(wan, "network") - _med(base, "network")
     assert abs(net - expected) <= max(0.1 * expected, 0.5), net
