@@ -115,3 +115,23 @@ def test_remote_mode_open_loop(tmp_path):
         assert 60 <= g["requests"] <= 84 and g["errors"] == 0, g["requests"]
         assert "schedule_lag" in g or g["latency"]["n"] == g["ok"]
     assert not (out / "logs" / "server.log").exists()  # remote mode starts nothing
+
+
+def test_rerender_with_another_baseline_keeps_every_figure(default_run):
+    out, res = default_run
+    assert res.returncode == 0
+    before = json.loads((out / "report.json").read_text())
+    again = subprocess.run([sys.executable, "-m", "pathprobe", "compare", "--rerender", str(out),
+                            "--baseline", "passthrough", "--no-html"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "| passthrough (base) |" in again.stdout
+    after = json.loads((out / "report.json").read_text())
+    assert after["baseline"] == "passthrough"
+    for name, t in before["targets"].items():
+        if t["status"] != "ok":
+            continue
+        for c, g in t["by_concurrency"].items():
+            g2 = after["targets"][name]["by_concurrency"][c]
+            assert g2["ok"] == g["ok"] and g2["e2e"]["p50"]["value"] == g["e2e"]["p50"]["value"]
+        assert after["targets"][name].get("slowest") == t.get("slowest")
+    assert "comparison" in after["targets"]["direct-grpc"]["by_concurrency"]["1"]

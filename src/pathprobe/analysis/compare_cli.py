@@ -8,6 +8,7 @@ Prints a Markdown table and writes OUT/report.json, OUT/report.html, OUT/report.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from pathprobe.errors import ConfigError
@@ -65,6 +66,8 @@ def register(subparsers) -> None:
     g.add_argument("--no-html", action="store_true")
     g.add_argument("--json-only", action="store_true", help="print report.json instead of the table")
     g.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    g.add_argument("--rerender", metavar="OUT", help="rebuild OUT's reports from its runs/ without running anything "
+                   "(with --baseline, to test against another configuration)")
     p.set_defaults(func=run)
 
 
@@ -136,6 +139,12 @@ def run(args: argparse.Namespace) -> int:
 
     from pathprobe.analysis.config import parse_config
 
+    if args.rerender:
+        from pathprobe.analysis.compare import rerender
+        from pathprobe.analysis.report import markdown as _md
+
+        print(_md(rerender(Path(args.rerender), baseline=args.baseline, html=not args.no_html)))
+        return 0
     source = args.config or "<defaults>"
     if args.config:
         try:
