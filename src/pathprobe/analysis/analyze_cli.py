@@ -23,8 +23,10 @@ HELP = "segment breakdown from exported traces (OTLP JSON files, or a Jaeger que
 def register(subparsers) -> None:
     p = subparsers.add_parser("analyze", help=HELP, description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("inputs", nargs="*", metavar="FILE|DIR", help="OTLP JSON / JSON lines / Jaeger JSON files or folders")
-    p.add_argument("--jaeger", metavar="URL", help="Jaeger query base URL, e.g. http://127.0.0.1:16686 (uses /api/v3/traces)")
+    p.add_argument("inputs", nargs="*", metavar="FILE|DIR",
+                   help="OTLP JSON / JSON lines / Jaeger JSON files or folders")
+    p.add_argument("--jaeger", metavar="URL",
+                   help="Jaeger query base URL, e.g. http://127.0.0.1:16686 (uses /api/v3/traces)")
     p.add_argument("--service", help="with --jaeger: service whose traces to fetch (e.g. pathprobe-load)")
     p.add_argument("--operation", help="with --jaeger: only this operation (span name)")
     p.add_argument("--lookback", default="1h", help="with --jaeger: how far back (30m, 2h, 1d); default 1h")

@@ -58,7 +58,8 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
         "prompt_tokens": L.prompt_tokens,
         "max_tokens": L.max_tokens,
         "alpha": cfg.alpha,
-        "test": "Welch's t-test (scipy.stats.ttest_ind, equal_var=False) per request, Holm-Bonferroni across configurations",
+        "test": "Welch's t-test (scipy.stats.ttest_ind, equal_var=False) per request, "
+                "Holm-Bonferroni across configurations",
         "effect_sizes": "Cliff's delta (magnitude: Romano et al.) and Cohen's d",
         "ci": f"percentile bootstrap, {cfg.bootstrap} resamples, 95%",
         "note": "requests inside one run are not independent (shared queue, machine noise); "
@@ -169,7 +170,8 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                         continue
                     dead = p.dead() or (stack.server if stack.server and stack.server.exit_code() is not None else None)
                     if dead is not None:
-                        _fail(p, f"{dead.name} exited with code {dead.exit_code()} before round {rnd + 1}: {dead.tail()}")
+                        _fail(p, f"{dead.name} exited with code {dead.exit_code()} before round {rnd + 1}: "
+                                 f"{dead.tail()}")
                         continue
                     tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
                     res = run_load(cfg, p, conc, rnd, cfg.load.duration_s,

@@ -226,7 +226,8 @@ def substitute_env(node: Any, env: dict[str, str] | None = None, path: str = "")
                 return env[name]
             if default is not None:
                 return default
-            raise ConfigError(f"{path or '<root>'}: environment variable ${{{name}}} is not set (use ${{{name}:-default}})")
+            raise ConfigError(f"{path or '<root>'}: environment variable ${{{name}}} is not set "
+                              f"(use ${{{name}:-default}})")
 
         whole = _ENV.fullmatch(node)
         out = _ENV.sub(repl, node)

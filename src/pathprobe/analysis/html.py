@@ -96,7 +96,9 @@ def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequ
     return _png(fig)
 
 
-def plot_streaming(report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]) -> str | None:
+def plot_streaming(
+    report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
+) -> str | None:
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -173,7 +175,8 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#222;max-width:1400px}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
-td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}.verdict{background:#fff6d6;padding:6px 10px;margin:4px 0}
+td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
+.verdict{background:#fff6d6;padding:6px 10px;margin:4px 0}
 .failed{color:#b00}.skipped{color:#888}img.plot{max-width:100%;border:1px solid #eee;margin:8px 0}
 code{background:#f4f4f4;padding:1px 3px}.meta{color:#555;font-size:13px}
 """
@@ -230,7 +233,8 @@ def render(
     plots = [
         ("Where the time goes", "Mean milliseconds per request in each segment; the bar's length is the mean "
          "end-to-end time.", plot_segments(report)),
-        ("Latency distribution", "Empirical CDF of every measured request (rounds pooled).", plot_cdfs(report, samples)),
+        ("Latency distribution", "Empirical CDF of every measured request (rounds pooled).",
+         plot_cdfs(report, samples)),
         ("Streaming: TTFT and inter-token latency", "Client-observed, highest concurrency.",
          plot_streaming(report, records)),
         ("Concurrency sweep", "p50 with its 95% bootstrap interval, p99 dashed; throughput on the right.",
@@ -243,7 +247,8 @@ def render(
     parts.append("<p class='meta'>" + html.escape(
         f"{meta.get('started', '')} · engine {meta.get('engine', '')} · {meta.get('host', '')} · "
         f"{meta.get('cpus', '')} CPUs · pathprobe {meta.get('versions', {}).get('pathprobe', '')}") + "</p>")
-    parts.append(f"<p>baseline <b>{html.escape(report['baseline'])}</b>. {html.escape(report['method']['summary'])}</p>")
+    parts.append(f"<p>baseline <b>{html.escape(report['baseline'])}</b>. "
+                 f"{html.escape(report['method']['summary'])}</p>")
     net = report.get("network")
     if net:
         parts.append(f"<p>Network condition on hop <b>{html.escape(net['hop'])}</b>: {html.escape(net['describe'])}; "

@@ -176,7 +176,8 @@ def markdown(report: Mapping[str, Any]) -> str:
         if not verdicts:
             lines.append("- no configuration differs significantly from the baseline at this concurrency")
         lines.append("")
-    lines.append("Segments are means per request in ms (network + serialization + queue + inference + other = mean e2e).")
+    lines.append("Segments are means per request in ms "
+                 "(network + serialization + queue + inference + other = mean e2e).")
     cold = [(n, t["cold_start"]) for n, t in targets.items() if t.get("cold_start")]
     if cold:
         lines.append("")

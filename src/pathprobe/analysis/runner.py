@@ -187,7 +187,9 @@ def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None
         try:
             return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
         except Exception as exc:  # any failure means: not ready yet
-            last = str(getattr(exc, "details", lambda: None)() or exc).strip().splitlines()[0][:300] if str(exc) else type(exc).__name__
+            details = exc.details() if callable(getattr(exc, "details", None)) else None
+            text = str(details or exc).strip()
+            last = text.splitlines()[0][:300] if text else type(exc).__name__
         time.sleep(0.2)
     raise PathprobeError(f"{url} not ready after {timeout:.0f} s: {last}")
 

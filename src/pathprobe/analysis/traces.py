@@ -180,7 +180,8 @@ def spans_from_document(doc: Any) -> Iterator[Span]:
         yield from spans_from_jaeger(doc)
     elif "error" in doc:
         err = doc["error"]
-        raise PathprobeError(f"trace source answered an error: {err.get('message', err) if isinstance(err, dict) else err}")
+        message = err.get("message", err) if isinstance(err, dict) else err
+        raise PathprobeError(f"trace source answered an error: {message}")
 
 
 def iter_documents(text: str) -> Iterator[Any]:
