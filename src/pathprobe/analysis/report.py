@@ -115,6 +115,11 @@ def _ci(est: Mapping[str, float] | None) -> str:
     return f"{est['value']:.3f} [{est['lo']:.3f}, {est['hi']:.3f}]"
 
 
+def _cell(text: Any) -> str:
+    """Text safe inside a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The side-by-side tables printed on stdout."""
     primary = report["method"]["primary_metric"]
@@ -146,7 +151,7 @@ def markdown(report: Mapping[str, Any]) -> str:
                      + ("---:|---:|" if stream else ""))
         for name, t in targets.items():
             if t["status"] in ("skipped", "failed") and key not in t.get("by_concurrency", {}):
-                lines.append(f"| {name} | {t['status']}: {t.get('reason', '')} |" + " |" * 13)
+                lines.append(f"| {name} | {t['status']}: {_cell(t.get('reason', ''))} |" + " |" * 13)
                 continue
             g = t["by_concurrency"].get(key)
             if g is None:
@@ -195,7 +200,7 @@ def markdown(report: Mapping[str, Any]) -> str:
                      "max(5%, 0.2 ms)): " + "; ".join(parts))
     problems = [(n, t) for n, t in targets.items() if t["status"] in ("failed", "skipped")]
     for n, t in problems:
-        lines.append(f"- {n}: {t['status']}: {t.get('reason', '')}")
+        lines.append(f"- {n}: {t['status']}: {_cell(t.get('reason', ''))}")
     if report.get("files"):
         lines.append("")
         lines.append("reports: " + ", ".join(f"{k}: {v}" for k, v in report["files"].items()))

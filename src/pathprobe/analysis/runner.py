@@ -113,7 +113,7 @@ class Managed:
             lines = self.log_path.read_text(errors="replace").strip().splitlines()
         except OSError:
             return ""
-        return " | ".join(lines[-n:])
+        return " / ".join(lines[-n:])
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.popen is None:
@@ -474,7 +474,7 @@ def run_load(
                 raise
     rec_path = out_dir / "records.jsonl"
     if not rec_path.exists():
-        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
+        tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
         return RunResult(p.name, concurrency, rnd, out_dir, [], secs,
                          f"pathprobe load exited with code {code} and wrote no records: {tail}")
     records = read_records(rec_path)
