@@ -276,3 +276,25 @@ def test_deadline_cancels_engine_work(timed_server: Server) -> None:
     assert health["running"] == 0, "the engine kept generating for a caller that is gone"
     text = urllib.request.urlopen(f"{timed_server.http_url}/metrics").read().decode()
     assert 'pathprobe_server_requests_total{code="CANCELLED",route="grpc.Generate"} 1.0' in text
+
+
+def test_sub_millisecond_tokens_are_paced_not_bunched(tmp_path) -> None:
+    """At 0.5 ms per token the client sees ~0.5 ms gaps (asyncio.sleep alone bunched them
+    into pairs: gaps of ~0 and ~1 ms)."""
+    import statistics
+
+    from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
+    srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "0.5")
+    try:
+        with grpc.insecure_channel(srv.grpc_target) as ch:
+            stub = llm_pb2_grpc.LLMStub(ch)
+            medians = []
+            for _ in range(3):
+                arrivals = [time.perf_counter() for _ in stub.GenerateStream(
+                    llm_pb2.GenerateRequest(prompt="hi", max_tokens=60))]
+                gaps = [(b - a) * 1e3 for a, b in zip(arrivals[1:], arrivals[2:])]
+                medians.append(statistics.median(gaps))
+        assert 0.25 < statistics.median(medians) < 0.9, medians
+    finally:
+        srv.stop()

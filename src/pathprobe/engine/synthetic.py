@@ -8,7 +8,9 @@ a slot frees as soon as its request ends); the rest wait in a bounded queue, and
 wait is ``srv.queue``.
 
 Token k of a request is due at ``decode_start + k * D``: sleeping until an absolute
-deadline keeps the event loop's ~1 ms timer granularity from accumulating.
+deadline keeps late wake-ups from accumulating, and a :class:`~pathprobe.engine.pacer.Pacer`
+thread wakes the loop within ~0.1 ms of each deadline (``asyncio.sleep`` alone is up to
+1 ms late, which bunched tokens at sub-millisecond token times).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from pathprobe.engine.pacer import Pacer
 from pathprobe.engine.base import (
     Engine,
     EngineConfig,
@@ -50,9 +53,11 @@ class SyntheticEngine(Engine):
         self._waiting = 0
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pacer: Pacer | None = None
 
     async def start(self) -> None:
         self._slots = asyncio.Semaphore(self.config.max_batch_size)
+        self._pacer = Pacer(asyncio.get_running_loop())
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -60,6 +65,8 @@ class SyntheticEngine(Engine):
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._pacer is not None:
+            self._pacer.close()
 
     def queue_depth(self) -> int:
         return self._waiting
@@ -111,12 +118,16 @@ class SyntheticEngine(Engine):
             if queued:
                 self._waiting -= 1
 
+    async def _sleep_until(self, deadline_ms: float) -> None:
+        assert self._pacer is not None, "engine not started"
+        await self._pacer.sleep_until(deadline_ms)
+
     async def _work(self, gen: Generation) -> None:
         cfg, p, t = self.config, gen.params, gen.timing
         t.queue = now_ms() - t.queue_start
         t.batch_size = self._running
         t.prefill_start = now_ms()
-        await _sleep_until(t.prefill_start + cfg.prefill_ms_per_token * gen.prompt_tokens)
+        await self._sleep_until(t.prefill_start + cfg.prefill_ms_per_token * gen.prompt_tokens)
         t.prefill = now_ms() - t.prefill_start
         t.decode_start = now_ms()
         text_so_far = ""
@@ -124,7 +135,7 @@ class SyntheticEngine(Engine):
             step_start = now_ms()
             # first token comes out of prefill; later ones each cost one decode step
             if k > 0:
-                await _sleep_until(t.decode_start + cfg.decode_ms_per_token * k)
+                await self._sleep_until(t.decode_start + cfg.decode_ms_per_token * k)
             t.decode_steps += now_ms() - step_start
             t.batch_size = max(t.batch_size, self._running)
             token = self._text_ids[k % len(self._text_ids)]
@@ -152,7 +163,3 @@ def _stop_index(text: str, stops: list[str], new_from: int) -> int | None:
     return best
 
 
-async def _sleep_until(deadline_ms: float) -> None:
-    delay = deadline_ms - now_ms()
-    if delay > 0:
-        await asyncio.sleep(delay / 1000.0)
