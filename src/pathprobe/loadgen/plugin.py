@@ -178,7 +178,9 @@ class Tracing:
             return None
         return cls(provider.get_tracer("pathprobe.loadgen"), provider)
 
-    def start(self, route: str, target: Any, spec: Any, headers: dict[str, str]) -> Any:
+    def start(self, route: str, target: Any, spec: Any, headers: dict[str, str]) -> tuple[Any, int]:
+        """Start the CLIENT span; returns it and its start (perf_counter_ns), which becomes the
+        request's t0, so span duration == e2e exactly (traceparent injection counts as client encode)."""
         attrs: dict[str, Any] = {"pathprobe.route": route, "gen_ai.request.max_tokens": spec.max_tokens,
                                  "pathprobe.request_id": spec.request_id}
         if target.kind == "grpc":
@@ -189,10 +191,10 @@ class Tracing:
         else:
             attrs.update({"http.request.method": "POST", "url.full": target.address})
         # placed on the same monotonic clock as the record, so span duration == e2e
-        start = self._wall(time.perf_counter_ns() / 1e6)
-        span = self.tracer.start_span(route, kind=self._kind, attributes=attrs, start_time=start)
+        t0 = time.perf_counter_ns()
+        span = self.tracer.start_span(route, kind=self._kind, attributes=attrs, start_time=self._wall(t0 / 1e6))
         self._inject(headers, self._trace.set_span_in_context(span))
-        return span
+        return span, t0
 
     def end(self, span: Any, rec: dict[str, Any], t_end_ns: int = 0) -> None:
         ctx = span.get_span_context()

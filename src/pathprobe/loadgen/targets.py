@@ -65,7 +65,7 @@ class CallSpec:
 
 @dataclass(slots=True)
 class Outcome:
-    t0: int = 0  # perf_counter_ns at send (before client encode)
+    t0: int = 0  # perf_counter_ns at send (before client encode; the client span's start when tracing)
     t_end: int = 0
     encode_ns: int = 0
     decode_ns: int = 0
@@ -117,7 +117,7 @@ class GrpcTarget(Target):
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
         pb = self._pb
-        out.t0 = t0 = pc()
+        out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         data = pb.GenerateRequest(
             prompt=spec.prompt, max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos,
             request_id=spec.request_id, model=spec.model,
@@ -197,7 +197,7 @@ class _HttpBase(Target):
         self._loads = json.loads
 
     def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
-        out.t0 = t0 = pc()
+        out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         body = self._dumps(body_obj).encode()
         out.encode_ns = pc() - t0
         hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}

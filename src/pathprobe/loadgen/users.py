@@ -91,9 +91,11 @@ class _LLMMixin:
         target = self.target
         route = target.route(cfg.stream)
         headers: dict[str, str] = {}
-        span = rt.tracing.start(route, target, spec, headers) if rt.tracing is not None else None
-        ts = time.time()
         out = Outcome()
+        span = None
+        if rt.tracing is not None:
+            span, out.t0 = rt.tracing.start(route, target, spec, headers)
+        ts = time.time()
         try:
             target.call(spec, headers, out)
         except gevent.GreenletExit:
