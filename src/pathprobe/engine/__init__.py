@@ -4,8 +4,8 @@ from pathprobe.engine.base import (
     Engine,
     EngineConfig,
     EngineTiming,
-    GenParams,
     Generation,
+    GenParams,
     TokenEvent,
 )
 

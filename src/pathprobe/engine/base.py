@@ -178,6 +178,23 @@ class Engine(abc.ABC):
     def generate(self, params: GenParams) -> Generation:
         """Validate and enqueue; raises InvalidArgument / ResourceExhausted at once."""
 
+    def prepare(self, params: GenParams) -> tuple[Generation, list[int]]:
+        """What every engine does first, at once: validate, tokenize (timed as
+        ``srv.tokenize``) and check the context length. Raises InvalidArgument."""
+        validate(params, model_name=self.model_name)
+        gen = Generation(params)
+        t = gen.timing
+        t.tokenize_start = now_ms()
+        if params.prompt_token_ids:
+            check_token_ids(params.prompt_token_ids, len(self.tokenizer))
+            ids = list(params.prompt_token_ids)
+        else:
+            ids = self.tokenizer.encode(params.prompt)
+        t.tokenize = now_ms() - t.tokenize_start
+        check_context(len(ids), params.max_tokens, self.max_context)
+        gen.prompt_tokens = len(ids)
+        return gen, ids
+
     # --- stats for /metrics --------------------------------------------------
     def queue_depth(self) -> int:
         return 0

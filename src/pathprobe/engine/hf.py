@@ -40,10 +40,7 @@ from pathprobe.engine.base import (
     Generation,
     GenParams,
     TokenEvent,
-    check_context,
-    check_token_ids,
     queue_full,
-    validate,
 )
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.timing import now_ms
@@ -294,18 +291,8 @@ class TransformersEngine(Engine):
     def generate(self, params: GenParams) -> Generation:
         if self._loop is None or self.model is None:
             raise Unavailable("engine not started")
-        validate(params, model_name=self.model_name)
-        gen = Generation(params)
+        gen, ids = self.prepare(params)
         t = gen.timing
-        t.tokenize_start = now_ms()
-        if params.prompt_token_ids:
-            check_token_ids(params.prompt_token_ids, self._vocab)
-            ids = list(params.prompt_token_ids)
-        else:
-            ids = self.tokenizer.encode(params.prompt)
-        t.tokenize = now_ms() - t.tokenize_start
-        check_context(len(ids), params.max_tokens, self.max_context)
-        gen.prompt_tokens = len(ids)
         req = _Req(gen=gen, ids=ids, loop=asyncio.get_running_loop(), detok=IncrementalDetokenizer(self._decode))
         with self._cond:
             if self._stopping:

@@ -18,18 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from pathprobe.engine.pacer import Pacer
 from pathprobe.engine.base import (
     Engine,
     EngineConfig,
-    GenParams,
     Generation,
+    GenParams,
     TokenEvent,
-    check_context,
-    check_token_ids,
     queue_full,
-    validate,
 )
+from pathprobe.engine.pacer import Pacer
 from pathprobe.timing import now_ms
 
 # A fixed text the engine "generates", cycled; identical on every path.
@@ -75,20 +72,9 @@ class SyntheticEngine(Engine):
         return self._running
 
     def generate(self, params: GenParams) -> Generation:
-        validate(params, model_name=self.model_name)
-        gen = Generation(params)
-        t = gen.timing
-        t.tokenize_start = now_ms()
-        if params.prompt_token_ids:
-            check_token_ids(params.prompt_token_ids, self._vocab)
-            ids = list(params.prompt_token_ids)
-        else:
-            ids = self.tokenizer.encode(params.prompt)
-        t.tokenize = now_ms() - t.tokenize_start
-        check_context(len(ids), params.max_tokens, self.max_context)
+        gen, _ = self.prepare(params)
         if self._waiting >= self.config.max_queue:
             raise queue_full(self._waiting, self.config.max_queue)
-        gen.prompt_tokens = len(ids)
         self._waiting += 1
         task = asyncio.get_running_loop().create_task(self._run(gen))
         self._tasks.add(task)

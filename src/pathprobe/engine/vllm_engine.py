@@ -31,10 +31,7 @@ from pathprobe.engine.base import (
     Generation,
     GenParams,
     TokenEvent,
-    check_context,
-    check_token_ids,
     queue_full,
-    validate,
 )
 from pathprobe.engine.hf import IncrementalDetokenizer, holdback, stop_index
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
@@ -164,20 +161,10 @@ class VLLMEngine(Engine):
     def generate(self, params: GenParams) -> Generation:
         if self.llm is None:
             raise Unavailable("engine not started")
-        validate(params, model_name=self.model_name)
-        gen = Generation(params)
+        gen, ids = self.prepare(params)
         t = gen.timing
-        t.tokenize_start = now_ms()
-        if params.prompt_token_ids:
-            check_token_ids(params.prompt_token_ids, self._vocab)
-            ids = list(params.prompt_token_ids)
-        else:
-            ids = self.tokenizer.encode(params.prompt)
-        t.tokenize = now_ms() - t.tokenize_start
-        check_context(len(ids), params.max_tokens, self.max_context)
         if self._waiting >= self.config.max_queue:
             raise queue_full(self._waiting, self.config.max_queue)
-        gen.prompt_tokens = len(ids)
         t.queue_start = now_ms()
         self._waiting += 1
         task = asyncio.get_running_loop().create_task(self._run(gen, ids))
