@@ -244,5 +244,15 @@ def check_token_ids(ids: list[int], vocab_size: int) -> None:
             raise InvalidArgument(f"prompt_token_ids[{i}]", f"token id {t} outside the vocabulary (0..{vocab_size - 1})")
 
 
+def stop_index(text: str, stops: list[str], new_from: int) -> int | None:
+    """Where the earliest stop string starts, if one ends at or after ``new_from``."""
+    best: int | None = None
+    for s in stops:
+        i = text.find(s, max(0, new_from - len(s) + 1))
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best
+
+
 def queue_full(depth: int, limit: int) -> ResourceExhausted:
     return ResourceExhausted(f"engine queue is full ({depth} waiting, limit {limit}); retry later")

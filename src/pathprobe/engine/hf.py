@@ -41,6 +41,7 @@ from pathprobe.engine.base import (
     GenParams,
     TokenEvent,
     queue_full,
+    stop_index,
 )
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.timing import now_ms
@@ -127,16 +128,6 @@ class IncrementalDetokenizer:
         new_text = self._decode(self.ids[self._prefix:])
         self._prefix = self._read = len(self.ids)
         return new_text[len(prefix_text):] if len(new_text) > len(prefix_text) else ""
-
-
-def stop_index(text: str, stops: list[str], new_from: int) -> int | None:
-    """Where the earliest stop string starts, if one ends at or after ``new_from``."""
-    best: int | None = None
-    for s in stops:
-        i = text.find(s, max(0, new_from - len(s) + 1))
-        if i >= 0 and (best is None or i < best):
-            best = i
-    return best
 
 
 def holdback(text: str, stops: list[str]) -> int:

@@ -25,6 +25,7 @@ from pathprobe.engine.base import (
     GenParams,
     TokenEvent,
     queue_full,
+    stop_index,
 )
 from pathprobe.engine.pacer import Pacer
 from pathprobe.timing import now_ms
@@ -129,7 +130,7 @@ class SyntheticEngine(Engine):
             piece = self.tokenizer.decode([token])
             t.detokenize += now_ms() - d0
             last = k == p.max_tokens - 1
-            stop_at = _stop_index(text_so_far + piece, p.stop, len(text_so_far))
+            stop_at = stop_index(text_so_far + piece, p.stop, len(text_so_far))
             if stop_at is not None:
                 piece = (text_so_far + piece)[len(text_so_far):stop_at]
                 gen.push(TokenEvent(piece, [token], "stop"))
@@ -137,15 +138,3 @@ class SyntheticEngine(Engine):
             text_so_far += piece
             gen.push(TokenEvent(piece, [token], "length" if last else None))
         gen.finish()
-
-
-def _stop_index(text: str, stops: list[str], new_from: int) -> int | None:
-    """Where the first stop string starts, if one ends inside the new text."""
-    best: int | None = None
-    for s in stops:
-        i = text.find(s, max(0, new_from - len(s) + 1))
-        if i >= 0 and (best is None or i < best):
-            best = i
-    return best
-
-

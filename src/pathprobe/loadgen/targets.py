@@ -305,13 +305,7 @@ class NativeHttpTarget(_HttpBase):
             if obj.get("text") or obj.get("token_ids"):
                 out.token_times.append(ta)
                 state["n"] += len(obj.get("token_ids") or ()) or 1
-            usage = obj.get("usage")
-            if usage:
-                out.tokens_out = usage.get("completion_tokens")
-                out.tokens_in = usage.get("prompt_tokens")
-            st = obj.get("server_timing")
-            if st:
-                out.entries = parse_timing(st)
+            _take_usage_and_timing(obj, out)
 
         self._sse(resp, out, on_event)
         if out.tokens_out is None:
@@ -391,18 +385,23 @@ class OpenAITarget(_HttpBase):
                 if piece:
                     out.token_times.append(ta)
                     state["n"] += 1
-            usage = obj.get("usage")
-            if usage:
-                out.tokens_out = usage.get("completion_tokens")
-                out.tokens_in = usage.get("prompt_tokens")
-            st = obj.get("server_timing")
-            if st:
-                out.entries = parse_timing(st)
+            _take_usage_and_timing(obj, out)
 
         self._sse(resp, out, on_event)
         if out.tokens_out is None:
             out.tokens_out = state["n"]
         _finish_stream(out, state["err"])
+
+
+def _take_usage_and_timing(obj: dict[str, Any], out: Outcome) -> None:
+    """An SSE event's ``usage`` and ``server_timing`` (the last event carries them)."""
+    usage = obj.get("usage")
+    if usage:
+        out.tokens_out = usage.get("completion_tokens")
+        out.tokens_in = usage.get("prompt_tokens")
+    st = obj.get("server_timing")
+    if st:
+        out.entries = parse_timing(st)
 
 
 def _finish_stream(out: Outcome, err: Any) -> None:
