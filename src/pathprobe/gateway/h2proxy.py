@@ -366,7 +366,9 @@ class ClientConn(asyncio.Protocol):
         if out:
             payload = b"".join(out) if len(out) > 1 else out[0]
             if self.up is not None and self.up.transport is not None:
-                if new_streams:  # stamp before the write: a preemption after it must not shrink gw.upstream
+                # stamp before the write: a preemption after it must not shrink gw.upstream (traced
+                # streams are stamped when their CLIENT span starts, just before their header block is made)
+                if new_streams and not relay.tracing:
                     t = now_ms()
                     for st in new_streams:
                         st.t_fwd = t
@@ -404,11 +406,16 @@ class ClientConn(asyncio.Protocol):
                  "pathprobe.gateway.mode": "passthrough"}
         tracer = self.relay.tracer
         st.span = tracer.start_span(st.method.lstrip("/"), context=telemetry.extract(carrier),
-                                    kind=SpanKind.SERVER, attributes=attrs)
+                                    kind=SpanKind.SERVER, attributes=attrs,
+                                    start_time=telemetry.mono_ms_to_wall_ns(st.t0))
         host, _, port = (self.upstream.target if self.upstream else "?:0").rpartition(":")
+        # gw.upstream starts with the CLIENT span (its id goes into the forwarded traceparent)
+        st.t_fwd = now_ms()
         st.cspan = tracer.start_span(st.method.lstrip("/"), context=trace.set_span_in_context(st.span),
                                      kind=SpanKind.CLIENT,
-                                     attributes={**attrs, "server.address": host, "server.port": int(port or 0)})
+                                     attributes={**attrs, "server.address": host, "server.port": int(port or 0),
+                                                 "pathprobe.entry": "gw.upstream"},
+                                     start_time=telemetry.mono_ms_to_wall_ns(st.t_fwd))
         out: dict[str, str] = {}
         telemetry.inject(out, trace.set_span_in_context(st.cspan))
         headers = [(k, v) for k, v in headers if k not in (b"traceparent", b"tracestate")]
@@ -497,6 +504,7 @@ class ClientConn(asyncio.Protocol):
         # bookkeeping after the bytes are on their way
         finishes = self.finishes
         codes: dict[int, str] = {}
+        sts: dict[int, str] | None = {} if self.relay.tracing else None  # upstream server-timing, for spans
         if self.relay.decode:
             for sid, block, trailers in decode_after:
                 try:
@@ -507,18 +515,23 @@ class ClientConn(asyncio.Protocol):
                     for k, v in headers:
                         if k == b"grpc-status":
                             codes[sid] = v.decode()
+                    if sts is not None:
+                        sts[sid] = ", ".join(v.decode() for k, v in headers if k == b"server-timing")
         if finishes:
             self.finishes = []
             for st, own in finishes:
                 # without decoding the status is unknown to the relay: label it "?" rather than guess
-                self._finish(st, codes.get(st.sid, "2" if self.relay.decode else "?"), None, own)
+                self._finish(st, codes.get(st.sid, "2" if self.relay.decode else "?"), None, own,
+                             sts.get(st.sid) if sts is not None else None, own is not None)
 
     # ---------------------------------------------------------------- ends
     def _own(self, st: Stream, t_in: float | None = None) -> dict[str, float]:
         t = now_ms()
         return {"gw.decode": 0.0, "gw.upstream": (t_in or t) - st.t_fwd, "gw.encode": 0.0, "gw.total": t - st.t0}
 
-    def _finish(self, st: Stream, code: str, error: str | None, own: dict[str, float] | None = None) -> None:
+    def _finish(self, st: Stream, code: str, error: str | None, own: dict[str, float] | None = None,
+                upstream_st: str | None = None, sent: bool = False) -> None:
+        """Bookkeeping for a stream that ended; ``sent``: ``own`` went to the client (after ``upstream_st``)."""
         if self.streams.pop(st.sid, None) is None:
             return
         if self.upstream is not None:
@@ -534,11 +547,14 @@ class ClientConn(asyncio.Protocol):
         if st.span is not None:
             from opentelemetry.trace import Status, StatusCode
 
-            for s in (st.cspan, st.span):
+            if sent:  # the Server-Timing the client got: the upstream's field(s), then the gateway's
+                st.span.set_attribute("server_timing", timing.append(upstream_st, own))
+            # placed where the entries were measured: SERVER [t0, t0 + gw.total], CLIENT [t_fwd, + gw.upstream]
+            for s, end in ((st.cspan, st.t_fwd + own["gw.upstream"]), (st.span, st.t0 + own["gw.total"])):
                 s.set_attribute("rpc.grpc.status_code", int(code) if code.isdigit() else 2)
                 if code != "0":
                     s.set_status(Status(StatusCode.ERROR, error or f"grpc-status {code}"))
-                s.end()
+                s.end(end_time=telemetry.mono_ms_to_wall_ns(end))
 
     def upstream_lost(self, exc: Exception | None) -> None:
         """The upstream went away: fail what was in flight, GOAWAY the client, close."""
@@ -551,7 +567,7 @@ class ClientConn(asyncio.Protocol):
             own = self._own(st)
             out.append(frame(HEADERS, END_STREAM | END_HEADERS, st.sid, grpc_error_block(14, why, own,
                                                                                       not st.resp_seen)))
-            self._finish(st, "14", why, own)
+            self._finish(st, "14", why, own, None, True)
         out.append(frame(GOAWAY, 0, 0, self.max_sid.to_bytes(4, "big") + (0).to_bytes(4, "big")))
         if self.transport is not None:
             self.transport.write(b"".join(out))

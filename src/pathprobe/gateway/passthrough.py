@@ -113,7 +113,7 @@ class Passthrough(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(self._unary_handler(method, upstream_call))
 
     # -------------------------------------------------------------- shared pieces
-    def _start(self, method: str, ctx: grpc.ServicerContext, md: list) -> Any:
+    def _start(self, method: str, ctx: grpc.ServicerContext, md: list, t0: float) -> Any:
         if not self.tracing:
             return None
         from opentelemetry import trace
@@ -124,17 +124,22 @@ class Passthrough(grpc.GenericRpcHandler):
         service, _, name = method.lstrip("/").partition("/")
         attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name,
                  "pathprobe.gateway.mode": "passthrough"}
-        span = self.tracer.start_span(method.lstrip("/"), context=parent, kind=SpanKind.SERVER, attributes=attrs)
-        return span, trace.set_span_in_context(span), attrs
+        span = self.tracer.start_span(method.lstrip("/"), context=parent, kind=SpanKind.SERVER, attributes=attrs,
+                                      start_time=telemetry.mono_ms_to_wall_ns(t0))
+        # [SERVER span, its context, attributes, t0, start of the current upstream attempt]
+        return [span, trace.set_span_in_context(span), attrs, t0, t0]
 
-    def _client_span(self, tr: Any, method: str, u: Upstream, md: list) -> tuple[Any, list]:
+    def _client_span(self, tr: Any, method: str, u: Upstream, md: list, t_up0: float) -> tuple[Any, list]:
         if tr is None:
             return None, md
         from opentelemetry.trace import SpanKind
 
         host, _, port = u.target.rpartition(":")
         span = self.tracer.start_span(method.lstrip("/"), context=tr[1], kind=SpanKind.CLIENT,
-                                      attributes={**tr[2], "server.address": host, "server.port": int(port)})
+                                      attributes={**tr[2], "server.address": host, "server.port": int(port),
+                                                  "pathprobe.entry": "gw.upstream"},
+                                      start_time=telemetry.mono_ms_to_wall_ns(t_up0))
+        tr[4] = t_up0
         from opentelemetry import trace
 
         carrier: dict[str, str] = {}
@@ -143,19 +148,27 @@ class Passthrough(grpc.GenericRpcHandler):
         return span, md
 
     @staticmethod
-    def _end_spans(tr: Any, cspan: Any, code: grpc.StatusCode, details: str = "") -> None:
+    def _end_spans(tr: Any, cspan: Any, code: grpc.StatusCode, details: str = "",
+                   own: dict[str, float] | None = None, sent: str | None = None) -> None:
+        """End the spans at the instants ``own`` (the gw.* entries) was measured at."""
         from opentelemetry.trace import Status, StatusCode
 
-        for span in (cspan, tr[0] if tr else None):
+        if tr is not None and sent:
+            tr[0].set_attribute("server_timing", sent)
+        for span, start, key in ((cspan, tr[4] if tr else None, "gw.upstream"),
+                                 (tr[0] if tr else None, tr[3] if tr else None, "gw.total")):
             if span is None:
                 continue
             span.set_attribute("rpc.grpc.status_code", code.value[0])
             if code is not grpc.StatusCode.OK:
                 span.set_status(Status(StatusCode.ERROR, details))
-            span.end()
+            if own is not None and start is not None:
+                span.end(end_time=telemetry.mono_ms_to_wall_ns(start + own[key]))
+            else:
+                span.end()
 
     def _trailing(self, call: Any, t0: float, t_up: float) -> tuple[list, dict[str, float]]:
-        """Upstream trailing metadata with ``gw.*`` appended to ``server-timing``."""
+        """Upstream trailing metadata with ``gw.*`` appended to ``server-timing`` (the last item)."""
         own = {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}
         out = []
         upstream_st = None
@@ -182,14 +195,16 @@ class Passthrough(grpc.GenericRpcHandler):
             details = f"upstream {u.target}: {details}"
         if u is not None and code is grpc.StatusCode.UNAVAILABLE and self.metrics is not None:
             self.metrics.upstream_error(u.target, code.name)
-        md, own = self._trailing(call, t0, t_up) if call is not None else (
-            [(timing.METADATA_KEY, timing.format_entries(
-                {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}))], None)
+        if call is not None:
+            md, own = self._trailing(call, t0, t_up)
+        else:
+            own = {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}
+            md = [(timing.METADATA_KEY, timing.format_entries(own))]
         ctx.set_trailing_metadata(md)
         if self.metrics is not None:
             self.metrics.observe(method, code.name, now_ms() - t0, u.target if u else None, t_up)
         if tr is not None:
-            self._end_spans(tr, cspan, code, details)
+            self._end_spans(tr, cspan, code, details, own, md[-1][1])
         ctx.abort(code, details)
 
     def _open(self, method: str, request: bytes, ctx: grpc.ServicerContext, upstream_call: Any, tr: Any,
@@ -198,8 +213,8 @@ class Passthrough(grpc.GenericRpcHandler):
         tried: tuple[Upstream, ...] = ()
         while True:
             u = self.pool.acquire(tried)
-            cspan, cmd = self._client_span(tr, method, u, md)
             t_up0 = now_ms()
+            cspan, cmd = self._client_span(tr, method, u, md, t_up0)
             call = upstream_call(u)(request, timeout=timeout, metadata=cmd)
             if not ctx.add_callback(call.cancel):
                 call.cancel()
@@ -214,7 +229,8 @@ class Passthrough(grpc.GenericRpcHandler):
                 self.pool.release(u)
                 u.mark(False, call.details() or "connect failed")
                 if cspan is not None:
-                    self._end_spans(None, cspan, grpc.StatusCode.UNAVAILABLE, call.details() or "")
+                    self._end_spans([None, None, None, None, t_up0], cspan, grpc.StatusCode.UNAVAILABLE,
+                                    call.details() or "", {"gw.upstream": now_ms() - t_up0})
                 tried += (u,)
                 if len(tried) >= len(self.pool.upstreams):
                     return u, call, None, t_up0  # report the last refusal (release handled by caller)
@@ -228,7 +244,7 @@ class Passthrough(grpc.GenericRpcHandler):
         def handler(request: bytes, ctx: grpc.ServicerContext) -> bytes:
             t0 = now_ms()
             md = forward_metadata(ctx.invocation_metadata())
-            tr = self._start(method, ctx, md)
+            tr = self._start(method, ctx, md, t0)
             timeout = grpc_timeout(ctx.time_remaining())
             try:
                 u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
@@ -255,7 +271,7 @@ class Passthrough(grpc.GenericRpcHandler):
             if self.metrics is not None:
                 self.metrics.observe(method, "OK", own["gw.total"], u.target, t_up)
             if tr is not None:
-                self._end_spans(tr, cspan, grpc.StatusCode.OK)
+                self._end_spans(tr, cspan, grpc.StatusCode.OK, "", own, tm[-1][1])
             return resp
 
         return handler
@@ -266,7 +282,7 @@ class Passthrough(grpc.GenericRpcHandler):
         def handler(request: bytes, ctx: grpc.ServicerContext) -> Any:
             t0 = now_ms()
             md = forward_metadata(ctx.invocation_metadata())
-            tr = self._start(method, ctx, md)
+            tr = self._start(method, ctx, md, t0)
             timeout = grpc_timeout(ctx.time_remaining())
             try:
                 u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
@@ -298,7 +314,7 @@ class Passthrough(grpc.GenericRpcHandler):
             if self.metrics is not None:
                 self.metrics.observe(method, "OK", own["gw.total"], u.target, t_up)
             if tr is not None:
-                self._end_spans(tr, cspan, grpc.StatusCode.OK)
+                self._end_spans(tr, cspan, grpc.StatusCode.OK, "", own, tm[-1][1])
 
         return handler
 
