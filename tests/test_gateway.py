@@ -452,3 +452,36 @@ def test_passthrough_body_limit_and_large_messages(tmp_path, synthetic_server, i
             assert list(stub.GenerateStream(long, timeout=60)) == list(direct.GenerateStream(long, timeout=60))
     finally:
         gw.stop()
+
+
+# ------------------------------------------------------------------------------ streams: no double counting
+@pytest.mark.parametrize("mode", ["transcode", "reencode"])
+def test_stream_transcoding_is_not_counted_in_upstream(request, mode: str) -> None:
+    """Per-chunk transcoding happens while the upstream call is open; it is the gateway's own time
+    (gw.decode / gw.encode), so gw.upstream leaves it out and the gateway's "other"
+    (gw.total - gw.upstream - gw.decode - gw.encode) is never negative, on every request, also
+    with two streams at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gw = request.getfixturevalue(mode)
+    req = {"prompt": "The capital of France is", "max_tokens": 24, "ignore_eos": True}
+
+    def one(_: int) -> dict[str, float]:
+        if mode == "reencode":
+            chunks, entries = grpc_stream(gw.target, **req)
+            assert len(chunks) >= 24
+            return entries
+        status, _, body = http_post(f"{gw.url}/v1/generate", {**req, "stream": True})
+        assert status == 200
+        events = sse_events(body)
+        assert events[-1] == "[DONE]" and len(events) >= 25
+        return timing.parse(events[-2]["server_timing"])
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, range(16)))
+    for e in results:
+        assert GW_ENTRIES | SRV_ENTRIES <= set(e), e
+        other = e["gw.total"] - e["gw.upstream"] - e["gw.decode"] - e["gw.encode"]
+        assert other >= -0.01, e
+        assert e["gw.upstream"] > 0, e
+        assert e["gw.decode"] > 0 and e["gw.encode"] > 0, e  # the chunks' work is still reported

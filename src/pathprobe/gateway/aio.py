@@ -39,15 +39,22 @@ def json_error(code: grpc.StatusCode, message: str, entries: Mapping[str, float]
 
 
 class Spans:
-    """SERVER span + children for one gateway call; all no-ops when tracing is off."""
+    """SERVER span + children for one gateway call; all no-ops when tracing is off.
 
-    __slots__ = ("attrs", "ctx", "server", "tracer")
+    Spans are placed at the instants the ``gw.*`` entries were measured (``t0`` and the
+    durations), so span durations equal the in-band values; children carry
+    ``pathprobe.entry`` and the SERVER span ``server_timing`` (the string sent downstream).
+    """
 
-    def __init__(self, tracing: bool, name: str, carrier: Mapping[str, str], attrs: dict[str, Any]) -> None:
+    __slots__ = ("attrs", "ctx", "server", "t0", "tracer")
+
+    def __init__(self, tracing: bool, name: str, carrier: Mapping[str, str], attrs: dict[str, Any],
+                 t0: float | None = None) -> None:
         self.server = None
         self.ctx = None
         self.attrs = attrs
         self.tracer = None
+        self.t0 = t0
         if not tracing:
             return
         from opentelemetry import trace
@@ -55,27 +62,36 @@ class Spans:
 
         self.tracer = telemetry.get_tracer("pathprobe.gateway")
         parent = telemetry.extract({k.lower(): v for k, v in carrier.items()})
-        self.server = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs)
+        start = telemetry.mono_ms_to_wall_ns(t0) if t0 is not None else None
+        self.server = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs,
+                                             start_time=start)
         self.ctx = trace.set_span_in_context(self.server)
 
-    def child(self, name: str, start_ms: float, dur_ms: float) -> None:
+    def child(self, name: str, start_ms: float, dur_ms: float, attrs: Mapping[str, Any] | None = None) -> None:
+        """A finished child interval; ``name`` is its entry (``gw.decode`` / ``gw.encode``)."""
         if self.server is not None:
-            telemetry.child_span(self.tracer, name, self.server, start_ms, dur_ms)
+            telemetry.child_span(self.tracer, name, self.server, start_ms, dur_ms,
+                                 {"pathprobe.entry": name, **(attrs or {})})
 
-    def client(self, name: str, attrs: dict[str, Any]) -> tuple[Any, dict[str, str]]:
-        """Start the CLIENT span of the upstream call; returns it and the headers to propagate."""
+    def client(self, name: str, attrs: dict[str, Any], start_ms: float | None = None) -> tuple[Any, dict[str, str]]:
+        """Start the CLIENT span of the upstream call (at ``start_ms``, the ``gw.upstream`` start);
+        returns it and the headers to propagate."""
         if self.server is None:
             return None, {}
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
-        span = self.tracer.start_span(name, context=self.ctx, kind=SpanKind.CLIENT, attributes=attrs)
+        start = telemetry.mono_ms_to_wall_ns(start_ms) if start_ms is not None else None
+        span = self.tracer.start_span(name, context=self.ctx, kind=SpanKind.CLIENT,
+                                      attributes={**attrs, "pathprobe.entry": "gw.upstream"}, start_time=start)
         carrier: dict[str, str] = {}
         telemetry.inject(carrier, trace.set_span_in_context(span))
         return span, carrier
 
     @staticmethod
-    def end_client(span: Any, attrs: Mapping[str, Any], error: str | None = None) -> None:
+    def end_client(span: Any, attrs: Mapping[str, Any], error: str | None = None, start_ms: float | None = None,
+                   dur_ms: float | None = None) -> None:
+        """End a span; with ``start_ms`` and ``dur_ms`` it ends at ``start_ms + dur_ms``."""
         if span is None:
             return
         from opentelemetry.trace import Status, StatusCode
@@ -84,11 +100,19 @@ class Spans:
             span.set_attribute(k, v)
         if error:
             span.set_status(Status(StatusCode.ERROR, error))
-        span.end()
+        if start_ms is not None and dur_ms is not None:
+            span.end(end_time=telemetry.mono_ms_to_wall_ns(start_ms + dur_ms))
+        else:
+            span.end()
 
-    def end(self, attrs: Mapping[str, Any], error: str | None = None) -> None:
-        if self.server is not None:
-            self.end_client(self.server, attrs, error)
+    def end(self, attrs: Mapping[str, Any], error: str | None = None, total_ms: float | None = None,
+            server_timing: str | None = None) -> None:
+        """End the SERVER span at ``t0 + total_ms`` (gw.total), recording the string sent downstream."""
+        if self.server is None:
+            return
+        if server_timing:
+            self.server.set_attribute("server_timing", server_timing)
+        self.end_client(self.server, attrs, error, self.t0 if total_ms is not None else None, total_ms)
 
 
 def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], host: str, port: int, label: str,

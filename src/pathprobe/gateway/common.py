@@ -89,6 +89,8 @@ class Entries:
     upstream: float = 0.0
     total: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    #: the Server-Timing string sent downstream (upstream's entries + these), once sent
+    sent: str | None = None
 
     def as_dict(self) -> dict[str, float]:
         return {"gw.decode": self.decode, "gw.encode": self.encode, "gw.upstream": self.upstream,

@@ -45,7 +45,7 @@ class HttpProxy:
         spans = Spans(self.tracing, route, request.headers,
                       {"http.request.method": request.method, "url.path": request.path,
                        "network.protocol.name": "http", "server.port": self.args.listen_port,
-                       "pathprobe.gateway.mode": "http-proxy"})
+                       "pathprobe.gateway.mode": "http-proxy"}, t0)
         up = None
         status = 0
         try:
@@ -69,19 +69,21 @@ class HttpProxy:
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise body_error(up.upstream, exc, self.args.timeout) from None
             ent.upstream = now_ms() - up.t0
-            Spans.end_client(up.cspan, {"http.response.status_code": status})
+            Spans.end_client(up.cspan, {"http.response.status_code": status}, None, up.t0, ent.upstream)
             ent.total = now_ms() - t0
-            headers[timing.HTTP_HEADER] = timing.append(upstream_st, ent.as_dict())
+            headers[timing.HTTP_HEADER] = ent.sent = timing.append(upstream_st, ent.as_dict())
             self.metrics.observe(route, str(status), ent.total, up.upstream.target, ent.upstream)
-            spans.end({"http.response.status_code": status})
+            spans.end({"http.response.status_code": status}, None, ent.total, ent.sent)
             return web.Response(status=status, body=data, headers=headers)
         except PathprobeError as exc:
             ent.total = now_ms() - t0
             self.metrics.observe(route, str(exc.http_status), ent.total, up.upstream.target if up else None,
                                  ent.upstream)
-            spans.end({"http.response.status_code": exc.http_status}, exc.message)
-            return json_error(exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status,
-                              param=getattr(exc, "field", None))
+            r = json_error(exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status,
+                           param=getattr(exc, "field", None))
+            spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total,
+                      r.headers.get(timing.HTTP_HEADER))
+            return r
         finally:
             if up is not None:
                 up.resp.release()
@@ -102,7 +104,7 @@ class HttpProxy:
                     data = b"".join(event)
                     event = []
                     if b'"server_timing"' in data and data.startswith(b"data:"):
-                        data = self._rewrite(data, up, t0, ent)
+                        data = self._rewrite(data, up, t0, ent, spans)
                     await out.write(data)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 err = body_error(up.upstream, exc, self.args.timeout)
@@ -123,13 +125,13 @@ class HttpProxy:
                 ent.upstream = now_ms() - up.t0
             if ent.total == 0:
                 ent.total = now_ms() - t0
-            Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status})
+            Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, None, up.t0, ent.upstream)
             self.metrics.observe(f"{request.method} {request.path} stream", str(status), ent.total,
                                  up.upstream.target, ent.upstream)
-            spans.end({"http.response.status_code": status})
+            spans.end({"http.response.status_code": status}, None, ent.total, ent.sent)
         return out
 
-    def _rewrite(self, data: bytes, up: Any, t0: float, ent: Entries) -> bytes:
+    def _rewrite(self, data: bytes, up: Any, t0: float, ent: Entries, spans: Spans | None = None) -> bytes:
         td = now_ms()
         try:
             obj = json.loads(data[5:])
@@ -137,11 +139,13 @@ class HttpProxy:
             return data
         t1 = now_ms()
         ent.decode += t1 - td
-        ent.upstream = t1 - up.t0  # the upstream's last timed event: its work is done
+        ent.upstream = td - up.t0  # the upstream's last timed event: its work is done (this parse is ours)
         ent.total = now_ms() - t0
-        obj["server_timing"] = timing.append(obj.get("server_timing"), ent.as_dict())
+        obj["server_timing"] = ent.sent = timing.append(obj.get("server_timing"), ent.as_dict())
         out = b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-        ent.encode += now_ms() - t1
+        ent.encode += now_ms() - t1  # after gw.total: in metrics, not in what was sent
+        if spans is not None:
+            spans.child("gw.decode", td, t1 - td)
         return out
 
 

@@ -44,38 +44,38 @@ async def request(session: aiohttp.ClientSession, pool: Pool, method: str, path:
     while True:
         u = pool.acquire(tried)
         host, _, port = u.target.rpartition(":")
+        t0 = now_ms()  # gw.upstream starts here; the CLIENT span with it
         cspan, carrier = spans.client(f"{method} {path.split('?', 1)[0]}", {
             "http.request.method": method, "server.address": host, "server.port": int(port),
-            "url.full": f"http://{u.target}{path}"})
+            "url.full": f"http://{u.target}{path}"}, t0)
         hdrs = dict(headers)
         if carrier:
             for k in ("traceparent", "tracestate", "Traceparent", "Tracestate"):
                 hdrs.pop(k, None)
             hdrs.update(carrier)
-        t0 = now_ms()
         try:
             resp = await session.request(method, f"http://{u.target}{path}", headers=hdrs, data=body,
                                          timeout=client_timeout, allow_redirects=False)
         except aiohttp.ClientConnectorError as exc:
             pool.release(u)
             u.mark(False, f"connect: {exc.os_error}")
-            Spans.end_client(cspan, {}, "connect failed")
+            Spans.end_client(cspan, {}, "connect failed", t0, now_ms() - t0)
             tried += (u,)
             if len(tried) < len(pool.upstreams):
                 continue
             raise Unavailable(f"upstream {u.target}: connect failed: {exc.os_error}") from None
         except TimeoutError:
             pool.release(u)
-            Spans.end_client(cspan, {}, "timeout")
+            Spans.end_client(cspan, {}, "timeout", t0, now_ms() - t0)
             raise DeadlineExceeded(f"upstream {u.target}: no response within {timeout:.3f}s") from None
         except (aiohttp.ClientError, OSError) as exc:
             pool.release(u)
             u.mark(False, str(exc))
-            Spans.end_client(cspan, {}, str(exc))
+            Spans.end_client(cspan, {}, str(exc), t0, now_ms() - t0)
             raise Unavailable(f"upstream {u.target}: {type(exc).__name__}: {exc}") from None
         except BaseException:
             pool.release(u)
-            Spans.end_client(cspan, {}, "cancelled")
+            Spans.end_client(cspan, {}, "cancelled", t0, now_ms() - t0)
             raise
         return UpstreamResponse(u, resp, t0, cspan)
 

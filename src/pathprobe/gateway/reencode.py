@@ -73,10 +73,10 @@ class Reencoder:
         self.tracing = tracing
         self.session: aiohttp.ClientSession | None = None
 
-    def _spans(self, method: str, ctx: grpc.aio.ServicerContext, md: list) -> Spans:
+    def _spans(self, method: str, ctx: grpc.aio.ServicerContext, md: list, t0: float) -> Spans:
         return Spans(self.tracing, method.lstrip("/"), {k: v for k, v in md if isinstance(v, str)},
                      {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
-                      "server.port": self.args.listen_port, "pathprobe.gateway.mode": "reencode"})
+                      "server.port": self.args.listen_port, "pathprobe.gateway.mode": "reencode"}, t0)
 
     def _decode(self, raw: bytes, ent: Entries, spans: Spans, stream: bool) -> bytes:
         td = now_ms()
@@ -106,19 +106,19 @@ class Reencoder:
     async def _finish_error(self, ctx: Any, ent: Entries, t0: float, spans: Spans, code: grpc.StatusCode,
                             details: str, upstream_st: str | None, method: str, target: str | None) -> None:
         ent.total = now_ms() - t0
+        sent = timing.append(upstream_st, ent.as_dict())
         self.metrics.observe(method, code.name, ent.total, target, ent.upstream)
         if target and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             self.metrics.upstream_error(target, code.name)
-        spans.end({"rpc.grpc.status_code": code.value[0]}, details)
-        await ctx.abort(code, details, trailing_metadata=((timing.METADATA_KEY,
-                                                            timing.append(upstream_st, ent.as_dict())),))
+        spans.end({"rpc.grpc.status_code": code.value[0]}, details, ent.total, sent)
+        await ctx.abort(code, details, trailing_metadata=((timing.METADATA_KEY, sent),))
 
     # -------------------------------------------------------------- unary
     async def generate(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         t0 = now_ms()
         ent = Entries()
         md = forward_metadata(ctx.invocation_metadata())
-        spans = self._spans(GENERATE, ctx, md)
+        spans = self._spans(GENERATE, ctx, md, t0)
         timeout = grpc_timeout(ctx.time_remaining()) or self.args.timeout
         up = None
         upstream_st = None
@@ -132,7 +132,7 @@ class Reencoder:
                 raise body_error(up.upstream, exc, timeout) from None
             ent.upstream = now_ms() - up.t0
             upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
-            Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status})
+            Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, None, up.t0, ent.upstream)
             if up.resp.status != 200:
                 raise _error_of(up.resp.status, data, up.upstream.target)
             td = now_ms()
@@ -156,9 +156,10 @@ class Reencoder:
                 up.resp.release()
                 self.pool.release(up.upstream)
         ent.total = now_ms() - t0
-        ctx.set_trailing_metadata(((timing.METADATA_KEY, timing.append(upstream_st, ent.as_dict())),))
+        sent = timing.append(upstream_st, ent.as_dict())
+        ctx.set_trailing_metadata(((timing.METADATA_KEY, sent),))
         self.metrics.observe(GENERATE, "OK", ent.total, up.upstream.target, ent.upstream)
-        spans.end({"rpc.grpc.status_code": 0})
+        spans.end({"rpc.grpc.status_code": 0}, None, ent.total, sent)
         return out
 
     # -------------------------------------------------------------- streaming
@@ -166,11 +167,13 @@ class Reencoder:
         t0 = now_ms()
         ent = Entries()
         md = forward_metadata(ctx.invocation_metadata())
-        spans = self._spans(GENERATE_STREAM, ctx, md)
+        spans = self._spans(GENERATE_STREAM, ctx, md, t0)
         timeout = grpc_timeout(ctx.time_remaining()) or self.args.timeout
         up = None
         upstream_st = None
         ok = False
+        c_dec = c_enc = c_first = 0.0
+        n_chunks = 0
         try:
             body = self._decode(raw, ent, spans, True)
             up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
@@ -179,7 +182,8 @@ class Reencoder:
                 data = await up.resp.read()
                 ent.upstream = now_ms() - up.t0
                 upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
-                Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, "error")
+                Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, "error", up.t0,
+                                 ent.upstream)
                 raise _error_of(up.resp.status, data, up.upstream.target)
             try:
                 async for line in up.resp.content:
@@ -189,25 +193,35 @@ class Reencoder:
                     if payload == b"[DONE]":
                         break
                     td = now_ms()
-                    obj = json.loads(payload)
-                    st = obj.pop("server_timing", None)
-                    if st is not None:
-                        upstream_st = st
-                    if "error" in obj:
-                        err = obj["error"]
-                        status = err.get("code", 500) if isinstance(err.get("code"), int) else 500
-                        raise _error_of(status, json.dumps({"error": err}).encode(), up.upstream.target)
-                    chunk = llm_pb2.GenerateChunk()
-                    json_format.ParseDict(obj, chunk, ignore_unknown_fields=True)
-                    t1 = now_ms()
+                    if not n_chunks:
+                        c_first = td
+                    n_chunks += 1
+                    try:
+                        obj = json.loads(payload)
+                        st = obj.pop("server_timing", None)
+                        if st is not None:
+                            upstream_st = st
+                        if "error" in obj:
+                            err = obj["error"]
+                            status = err.get("code", 500) if isinstance(err.get("code"), int) else 500
+                            raise _error_of(status, json.dumps({"error": err}).encode(), up.upstream.target)
+                        chunk = llm_pb2.GenerateChunk()
+                        json_format.ParseDict(obj, chunk, ignore_unknown_fields=True)
+                    finally:
+                        t1 = now_ms()
+                        c_dec += t1 - td
                     out = chunk.SerializeToString()
-                    ent.decode += t1 - td
-                    ent.encode += now_ms() - t1
+                    c_enc += now_ms() - t1
                     yield out
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise body_error(up.upstream, exc, timeout) from None
-            ent.upstream = now_ms() - up.t0
-            Spans.end_client(up.cspan, {"http.response.status_code": 200})
+            finally:
+                # Chunks are transcoded while the upstream call is open: that is the gateway's own
+                # time (gw.decode / gw.encode), taken out of gw.upstream so no segment counts it twice.
+                ent.upstream = now_ms() - up.t0 - c_dec - c_enc
+                ent.decode += c_dec
+                ent.encode += c_enc
+            Spans.end_client(up.cspan, {"http.response.status_code": 200}, None, up.t0, ent.upstream)
             ok = True
         except _Abort as exc:
             await self._finish_error(ctx, ent, t0, spans, exc.code, exc.details, upstream_st, GENERATE_STREAM,
@@ -222,10 +236,19 @@ class Reencoder:
                 else:
                     up.resp.close()  # a half-read stream: drop the connection, the server frees the slot
                 self.pool.release(up.upstream)
+                if spans.server is not None:
+                    if n_chunks:  # the chunks' transcoding, each kind shown as one interval from the first
+                        spans.child("gw.decode", c_first, c_dec, {"pathprobe.chunks": n_chunks})
+                        spans.child("gw.encode", c_first + c_dec, c_enc, {"pathprobe.chunks": n_chunks})
+                    if up.cspan is not None and up.cspan.is_recording():  # ended early (error, client gone)
+                        Spans.end_client(up.cspan, {}, "upstream stream not completed", up.t0, ent.upstream)
+                    if not ok and spans.server.is_recording():  # the client went away
+                        spans.end({"rpc.grpc.status_code": 1}, "cancelled", now_ms() - t0)
         ent.total = now_ms() - t0
-        ctx.set_trailing_metadata(((timing.METADATA_KEY, timing.append(upstream_st, ent.as_dict())),))
+        sent = timing.append(upstream_st, ent.as_dict())
+        ctx.set_trailing_metadata(((timing.METADATA_KEY, sent),))
         self.metrics.observe(GENERATE_STREAM, "OK", ent.total, up.upstream.target, ent.upstream)
-        spans.end({"rpc.grpc.status_code": 0})
+        spans.end({"rpc.grpc.status_code": 0}, None, ent.total, sent)
 
     async def health(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         from grpc_health.v1 import health_pb2

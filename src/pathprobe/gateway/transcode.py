@@ -83,7 +83,7 @@ class Transcoder:
         spans = Spans(self.tracing, "POST /v1/generate", request.headers,
                       {"http.request.method": "POST", "url.path": request.path, "http.route": "/v1/generate",
                        "network.protocol.name": "http", "server.port": self.args.listen_port,
-                       "pathprobe.gateway.mode": "transcode"})
+                       "pathprobe.gateway.mode": "transcode"}, t0)
         try:
             if request.content_length is not None and request.content_length > self.args.max_body_bytes:
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
@@ -105,10 +105,10 @@ class Transcoder:
         except PathprobeError as exc:
             ent.total = now_ms() - t0
             self.metrics.observe("POST /v1/generate", str(exc.http_status), ent.total, None, 0)
-            spans.end({"http.response.status_code": exc.http_status}, exc.message)
+            sent = timing.format_entries(ent.as_dict())
+            spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total, sent)
             return web.Response(status=exc.http_status, body=jsoncodec.dumps(exc_json(exc)),
-                                content_type="application/json",
-                                headers={timing.HTTP_HEADER: timing.format_entries(ent.as_dict())})
+                                content_type="application/json", headers={timing.HTTP_HEADER: sent})
         if stream:
             return await self._stream(request, payload, t0, ent, spans, te, enc)
         return await self._unary(payload, t0, ent, spans, te, enc)
@@ -123,8 +123,8 @@ class Transcoder:
             host, _, port = u.target.rpartition(":")
             cattrs = {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
                       "server.address": host, "server.port": int(port)}
-            cspan, carrier = spans.client(method.lstrip("/"), cattrs)
             t_up0 = now_ms()
+            cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
             mc = u.client.stream if kind == "stream" else u.client.unary
             call = mc(payload, timeout=self.args.timeout, metadata=tuple(carrier.items()) or None)
             if len(self.pool.upstreams) > 1:
@@ -136,7 +136,7 @@ class Transcoder:
                         and connect_failure(await call.details()):
                     self.pool.release(u)
                     u.mark(False, await call.details() or "connect failed")
-                    Spans.end_client(cspan, {"rpc.grpc.status_code": 14}, "connect failed")
+                    Spans.end_client(cspan, {"rpc.grpc.status_code": 14}, "connect failed", t_up0, now_ms() - t_up0)
                     tried += (u,)
                     if len(tried) < len(self.pool.upstreams):
                         continue
@@ -157,8 +157,9 @@ class Transcoder:
             u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans)
         except Unavailable as exc:
             ent.total = now_ms() - t0
-            spans.end({"http.response.status_code": 503}, exc.message)
-            return json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
+            r = json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
+            spans.end({"http.response.status_code": 503}, exc.message, ent.total, r.headers.get(timing.HTTP_HEADER))
+            return r
         spans.child("gw.encode", te, enc)
         try:
             try:
@@ -166,32 +167,34 @@ class Transcoder:
             except grpc.aio.AioRpcError as err:
                 ent.upstream = now_ms() - t_up0
                 code, details = self._error(err, u)
-                Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details)
+                Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details, t_up0, ent.upstream)
                 ent.total = now_ms() - t0
                 status = json_error(code, details, ent.as_dict(), _upstream_timing(err.trailing_metadata()))
                 self.metrics.observe("POST /v1/generate", str(status.status), ent.total, u.target, ent.upstream)
-                spans.end({"http.response.status_code": status.status}, details)
+                spans.end({"http.response.status_code": status.status}, details, ent.total,
+                          status.headers.get(timing.HTTP_HEADER))
                 return status
             ent.upstream = now_ms() - t_up0
             upstream_st = _upstream_timing(await call.trailing_metadata())
-            Spans.end_client(cspan, {"rpc.grpc.status_code": 0})
+            Spans.end_client(cspan, {"rpc.grpc.status_code": 0}, None, t_up0, ent.upstream)
             td = now_ms()
             msg = llm_pb2.GenerateResponse.FromString(raw)
-            ent.decode += now_ms() - td
-            spans.child("gw.decode", td, now_ms() - td)
             te2 = now_ms()
+            ent.decode += te2 - td
             body = jsoncodec.dumps(jsoncodec.to_dict(msg))
-            ent.encode += now_ms() - te2
-            spans.child("gw.encode", te2, now_ms() - te2)
+            t_end = now_ms()
+            ent.encode += t_end - te2
+            spans.child("gw.decode", td, te2 - td)
+            spans.child("gw.encode", te2, t_end - te2)
         finally:
             if not call.done():
                 call.cancel()
             self.pool.release(u)
         ent.total = now_ms() - t0
+        sent = timing.append(upstream_st, ent.as_dict())
         self.metrics.observe("POST /v1/generate", "200", ent.total, u.target, ent.upstream)
-        spans.end({"http.response.status_code": 200})
-        return web.Response(body=body, content_type="application/json",
-                            headers={timing.HTTP_HEADER: timing.append(upstream_st, ent.as_dict())})
+        spans.end({"http.response.status_code": 200}, None, ent.total, sent)
+        return web.Response(body=body, content_type="application/json", headers={timing.HTTP_HEADER: sent})
 
     async def _stream(self, request: web.Request, payload: bytes, t0: float, ent: Entries, spans: Spans,
                       te: float, enc: float) -> web.StreamResponse:
@@ -199,12 +202,19 @@ class Transcoder:
             u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans)
         except Unavailable as exc:
             ent.total = now_ms() - t0
-            spans.end({"http.response.status_code": 503}, exc.message)
-            return json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
+            r = json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
+            spans.end({"http.response.status_code": 503}, exc.message, ent.total, r.headers.get(timing.HTTP_HEADER))
+            return r
         spans.child("gw.encode", te, enc)
         resp: web.StreamResponse | None = None
         held: dict[str, Any] | None = None
         status = 200
+        # Chunks are transcoded while the upstream call is open: that time is the gateway's own
+        # (gw.decode / gw.encode), so it is taken out of gw.upstream, which stays the time spent
+        # waiting on the upstream (the segments then never count it twice).
+        c_dec = c_enc = 0.0
+        c_first = 0.0
+        n_chunks = 0
         try:
             try:
                 async for raw in call:
@@ -212,48 +222,54 @@ class Transcoder:
                     chunk = llm_pb2.GenerateChunk.FromString(raw)
                     t1 = now_ms()
                     obj = jsoncodec.to_dict(chunk)
-                    ent.decode += t1 - td
+                    if not n_chunks:
+                        c_first = td
+                    n_chunks += 1
+                    c_dec += t1 - td
                     if chunk.finish_reason:
-                        ent.encode += now_ms() - t1
+                        c_enc += now_ms() - t1
                         held = obj  # the last chunk waits for the trailers (srv.* timing)
                         continue
                     data = b"data: " + jsoncodec.dumps(obj) + b"\n\n"
-                    ent.encode += now_ms() - t1
+                    c_enc += now_ms() - t1
                     if resp is None:
                         resp = web.StreamResponse(headers=SSE_HEADERS)
                         await resp.prepare(request)
                     await resp.write(data)
-                ent.upstream = now_ms() - t_up0
+                ent.upstream = now_ms() - t_up0 - c_dec - c_enc
+                ent.decode += c_dec
+                ent.encode += c_enc
                 upstream_st = _upstream_timing(await call.trailing_metadata())
-                Spans.end_client(cspan, {"rpc.grpc.status_code": 0})
+                Spans.end_client(cspan, {"rpc.grpc.status_code": 0}, None, t_up0, ent.upstream)
                 if resp is None:
                     resp = web.StreamResponse(headers=SSE_HEADERS)
                     await resp.prepare(request)
                 if held is not None:
                     t1 = now_ms()
                     ent.total = t1 - t0
-                    held["server_timing"] = timing.append(upstream_st, ent.as_dict())
+                    ent.sent = held["server_timing"] = timing.append(upstream_st, ent.as_dict())
                     data = b"data: " + jsoncodec.dumps(held) + b"\n\n"
-                    ent.encode += now_ms() - t1
+                    ent.encode += now_ms() - t1  # after gw.total: in metrics, not in what was sent
                     await resp.write(data)
                 await resp.write(SSE_DONE)
             except grpc.aio.AioRpcError as err:
-                ent.upstream = now_ms() - t_up0
+                ent.upstream = now_ms() - t_up0 - c_dec - c_enc
+                ent.decode += c_dec
+                ent.encode += c_enc
                 code, details = self._error(err, u)
-                Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details)
+                Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details, t_up0, ent.upstream)
                 ent.total = now_ms() - t0
                 upstream_st = _upstream_timing(err.trailing_metadata())
                 status = 200 if resp is not None else 0
                 if resp is None:  # nothing sent yet: a real HTTP error status
                     r = json_error(code, details, ent.as_dict(), upstream_st)
                     status = r.status
-                    self.metrics.observe("POST /v1/generate", str(r.status), ent.total, u.target, ent.upstream)
-                    spans.end({"http.response.status_code": r.status}, details)
+                    ent.sent = r.headers.get(timing.HTTP_HEADER)
                     return r
                 from pathprobe.gateway.common import error_json, http_status_of
 
-                ev = {**error_json(http_status_of(code), code, details),
-                      "server_timing": timing.append(upstream_st, ent.as_dict())}
+                ent.sent = timing.append(upstream_st, ent.as_dict())
+                ev = {**error_json(http_status_of(code), code, details), "server_timing": ent.sent}
                 await resp.write(b"data: " + jsoncodec.dumps(ev) + b"\n\n")
             except ConnectionResetError:
                 status = 499  # the client went away: the upstream stream is cancelled below
@@ -267,7 +283,14 @@ class Transcoder:
             if ent.total == 0:
                 ent.total = now_ms() - t0
             self.metrics.observe("POST /v1/generate stream", str(status), ent.total, u.target, ent.upstream)
-            spans.end({"http.response.status_code": status})
+            if spans.server is not None:
+                if n_chunks:  # the chunks' transcoding, each kind shown as one interval from the first chunk
+                    spans.child("gw.decode", c_first, c_dec, {"pathprobe.chunks": n_chunks})
+                    spans.child("gw.encode", c_first + c_dec, c_enc, {"pathprobe.chunks": n_chunks})
+                if cspan is not None and cspan.is_recording():  # the client went away mid-stream
+                    Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc)
+                spans.end({"http.response.status_code": status}, None if status < 400 else "error", ent.total,
+                          ent.sent)
         return resp
 
 
