@@ -28,6 +28,7 @@ from locust import events
 from locust.runners import STATE_MISSING, LocalRunner, MasterRunner, WorkerRunner
 
 from pathprobe.errors import ConfigError
+from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
 from pathprobe.loadgen.arrival import Schedule
 from pathprobe.loadgen.records import Aggregator, JsonlWriter, format_table, write_outputs
@@ -77,6 +78,13 @@ def add_arguments(parser: Any) -> None:
                    help="do not write records.jsonl (summaries stay exact)")
     g.add_argument("--label", default="", include_in_web_ui=False, help="copied into summary.json meta.label")
     g.add_argument("--seed", type=int, default=0, include_in_web_ui=False, help="seed for Poisson/mixed prompts")
+    g.add_argument("--client-lag-threshold-ms", type=float, default=monitor_mod.DEFAULT_LAG_THRESHOLD_MS,
+                   include_in_web_ui=False,
+                   help="the load generator counts as saturated when its event-loop lag p99 reaches this "
+                        "(or its loop CPU mean reaches 90%% of a core); see summary.json 'client'")
+    g.add_argument("--pathprobe-busy-ms", type=float, default=0.0, include_in_web_ui=False,
+                   help="TEST HOOK: each user burns this many ms of CPU before each request (outside "
+                        "the timed part), to make the load generator saturate on purpose")
 
 
 @dataclass
@@ -101,6 +109,8 @@ class Config:
     records: bool = True
     label: str = ""
     seed: int = 0
+    lag_threshold_ms: float = monitor_mod.DEFAULT_LAG_THRESHOLD_MS
+    busy_ms: float = 0.0
 
     @classmethod
     def from_options(cls, o: Any) -> Config:
@@ -127,6 +137,8 @@ class Config:
             records=not g("no_records", False),
             label=g("label", "") or "",
             seed=int(g("seed", 0) or 0),
+            lag_threshold_ms=float(g("client_lag_threshold_ms", monitor_mod.DEFAULT_LAG_THRESHOLD_MS)),
+            busy_ms=float(g("pathprobe_busy_ms", 0.0) or 0.0),
         )
         if cfg.max_tokens <= 0:
             raise ConfigError(f"max-tokens: must be > 0, got {cfg.max_tokens}")
@@ -134,6 +146,10 @@ class Config:
             raise ConfigError(f"rate: --arrival {cfg.arrival} needs --rate R > 0 (requests/s)")
         if cfg.timeout_s <= 0:
             raise ConfigError("timeout-s: must be > 0")
+        if cfg.lag_threshold_ms <= 0:
+            raise ConfigError("client-lag-threshold-ms: must be > 0")
+        if cfg.busy_ms < 0:
+            raise ConfigError("pathprobe-busy-ms: must be >= 0")
         return cfg
 
 
@@ -253,6 +269,9 @@ class Runtime:
         self.start_wall = 0.0
         self.end_wall = 0.0
         self.last_summary: dict[str, Any] | None = None
+        self.monitor: monitor_mod.LoopMonitor | None = None
+        self.client_wires: dict[str, dict[str, Any]] = {}  # master: each worker's monitor data
+        self.client: dict[str, Any] | None = None
         self._prompts_key: tuple[Any, ...] | None = None
 
     # role
@@ -278,6 +297,8 @@ class Runtime:
         self.agg = Aggregator()
         self.worker_agg = Aggregator()
         self.finals = {}
+        self.client_wires = {}
+        self.client = None
         self.final_sent = False
         self.start_wall = time.time()
         self.started = False
@@ -289,6 +310,9 @@ class Runtime:
                 self.writer.open_fresh()
         if self.role in ("local", "worker"):
             self.ensure_started()
+        if self.role in ("local", "worker"):
+            # this process runs users: watch its event loop for the whole run
+            self.monitor = monitor_mod.LoopMonitor().start()
         if self.role == "local":
             self.flusher = gevent.spawn(self._flush_loop)
 
@@ -364,10 +388,22 @@ class Runtime:
                          "python": platform.python_version()},
         }
 
+    def stop_monitor(self) -> dict[str, Any] | None:
+        """Stop this process's loop monitor; its wire data (None when it never ran)."""
+        if self.monitor is None:
+            return None
+        self.monitor.stop()
+        wire = self.monitor.to_wire()
+        self.monitor = None
+        return wire
+
     def stop_test_local(self) -> None:
         if self.flusher is not None:
             self.flusher.kill(block=True)
             self.flusher = None
+        wire = self.stop_monitor()
+        if wire is not None:
+            self.client_wires = {"local": wire}
         self.agg.flush(self.writer)
         self.end_wall = time.time()
         self._write()
@@ -375,7 +411,10 @@ class Runtime:
     def _write(self) -> None:
         if self.writer is not None:
             self.writer.close()
-        self.last_summary = write_outputs(self.cfg.out, self.agg, self.meta())
+        self.client = monitor_mod.merge_blocks(self.client_wires, self.cfg.lag_threshold_ms)
+        self.last_summary = write_outputs(self.cfg.out, self.agg, self.meta(), client=self.client)
+        for line in monitor_mod.warning_lines(self.client):
+            log.warning("pathprobe: %s", line)
 
     # worker -> master
     def take_delta(self) -> dict[str, Any] | None:
@@ -392,12 +431,15 @@ class Runtime:
             return
         self.final_sent = True
         self.end_wall = time.time()
+        wire = self.stop_monitor()
         delta = self.take_delta() or {"hists": {}, "records": [], "n": 0}
         delta["totals"] = self.worker_agg.totals()
         delta["worker"] = self.worker
+        delta["client"] = wire
         self.env.runner.send_message(MSG_FINAL, delta)
         try:  # this worker's own view, for checking the master's totals
-            write_outputs(self.cfg.out, self.worker_agg, self.meta(), name=f"worker-{self.worker}")
+            own = monitor_mod.merge_blocks({self.worker: wire}, self.cfg.lag_threshold_ms) if wire else None
+            write_outputs(self.cfg.out, self.worker_agg, self.meta(), name=f"worker-{self.worker}", client=own)
         except OSError as exc:
             log.warning("pathprobe: cannot write worker summary: %s", exc)
         if self.tracing is not None:
@@ -432,6 +474,8 @@ def on_init(environment: Any, **_kw: Any) -> None:
         def on_final(environment: Any, msg: Any, **_: Any) -> None:
             rt.merge_from_worker(msg.data)
             rt.finals[msg.node_id] = msg.data.get("totals", {})
+            if msg.data.get("client"):
+                rt.client_wires[str(msg.data.get("worker", msg.node_id))] = msg.data["client"]
 
         runner.register_message(MSG_FINAL, on_final)
 
@@ -471,6 +515,13 @@ def on_test_start(environment: Any, **_kw: Any) -> None:
         share = 1.0 / max(1, len(workers))
         runner.send_message(MSG_SHARE, {"share": share})
     rt.start_test()
+
+
+def on_test_stopping(environment: Any, **_kw: Any) -> None:
+    """Users are about to be stopped: stop sampling the loop (the shutdown is not load)."""
+    rt = _RUNTIMES.get(environment)
+    if rt is not None and rt.monitor is not None:
+        rt.monitor.stop()
 
 
 def on_test_stop(environment: Any, **_kw: Any) -> None:
@@ -520,6 +571,11 @@ def on_quitting(environment: Any, **_kw: Any) -> None:
     if rt.last_summary is not None and getattr(environment.parsed_options, "headless", False):
         print(f"\npathprobe: per-route latency split (ms), files in {os.path.abspath(rt.cfg.out)}", file=sys.stdout)
         print(format_table(rt.last_summary), file=sys.stdout)
+        client = rt.last_summary.get("client")
+        if client:
+            print(monitor_mod.format_line(client), file=sys.stdout)
+            for line in monitor_mod.warning_lines(client):
+                print(line, file=sys.stdout)
         sys.stdout.flush()
 
 
@@ -531,6 +587,8 @@ def attach(ev: Any) -> None:
     ev.init.add_listener(on_init)
     ev.test_start.add_listener(on_test_start)
     ev.test_stop.add_listener(on_test_stop)
+    if hasattr(ev, "test_stopping"):
+        ev.test_stopping.add_listener(on_test_stopping)
     ev.quitting.add_listener(on_quitting)
     ev._pathprobe_attached = True
 

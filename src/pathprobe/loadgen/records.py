@@ -273,10 +273,15 @@ class JsonlWriter:
             self._fh = None
 
 
-def write_outputs(out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str = "summary") -> dict[str, Any]:
-    """``<name>.json``, ``<name>.csv`` and (for the main summary) ``histograms.json``."""
+def write_outputs(out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str = "summary",
+                  client: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``<name>.json``, ``<name>.csv`` and (for the main summary) ``histograms.json``.
+
+    ``client``: the load generator's own health (event-loop lag, CPU, saturated; see
+    :mod:`pathprobe.loadgen.monitor`), written as summary.json's ``client`` block."""
     os.makedirs(out_dir, exist_ok=True)
     summary = agg.summary(meta)
+    summary["client"] = client
     with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
     with open(os.path.join(out_dir, f"{name}.csv"), "w", newline="", encoding="utf-8") as fh:

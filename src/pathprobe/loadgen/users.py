@@ -78,6 +78,8 @@ class _LLMMixin:
             if intended > now:
                 gevent.sleep((intended - now) / 1e9)
             lag_ns = max(0, pc() - intended)
+        if cfg.busy_ms > 0:  # test hook (--pathprobe-busy-ms): a client too busy for its load
+            _burn(cfg.busy_ms)
         prompt = rt.prompts.next()
         spec = CallSpec(
             prompt=prompt.text,
@@ -123,6 +125,13 @@ class _LLMMixin:
                     url=self._host,
                     response=None,
                 )
+
+
+def _burn(ms: float) -> None:
+    """Keep the CPU (and so the event loop) busy for ``ms`` of wall time, without yielding."""
+    end = pc() + int(ms * 1e6)
+    while pc() < end:
+        pass
 
 
 def _interrupted(out: Outcome, status: str, error: str) -> None:

@@ -1,0 +1,119 @@
+"""The load generator watches itself: event-loop lag and CPU per Locust process, and a
+clear warning when its own waiting would be booked as network hop 1.
+
+Real Locust runs against the real synthetic server (no mocks). Saturation is forced with
+the test hook ``--pathprobe-busy-ms`` (each user burns that much CPU before each request,
+outside the timed part), which makes the event loop late by tens of ms whatever else the
+machine is doing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pathprobe.loadgen import hist, monitor
+
+pytestmark = pytest.mark.slow
+
+
+def run_load(out: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pathprobe", "load", "--headless", "--only-summary", "-L", "WARNING",
+           "--tokenizer", "none", "--max-tokens", "4", "--out", str(out), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ})
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return proc
+
+
+def client_block(path: Path) -> dict:
+    block = json.loads(path.read_text())["client"]
+    assert block is not None
+    for key in ("p50", "p99", "max"):
+        assert isinstance(block["loop_lag_ms"][key], float)
+    assert block["loop_lag_ms"]["p50"] <= block["loop_lag_ms"]["p99"] <= block["loop_lag_ms"]["max"]
+    assert block["loop_busy_lag_ms"]["p99"] <= block["loop_lag_ms"]["p99"]
+    assert isinstance(block["cpu_percent"]["mean"], float) and isinstance(block["cpu_percent"]["max"], float)
+    assert isinstance(block["saturated"], bool)
+    return block
+
+
+def test_light_run_is_not_saturated(synthetic_server, tmp_path):
+    out = tmp_path / "light"
+    proc = run_load(out, "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "1", "-r", "1", "-t", "3s")
+    c = client_block(out / "summary.json")
+    assert c["saturated"] is False and c["reason"] is None, c
+    # ~200 samples a second for ~3 s (fewer when the machine is busy, never a handful)
+    assert c["loop_lag_ms"]["samples"] > 100
+    # one user against a fast server: the loop is mostly idle
+    assert c["loop_busy_lag_ms"]["p99"] < c["lag_threshold_ms"] == 5.0
+    assert c["cpu_percent"]["mean"] < 90.0
+    assert len(c["processes"]) == 1
+    assert "client (1 load process): event-loop lag" in proc.stdout
+    assert "WARNING: client saturated" not in proc.stdout
+    # a CPU shared with other processes may delay the loop: that is a note, never "saturated"
+    if c["contended"]:
+        assert "NOTE: client contended" in proc.stdout
+
+
+def test_busy_client_is_reported_saturated_with_a_warning(synthetic_server, tmp_path):
+    out = tmp_path / "busy"
+    proc = run_load(out, "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "4", "-r", "4", "-t", "3s",
+                    "--pathprobe-busy-ms", "20")
+    c = client_block(out / "summary.json")
+    assert c["saturated"] is True, c
+    assert "event-loop" in c["reason"]
+    # while one user burns 20 ms the others' responses wait: the loop wakes >= 5 ms late
+    assert c["loop_busy_lag_ms"]["p99"] >= 5.0
+    assert ("WARNING: client saturated: network hop 1 includes client-side waiting; "
+            "use --processes N or more workers") in proc.stdout
+    # ... and that waiting is exactly what ends up as network hop 1 (the mis-attribution)
+    s = json.loads((out / "summary.json").read_text())
+    hop1 = s["routes"]["grpc.Generate"]["metrics"]["network_hop1"]
+    assert hop1["p50"] >= 5.0, hop1
+
+
+def test_workers_blocks_are_merged_exactly(synthetic_server, tmp_path):
+    out = tmp_path / "procs"
+    proc = run_load(out, "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "4", "-r", "4", "-t", "3s",
+                    "--processes", "2", "--pathprobe-busy-ms", "20")
+    c = client_block(out / "summary.json")
+    parts = [client_block(p) for p in sorted(out.glob("worker-*.json"))]
+    assert len(parts) == 2 and len(c["processes"]) == 2
+    assert c["loop_lag_ms"]["samples"] == sum(p["loop_lag_ms"]["samples"] for p in parts)
+    assert c["loop_lag_ms"]["max"] == max(p["loop_lag_ms"]["max"] for p in parts)
+    assert c["saturated"] is any(p["saturated"] for p in parts) is True
+    assert "worker " in c["reason"]
+    assert "client (2 load processes)" in proc.stdout and "WARNING: client saturated" in proc.stdout
+
+
+def _wire(lags_ms: list[float], busy_ms: list[float], cpu_s: float, wall_s: float) -> dict:
+    lag, busy = hist.new_histogram(), hist.new_histogram()
+    hist.record_many(lag, lags_ms)
+    hist.record_many(busy, busy_ms)
+    return {"lag_hist": hist.encode(lag), "busy_hist": hist.encode(busy), "lag_sum_ms": sum(lags_ms),
+            "busy_sum_ms": sum(busy_ms), "cpu_total_s": cpu_s, "proc_total_s": cpu_s, "wall_total_s": wall_s,
+            "cpu_windows": [100.0 * cpu_s / wall_s], "proc_windows": [100.0 * cpu_s / wall_s]}
+
+
+def test_merge_blocks_units():
+    calm = _wire([0.3] * 990 + [1.0] * 10, [0.1] * 1000, 0.5, 5.0)
+    hot = _wire([0.3] * 900 + [40.0] * 100, [0.1] * 900 + [40.0] * 100, 2.0, 5.0)
+    starved = _wire([0.3] * 900 + [40.0] * 100, [0.1] * 1000, 0.5, 5.0)
+    cpu_bound = _wire([0.3] * 1000, [0.1] * 1000, 4.8, 5.0)
+    b = monitor.merge_blocks({"0": calm})
+    assert b["saturated"] is False and not b["contended"] and monitor.warning_lines(b) == []
+    b = monitor.merge_blocks({"0": calm, "1": hot})
+    assert b["saturated"] and b["reason"].startswith("worker 1:") and "worker 0" not in b["reason"]
+    assert b["loop_lag_ms"]["samples"] == 2000 and b["loop_lag_ms"]["max"] == pytest.approx(40.0, rel=1e-3)
+    assert b["cpu_percent"]["mean"] == pytest.approx(25.0) and b["cpu_percent"]["max"] == pytest.approx(40.0)
+    assert monitor.warning_lines(b)[0].startswith("WARNING: client saturated")
+    b = monitor.merge_blocks({"local": starved})
+    assert not b["saturated"] and b["contended"] and monitor.warning_lines(b)[0].startswith("NOTE: client contended")
+    b = monitor.merge_blocks({"local": cpu_bound})
+    assert b["saturated"] and "CPU 96%" in b["reason"]
+    assert monitor.merge_blocks({}) is None
