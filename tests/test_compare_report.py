@@ -134,3 +134,131 @@ def test_html_opens_in_headless_chromium(report_dir, tmp_path):
     assert len(colours) > 50
     network_blue = np.array([0x4E, 0x79, 0xA7])
     assert (np.abs(flat - network_blue).sum(axis=1) < 12).sum() > 500  # the stacked bars' network colour
+
+
+# --- the load generator's own saturation (summary.json "client" blocks) --------------------------
+# recorded from real `pathprobe load` runs on the synthetic server (processes list trimmed):
+# 4 users with --pathprobe-busy-ms 20 (saturated), 1 user (calm), 1 user on a busy box (contended)
+CLIENT_SATURATED = json.loads(
+    '{"loop_lag_ms": {"p50": 58.461, "p99": 113.711, "max": 113.711, "mean": 61.4289, "samples": 45}, '
+    '"loop_busy_lag_ms": {"p50": 57.615, "p99": 102.155, "max": 102.155, "mean": 58.3945, "samples": 45}, '
+    '"cpu_percent": {"mean": 89.7, "max": 92.7, "process_mean": 92.5, "process_max": 95.2}, "saturated": true, '
+    '"reason": "event-loop lag p99 113.7 ms, 102.2 ms of it with the loop busy (>= 5 ms)", "contended": false, '
+    '"contended_reason": null, "lag_threshold_ms": 5.0, "cpu_threshold_percent": 90.0, "process": "local"}')
+CLIENT_CALM = json.loads(
+    '{"loop_lag_ms": {"p50": 0.418, "p99": 3.934, "max": 29.142, "mean": 0.6808, "samples": 514}, '
+    '"loop_busy_lag_ms": {"p50": 0.302, "p99": 1.408, "max": 29.142, "mean": 0.5202, "samples": 514}, '
+    '"cpu_percent": {"mean": 14.2, "max": 16.1, "process_mean": 17.9, "process_max": 20.1}, "saturated": false, '
+    '"reason": null, "contended": false, "contended_reason": null, "lag_threshold_ms": 5.0, '
+    '"cpu_threshold_percent": 90.0, "process": "local"}')
+CLIENT_CONTENDED = json.loads(
+    '{"loop_lag_ms": {"p50": 0.43, "p99": 9.301, "max": 34.685, "mean": 0.7891, "samples": 505}, '
+    '"loop_busy_lag_ms": {"p50": 0.264, "p99": 1.376, "max": 34.031, "mean": 0.5367, "samples": 505}, '
+    '"cpu_percent": {"mean": 14.4, "max": 16.5, "process_mean": 18.5, "process_max": 20.6}, "saturated": false, '
+    '"reason": null, "contended": true, "contended_reason": "event-loop lag p99 9.3 ms while the loop itself was '
+    'mostly idle (busy lag p99 1.4 ms)", "lag_threshold_ms": 5.0, "cpu_threshold_percent": 90.0, "process": "local"}')
+
+
+@pytest.fixture(scope="module")
+def saturated_dir(tmp_path_factory):
+    """Like the H200 run at c=32: the baseline's one load process saturated, its hop 1 inflated;
+    the other paths' clients fine. c=1: everyone calm (transcode's runs predate the block)."""
+    out = tmp_path_factory.mktemp("saturated")
+    cfg = parse_config({
+        "out": str(out), "bootstrap": 200,
+        "load": {"rounds": 2, "concurrency": [1, 32], "stream": False, "duration_s": 2},
+        "targets": [{"name": "direct-grpc", "kind": "direct"},
+                    {"name": "direct-http", "kind": "direct", "protocol": "http"},
+                    {"name": "transcode", "kind": "gateway", "mode": "transcode"}],
+    })
+    rng = np.random.default_rng(1)
+    paths = {t.name: Path_(t, url="grpc://x", status="ok") for t in cfg.targets}
+    results = {}
+    for name in ("direct-grpc", "direct-http", "transcode"):
+        runs = []
+        for rnd in range(2):
+            for conc in (1, 32):
+                hot = name == "direct-grpc" and conc == 32
+                recs = _records(rng, 300, 40.0 if hot else 1.0, False, rnd, conc)
+                if name == "transcode":
+                    client = None
+                elif hot:
+                    client = CLIENT_SATURATED
+                elif name == "direct-http" and conc == 32 and rnd == 1:
+                    client = CLIENT_CONTENDED
+                else:
+                    client = CLIENT_CALM
+                d = out / "runs" / name / f"c{conc}" / f"r{rnd}"
+                d.mkdir(parents=True)
+                (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+                (d / "summary.json").write_text(json.dumps({"meta": {"duration_s": 2.0}, "client": client}))
+                runs.append(RunResult(name, conc, rnd, d, recs, 2.0, client=client))
+        results[name] = runs
+    report = build_report(cfg, paths, results, {}, "e2e", "2026-11-29T00:00:00Z", 0.0)
+    write_reports(report, results, out, True, "e2e")
+    return out, report
+
+
+def test_report_json_carries_client_blocks_and_warns_where_saturated(saturated_dir):
+    out, _ = saturated_dir
+    rep = json.loads((out / "report.json").read_text())
+    t = rep["targets"]
+    hot = t["direct-grpc"]["by_concurrency"]["32"]["client"]
+    assert hot["saturated"] is True and hot["saturated_rounds"] == [1, 2]
+    assert hot["loop_lag_ms"]["p99"] == pytest.approx(113.711) and hot["cpu_percent"]["mean"] == pytest.approx(89.7)
+    assert set(hot["rounds"]) == {"0", "1"} and "loop busy" in hot["reason"]
+    assert t["direct-grpc"]["by_concurrency"]["1"]["client"]["saturated"] is False
+    http32 = t["direct-http"]["by_concurrency"]["32"]["client"]
+    assert http32["saturated"] is False and http32["contended"] is True and http32["contended_rounds"] == [2]
+    assert "client" not in t["transcode"]["by_concurrency"]["32"]  # runs without the block: nothing invented
+    warns = rep["client_warnings"]
+    assert [(w["concurrency"], w["kind"], w["targets"]) for w in warns] == [
+        (32, "saturated", ["direct-grpc"]), (32, "contended", ["direct-http"])]
+    assert "client saturated at concurrency 32 in direct-grpc" in warns[0]["text"]
+    assert "--processes" in warns[0]["text"]
+    # every verdict at c=32 is against the saturated baseline; its difference is on hop 1 -> flagged
+    v32 = [v for v in rep["verdicts"] if v["concurrency"] == 32]
+    assert {v["target"] for v in v32} == {"direct-http", "transcode"}
+    for v in v32:
+        assert v["client_flag"] == "client saturated — not a path difference", v
+        assert v["client_saturated"] == ["direct-grpc"] and "FLAGGED" in v["text"]
+    assert all(not v["client_flag"] for v in rep["verdicts"] if v["concurrency"] == 1)
+
+
+def test_markdown_warning_sits_under_its_concurrency(saturated_dir):
+    _, report = saturated_dir
+    md = markdown(report)
+    c1, c32 = md.split("### concurrency 32")
+    assert "client saturated" not in c1 and "client contended" not in c1
+    assert "- **WARNING**: client saturated at concurrency 32 in direct-grpc (rounds 1, 2: event-loop lag p99 113.7 ms" \
+        in c32
+    assert "- **note**: client contended at concurrency 32 in direct-http (round 2:" in c32
+    assert "- **verdict** (flagged: client saturated — not a path difference): c=32: direct-http" in c32
+    assert "| direct-grpc (base) [client saturated] |" in c32 and "| direct-http |" in c32
+    # the warning comes right after the table, before the verdicts
+    assert c32.index("**WARNING**") < c32.index("**verdict**")
+
+
+def test_html_shows_the_warning_and_flags_verdicts(saturated_dir):
+    out, _ = saturated_dir
+    page = (out / "report.html").read_text()
+    i32 = page.index("<h2>Concurrency 32</h2>")
+    i1 = page.index("<h2>Concurrency 1</h2>")
+    warn = page.index("<div class='client-warning'><b>WARNING:</b> client saturated at concurrency 32 in direct-grpc")
+    assert i1 < i32 < warn
+    assert page.count("class='client-warning'") == 1 and page.count("class='client-note'") == 1
+    assert page.count("<div class='verdict flagged'><b>flagged: client saturated — not a path difference</b>") == 2
+
+
+def test_rerender_reads_the_client_blocks_back(saturated_dir, tmp_path):
+    import shutil as sh
+
+    from pathprobe.analysis.compare import rerender
+
+    src, _ = saturated_dir
+    out = tmp_path / "copy"
+    sh.copytree(src, out)
+    rep = rerender(out, log=lambda _m: None)
+    assert rep["targets"]["direct-grpc"]["by_concurrency"]["32"]["client"]["saturated"] is True
+    assert [w["kind"] for w in rep["client_warnings"]] == ["saturated", "contended"]
+    assert "client saturated at concurrency 32" in (out / "report.md").read_text()

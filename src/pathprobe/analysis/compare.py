@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis.config import CompareConfig
-from pathprobe.analysis.report import add_comparisons, markdown, metric_values, summarize_group
+from pathprobe.analysis.report import (
+    add_comparisons,
+    client_summary,
+    client_warnings,
+    markdown,
+    metric_values,
+    summarize_group,
+)
 from pathprobe.analysis.runner import (
     Path_,
     RunResult,
@@ -23,6 +30,7 @@ from pathprobe.analysis.runner import (
     now_iso,
     prepare_prompts,
     reachable,
+    read_client,
     run_load,
     split_hostport,
     versions,
@@ -194,7 +202,9 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                     p50 = f"{float(np.median(vals)):.3f} ms" if vals else "–"
                     log(f"[{k}/{n_runs}] round {rnd + 1} c={conc} {p.name}: {len(ok)} ok, "
                         f"{len(failed)} err, p50 {p50}"
-                        + (f"  FAILED: {p.reason}" if p.status == "failed" else ""))
+                        + (f"  FAILED: {p.reason}" if p.status == "failed" else "")
+                        + (f"  CLIENT SATURATED: {res.client.get('reason')}"
+                           if res.client and res.client.get("saturated") else ""))
         if cfg.tracing:
             time.sleep(1.5)  # servers and gateways export spans every 0.5 s
     finally:
@@ -270,12 +280,16 @@ def build_report(
             rounds = {r.round: r.records for r in runs}
             g = summarize_group(recs, duration_s=sum(r.duration_s for r in runs), primary=primary,
                                 n_boot=cfg.bootstrap, rounds=rounds)
+            client = client_summary({r.round: r.client for r in runs})
+            if client is not None:
+                g["client"] = client
             entry["by_concurrency"][str(conc)] = g
             if entry["status"] == "ok":
                 samples[t.name][conc] = metric_values([r for r in recs if r.get("ok") and r.get("split")], primary)
         report_targets[t.name] = entry
     baseline = cfg.baseline_name
     verdicts = add_comparisons(report_targets, samples, baseline, concs, primary, cfg.alpha)
+    warnings = client_warnings(report_targets, concs)
     return {
         "meta": {
             "started": started,
@@ -295,6 +309,7 @@ def build_report(
         "network": _network_info(cfg.network if cfg.network and cfg.network.active else None),
         "targets": report_targets,
         "verdicts": verdicts,
+        "client_warnings": warnings,
         "_samples": samples,  # removed before writing
     }
 
@@ -413,7 +428,7 @@ def rerender(out: Path, *, baseline: str | None = None, alpha: float | None = No
                     dur = prev.get("by_concurrency", {}).get(str(conc), {}).get("duration_s")
                     per_run = (dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
                                if dur else cfg.load.duration_s)
-                    runs.append(RunResult(t.name, conc, rnd, d, recs, per_run))
+                    runs.append(RunResult(t.name, conc, rnd, d, recs, per_run, client=read_client(d)))
         results[t.name] = runs
     report = build_report(cfg, paths, results, {}, primary, old["meta"].get("started", ""), time.monotonic())
     for name, t in report["targets"].items():  # kept from the run: cold starts, traces, trace checks

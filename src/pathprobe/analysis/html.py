@@ -177,6 +177,9 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
 td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
 .verdict{background:#fff6d6;padding:6px 10px;margin:4px 0}
+.verdict.flagged{background:#f4f4f4;color:#555;border-left:4px solid #c00}
+.client-warning{background:#fde2e1;border-left:4px solid #c00;padding:6px 10px;margin:4px 0}
+.client-note{background:#eef3fb;border-left:4px solid #4e79a7;padding:6px 10px;margin:4px 0}
 .failed{color:#b00}.skipped{color:#888}img.plot{max-width:100%;border:1px solid #eee;margin:8px 0}
 code{background:#f4f4f4;padding:1px 3px}.meta{color:#555;font-size:13px}
 """
@@ -208,7 +211,8 @@ def _table(report: Mapping[str, Any], conc: int) -> str:
         seg = g["segments"]
         c = g.get("comparison") or {}
         cells = [
-            name + (" (base)" if name == report["baseline"] else "") + (" FAILED" if t["status"] == "failed" else ""),
+            name + (" (base)" if name == report["baseline"] else "") + (" FAILED" if t["status"] == "failed" else "")
+            + (" [client saturated]" if (g.get("client") or {}).get("saturated") else ""),
             str(g["ok"]), str(g["errors"]), fmt_ms(g["rps"], 1),
             fmt_ms(p.get("p50", {}).get("value")),
             f"{fmt_ms(p.get('p50', {}).get('lo'))} – {fmt_ms(p.get('p50', {}).get('hi'))}",
@@ -255,12 +259,21 @@ def render(
                      f"expected +{net['expected_request_ms']:g} ms per request.</p>")
     parts.append("<h2>Verdicts</h2>")
     if report["verdicts"]:
-        parts.extend(f"<div class='verdict'>{html.escape(v['text'])}</div>" for v in report["verdicts"])
+        for v in report["verdicts"]:
+            if v.get("client_flag"):
+                parts.append(f"<div class='verdict flagged'><b>flagged: {html.escape(v['client_flag'])}</b> · "
+                             f"{html.escape(v['text'])}</div>")
+            else:
+                parts.append(f"<div class='verdict'>{html.escape(v['text'])}</div>")
     else:
         parts.append("<p>No configuration differs significantly from the baseline.</p>")
     for conc in report["concurrency"]:
         parts.append(f"<h2>Concurrency {conc}</h2>")
         parts.append(_table(report, conc))
+        for w in report.get("client_warnings") or []:
+            if w["concurrency"] == conc:
+                cls, label = (("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note"))
+                parts.append(f"<div class='{cls}'><b>{label}:</b> {html.escape(w['text'])}</div>")
     for title, caption, png in plots:
         if png is None:
             continue

@@ -10,6 +10,95 @@ from pathprobe.analysis import stats
 from pathprobe.segments import SEGMENTS
 
 SEG_COLS = (*SEGMENTS, "network_hop1", "network_hop2")
+CLIENT_SATURATED_FLAG = "client saturated — not a path difference"
+CLIENT_ADVICE = ("network hop 1 includes the load generator's own waiting, not the path; spread the load "
+                 "over more Locust processes (load.extra_args: [--processes, N]) or workers and rerun")
+
+
+def _r(v: Any, d: int = 1) -> str:
+    return "–" if v is None else f"{v:.{d}f}"
+
+
+def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The load generator's health over one configuration's rounds at one concurrency.
+
+    ``by_round``: each round's summary.json ``client`` block (None where the run had none).
+    Saturated when any round was; figures are the worst round's.
+    """
+    rounds = {int(k): v for k, v in by_round.items() if v}
+    if not rounds:
+        return None
+
+    def worst(path: tuple[str, str]) -> float | None:
+        vals = [(b.get(path[0]) or {}).get(path[1]) for b in rounds.values()]
+        vals = [v for v in vals if v is not None]
+        return max(vals) if vals else None
+
+    per = {}
+    for k, b in sorted(rounds.items()):
+        per[str(k)] = {
+            "saturated": bool(b.get("saturated")),
+            "contended": bool(b.get("contended")),
+            "reason": b.get("reason"),
+            "contended_reason": b.get("contended_reason"),
+            "loop_lag_ms": {x: (b.get("loop_lag_ms") or {}).get(x) for x in ("p50", "p99", "max")},
+            "loop_busy_lag_ms": {x: (b.get("loop_busy_lag_ms") or {}).get(x) for x in ("p50", "p99", "max")},
+            "cpu_percent": {x: (b.get("cpu_percent") or {}).get(x) for x in ("mean", "max")},
+            "processes": len(b.get("processes") or []) or 1,
+        }
+    sat = [int(k) for k, v in per.items() if v["saturated"]]
+    con = [int(k) for k, v in per.items() if v["contended"]]
+    return {
+        "saturated": bool(sat),
+        "saturated_rounds": [k + 1 for k in sat],
+        "contended": bool(con) and not sat,
+        "contended_rounds": [k + 1 for k in con],
+        "reason": next((per[str(k)]["reason"] for k in sat), None),
+        "loop_lag_ms": {"p99": worst(("loop_lag_ms", "p99")), "max": worst(("loop_lag_ms", "max"))},
+        "loop_busy_lag_ms": {"p99": worst(("loop_busy_lag_ms", "p99"))},
+        "cpu_percent": {"mean": worst(("cpu_percent", "mean")), "max": worst(("cpu_percent", "max"))},
+        "processes": max(v["processes"] for v in per.values()),
+        "rounds": per,
+    }
+
+
+def _client_at(report_targets: Mapping[str, Any], name: str, conc: int) -> dict[str, Any] | None:
+    g = (report_targets.get(name) or {}).get("by_concurrency", {}).get(str(conc)) or {}
+    return g.get("client")
+
+
+def saturated_at(report_targets: Mapping[str, Any], conc: int) -> list[str]:
+    """Configurations whose load generator was saturated in any round at this concurrency."""
+    return [n for n in report_targets if (_client_at(report_targets, n, conc) or {}).get("saturated")]
+
+
+def _describe_client(name: str, c: Mapping[str, Any], rounds_key: str) -> str:
+    rounds = ", ".join(map(str, c.get(rounds_key) or []))
+    return (f"{name} (round{'s' if len(c.get(rounds_key) or []) > 1 else ''} {rounds}: event-loop lag p99 "
+            f"{_r(c['loop_lag_ms'].get('p99'))} ms, loop CPU {_r(c['cpu_percent'].get('mean'), 0)}% of one core, "
+            f"{c.get('processes', 1)} load process{'es' if c.get('processes', 1) > 1 else ''})")
+
+
+def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int]) -> list[dict[str, Any]]:
+    """One warning per concurrency where a load generator was saturated (or starved of CPU)."""
+    out: list[dict[str, Any]] = []
+    for conc in concurrency:
+        sat = saturated_at(report_targets, conc)
+        if sat:
+            text = (f"client saturated at concurrency {conc} in "
+                    + ", ".join(_describe_client(n, _client_at(report_targets, n, conc) or {}, "saturated_rounds")
+                                for n in sat)
+                    + f": {CLIENT_ADVICE}")
+            out.append({"concurrency": conc, "kind": "saturated", "targets": sat, "text": text})
+        con = [n for n in report_targets if (_client_at(report_targets, n, conc) or {}).get("contended")]
+        if con:
+            text = (f"client contended at concurrency {conc} in "
+                    + ", ".join(_describe_client(n, _client_at(report_targets, n, conc) or {}, "contended_rounds")
+                                for n in con)
+                    + ": the load generator's event loop waited for a CPU (other processes on the machine); "
+                      "network hop 1 includes that waiting")
+            out.append({"concurrency": conc, "kind": "contended", "targets": con, "text": text})
+    return out
 
 
 def _pcts(values: Sequence[float]) -> dict[str, float]:
@@ -163,6 +252,8 @@ def markdown(report: Mapping[str, Any]) -> str:
             name_cell = name + (" (base)" if name == report["baseline"] else "")
             if t["status"] == "failed":
                 name_cell += " FAILED"
+            if (g.get("client") or {}).get("saturated"):
+                name_cell += " [client saturated]"
             lines.append(
                 f"| {name_cell} | {g['ok']} | {g['errors']} | {fmt_ms(g['rps'], 1)} | "
                 f"{_ci(p.get('p50'))} | {fmt_ms(p.get('p95', {}).get('value'))} | "
@@ -175,9 +266,14 @@ def markdown(report: Mapping[str, Any]) -> str:
                    if stream else "")
             )
         lines.append("")
+        for w in report.get("client_warnings") or []:
+            if w["concurrency"] == conc:
+                label = "WARNING" if w["kind"] == "saturated" else "note"
+                lines.append(f"- **{label}**: {w['text']}")
         verdicts = [v for v in report["verdicts"] if v["concurrency"] == conc]
         for v in verdicts:
-            lines.append(f"- **verdict**: {v['text']}")
+            flagged = " (flagged: " + v["client_flag"] + ")" if v.get("client_flag") else ""
+            lines.append(f"- **verdict**{flagged}: {v['text']}")
         if not verdicts:
             lines.append("- no configuration differs significantly from the baseline at this concurrency")
         lines.append("")
@@ -218,6 +314,7 @@ def add_comparisons(
     """Welch's t-test + effect sizes vs the baseline per concurrency; returns verdicts."""
     verdicts: list[dict[str, Any]] = []
     for conc in concurrency:
+        saturated = set(saturated_at(report_targets, conc))
         base = samples.get(baseline, {}).get(conc)
         if not base or len(base) < 2:
             continue
@@ -239,9 +336,26 @@ def add_comparisons(
                 top = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:2]
                 text = f"c={conc}: {comp.verdict}; by segment (mean): " + ", ".join(
                     f"{k} {v:+.3f} ms" for k, v in top)
-                if top and top[0][0] in ("inference", "queueing"):
+                sat = sorted({name, baseline} & saturated)
+                flag = None
+                if sat:
+                    hop1 = seg["network_hop1"].get("mean", 0.0) - base_seg["network_hop1"].get("mean", 0.0)
+                    net = diffs.get("network", 0.0)
+                    from_hop1 = bool(top) and top[0][0] == "network" and abs(hop1) >= 0.5 * abs(net)
+                    who = " and ".join(sat)
+                    if from_hop1:
+                        flag = CLIENT_SATURATED_FLAG
+                        text += (f" -- FLAGGED: the difference is on network hop 1 "
+                                 f"({hop1:+.3f} ms) and the load generator of {who} was saturated, so hop 1 "
+                                 f"holds its own waiting")
+                    else:
+                        flag = "client saturated"
+                        text += (f" -- FLAGGED: the load generator of {who} was saturated at this concurrency; "
+                                 f"its waiting is in network hop 1 and it changes the load the server sees")
+                elif top and top[0][0] in ("inference", "queueing"):
                     text += (" -- mostly the engine's own time: CPU contention (the proxy's CPU use on a "
                              "shared box, or other load), not the path's network or encoding")
                 verdicts.append({"concurrency": conc, "target": name, "text": text,
-                                 "segment_mean_diff_ms": diffs})
+                                 "segment_mean_diff_ms": diffs, "client_flag": flag,
+                                 "client_saturated": sat})
     return verdicts

@@ -396,6 +396,18 @@ class RunResult:
     duration_s: float
     error: str | None = None
     traces_file: str | None = None
+    #: the load generator's own health in this run (summary.json's ``client`` block): event-loop
+    #: lag, CPU, saturated; None for runs written before it existed
+    client: dict[str, Any] | None = None
+
+
+def read_client(out_dir: Path) -> dict[str, Any] | None:
+    """The ``client`` block of a load run's summary.json (None when absent or unreadable)."""
+    try:
+        block = json.loads((out_dir / "summary.json").read_text(encoding="utf-8")).get("client")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return block if isinstance(block, dict) else None
 
 
 def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -> Path | None:
@@ -489,7 +501,7 @@ def run_load(
         except (ValueError, KeyError, TypeError):
             pass
     return RunResult(p.name, concurrency, rnd, out_dir, records, dur,
-                     traces_file=str(traces_file) if traces_file else None)
+                     traces_file=str(traces_file) if traces_file else None, client=read_client(out_dir))
 
 
 def versions() -> dict[str, str]:
