@@ -134,11 +134,18 @@ def strip_timing(events: list) -> list:
     return out
 
 
-def check_entries(entries: dict[str, float], decode_zero: bool = False) -> None:
+def check_entries(entries: dict[str, float], decode_zero: bool = False, chunks_transcoded: bool = False) -> None:
     assert SRV_ENTRIES <= set(entries), entries
     assert GW_ENTRIES <= set(entries), entries
-    # causal order (not speed): the gateway's view of the upstream call contains the server's work
-    assert entries["gw.upstream"] >= entries["srv.total"] - 0.01
+    if chunks_transcoded:
+        # a transcoded stream: the chunks' decode/encode overlaps the server's work and is taken out
+        # of gw.upstream (it is gw.decode / gw.encode), so gw.upstream may be below srv.total when the
+        # hop is shorter than that overlap; what holds is no double counting inside the gateway
+        assert entries["gw.upstream"] > 0
+        assert entries["gw.total"] - entries["gw.upstream"] - entries["gw.decode"] - entries["gw.encode"] >= -0.01
+    else:
+        # causal order (not speed): the gateway's view of the upstream call contains the server's work
+        assert entries["gw.upstream"] >= entries["srv.total"] - 0.01
     assert entries["gw.total"] >= entries["gw.upstream"] - 0.01
     if decode_zero:
         assert entries["gw.decode"] == 0 and entries["gw.encode"] == 0
@@ -246,7 +253,7 @@ def test_transcode_unary_and_stream_identical(transcode, synthetic_server) -> No
     assert strip_timing(e2) == strip_timing(e1) and e2[-1] == "[DONE]"
     last = e2[-2]
     assert last["finish_reason"]
-    check_entries(timing.parse(last["server_timing"]))
+    check_entries(timing.parse(last["server_timing"]), chunks_transcoded=True)
     assert e2[-2]["server_timing"].count("gw.total") == 1
 
 
@@ -282,7 +289,7 @@ def test_reencode_unary_and_stream_identical(reencode, synthetic_server) -> None
     d_chunks, _ = grpc_stream(synthetic_server.grpc_target, **REQ)
     v_chunks, s_entries = grpc_stream(reencode.target, **REQ)
     assert v_chunks == d_chunks
-    check_entries(s_entries)
+    check_entries(s_entries, chunks_transcoded=True)
 
 
 def test_reencode_errors(reencode) -> None:

@@ -4,6 +4,12 @@ The "JSON re-encoding inside the gateway" path: every request and response is de
 and re-encoded twice. ``gw.decode`` = protobuf request parse + upstream JSON parse,
 ``gw.encode`` = JSON request dump + protobuf response serialize. Upstream ``srv.*`` come
 from the ``Server-Timing`` header (unary) or the last SSE event's ``server_timing``.
+
+Streams: chunks are transcoded while the upstream call is open. That time is reported in
+``gw.decode`` / ``gw.encode`` and left out of ``gw.upstream`` (the time waiting on the
+upstream), so the gateway's own "other" never goes negative; the price is that network
+hop 2 (``gw.upstream - srv.total``) is short by the part of the chunk work that ran while
+the server was still generating, and can go below zero on a fast hop.
 """
 
 from __future__ import annotations

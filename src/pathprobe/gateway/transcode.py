@@ -6,6 +6,12 @@ switches between server and gateway by changing only the address. JSON -> protob
 Envoy map it (:data:`pathprobe.errors.GRPC_TO_HTTP`). Timing: ``gw.decode`` = JSON parse
 + message build + upstream response parse, ``gw.encode`` = request serialize + response
 JSON; upstream ``srv.*`` entries come from the call's trailing metadata.
+
+Streams: chunks are transcoded while the upstream call is open. That time is reported in
+``gw.decode`` / ``gw.encode`` and left out of ``gw.upstream`` (the time waiting on the
+upstream), so the gateway's own "other" never goes negative; the price is that network
+hop 2 (``gw.upstream - srv.total``) is short by the part of the chunk work that ran while
+the server was still generating, and can go below zero on a fast hop.
 """
 
 from __future__ import annotations
