@@ -21,7 +21,8 @@ wait lands in the request's e2e and, since no hop reports it, in **network hop 1
 
 **Saturated** (``client.saturated`` in summary.json, with ``reason``) when the loop thread's
 mean CPU is >= 90 % of one core (nothing left to absorb bursts; lag grows with load), or
-the busy lag p99 is >= ``--client-lag-threshold-ms`` (default 5 ms: an idle loop wakes
+the whole process's is (gRPC's own threads deliver stream messages and need the same GIL:
+a message can wait there without the loop timer seeing it), or the busy lag p99 is >= ``--client-lag-threshold-ms`` (default 5 ms: an idle loop wakes
 0.1-1 ms late (epoll's millisecond timeout), and on loopback the whole network segment is
 1-10 ms, so 5 ms of the client's own waiting at p99 is as large as what is being measured).
 **Contended** (``client.contended``, a note, not saturation) when the total lag p99 is over
@@ -162,6 +163,9 @@ def _judge(block: dict[str, Any], lag_threshold_ms: float) -> None:
     reasons = []
     if cpu["mean"] is not None and cpu["mean"] >= CPU_SATURATED_PCT:
         reasons.append(f"event-loop CPU {cpu['mean']:.0f}% of one core (mean; >= {CPU_SATURATED_PCT:.0f}%)")
+    elif cpu.get("process_mean") is not None and cpu["process_mean"] >= CPU_SATURATED_PCT:
+        reasons.append(f"process CPU {cpu['process_mean']:.0f}% of one core (mean, gRPC's threads included; "
+                       f">= {CPU_SATURATED_PCT:.0f}%: Python work in every thread shares one GIL)")
     if busy["p99"] is not None and busy["p99"] >= lag_threshold_ms:
         reasons.append(f"event-loop lag p99 {lag['p99']:.1f} ms, {busy['p99']:.1f} ms of it with the loop busy "
                        f"(>= {lag_threshold_ms:g} ms)")
