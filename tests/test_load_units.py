@@ -36,6 +36,24 @@ def test_microsecond_values_are_exact_below_32ms():
     assert st["min"] == 1.001 and st["max"] == 31.999 and st["p50"] == 3.003
 
 
+def test_recycled_histogram_is_as_good_as_a_fresh_one():
+    used = hist.new_histogram()
+    hist.record_many(used, [0.5, 7.25, 1234.0, 90_000.0])
+    hist.recycle(used)
+    again = hist.new_histogram()
+    assert again is used  # taken back from the pool
+    assert again.get_total_count() == 0 and not hist._counts_view(again).any()
+    fresh = hist._alloc()
+    vals = [0.001, 2.5, 2.5, 31.999, 400.0]
+    hist.record_many(again, vals)
+    hist.record_many(fresh, vals)
+    assert (again.get_min_value(), again.get_max_value()) == (fresh.get_min_value(), fresh.get_max_value())
+    assert hist.stats(again, sum(vals)) == hist.stats(fresh, sum(vals))
+    assert hist.stats(hist.decode(hist.encode(again)), sum(vals)) == hist.stats(fresh, sum(vals))
+    hist.prefill(3)
+    assert len(hist._POOL) >= 3
+
+
 def _rec(route: str, ok: bool, e2e: float, status: str = "OK") -> dict:
     split = {"e2e": e2e, "network": e2e / 2, "serialization": 0.1, "queueing": 0.0,
              "inference": e2e / 2 - 0.1, "other": 0.0, "network_hop1": e2e / 2, "network_hop2": 0.0}

@@ -31,7 +31,8 @@ from pathprobe.errors import ConfigError
 from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
 from pathprobe.loadgen.arrival import Schedule
-from pathprobe.loadgen.records import Aggregator, JsonlWriter, format_table, write_outputs
+from pathprobe.loadgen import hist
+from pathprobe.loadgen.records import METRICS, Aggregator, JsonlWriter, format_table, write_outputs
 
 log = logging.getLogger("pathprobe.loadgen")
 
@@ -327,6 +328,8 @@ class Runtime:
                 path=cfg.prompt_file or None, tokenizer=cfg.tokenizer, seed=cfg.seed,
             )
             self._prompts_key = key
+            # one route's histograms + the loop monitor's, allocated before the clock runs
+            hist.prefill(len(METRICS) + 2)
             # the loop's cached clock went stale while we blocked; timers (Locust's -t) must not fire early
             gevent.get_hub().loop.update_now()
 
@@ -424,7 +427,11 @@ class Runtime:
         delta = Aggregator()
         delta.add_batch(batch)
         self.worker_agg.merge(delta)
-        return {"hists": delta.to_wire(), "records": batch if self.cfg.records else [], "n": len(batch)}
+        wire = delta.to_wire()
+        for r in delta.routes.values():  # reused by the next report instead of allocated again
+            for h in r.hists.values():
+                hist.recycle(h)
+        return {"hists": wire, "records": batch if self.cfg.records else [], "n": len(batch)}
 
     def send_final(self) -> None:
         if self.final_sent:
