@@ -117,3 +117,13 @@ def test_merge_blocks_units():
     b = monitor.merge_blocks({"local": cpu_bound})
     assert b["saturated"] and "CPU 96%" in b["reason"]
     assert monitor.merge_blocks({}) is None
+
+
+def test_sweep_table_says_at_which_level_the_client_saturated():
+    from pathprobe.loadgen.cli import format_sweep
+
+    calm = monitor.merge_blocks({"local": _wire([0.3] * 1000, [0.1] * 1000, 0.5, 5.0)})
+    hot = monitor.merge_blocks({"local": _wire([0.3] * 900 + [40.0] * 100, [0.1] * 900 + [40.0] * 100, 2.0, 5.0)})
+    table = format_sweep([1, 64], {"1": {"routes": {}, "client": calm}, "64": {"routes": {}, "client": hot}})
+    warn = [line for line in table.splitlines() if "WARNING" in line]
+    assert len(warn) == 1 and warn[0].split()[0] == "64" and "client saturated at 64 users" in warn[0]

@@ -218,4 +218,8 @@ def format_sweep(levels: Sequence[int], runs: dict[str, Any]) -> str:
             lines.append(f"{n:>6}{route:>24}{(rs.get('rps') or 0):>9.1f}{cells}{p99:>11.3f}")
         if "error" in s:
             lines.append(f"{n:>6}  {s['error']}")
+        client = s.get("client") or {}
+        if client.get("saturated"):
+            lines.append(f"{n:>6}  WARNING: client saturated at {n} users ({client.get('reason')}): network hop 1 "
+                         "includes client-side waiting; use --processes N or more workers")
     return "\n".join(lines)
