@@ -72,6 +72,11 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
         "ci": f"percentile bootstrap, {cfg.bootstrap} resamples, 95%",
         "note": "requests inside one run are not independent (shared queue, machine noise); "
                 "per-round medians are in report.json (targets.*.by_concurrency.*.rounds) to judge stability",
+        "client_check": "every load process measures its own event-loop lag and CPU (summary.json 'client'); "
+                        "a run whose load generator was saturated (loop or process CPU >= 90% of a core, or "
+                        "busy loop lag p99 >= 5 ms) is named in a warning under its concurrency "
+                        "(targets.*.by_concurrency.*.client, client_warnings), and verdicts involving it are "
+                        "flagged: its own waiting is booked as network hop 1",
     }
 
 
