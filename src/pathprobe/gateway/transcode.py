@@ -162,10 +162,7 @@ class Transcoder:
         try:
             u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans)
         except Unavailable as exc:
-            ent.total = now_ms() - t0
-            r = json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
-            spans.end({"http.response.status_code": 503}, exc.message, ent.total, r.headers.get(timing.HTTP_HEADER))
-            return r
+            return _unavailable(exc, t0, ent, spans)
         spans.child("gw.encode", te, enc)
         try:
             try:
@@ -207,10 +204,7 @@ class Transcoder:
         try:
             u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans)
         except Unavailable as exc:
-            ent.total = now_ms() - t0
-            r = json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
-            spans.end({"http.response.status_code": 503}, exc.message, ent.total, r.headers.get(timing.HTTP_HEADER))
-            return r
+            return _unavailable(exc, t0, ent, spans)
         spans.child("gw.encode", te, enc)
         resp: web.StreamResponse | None = None
         held: dict[str, Any] | None = None
@@ -316,3 +310,11 @@ def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
 
 
 __all__ = ["InvalidArgument", "Transcoder", "serve"]
+
+
+def _unavailable(exc: Unavailable, t0: float, ent: Entries, spans: Spans) -> web.Response:
+    """No healthy upstream: 503 naming it, with the gateway's own timing so far."""
+    ent.total = now_ms() - t0
+    r = json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
+    spans.end({"http.response.status_code": 503}, exc.message, ent.total, r.headers.get(timing.HTTP_HEADER))
+    return r
