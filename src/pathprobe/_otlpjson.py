@@ -26,7 +26,7 @@ _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
 
 
-def _value(v: Any) -> dict[str, Any]:
+def value(v: Any) -> dict[str, Any]:
     if isinstance(v, bool):
         return {"boolValue": v}
     if isinstance(v, int):
@@ -40,14 +40,14 @@ def _value(v: Any) -> dict[str, Any]:
 
         return {"bytesValue": base64.b64encode(v).decode()}
     if isinstance(v, Sequence):
-        return {"arrayValue": {"values": [_value(x) for x in v]} if v else {}}
+        return {"arrayValue": {"values": [value(x) for x in v]} if v else {}}
     if isinstance(v, Mapping):
-        return {"kvlistValue": {"values": _attributes(v)} if v else {}}
-    raise TypeError(f"unsupported attribute type {type(v).__name__}")
+        return {"kvlistValue": {"values": attributes(v)} if v else {}}
+    return {"stringValue": str(v)}  # not an OTel attribute type: written as its text
 
 
-def _attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _value(v)} for k, v in (attrs or {}).items()]
+def attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    return [{"key": k, "value": value(v)} for k, v in (attrs or {}).items()]
 
 
 def _flags(parent: SpanContext | None) -> int:
@@ -70,14 +70,14 @@ def _span(s: ReadableSpan) -> dict[str, Any]:
     out["kind"] = _KIND[s.kind]
     _put(out, "startTimeUnixNano", str(s.start_time) if s.start_time else "")
     _put(out, "endTimeUnixNano", str(s.end_time) if s.end_time else "")
-    _put(out, "attributes", _attributes(s.attributes))
+    _put(out, "attributes", attributes(s.attributes))
     _put(out, "droppedAttributesCount", s.dropped_attributes)
     events = []
     for e in s.events:
         ev: dict[str, Any] = {}
         _put(ev, "timeUnixNano", str(e.timestamp) if e.timestamp else "")
         _put(ev, "name", e.name)
-        _put(ev, "attributes", _attributes(e.attributes))
+        _put(ev, "attributes", attributes(e.attributes))
         _put(ev, "droppedAttributesCount", e.dropped_attributes)
         events.append(ev)
     _put(out, "events", events)
@@ -85,7 +85,7 @@ def _span(s: ReadableSpan) -> dict[str, Any]:
     links = []
     for link in s.links:
         lk: dict[str, Any] = {"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}"}
-        _put(lk, "attributes", _attributes(link.attributes))
+        _put(lk, "attributes", attributes(link.attributes))
         _put(lk, "droppedAttributesCount", link.dropped_attributes)
         lk["flags"] = _flags(link.context)
         links.append(lk)
@@ -116,7 +116,7 @@ def encode(spans: Iterable[ReadableSpan]) -> dict[str, Any]:
                 sc: dict[str, Any] = {}
                 _put(sc, "name", scope.name)
                 _put(sc, "version", scope.version or "")
-                _put(sc, "attributes", _attributes(scope.attributes))
+                _put(sc, "attributes", attributes(scope.attributes))
                 entry["scope"] = sc
             entry["spans"] = encoded
             if scope is not None:
@@ -124,7 +124,7 @@ def encode(spans: Iterable[ReadableSpan]) -> dict[str, Any]:
             scope_spans.append(entry)
         rs: dict[str, Any] = {}
         res: dict[str, Any] = {}
-        _put(res, "attributes", _attributes(resource.attributes))
+        _put(res, "attributes", attributes(resource.attributes))
         rs["resource"] = res
         rs["scopeSpans"] = scope_spans
         _put(rs, "schemaUrl", resource.schema_url or "")

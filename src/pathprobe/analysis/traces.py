@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pathprobe._otlpjson import attributes
 from pathprobe.errors import ConfigError, PathprobeError
 
 KIND_NAMES = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
@@ -325,22 +326,6 @@ def group_traces(spans: Iterable[Span]) -> dict[str, Trace]:
 # ------------------------------------------------------------------ writing
 
 
-def _otlp_value(v: Any) -> dict[str, Any]:
-    if isinstance(v, bool):
-        return {"boolValue": v}
-    if isinstance(v, int):
-        return {"intValue": str(v)}
-    if isinstance(v, float):
-        return {"doubleValue": v}
-    if isinstance(v, (list, tuple)):
-        return {"arrayValue": {"values": [_otlp_value(x) for x in v]}}
-    return {"stringValue": str(v)}
-
-
-def _kvs(d: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _otlp_value(v)} for k, v in d.items()]
-
-
 _KIND_NUM = {v: k for k, v in KIND_NAMES.items()}
 
 
@@ -353,7 +338,7 @@ def to_otlp_json(trace: Trace) -> dict[str, Any]:
     for service, spans in by_service.items():
         resource = dict(spans[0].resource) or {"service.name": service}
         resource_spans.append({
-            "resource": {"attributes": _kvs(resource)},
+            "resource": {"attributes": attributes(resource)},
             "scopeSpans": [{
                 "scope": {"name": spans[0].scope or "pathprobe"},
                 "spans": [{
@@ -364,7 +349,7 @@ def to_otlp_json(trace: Trace) -> dict[str, Any]:
                     "kind": _KIND_NUM.get(s.kind, 1),
                     "startTimeUnixNano": str(s.start_ns),
                     "endTimeUnixNano": str(s.end_ns),
-                    "attributes": _kvs(s.attributes),
+                    "attributes": attributes(s.attributes),
                     "status": s.status,
                 } for s in spans],
             }],
