@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[all,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +26,9 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 stubs: $(STAMP)
-	$(PY) -m grpc_tools.protoc -I proto --python_out=src --grpc_python_out=src --pyi_out=src proto/pathprobe/v1/llm.proto
+	rm -rf .stubs && mkdir -p .stubs
+	$(PY) -m grpc_tools.protoc -I proto --python_out=.stubs --grpc_python_out=.stubs --pyi_out=.stubs proto/pathprobe/v1/llm.proto
+	cp .stubs/pathprobe/v1/llm_pb2.py .stubs/pathprobe/v1/llm_pb2.pyi .stubs/pathprobe/v1/llm_pb2_grpc.py core/v1/ && rm -rf .stubs
 
 bench: $(STAMP)
 	$(PY) bench/gateway_bench.py

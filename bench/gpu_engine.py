@@ -16,7 +16,7 @@ Measures, in one run, side by side:
 Random weights (``preset:NAME`` builds the published architecture), so only the
 timings mean anything. Writes ``docs/results/<date>-gpu-engine.md`` (or ``--out``).
 
-    PYTHONPATH=src python3 bench/gpu_engine.py --model preset:llama-3-8b --dtype bf16
+    PYTHONPATH=$(bench/pkgtree.sh /tmp/pathprobe-tree) python3 bench/gpu_engine.py --model preset:llama-3-8b --dtype bf16
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from pathprobe.engine.base import EngineConfig, GenParams
-from pathprobe.engine.hf import TransformersEngine
+from pathprobe.server.engine.base import EngineConfig, GenParams
+from pathprobe.server.engine.hf import TransformersEngine
 from pathprobe.timing import now_ms
 
 PROMPT = "The capital of France is"
@@ -248,7 +248,7 @@ def to_markdown(res: dict) -> str:
         f"Engine load (random init on the device): {res['load_s']:.1f} s"
         + (f"; with CUDA graphs (static KV cache + captures): {res['graphs_load_s']:.1f} s" if "graphs_load_s" in res
            else "") + ".",
-        "Command: `PYTHONPATH=src python3 bench/gpu_engine.py --model " + res["model"] + "`",
+        "Command: `PYTHONPATH=$(bench/pkgtree.sh /tmp/pathprobe-tree) python3 bench/gpu_engine.py --model " + res["model"] + "`",
         "",
     ]
     if "graphs_error" in res:

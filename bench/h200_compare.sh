@@ -5,7 +5,7 @@
 #   bench/h200_compare.sh RESULT_DIR
 #
 # Environment (all optional):
-#   PATHPROBE_SRC     folder holding the pathprobe package (default: src of this checkout)
+#   PATHPROBE_SRC     folder holding an importable pathprobe package (default: bench/pkgtree.sh of this checkout)
 #   WHEELS            folder of wheels to install with --target into SITE first (missing packages)
 #   SITE              where WHEELS go (default /tmp/site); put on PYTHONPATH
 #   NGINX_BIN_DIR     folder with an `nginx` to put first on PATH (nginx is skipped when none is found)
@@ -20,7 +20,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 RES=${1:?usage: bench/h200_compare.sh RESULT_DIR}
 mkdir -p "$RES"
 PY=${PYTHON:-python3}
-SRC=${PATHPROBE_SRC:-$ROOT/src}
+SRC=${PATHPROBE_SRC:-$("$ROOT/bench/pkgtree.sh" /tmp/pathprobe-tree)}
 SRC=$(cd "$SRC" && pwd)
 SITE=${SITE:-/tmp/site}
 if [ -n "${WHEELS:-}" ]; then

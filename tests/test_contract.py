@@ -18,8 +18,8 @@ def test_stubs_match_proto(tmp_path: Path) -> None:
     )
     for name in GENERATED:
         fresh = (tmp_path / "pathprobe" / "v1" / name).read_text()
-        committed = (ROOT / "src" / "pathprobe" / "v1" / name).read_text()
-        assert fresh == committed, f"src/pathprobe/v1/{name} drifted from the .proto: run `make stubs`"
+        committed = (ROOT / "core" / "v1" / name).read_text()
+        assert fresh == committed, f"core/v1/{name} drifted from the .proto: run `make stubs`"
 
 
 def test_reflection_lists_service(synthetic_server) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pathprobe import models
-from pathprobe.engine.base import EngineConfig, GenParams, Generation
-from pathprobe.engine.hf import IncrementalDetokenizer, TransformersEngine, holdback, stop_index
+from pathprobe.server import models
+from pathprobe.server.engine.base import EngineConfig, GenParams, Generation
+from pathprobe.server.engine.hf import IncrementalDetokenizer, TransformersEngine, holdback, stop_index
 from pathprobe.errors import InvalidArgument, ResourceExhausted
 from pathprobe.timing import now_ms
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from pathprobe import timing
-from pathprobe.engine.base import EngineConfig
-from pathprobe.engine.vllm_engine import INSTALL_HINT, _coerce, vllm_available
+from pathprobe.server.engine.base import EngineConfig
+from pathprobe.server.engine.vllm_engine import INSTALL_HINT, _coerce, vllm_available
 from pathprobe.errors import ConfigError
 from tests.support.clients import grpc_generate, grpc_stream, http_post, sse_events
 from tests.support.procs import Server
@@ -27,7 +27,7 @@ NAMED = ("srv.queue", "srv.tokenize", "srv.prefill", "srv.decode_steps", "srv.de
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed: the missing-vLLM error cannot be shown")
 def test_missing_vllm_is_a_clear_config_error() -> None:
-    from pathprobe.engine import create_engine
+    from pathprobe.server.engine import create_engine
 
     with pytest.raises(ConfigError, match=r"pip install 'pathprobe\[vllm\]'"):
         create_engine(EngineConfig(kind="vllm"))

@@ -141,7 +141,7 @@ def test_cli_option_helpers_and_validation(tmp_path):
 
 
 def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():
-    from pathprobe import models
+    from pathprobe.server import models
     from pathprobe.loadgen import prompts
 
     tok = models.load_tokenizer("tiny")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pathprobe import models
+from pathprobe.server import models
 from pathprobe.errors import ConfigError
 
 

@@ -1,6 +1,6 @@
 """Engines: one small interface, three implementations (synthetic, transformers, vllm)."""
 
-from pathprobe.engine.base import (
+from pathprobe.server.engine.base import (
     Engine,
     EngineConfig,
     EngineTiming,
@@ -15,15 +15,15 @@ __all__ = ["Engine", "EngineConfig", "EngineTiming", "GenParams", "Generation", 
 def create_engine(config: EngineConfig) -> Engine:
     """Build the engine named by ``config.kind`` (imports heavy deps lazily)."""
     if config.kind == "synthetic":
-        from pathprobe.engine.synthetic import SyntheticEngine
+        from pathprobe.server.engine.synthetic import SyntheticEngine
 
         return SyntheticEngine(config)
     if config.kind == "transformers":
-        from pathprobe.engine.hf import TransformersEngine
+        from pathprobe.server.engine.hf import TransformersEngine
 
         return TransformersEngine(config)
     if config.kind == "vllm":
-        from pathprobe.engine.vllm_engine import VLLMEngine
+        from pathprobe.server.engine.vllm_engine import VLLMEngine
 
         return VLLMEngine(config)
     from pathprobe.errors import ConfigError

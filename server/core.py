@@ -15,7 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pathprobe import telemetry
-from pathprobe.engine.base import Engine, GenParams, Generation
+from pathprobe.server.engine.base import Engine, GenParams, Generation
 from pathprobe.errors import PathprobeError
 from pathprobe.server.metrics import ServerMetrics
 from pathprobe.timing import now_ms

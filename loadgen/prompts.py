@@ -55,10 +55,10 @@ class _WordTokenizer:
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """``tiny`` / a preset / a local folder (pathprobe.models), or ``none``."""
+    """``tiny`` / a preset / a local folder (pathprobe.server.models), or ``none``."""
     if spec in ("none", ""):
         return _WordTokenizer()
-    from pathprobe import models
+    from pathprobe.server import models
 
     return _HFTokenizer(models.load_tokenizer(spec))
 
@@ -122,7 +122,7 @@ def from_file(path: str, tok: Tokenizer | None) -> list[Prompt]:
 
 def _tokenizer_digest(spec: str) -> str | None:
     """Identity of a tokenizer from its files (no transformers import), or None."""
-    from pathprobe import models
+    from pathprobe.server import models
 
     try:
         folder = models.resolve_model(spec)
@@ -145,7 +145,7 @@ def exact_length_cached(base: str, n: int, spec: str, tok: Callable[[], Tokenize
     digest = _tokenizer_digest(spec) if spec not in ("none", "") else None
     if digest is None:
         return exact_length(base, n, tok())
-    from pathprobe import models
+    from pathprobe.server import models
 
     key = hashlib.sha256(f"{digest}\0{n}\0{base}".encode()).hexdigest()[:32]
     path = models.cache_dir() / "prompts" / f"{key}.json"

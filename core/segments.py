@@ -1,7 +1,7 @@
 """The segment model: split one request's end-to-end time into five parts.
 
 network + serialization + queueing + inference + other == e2e, exactly, for every
-request. See DESIGN.md's segment model; this module is its only implementation,
+request. See docs/design.md (the segment model); this module is its only implementation,
 used by the load generator and by trace analysis alike.
 """
 

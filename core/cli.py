@@ -22,7 +22,7 @@ VERBS = {
     "compare": "pathprobe.analysis.compare_cli",
     "analyze": "pathprobe.analysis.analyze_cli",
     "netem": "pathprobe.netem.cli",
-    "make-model": "pathprobe.models",
+    "make-model": "pathprobe.server.models",
 }
 
 

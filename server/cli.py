@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from pathprobe.engine import EngineConfig
+    from pathprobe.server.engine import EngineConfig
     from pathprobe.errors import ConfigError
     from pathprobe.server.app import ServeConfig, serve
 

@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import Any
 
-from pathprobe.engine.base import (
+from pathprobe.server.engine.base import (
     Engine,
     EngineConfig,
     Generation,
@@ -33,7 +33,7 @@ from pathprobe.engine.base import (
     TokenEvent,
     queue_full,
 )
-from pathprobe.engine.hf import IncrementalDetokenizer, holdback, stop_index
+from pathprobe.server.engine.hf import IncrementalDetokenizer, holdback, stop_index
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.timing import now_ms
 
@@ -76,7 +76,7 @@ class VLLMEngine(Engine):
             import vllm  # noqa: F401
         except ImportError as exc:
             raise ConfigError(f"--engine vllm: vLLM is not importable ({exc}); {INSTALL_HINT}") from None
-        from pathprobe import models
+        from pathprobe.server import models
 
         self.config = config
         self._folder = models.resolve_model(config.model)

@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from pathprobe import timing
-from pathprobe.engine.base import GenParams
+from pathprobe.server.engine.base import GenParams
 from pathprobe.errors import InvalidArgument, PathprobeError
 from pathprobe.server.core import RequestScope
 from pathprobe.server.http_common import (

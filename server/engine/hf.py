@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from pathprobe.engine.base import (
+from pathprobe.server.engine.base import (
     Engine,
     EngineConfig,
     Generation,
@@ -159,7 +159,7 @@ class _Req:
 
 class TransformersEngine(Engine):
     def __init__(self, config: EngineConfig) -> None:
-        from pathprobe import models
+        from pathprobe.server import models
 
         self.config = config
         self._folder = models.resolve_model(config.model)
@@ -200,7 +200,7 @@ class TransformersEngine(Engine):
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-        from pathprobe.models import has_weights
+        from pathprobe.server.models import has_weights
 
         if self._threads:
             torch.set_num_threads(self._threads)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from pathprobe import telemetry
-from pathprobe.engine import EngineConfig, create_engine
+from pathprobe.server.engine import EngineConfig, create_engine
 from pathprobe.errors import ConfigError
 from pathprobe.server.core import ServerState
 from pathprobe.server.grpc_frontend import start_grpc

@@ -8,7 +8,7 @@ a slot frees as soon as its request ends); the rest wait in a bounded queue, and
 wait is ``srv.queue``.
 
 Token k of a request is due at ``decode_start + k * D``: sleeping until an absolute
-deadline keeps late wake-ups from accumulating, and a :class:`~pathprobe.engine.pacer.Pacer`
+deadline keeps late wake-ups from accumulating, and a :class:`~pathprobe.server.engine.pacer.Pacer`
 thread wakes the loop within ~0.1 ms of each deadline (``asyncio.sleep`` alone is up to
 1 ms late, which bunched tokens at sub-millisecond token times).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from pathprobe.engine.base import (
+from pathprobe.server.engine.base import (
     Engine,
     EngineConfig,
     Generation,
@@ -27,7 +27,7 @@ from pathprobe.engine.base import (
     queue_full,
     stop_index,
 )
-from pathprobe.engine.pacer import Pacer
+from pathprobe.server.engine.pacer import Pacer
 from pathprobe.timing import now_ms
 
 # A fixed text the engine "generates", cycled; identical on every path.
@@ -39,7 +39,7 @@ _TEXT = (
 
 class SyntheticEngine(Engine):
     def __init__(self, config: EngineConfig) -> None:
-        from pathprobe.models import load_tokenizer
+        from pathprobe.server.models import load_tokenizer
 
         self.config = config
         self.tokenizer = load_tokenizer(config.model)
