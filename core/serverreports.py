@@ -35,17 +35,20 @@ handler from start to end: their total is the server's total.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pathprobe import segments
 from pathprobe.errors import PathprobeError
+from pathprobe.timing import SERVER_KIND, Chain, Hop, chain_of
 
 #: the labels of the readers (a record's hop ``desc``)
 VLLM = "vLLM per-request metrics"
 TGI = "TGI x-*-time headers"
 OLLAMA = "Ollama *_duration"
 
-_TGI_HEADERS = {
+#: TGI header -> entry
+TGI_HEADERS = {
     "x-total-time": "srv.total",
     "x-validation-time": "srv.validation",
     "x-queue-time": "srv.queue",
@@ -116,7 +119,7 @@ def from_tgi(headers: Mapping[str, str]) -> ServerReport | None:
     low = {k.lower(): v for k, v in headers.items()}
     if "x-total-time" not in low:
         return None
-    entries = {name: _number(low[key], key) for key, name in _TGI_HEADERS.items() if key in low}
+    entries = {name: _number(low[key], key) for key, name in TGI_HEADERS.items() if key in low}
     return ServerReport(TGI, entries)
 
 
@@ -139,3 +142,49 @@ def read(headers: Mapping[str, str] | None, body: Mapping[str, Any] | None) -> S
     if headers:
         return from_tgi(headers)
     return None
+
+
+# --- the split ---------------------------------------------------------------------------------
+def with_report(chain: Mapping[str, float], report: ServerReport | None) -> Chain:
+    """``chain`` with a server's own report as its innermost hop, when that report has a total.
+
+    A report with a total (TGI, Ollama) is a server hop like ours: its ``srv.total`` closes the
+    innermost link, whose remainder is network. A report without one (vLLM) is not added
+    here: see :func:`split`.
+    """
+    base = chain_of(chain)
+    if report is None or not report.has_total or any(h.kind == SERVER_KIND for h in base.hops):
+        return base
+    return Chain((Hop(SERVER_KIND, dict(report.entries), report.source), *base.hops))
+
+
+def split(
+    e2e_ms: float,
+    chain: Mapping[str, float],
+    report: ServerReport | None,
+    client_encode_ms: float = 0.0,
+    client_decode_ms: float = 0.0,
+    *,
+    network_estimate_ms: float | None = None,
+) -> segments.Split:
+    """:func:`pathprobe.segments.split` for a path that may end in a server we did not write.
+
+    With a report that has a total, the server is a reporting hop. With one that has parts but
+    no total (vLLM's engine intervals), the server is a component that reports nothing about
+    its own handling: the innermost link is unsplit (less the network estimate), and only
+    the parts the server measured inside it move from unsplit to queueing and inference.
+    """
+    full = with_report(chain, report)
+    if report is None or report.has_total or any(h.kind == SERVER_KIND for h in full.hops):
+        return segments.split(e2e_ms, full, client_encode_ms, client_decode_ms, network_estimate_ms=network_estimate_ms)
+    silent = segments.split(e2e_ms, full, client_encode_ms, client_decode_ms)  # the whole link unsplit
+    queue = report.entries.get("srv.queue", 0.0)
+    inference = report.known_ms - queue
+    room = silent.unsplit - queue - inference
+    if room < -1e-6:  # the report claims more than the client saw the server take: not booked
+        return segments.split(e2e_ms, full, client_encode_ms, client_decode_ms, network_estimate_ms=network_estimate_ms)
+    # what the server measured is booked first; the network estimate fits in what is left
+    est = None if network_estimate_ms is None else min(network_estimate_ms, max(room, 0.0))
+    s = segments.split(e2e_ms, full, client_encode_ms, client_decode_ms, network_estimate_ms=est)
+    return replace(s, queueing=s.queueing + queue, inference=s.inference + inference,
+                   unsplit=s.unsplit - queue - inference)

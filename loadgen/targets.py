@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 from pathprobe import timing
 from pathprobe.errors import ConfigError
+from pathprobe.serverreports import TGI_HEADERS, ReportError, ServerReport
+from pathprobe.serverreports import read as read_report
 
 pc = time.perf_counter_ns
 
@@ -77,6 +79,12 @@ class Outcome:
     error: str | None = None
     entries: dict[str, float] = field(default_factory=dict)
     response_bytes: int = 0
+    #: the TCP handshake time of the connection that carried the request (HTTP/1.1): a
+    #: transport round trip measured without the application, the network estimate of a
+    #: link whose far end reports nothing
+    network_estimate_ms: float | None = None
+    #: what a third-party server reported about the request itself (vLLM, TGI, Ollama)
+    server_report: ServerReport | None = None
 
 
 class Target:
@@ -195,6 +203,8 @@ class _HttpBase(Target):
         )
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
+        self.connect_ms: float | None = None
+        _time_connects(self.client, self)
 
     def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
@@ -203,7 +213,9 @@ class _HttpBase(Target):
         hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         if headers:
             hdrs.update(headers)
-        return self.client.post(self.prefix + path, body=body, headers=hdrs)
+        resp = self.client.post(self.prefix + path, body=body, headers=hdrs)
+        out.network_estimate_ms = self.connect_ms
+        return resp
 
     def _entries_from_header(self, resp: Any) -> dict[str, float]:
         value = resp.get("server-timing") if hasattr(resp, "get") else None
@@ -271,6 +283,32 @@ class _HttpBase(Target):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _time_connects(client: Any, into: _HttpBase) -> None:
+    """Time each TCP connect of ``client``'s pool (the kernel's handshake: one round trip)."""
+    pool = client._connection_pool
+    connect = pool._connect_socket
+
+    def timed(sock: Any, address: Any) -> Any:
+        t0 = pc()
+        sock = connect(sock, address)
+        into.connect_ms = (pc() - t0) / 1e6
+        return sock
+
+    pool._connect_socket = timed
+
+
+def _take_report(resp: Any, obj: Any, out: Outcome) -> None:
+    """A third-party server's own report of the request (body fields or TGI's headers)."""
+    headers = {k: v for k in TGI_HEADERS if isinstance(v := resp.get(k), str)} if hasattr(resp, "get") else None
+    try:
+        rep = read_report(headers, obj if isinstance(obj, dict) else None)
+    except ReportError as exc:
+        out.error = f"server report ignored: {exc.message}"
+        return
+    if rep is not None:
+        out.server_report = rep
 
 
 class NativeHttpTarget(_HttpBase):
@@ -370,6 +408,7 @@ class OpenAITarget(_HttpBase):
             usage = obj.get("usage") or {}
             out.tokens_out = usage.get("completion_tokens")
             out.tokens_in = usage.get("prompt_tokens")
+            _take_report(resp, obj, out)
             st = obj.get("server_timing")
             if st and not out.entries:
                 out.entries = parse_timing(st)
@@ -386,6 +425,8 @@ class OpenAITarget(_HttpBase):
                     out.token_times.append(ta)
                     state["n"] += 1
             _take_usage_and_timing(obj, out)
+            if "metrics" in obj:  # vLLM: the final usage chunk carries its per-request metrics
+                _take_report(None, obj, out)
 
         self._sse(resp, out, on_event)
         if out.tokens_out is None:

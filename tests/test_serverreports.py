@@ -106,3 +106,64 @@ def test_read_finds_each_source() -> None:
 def test_an_unreadable_report_is_an_error_naming_the_field(call, field) -> None:
     with pytest.raises(sr.ReportError, match=field):
         call()
+
+
+# --- onto the segments ---------------------------------------------------------------------------
+SEGS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
+
+
+def _adds_up(s) -> None:
+    assert sum(getattr(s, k) for k in SEGS) == pytest.approx(s.e2e, abs=1e-9)
+
+
+def test_a_server_that_reports_nothing_is_unsplit_with_the_estimate_as_network() -> None:
+    s = sr.split(25.0, {}, None, 0.2, 0.3, network_estimate_ms=0.1)
+    _adds_up(s)
+    assert s.unsplit == pytest.approx(24.4) and s.network == pytest.approx(0.1) and s.network_estimated
+    assert s.queueing == s.inference == s.other == 0.0
+    s = sr.split(25.0, {}, None, 0.2, 0.3)  # nothing measured on the link: all of it unsplit
+    assert s.unsplit == pytest.approx(24.5) and s.network == 0.0 and not s.network_estimated
+
+
+def test_a_report_with_a_total_is_a_server_hop() -> None:
+    rep = sr.from_tgi(TGI_HEADERS)  # total 412 = validation 1 + queue 3 + inference 408
+    s = sr.split(413.5, {}, rep, 0.2, 0.3, network_estimate_ms=0.1)
+    _adds_up(s)
+    assert s.queueing == 3.0 and s.inference == 408.0 and s.other == pytest.approx(1.0)
+    assert s.network == pytest.approx(1.0) and not s.network_estimated and s.unsplit == 0.0
+    rep = sr.from_ollama(OLLAMA_GENERATE)
+    s = sr.split(5045.0, {}, rep)
+    _adds_up(s)
+    assert s.inference == pytest.approx(325.953 + 4709.213) and s.queueing == 0.0
+    assert s.other == pytest.approx(5043.500667 - 325.953 - 4709.213)  # load_duration and the rest
+
+
+def test_a_report_without_a_total_books_only_what_it_measured() -> None:
+    rep = sr.from_vllm(VLLM_COMPLETION)  # queue 0.034, prefill 10.57, decode 15.85: 26.45 ms
+    s = sr.split(30.0, {}, rep, 0.2, 0.3, network_estimate_ms=0.1)
+    _adds_up(s)
+    assert s.queueing == pytest.approx(0.03425099998821679)
+    assert s.inference == pytest.approx(10.569576000079905 + 15.847064000013233)
+    assert s.network == pytest.approx(0.1) and s.network_estimated
+    assert s.unsplit == pytest.approx(30.0 - 0.5 - 0.1 - rep.known_ms)  # vLLM's HTTP, tokenizing, output
+    # the estimate never eats what the server measured
+    s = sr.split(27.0, {}, rep, 0.2, 0.3, network_estimate_ms=5.0)
+    _adds_up(s)
+    assert s.inference == pytest.approx(10.569576000079905 + 15.847064000013233) and s.unsplit == pytest.approx(0.0)
+    # a report that claims more than the client saw is not booked
+    s = sr.split(10.0, {}, rep, 0.2, 0.3)
+    _adds_up(s)
+    assert s.queueing == 0.0 and s.inference == 0.0 and s.unsplit == pytest.approx(9.5)
+
+
+def test_behind_a_reporting_gateway_the_inner_link_is_unsplit() -> None:
+    from pathprobe import timing
+
+    chain = timing.parse_chain("gw.decode;dur=0.1, gw.upstream;dur=28.0, gw.encode;dur=0.1, gw.total;dur=28.5")
+    rep = sr.from_vllm(VLLM_COMPLETION)
+    s = sr.split(29.5, chain, rep, 0.2, 0.3)
+    _adds_up(s)
+    assert s.network_hop1 == pytest.approx(0.5) and s.serialization == pytest.approx(0.7)
+    assert s.other == pytest.approx(0.3)  # the gateway's own time
+    assert s.inference + s.queueing == pytest.approx(rep.known_ms)
+    assert s.unsplit == pytest.approx(28.0 - rep.known_ms)
