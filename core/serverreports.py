@@ -188,3 +188,19 @@ def split(
     s = segments.split(e2e_ms, full, client_encode_ms, client_decode_ms, network_estimate_ms=est)
     return replace(s, queueing=s.queueing + queue, inference=s.inference + inference,
                    unsplit=s.unsplit - queue - inference)
+
+
+def network_estimate(chain: Mapping[str, float], client_connect_ms: float | None) -> float | None:
+    """The measured transport round trip of the innermost link, where there is one.
+
+    On a direct path that is the client's own TCP connect time; behind forwarding hops, the
+    innermost reporting forwarder's ``<kind>.connect`` (our gateway's ``gw.connect``). A path
+    that ends in a reporting server needs none (its network is measured exactly).
+    """
+    hops = [h for h in chain_of(chain).hops if h.has("total")]
+    if not hops:
+        return client_connect_ms
+    inner = hops[0]
+    if inner.kind == SERVER_KIND:
+        return None
+    return inner.entries.get(f"{inner.kind}.connect")

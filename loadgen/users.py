@@ -26,7 +26,7 @@ import gevent  # noqa: E402
 from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 
-from pathprobe import segments  # noqa: E402
+from pathprobe import segments, serverreports  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
 from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
@@ -161,9 +161,14 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         if ttft is not None and n > 1:
             tpot = (e2e - ttft) / (n - 1)
     if out.ok:
-        s = segments.split(e2e, out.entries, enc, dec)
+        rep = out.server_report
+        est = serverreports.network_estimate(out.entries, out.network_estimate_ms)
+        s = serverreports.split(e2e, out.entries, rep, enc, dec, network_estimate_ms=est)
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
+        sp["links"] = list(s.links)
+        sp["hops"] = [{"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other}
+                      for h in s.hops]
     else:
         sp = None
     return {
@@ -184,6 +189,9 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         "tokens_out": out.tokens_out,
         "schedule_lag_ms": lag,
         "entries": out.entries,
+        "server_report": {"source": out.server_report.source, "entries": out.server_report.entries}
+        if out.server_report is not None else None,
+        "network_estimate_ms": out.network_estimate_ms,
         "split": sp,
         "trace_id": None,
         "user": user,

@@ -1,0 +1,133 @@
+"""Servers we did not write: split without inventing (real processes, real Locust, loopback).
+
+A small OpenAI-compatible server (tests/support/openai_server.py) takes a known time per
+request and reports nothing, or exactly what TGI / vLLM / Ollama would report. Ground truth:
+the known time must land in the unsplit part (nothing reported) or in queueing/inference
+(reported), and network must match what the same path shows to our own server.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import Proc, free_port, wait_http
+from tests.test_load_e2e import load_records, run_load
+
+pytestmark = pytest.mark.slow
+
+SEGS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
+KNOWN_MS = 20.0
+
+
+class OpenAIServer(Proc):
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.port = free_port()
+        super().__init__([sys.executable, "-m", "tests.support.openai_server", "--port", str(self.port), *args],
+                         tmp / f"openai-{self.port}.log")
+        try:
+            wait_http(f"{self.url}/v1/models", 30, self.popen)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"test server did not start:\n{self.log()}") from None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="module")
+def silent(tmp_path_factory) -> Iterator[OpenAIServer]:
+    srv = OpenAIServer(tmp_path_factory.mktemp("silent"), "--decode-ms", str(KNOWN_MS))
+    yield srv
+    srv.stop()
+
+
+def _load(out: Path, url: str, *extra: str) -> list[dict]:
+    run_load(out, "-H", "openai+" + url, "-u", "1", "-r", "1", "-t", "3s", "--max-tokens", "4",
+             "--tokenizer", "none", *extra)
+    recs = [r for r in load_records(out) if r["ok"]]
+    assert len(recs) >= 10, recs[:2]
+    for r in recs:
+        sp = r["split"]
+        assert sum(sp[k] for k in SEGS) == pytest.approx(r["e2e_ms"], abs=1e-6)
+    return recs
+
+
+def _median(recs: list[dict], seg: str) -> float:
+    return statistics.median(r["split"][seg] for r in recs)
+
+
+def test_a_server_that_reports_nothing_is_unsplit_and_network_matches_our_server(
+        silent, synthetic_server, tmp_path) -> None:
+    theirs = _load(tmp_path / "theirs", silent.url)
+    ours = _load(tmp_path / "ours", synthetic_server.http_url)
+    for r in theirs:
+        sp = r["split"]
+        assert r["entries"] == {} and r["server_report"] is None
+        assert sp["network_estimated"] is True and r["network_estimate_ms"] is not None
+        assert sp["network"] == pytest.approx(r["network_estimate_ms"])  # a TCP handshake, nothing guessed
+        assert sp["unsplit"] >= KNOWN_MS  # the server's known time is inside the unsplit part
+        assert sp["queueing"] == sp["inference"] == sp["other"] == 0.0
+    assert KNOWN_MS <= _median(theirs, "unsplit") < KNOWN_MS + 5.0
+    for r in ours:
+        assert r["split"]["network_estimated"] is False and r["split"]["unsplit"] == 0.0
+    net_theirs, net_ours = _median(theirs, "network"), _median(ours, "network")
+    assert abs(net_theirs - net_ours) <= 0.5, (net_theirs, net_ours)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_vllm_style_metrics_book_queue_and_inference_and_leave_the_rest_unsplit(tmp_path, stream) -> None:
+    srv = OpenAIServer(tmp_path, "--queue-ms", "8", "--prefill-ms", "5", "--decode-ms", "12", "--report", "vllm")
+    try:
+        recs = _load(tmp_path / "load", srv.url, *(["--stream"] if stream else []))
+    finally:
+        srv.stop()
+    for r in recs:
+        sp, rep = r["split"], r["server_report"]
+        assert rep["source"] == "vLLM per-request metrics" and "srv.total" not in rep["entries"]
+        assert sp["queueing"] == pytest.approx(rep["entries"]["srv.queue"]) and sp["queueing"] >= 8.0
+        assert sp["inference"] == pytest.approx(rep["entries"]["srv.prefill"] + rep["entries"]["srv.decode_steps"])
+        assert sp["inference"] >= 17.0
+        assert sp["network_estimated"] is True and sp["unsplit"] >= 0
+    assert _median(recs, "unsplit") < 5.0  # its HTTP handling only (a busy 2-core box: scheduling)
+
+
+def test_tgi_headers_make_a_server_hop(tmp_path) -> None:
+    srv = OpenAIServer(tmp_path, "--queue-ms", "6", "--decode-ms", "15", "--report", "tgi")
+    try:
+        recs = _load(tmp_path / "load", srv.url)
+    finally:
+        srv.stop()
+    for r in recs:
+        sp, rep = r["split"], r["server_report"]
+        assert rep["source"] == "TGI x-*-time headers"
+        assert sp["queueing"] == rep["entries"]["srv.queue"] >= 6.0  # whole milliseconds
+        assert sp["inference"] == rep["entries"]["srv.inference"] >= 15.0
+        assert sp["unsplit"] == 0.0 and sp["network_estimated"] is False
+        assert [h["label"] for h in sp["hops"]] == ["srv (TGI x-*-time headers)"]
+        assert sp["network"] > 0  # TGI rounds its total down to whole ms: never less than the real link
+    assert _median(recs, "network") < 2.0  # the link plus < 1 ms of rounding
+
+
+def test_behind_our_gateway_the_silent_server_is_unsplit_and_the_gateway_measures_its_link(
+        silent, tmp_path) -> None:
+    port = free_port()
+    gw = Proc([sys.executable, "-m", "pathprobe", "gateway", "--mode", "http-proxy", "--listen", f"127.0.0.1:{port}",
+               "--upstream", f"127.0.0.1:{silent.port}"], tmp_path / "gw.log")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", 30, gw.popen)
+        recs = _load(tmp_path / "load", f"http://127.0.0.1:{port}")
+    finally:
+        gw.stop()
+    for r in recs:
+        sp, e = r["split"], r["entries"]
+        assert {"gw.total", "gw.upstream", "gw.connect"} <= set(e)
+        assert len(sp["links"]) == 2  # client <-> gateway (measured), gateway <-> server (estimated)
+        assert sp["links"][1] == pytest.approx(e["gw.connect"]) and sp["network_estimated"] is True
+        assert sp["unsplit"] >= KNOWN_MS
+        assert sp["unsplit"] == pytest.approx(e["gw.upstream"] - e["gw.connect"])
