@@ -15,9 +15,9 @@ from pathprobe.timing import now_ms
 
 
 class ConnectTimes:
-    """The TCP connect time (ms) of the latest new connection to each upstream ``H:P``: a
-    transport round trip measured without the application, reported as ``gw.connect`` (the
-    network estimate of the gateway <-> upstream link when the upstream reports nothing)."""
+    """The shortest TCP connect time (ms) seen to each upstream ``H:P``: a transport round trip
+    measured without the application, reported as ``gw.connect`` (the network estimate of the
+    gateway <-> upstream link when the upstream reports nothing)."""
 
     def __init__(self) -> None:
         self.by_target: dict[str, float] = {}
@@ -37,7 +37,8 @@ class ConnectTimes:
         async def on_create_end(_s: Any, ctx: Any, _p: Any) -> None:
             t0 = getattr(ctx, "connect_t0", None)
             if t0 is not None and getattr(ctx, "target", None):
-                self.by_target[ctx.target] = now_ms() - t0
+                ms = now_ms() - t0
+                self.by_target[ctx.target] = min(ms, self.by_target.get(ctx.target, ms))
 
         tc.on_request_start.append(on_request)
         tc.on_connection_create_start.append(on_create_start)

