@@ -125,3 +125,46 @@ def test_vllm_server_through_our_gateway_with_one_trace(vllm_server, receiver, t
     gw_client = [sp for sp in trace if sp.kind == sp.SPAN_KIND_CLIENT and sp.name.startswith("POST")]
     assert gw_client and one.parent_span_id == gw_client[0].span_id  # the gateway's traceparent continued
 
+
+
+@pytest.mark.timeout(1200)
+def test_compare_starts_vllm_server_and_a_gateway_in_front_of_it(tmp_path) -> None:
+    """Local mode starts vLLM's own server on loopback like nginx, beside ours; queue and inference
+    of the vLLM paths come from vLLM's own reports, the rest of its time is unsplit."""
+    import json
+    import subprocess
+
+    import yaml
+
+    cfg = {
+        "out": str(tmp_path / "out"), "tracing": False, "bootstrap": 200,
+        "server": {"engine": "synthetic", "decode_ms_per_token": 1.0},
+        "load": {"duration_s": 2, "warmup_s": 1, "rounds": 1, "concurrency": [1], "max_tokens": 8,
+                 "prompt_tokens": 16, "stream": False},
+        "targets": [
+            {"name": "ours", "kind": "direct", "protocol": "openai"},
+            {"name": "vllm-server", "kind": "vllm"},
+            {"name": "vllm-via-gateway", "kind": "gateway", "mode": "http-proxy", "upstream": "vllm"},
+        ],
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True,
+                         timeout=1100)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    t = report["targets"]
+    for name in ("ours", "vllm-server", "vllm-via-gateway"):
+        assert t[name]["status"] == "ok", (name, t[name].get("reason"))
+    ours, direct, via = (t[n]["by_concurrency"]["1"]["segments"] for n in ("ours", "vllm-server", "vllm-via-gateway"))
+    assert ours["unsplit"]["mean"] == 0.0 and ours["inference"]["mean"] > 0
+    for seg in (direct, via):
+        assert seg["inference"]["mean"] > 0 and seg["unsplit"]["mean"] > 0
+    groups = {n: t[n]["by_concurrency"]["1"] for n in ("ours", "vllm-server", "vllm-via-gateway")}
+    assert groups["ours"]["network_estimated"] == 0  # labelled "est." in the tables where not 0
+    assert groups["vllm-server"]["network_estimated"] == groups["vllm-server"]["ok"] > 0
+    recs = [json.loads(line) for f in (tmp_path / "out" / "runs" / "vllm-via-gateway").rglob("records.jsonl")
+            for line in f.read_text().splitlines() if line]
+    ok = [r for r in recs if r["ok"]]
+    assert ok and all(r["server_report"]["source"] == "vLLM per-request metrics" for r in ok)
+    assert all("gw.connect" in r["entries"] for r in ok)

@@ -8,6 +8,7 @@ the known time must land in the unsplit part (nothing reported) or in queueing/i
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from collections.abc import Iterator
@@ -78,6 +79,11 @@ def test_a_server_that_reports_nothing_is_unsplit_and_network_matches_our_server
     assert KNOWN_MS <= _median(theirs, "unsplit") < KNOWN_MS + 5.0
     for r in ours:
         assert r["split"]["network_estimated"] is False and r["split"]["unsplit"] == 0.0
+    # the summary says how many requests' network is an estimate (what labels it in the tables)
+    routes = json.loads((tmp_path / "theirs" / "summary.json").read_text())["routes"]
+    assert routes["openai.completions"]["network_estimated"] == routes["openai.completions"]["ok"] > 0
+    routes = json.loads((tmp_path / "ours" / "summary.json").read_text())["routes"]
+    assert routes["openai.completions"]["network_estimated"] == 0
     net_theirs, net_ours = _median(theirs, "network"), _median(ours, "network")
     assert abs(net_theirs - net_ours) <= 0.5, (net_theirs, net_ours)
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.report import SEG_COLS, fmt_ms, metric_values
+from pathprobe.analysis.report import ESTIMATED_NOTE, SEG_COLS, fmt_ms, metric_values, seg_cell
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {"network": "#4e79a7", "serialization": "#f28e2b", "queueing": "#e15759",
@@ -56,10 +56,15 @@ def plot_segments(report: Mapping[str, Any]) -> str | None:
     for ax, conc in zip(axes[0], concs):
         names = _names(report, conc)
         left = [0.0] * len(names)
+        groups = [report["targets"][n]["by_concurrency"][str(conc)] for n in names]
         for seg in SEGMENTS:
-            vals = [max(0.0, report["targets"][n]["by_concurrency"][str(conc)]["segments"][seg].get("mean", 0.0))
-                    for n in names]
+            vals = [max(0.0, g["segments"][seg].get("mean", 0.0)) for g in groups]
             ax.barh(names, vals, left=left, color=SEG_COLORS[seg], label=seg)
+            if seg == "network" and any(g.get("network_estimated") for g in groups):
+                # an estimated network (a transport round trip, not the request's own) is hatched
+                est = [v if g.get("network_estimated") else 0.0 for v, g in zip(vals, groups)]
+                ax.barh(names, est, left=left, color=SEG_COLORS[seg], hatch="///", edgecolor="white",
+                        label="network (estimated)")
             left = [a + b for a, b in zip(left, vals)]
         ax.invert_yaxis()
         ax.set_xlabel("ms per request (mean)")
@@ -217,7 +222,7 @@ def _table(report: Mapping[str, Any], conc: int) -> str:
             fmt_ms(p.get("p50", {}).get("value")),
             f"{fmt_ms(p.get('p50', {}).get('lo'))} – {fmt_ms(p.get('p50', {}).get('hi'))}",
             fmt_ms(p.get("p95", {}).get("value")), fmt_ms(p.get("p99", {}).get("value")),
-            *[fmt_ms(seg[s].get("mean")) for s in (*SEGMENTS, "network_hop1", "network_hop2")],
+            *[seg_cell(g, s) for s in SEGMENTS], *[fmt_ms(seg[s].get("mean")) for s in ("network_hop1", "network_hop2")],
             f"{c['p50_diff_ms']:+.3f}" if c else "–", f"{c['p_adjusted']:.2g}" if c else "–",
             f"{c['cliffs_delta']:+.2f} ({c['magnitude']})" if c else "–", f"{c['cohens_d']:+.2f}" if c else "–",
         ]
@@ -270,6 +275,9 @@ def render(
     for conc in report["concurrency"]:
         parts.append(f"<h2>Concurrency {conc}</h2>")
         parts.append(_table(report, conc))
+        if any(t.get("by_concurrency", {}).get(str(conc), {}).get("network_estimated")
+               for t in report["targets"].values()):
+            parts.append(f"<p class='estimated'>{html.escape(ESTIMATED_NOTE)}.</p>")
         for w in report.get("client_warnings") or []:
             if w["concurrency"] == conc:
                 cls, label = (("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note"))
