@@ -60,6 +60,15 @@ _OLLAMA_FIELDS = {
     "prompt_eval_duration": "srv.prefill",
     "eval_duration": "srv.decode_steps",
 }
+#: vLLM's OTLP span for one request (``--otlp-traces-endpoint``) and its attributes (seconds)
+VLLM_SPAN = "llm_request"
+_VLLM_SPAN_ATTRS = {
+    "gen_ai.latency.time_in_queue": "srv.queue",
+    "gen_ai.latency.time_in_model_prefill": "srv.prefill",
+    "gen_ai.latency.time_in_model_decode": "srv.decode_steps",
+}
+#: its source label (the same intervals as the response's metrics, read from the trace)
+VLLM_TRACE = "vLLM llm_request span"
 _VLLM_FIELDS = {
     "queue_time_ms": "srv.queue",
     "time_to_first_token_ms": "srv.prefill",
@@ -112,6 +121,16 @@ def from_vllm(body: Mapping[str, Any]) -> ServerReport | None:
     entries = {name: _number(metrics[key], f"metrics.{key}") for key, name in _VLLM_FIELDS.items()
                if metrics.get(key) is not None}
     return ServerReport(VLLM, entries) if entries else None
+
+
+def from_vllm_span(attributes: Mapping[str, Any]) -> ServerReport | None:
+    """vLLM's ``llm_request`` span attributes (``gen_ai.latency.*``, seconds) as a report.
+
+    vLLM times these in its engine, like its response ``metrics``: no total (its
+    ``gen_ai.latency.e2e`` starts when the engine got the request, not when the server did)."""
+    entries = {name: _number(attributes[key], key) * 1000.0 for key, name in _VLLM_SPAN_ATTRS.items()
+               if attributes.get(key) is not None}
+    return ServerReport(VLLM_TRACE, entries) if entries else None
 
 
 def from_tgi(headers: Mapping[str, str]) -> ServerReport | None:

@@ -167,3 +167,19 @@ def test_behind_a_reporting_gateway_the_inner_link_is_unsplit() -> None:
     assert s.other == pytest.approx(0.3)  # the gateway's own time
     assert s.inference + s.queueing == pytest.approx(rep.known_ms)
     assert s.unsplit == pytest.approx(28.0 - rep.known_ms)
+
+
+def test_vllm_llm_request_span_attributes_are_seconds() -> None:
+    # attribute names and units as vLLM 0.32's output processor sets them (v1/engine/output_processor.py)
+    attrs = {"gen_ai.latency.time_to_first_token": 0.0121, "gen_ai.latency.e2e": 0.0302,
+             "gen_ai.latency.time_in_queue": 0.00004, "gen_ai.usage.prompt_tokens": 16,
+             "gen_ai.usage.completion_tokens": 8, "gen_ai.latency.time_in_model_prefill": 0.0105,
+             "gen_ai.latency.time_in_model_decode": 0.0158, "gen_ai.latency.time_in_model_inference": 0.0263,
+             "gen_ai.request.id": "cmpl-1"}
+    rep = sr.from_vllm_span(attrs)
+    assert rep is not None and rep.source == sr.VLLM_TRACE and not rep.has_total
+    assert rep.entries == {"srv.queue": pytest.approx(0.04), "srv.prefill": pytest.approx(10.5),
+                           "srv.decode_steps": pytest.approx(15.8)}
+    assert sr.from_vllm_span({"gen_ai.request.id": "x"}) is None
+    with pytest.raises(sr.ReportError, match="gen_ai.latency.time_in_queue"):
+        sr.from_vllm_span({"gen_ai.latency.time_in_queue": "soon"})

@@ -8,7 +8,9 @@ sent to a real OTLP receiver in the test process.
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,6 +126,28 @@ def test_vllm_server_through_our_gateway_with_one_trace(vllm_server, receiver, t
     assert "llm_request" in names and any(n.startswith("openai.completions") for n in names), names
     gw_client = [sp for sp in trace if sp.kind == sp.SPAN_KIND_CLIENT and sp.name.startswith("POST")]
     assert gw_client and one.parent_span_id == gw_client[0].span_id  # the gateway's traceparent continued
+
+    # pathprobe analyze joins vLLM's span into the same split: its queue and engine phases from the
+    # span agree with what vLLM put in the responses, the rest of the server stays unsplit
+    traces_file = tmp_path / "spans.json"
+    receiver.dump(traces_file, {bytes.fromhex(i) for i in ids})
+    res = subprocess.run([sys.executable, "-m", "pathprobe", "analyze", str(traces_file), "--json",
+                          str(tmp_path / "analyze.json")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    by_id = {t["trace_id"]: t for t in json.loads((tmp_path / "analyze.json").read_text())["traces"]}
+    matched = 0
+    for r in recs:
+        t = by_id.get(r["trace_id"])
+        if t is None:
+            continue
+        matched += 1
+        assert t["server_report"]["source"] == "vLLM llm_request span"
+        assert any(h.startswith("engine:") for h in t["hops"])
+        sp, ref = t["split"], r["split"]
+        assert sp["queueing"] == pytest.approx(ref["queueing"], abs=0.01)
+        assert sp["inference"] == pytest.approx(ref["inference"], abs=0.01)
+        assert sp["unsplit"] == pytest.approx(ref["unsplit"], abs=0.05)
+    assert matched == len(ids)
 
 
 
