@@ -101,6 +101,47 @@ def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequ
     return _png(fig)
 
 
+def plot_waterfalls(report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
+                    ) -> str | None:
+    """One typical request (median e2e, highest concurrency) per configuration as a waterfall."""
+    import matplotlib.pyplot as plt
+
+    from pathprobe.analysis.waterfall import bars, representative
+
+    conc = max(report["concurrency"])
+    picked = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]
+    picked = [(n, r) for n, r in picked if r is not None]
+    if not picked:
+        return None
+    heights = [len({b.row for b in bars(r)}) for _, r in picked]
+    fig, axes = plt.subplots(len(picked), 1, figsize=(10, sum(0.45 * h + 0.9 for h in heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (name, rec) in zip(axes[:, 0], picked):
+        bs = bars(rec)
+        rows = list(dict.fromkeys(b.row for b in bs))
+        for b in bs:
+            y = rows.index(b.row)
+            if b.part == "span":
+                ax.barh(y, b.dur, left=b.start, color="#e8e8e8", edgecolor="#888888", height=0.7)
+            elif b.part == "unsplit":
+                ax.barh(y, b.dur, left=b.start, color=SEG_COLORS["unsplit"], hatch="xx", edgecolor="white",
+                        height=0.7, label="unsplit (reports nothing)")
+            else:
+                ax.barh(y, b.dur, left=b.start, color=SEG_COLORS.get(b.part, "#999999"), height=0.45)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.invert_yaxis()
+        est = " (network estimated)" if rec["split"].get("network_estimated") else ""
+        ax.set_title(f"{name}: one request of {rec['e2e_ms']:.2f} ms (median){est}", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1][0].set_xlabel("ms from the client's send (a component is drawn centred in its caller: only "
+                           "durations are measured)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS[s]) for s in ("serialization", "queueing", "inference")]
+    handles.append(plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS["unsplit"], hatch="xx"))
+    axes[0][0].legend(handles, ["serialization", "queueing", "inference", "unsplit (reports nothing)"],
+                      fontsize=7, loc="lower right")
+    return _png(fig)
+
+
 def plot_streaming(
     report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
 ) -> str | None:
@@ -244,6 +285,10 @@ def render(
          "end-to-end time.", plot_segments(report)),
         ("Latency distribution", "Empirical CDF of every measured request (rounds pooled).",
          plot_cdfs(report, samples)),
+        ("One request, hop by hop", "A typical request (median end-to-end, highest concurrency) of each "
+         "configuration: client, each reporting hop, the server and its engine phases; a part inside a "
+         "component that reports nothing is hatched (unsplit), with the phases its engine reported drawn "
+         "inside it.", plot_waterfalls(report, records)),
         ("Streaming: TTFT and inter-token latency", "Client-observed, highest concurrency.",
          plot_streaming(report, records)),
         ("Concurrency sweep", "p50 with its 95% bootstrap interval, p99 dashed; throughput on the right.",
