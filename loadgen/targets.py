@@ -429,6 +429,78 @@ class OpenAITarget(_HttpBase):
         _finish_stream(out, state["err"])
 
 
+class OllamaTarget(_HttpBase):
+    """Ollama's native ``POST /api/generate`` (newline-delimited JSON objects when streaming).
+
+    Ollama's OpenAI-compatible routes carry no timing; its native route's final object has
+    ``total_duration`` / ``load_duration`` / ``prompt_eval_duration`` / ``eval_duration``
+    (ns), read as the server's own report (a server hop)."""
+
+    kind = "ollama"
+
+    def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
+        super().__init__(base_url, timeout_s)
+        self._model: str | None = None
+
+    def route(self, stream: bool) -> str:
+        return "ollama.generate.stream" if stream else "ollama.generate"
+
+    def default_model(self) -> str:
+        """First model of ``GET /api/tags`` (Ollama requires a model name)."""
+        if self._model is None:
+            self._model = "default"
+            try:
+                resp = self.client.get(self.prefix + "/api/tags")
+                body = resp.read()
+                if resp.status_code == 200:
+                    models = json.loads(body).get("models") or []
+                    if models and models[0].get("name"):
+                        self._model = str(models[0]["name"])
+            except Exception:  # noqa: BLE001 - fall back to "default"; the server will say if wrong
+                pass
+        return self._model
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
+        body = {"model": spec.model or self.default_model(), "prompt": spec.prompt, "stream": spec.stream,
+                "raw": True, "options": {"num_predict": spec.max_tokens, "temperature": 0.0}}
+        resp = self._post("/api/generate", body, headers, out)
+        if resp.status_code != 200:
+            self._error(resp, out)
+            return
+        if not spec.stream:
+            obj = self._unary(resp, out)
+            out.tokens_out, out.tokens_in = obj.get("eval_count"), obj.get("prompt_eval_count")
+            _take_report(resp, obj, out)
+            out.ok, out.status = True, "OK"
+            return
+        dec, n, err = 0, 0, None
+        while True:
+            line = resp.readline(b"\n")
+            if not line:
+                break
+            if not line.strip():
+                continue
+            out.response_bytes += len(line)
+            ta = pc()
+            obj = self._loads(line)
+            dec += pc() - ta
+            if obj.get("error"):
+                err = obj["error"]
+            if obj.get("response"):
+                out.token_times.append(ta)
+                n += 1
+            if obj.get("done"):
+                out.tokens_out, out.tokens_in = obj.get("eval_count", n), obj.get("prompt_eval_count")
+                _take_report(None, obj, out)
+        resp.read()
+        out.t_end = pc()
+        out.decode_ns = dec
+        if out.tokens_out is None:
+            out.tokens_out = n
+        out.entries = self._entries_from_header(resp)
+        _finish_stream(out, err)
+
+
 def _take_usage_and_timing(obj: dict[str, Any], out: Outcome) -> None:
     """An SSE event's ``usage`` and ``server_timing`` (the last event carries them)."""
     usage = obj.get("usage")
@@ -471,7 +543,9 @@ def parse_host(host: str) -> tuple[str, str]:
     if scheme in ("openai+http", "openai+https", "openai"):
         inner = scheme.split("+", 1)[1] if "+" in scheme else "http"
         return "openai", f"{inner}://{parts.netloc}{parts.path}".rstrip("/")
-    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc://, http:// or openai+http://")
+    if scheme in ("ollama+http", "ollama+https"):
+        return "ollama", f"{scheme.split('+', 1)[1]}://{parts.netloc}{parts.path}".rstrip("/")
+    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc://, http://, openai+http:// or ollama+http://")
 
 
 def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions") -> Target:
@@ -480,4 +554,6 @@ def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completio
         return GrpcTarget(addr, timeout_s)
     if kind == "http":
         return NativeHttpTarget(addr, timeout_s)
+    if kind == "ollama":
+        return OllamaTarget(addr, timeout_s)
     return OpenAITarget(addr, timeout_s, openai_api)

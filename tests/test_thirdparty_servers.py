@@ -48,8 +48,8 @@ def silent(tmp_path_factory) -> Iterator[OpenAIServer]:
     srv.stop()
 
 
-def _load(out: Path, url: str, *extra: str) -> list[dict]:
-    run_load(out, "-H", "openai+" + url, "-u", "1", "-r", "1", "-t", "3s", "--max-tokens", "4",
+def _load(out: Path, url: str, *extra: str, scheme: str = "openai+") -> list[dict]:
+    run_load(out, "-H", scheme + url, "-u", "1", "-r", "1", "-t", "3s", "--max-tokens", "4",
              "--tokenizer", "none", *extra)
     recs = [r for r in load_records(out) if r["ok"]]
     assert len(recs) >= 10, recs[:2]
@@ -120,6 +120,25 @@ def test_tgi_headers_make_a_server_hop(tmp_path) -> None:
         assert [h["label"] for h in sp["hops"]] == ["srv (TGI x-*-time headers)"]
         assert sp["network"] > 0  # TGI rounds its total down to whole ms: never less than the real link
     assert _median(recs, "network") < 2.0  # the link plus < 1 ms of rounding
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_ollama_native_route_durations_make_a_server_hop(tmp_path, stream) -> None:
+    srv = OpenAIServer(tmp_path, "--queue-ms", "3", "--prefill-ms", "4", "--decode-ms", "12", "--report", "ollama")
+    try:
+        recs = _load(tmp_path / "load", srv.url, *(["--stream"] if stream else []), scheme="ollama+")
+    finally:
+        srv.stop()
+    for r in recs:
+        sp, rep = r["split"], r["server_report"]
+        assert r["route"] == ("ollama.generate.stream" if stream else "ollama.generate")
+        assert rep["source"] == "Ollama *_duration" and r["tokens_out"] == 4
+        assert sp["inference"] == pytest.approx(rep["entries"]["srv.prefill"] + rep["entries"]["srv.decode_steps"])
+        assert sp["inference"] >= 16.0 and sp["queueing"] == 0.0  # Ollama reports no queue of its own
+        assert sp["other"] >= rep["entries"]["srv.load"] >= 3.0  # scheduler wait + load: other
+        assert sp["unsplit"] == 0.0 and sp["network_estimated"] is False
+        assert [h["label"] for h in sp["hops"]] == ["srv (Ollama *_duration)"]
+    assert _median(recs, "network") < 2.0
 
 
 def test_behind_our_gateway_the_silent_server_is_unsplit_and_the_gateway_measures_its_link(

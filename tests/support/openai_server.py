@@ -55,6 +55,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/v1/models":
             self._send(200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode())
+        elif self.path == "/api/tags":  # Ollama's model list
+            self._send(200, json.dumps({"models": [{"name": MODEL, "model": MODEL}]}).encode())
         elif self.path in ("/health", "/healthz"):
             self._send(200, b"{}")
         else:
@@ -74,8 +76,11 @@ class Handler(BaseHTTPRequestHandler):
         cfg = self.server.cfg
         q = _sleep_ms(cfg.queue_ms)
         p = _sleep_ms(cfg.prefill_ms)
-        n = max(1, int(req.get("max_tokens") or 1))
+        n = max(1, int(req.get("max_tokens") or (req.get("options") or {}).get("num_predict") or 1))
         chat = self.path.endswith("chat/completions")
+        if req.get("stream") and self.path == "/api/generate":
+            self._ndjson(n, q, p, t_start)
+            return
         if req.get("stream"):
             self._stream(req, n, chat, q, p, t_start)
             return
@@ -83,7 +88,8 @@ class Handler(BaseHTTPRequestHandler):
         text = " tok" * n
         usage = {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}
         if self.path == "/api/generate":
-            body: dict[str, Any] = {"model": MODEL, "response": text, "done": True}
+            body: dict[str, Any] = {"model": MODEL, "response": text, "done": True, "prompt_eval_count": 4,
+                                    "eval_count": n}
         elif chat:
             body = {"object": "chat.completion", "model": MODEL, "usage": usage,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -127,6 +133,24 @@ class Handler(BaseHTTPRequestHandler):
         self._chunk(final)
         data = b"data: [DONE]\n\n"
         self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+
+    def _ndjson(self, n: int, q: float, p: float, t_start: float) -> None:
+        """Ollama's stream: one JSON object per line, the last one (done) with the durations."""
+        head = "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+        self.wfile.write(head.encode())
+        per_token = self.server.cfg.decode_ms / n
+        d = 0.0
+        for _ in range(n):
+            d += _sleep_ms(per_token)
+            self._line({"model": MODEL, "response": " tok", "done": False})
+        final: dict[str, Any] = {"model": MODEL, "response": "", "done": True, "prompt_eval_count": 4, "eval_count": n}
+        self._report(final, q, p, d, t_start)
+        self._line(final)
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        data = json.dumps(obj).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _chunk(self, obj: dict[str, Any]) -> None:
         data = b"data: " + json.dumps(obj).encode() + b"\n\n"
