@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from pathprobe import timing
+from pathprobe import rtt, timing
 from pathprobe.errors import ConfigError
 from pathprobe.serverreports import TGI_HEADERS, ReportError, ServerReport
 from pathprobe.serverreports import read as read_report
 
 pc = time.perf_counter_ns
-#: TCP handshakes an HTTP target times before its first request (the estimate is their minimum)
+#: round trips a target times for its network estimate (the estimate is the shortest): TCP
+#: handshakes before an HTTP target's first request, HTTP/2 PINGs after a gRPC call without entries
 HANDSHAKE_PROBES = 3
 
 
@@ -104,6 +105,20 @@ class GrpcTarget(Target):
         )
         self._unary = self.channel.unary_unary("/pathprobe.v1.LLM/Generate")
         self._stream = self.channel.unary_stream("/pathprobe.v1.LLM/GenerateStream")
+        self._ping_ms: float | None = None
+        self._pinged = False
+
+    def _estimate(self, out: Outcome) -> None:
+        """A server that sent no timing entries reports nothing: its link's network estimate is an
+        HTTP/2 PING round trip (measured once, on a connection of its own, after the first such call)."""
+        if out.entries:
+            return
+        if not self._pinged:
+            self._pinged = True
+            host, _, port = self.address.rpartition(":")
+            if port.isdigit():
+                self._ping_ms = rtt.h2_ping_ms(host.strip("[]") or "127.0.0.1", int(port), HANDSHAKE_PROBES)
+        out.network_estimate_ms = self._ping_ms
 
     def route(self, stream: bool) -> str:
         return "grpc.GenerateStream" if stream else "grpc.Generate"
@@ -131,6 +146,7 @@ class GrpcTarget(Target):
                 out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
                 out.entries = entries_from_metadata(call.trailing_metadata())
                 out.ok, out.status = True, "OK"
+            self._estimate(out)
         except self._grpc.RpcError as exc:
             out.t_end = out.t_end or pc()
             code = exc.code() if hasattr(exc, "code") else None
@@ -190,20 +206,12 @@ class _HttpBase(Target):
         self._loads = json.loads
         self.connect_ms: float | None = None
         _time_connects(self.client, self)
-        self._probe_handshakes(parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80))
-
-    def _probe_handshakes(self, host: str, port: int, n: int = HANDSHAKE_PROBES) -> None:
-        """A few TCP handshakes (connect, close: nothing sent) before any request, so the
-        estimate is a minimum over several round trips, not one that a busy scheduler stretched."""
-        import socket
-
-        for _ in range(n):
-            try:
-                t0 = pc()
-                with socket.create_connection((host, port), timeout=2.0):
-                    self._saw_connect((pc() - t0) / 1e6)
-            except OSError:
-                return
+        # a few TCP handshakes before any request: the estimate is the shortest of several round
+        # trips, not one that a busy scheduler stretched (each later pool connect can only lower it)
+        hs = rtt.tcp_handshake_ms(parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80),
+                                  HANDSHAKE_PROBES)
+        if hs is not None:
+            self._saw_connect(hs)
 
     def _saw_connect(self, ms: float) -> None:
         self.connect_ms = ms if self.connect_ms is None else min(self.connect_ms, ms)
