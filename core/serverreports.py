@@ -95,8 +95,9 @@ class ServerReport:
     @property
     def known_ms(self) -> float:
         """Queueing + inference the server measured (what can be booked without a total)."""
-        return sum(v for k, v in self.entries.items() if k in ("srv.queue", "srv.prefill", "srv.decode_steps",
-                                                                 "srv.inference"))
+        return sum(
+            v for k, v in self.entries.items() if k in ("srv.queue", "srv.prefill", "srv.decode_steps", "srv.inference")
+        )
 
 
 def _number(value: Any, where: str) -> float:
@@ -118,8 +119,11 @@ def from_vllm(body: Mapping[str, Any]) -> ServerReport | None:
         return None
     if not isinstance(metrics, Mapping):
         raise ReportError(f"metrics: expected an object, got {type(metrics).__name__}")
-    entries = {name: _number(metrics[key], f"metrics.{key}") for key, name in _VLLM_FIELDS.items()
-               if metrics.get(key) is not None}
+    entries = {
+        name: _number(metrics[key], f"metrics.{key}")
+        for key, name in _VLLM_FIELDS.items()
+        if metrics.get(key) is not None
+    }
     return ServerReport(VLLM, entries) if entries else None
 
 
@@ -128,8 +132,11 @@ def from_vllm_span(attributes: Mapping[str, Any]) -> ServerReport | None:
 
     vLLM times these in its engine, like its response ``metrics``: no total (its
     ``gen_ai.latency.e2e`` starts when the engine got the request, not when the server did)."""
-    entries = {name: _number(attributes[key], key) * 1000.0 for key, name in _VLLM_SPAN_ATTRS.items()
-               if attributes.get(key) is not None}
+    entries = {
+        name: _number(attributes[key], key) * 1000.0
+        for key, name in _VLLM_SPAN_ATTRS.items()
+        if attributes.get(key) is not None
+    }
     return ServerReport(VLLM_TRACE, entries) if entries else None
 
 
@@ -146,8 +153,7 @@ def from_ollama(body: Mapping[str, Any]) -> ServerReport | None:
     """Ollama's ``*_duration`` fields (nanoseconds); ``None`` when there is no ``total_duration``."""
     if not isinstance(body, Mapping) or body.get("total_duration") is None:
         return None
-    entries = {name: _number(body[key], key) / 1e6 for key, name in _OLLAMA_FIELDS.items()
-               if body.get(key) is not None}
+    entries = {name: _number(body[key], key) / 1e6 for key, name in _OLLAMA_FIELDS.items() if body.get(key) is not None}
     return ServerReport(OLLAMA, entries)
 
 
@@ -205,8 +211,9 @@ def split(
     # what the server measured is booked first; the network estimate fits in what is left
     est = None if network_estimate_ms is None else min(network_estimate_ms, max(room, 0.0))
     s = segments.split(e2e_ms, full, client_encode_ms, client_decode_ms, network_estimate_ms=est)
-    return replace(s, queueing=s.queueing + queue, inference=s.inference + inference,
-                   unsplit=s.unsplit - queue - inference)
+    return replace(
+        s, queueing=s.queueing + queue, inference=s.inference + inference, unsplit=s.unsplit - queue - inference
+    )
 
 
 def network_estimate(chain: Mapping[str, float], client_connect_ms: float | None) -> float | None:

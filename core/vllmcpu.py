@@ -113,10 +113,25 @@ def server_command(
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The command line of vLLM's OpenAI server with per-request metrics and CPU defaults."""
-    args = [python or sys.executable, "-m", SERVER_MODULE, "--model", str(model_dir),
-            "--served-model-name", served_name, "--host", host, "--port", str(port),
-            "--dtype", dtype, "--max-model-len", str(max_model_len), "--enable-per-request-metrics",
-            "--disable-uvicorn-access-log"]
+    args = [
+        python or sys.executable,
+        "-m",
+        SERVER_MODULE,
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        served_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--enable-per-request-metrics",
+        "--disable-uvicorn-access-log",
+    ]
     if is_cpu_build():
         args += ["--enforce-eager", "--distributed-executor-backend", "uni"]
     if max_num_seqs:

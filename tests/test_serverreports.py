@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from pathprobe import serverreports as sr
 
 VLLM_COMPLETION = json.loads(
@@ -32,9 +31,17 @@ VLLM_STREAM_FINAL = json.loads(
     '"queue_time_ms":0.02739100000326289,"mean_itl_ms":13.99970500000336,"tokens_per_second":80.1}}'
 )
 TGI_HEADERS = {
-    "content-type": "application/json", "x-compute-type": "1-nvidia-a10g", "x-compute-time": "0.412503",
-    "x-compute-characters": "21", "x-total-time": "412", "x-validation-time": "1", "x-queue-time": "3",
-    "x-inference-time": "408", "x-time-per-token": "25", "x-prompt-tokens": "7", "x-generated-tokens": "16",
+    "content-type": "application/json",
+    "x-compute-type": "1-nvidia-a10g",
+    "x-compute-time": "0.412503",
+    "x-compute-characters": "21",
+    "x-total-time": "412",
+    "x-validation-time": "1",
+    "x-queue-time": "3",
+    "x-inference-time": "408",
+    "x-time-per-token": "25",
+    "x-prompt-tokens": "7",
+    "x-generated-tokens": "16",
 }
 OLLAMA_GENERATE = json.loads(
     '{"model": "llama3.2", "created_at": "2023-08-04T19:22:45.499127Z",'
@@ -171,15 +178,24 @@ def test_behind_a_reporting_gateway_the_inner_link_is_unsplit() -> None:
 
 def test_vllm_llm_request_span_attributes_are_seconds() -> None:
     # attribute names and units as vLLM 0.32's output processor sets them (v1/engine/output_processor.py)
-    attrs = {"gen_ai.latency.time_to_first_token": 0.0121, "gen_ai.latency.e2e": 0.0302,
-             "gen_ai.latency.time_in_queue": 0.00004, "gen_ai.usage.prompt_tokens": 16,
-             "gen_ai.usage.completion_tokens": 8, "gen_ai.latency.time_in_model_prefill": 0.0105,
-             "gen_ai.latency.time_in_model_decode": 0.0158, "gen_ai.latency.time_in_model_inference": 0.0263,
-             "gen_ai.request.id": "cmpl-1"}
+    attrs = {
+        "gen_ai.latency.time_to_first_token": 0.0121,
+        "gen_ai.latency.e2e": 0.0302,
+        "gen_ai.latency.time_in_queue": 0.00004,
+        "gen_ai.usage.prompt_tokens": 16,
+        "gen_ai.usage.completion_tokens": 8,
+        "gen_ai.latency.time_in_model_prefill": 0.0105,
+        "gen_ai.latency.time_in_model_decode": 0.0158,
+        "gen_ai.latency.time_in_model_inference": 0.0263,
+        "gen_ai.request.id": "cmpl-1",
+    }
     rep = sr.from_vllm_span(attrs)
     assert rep is not None and rep.source == sr.VLLM_TRACE and not rep.has_total
-    assert rep.entries == {"srv.queue": pytest.approx(0.04), "srv.prefill": pytest.approx(10.5),
-                           "srv.decode_steps": pytest.approx(15.8)}
+    assert rep.entries == {
+        "srv.queue": pytest.approx(0.04),
+        "srv.prefill": pytest.approx(10.5),
+        "srv.decode_steps": pytest.approx(15.8),
+    }
     assert sr.from_vllm_span({"gen_ai.request.id": "x"}) is None
-    with pytest.raises(sr.ReportError, match="gen_ai.latency.time_in_queue"):
+    with pytest.raises(sr.ReportError, match=r"gen_ai\.latency\.time_in_queue"):
         sr.from_vllm_span({"gen_ai.latency.time_in_queue": "soon"})

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from pathprobe import vllmcpu
+
 from tests.support.otlp import OTLPReceiver
 from tests.support.procs import Proc, free_port, wait_http
 from tests.test_load_e2e import load_records, run_load
@@ -36,8 +36,9 @@ class VllmServer(Proc):
 
         folder = models.resolve_model("tiny")
         self.port = free_port()
-        args = vllmcpu.server_command(folder, self.port, served_name="tiny", max_num_seqs=4,
-                                      otlp_traces_endpoint=otlp_endpoint)
+        args = vllmcpu.server_command(
+            folder, self.port, served_name="tiny", max_num_seqs=4, otlp_traces_endpoint=otlp_endpoint
+        )
         super().__init__(args, tmp / "vllm-server.log", env=vllmcpu.cpu_env())
         try:
             wait_http(f"{self.url}/v1/models", 600, self.popen)
@@ -82,8 +83,22 @@ def _check_vllm_split(recs: list[dict]) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
 def test_vllm_server_direct_split_from_its_reports(vllm_server, tmp_path, stream) -> None:
-    run_load(tmp_path, "-H", "openai+" + vllm_server.url, "-u", "2", "-r", "2", "-t", "4s", "--max-tokens", "8",
-             "--prompt-tokens", "16", *(["--stream"] if stream else []))
+    run_load(
+        tmp_path,
+        "-H",
+        "openai+" + vllm_server.url,
+        "-u",
+        "2",
+        "-r",
+        "2",
+        "-t",
+        "4s",
+        "--max-tokens",
+        "8",
+        "--prompt-tokens",
+        "16",
+        *(["--stream"] if stream else []),
+    )
     recs = [r for r in load_records(tmp_path) if r["ok"]]
     _check_vllm_split(recs)
     for r in recs:
@@ -94,14 +109,40 @@ def test_vllm_server_direct_split_from_its_reports(vllm_server, tmp_path, stream
 @pytest.mark.timeout(900)
 def test_vllm_server_through_our_gateway_with_one_trace(vllm_server, receiver, tmp_path) -> None:
     port = free_port()
-    gw = Proc([sys.executable, "-m", "pathprobe", "gateway", "--mode", "http-proxy", "--listen",
-               f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{vllm_server.port}"], tmp_path / "gw.log",
-              env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"})
+    gw = Proc(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "gateway",
+            "--mode",
+            "http-proxy",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--upstream",
+            f"127.0.0.1:{vllm_server.port}",
+        ],
+        tmp_path / "gw.log",
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"},
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", 30, gw.popen)
-        run_load(tmp_path, "-H", f"openai+http://127.0.0.1:{port}", "-u", "1", "-r", "1", "-t", "4s",
-                 "--max-tokens", "8", "--prompt-tokens", "16",
-                 env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"})
+        run_load(
+            tmp_path,
+            "-H",
+            f"openai+http://127.0.0.1:{port}",
+            "-u",
+            "1",
+            "-r",
+            "1",
+            "-t",
+            "4s",
+            "--max-tokens",
+            "8",
+            "--prompt-tokens",
+            "16",
+            env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"},
+        )
     finally:
         gw.stop()
     recs = [r for r in load_records(tmp_path) if r["ok"]]
@@ -114,8 +155,9 @@ def test_vllm_server_through_our_gateway_with_one_trace(vllm_server, receiver, t
     # vLLM's llm_request span continues our trace: client -> gateway -> vLLM
     ids = {r["trace_id"] for r in recs if r["trace_id"]}
     assert ids
-    spans = receiver.wait_for(lambda s: sum(1 for _, sp in s if sp.name == "llm_request"
-                                            and sp.trace_id.hex() in ids) >= len(ids), timeout=30)
+    spans = receiver.wait_for(
+        lambda s: sum(1 for _, sp in s if sp.name == "llm_request" and sp.trace_id.hex() in ids) >= len(ids), timeout=30
+    )
     llm = [sp for _, sp in spans if sp.name == "llm_request" and sp.trace_id.hex() in ids]
     assert len({sp.trace_id.hex() for sp in llm}) == len(ids)
     one = llm[0]
@@ -131,8 +173,12 @@ def test_vllm_server_through_our_gateway_with_one_trace(vllm_server, receiver, t
     # span agree with what vLLM put in the responses, the rest of the server stays unsplit
     traces_file = tmp_path / "spans.json"
     receiver.dump(traces_file, {bytes.fromhex(i) for i in ids})
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "analyze", str(traces_file), "--json",
-                          str(tmp_path / "analyze.json")], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "analyze", str(traces_file), "--json", str(tmp_path / "analyze.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     by_id = {t["trace_id"]: t for t in json.loads((tmp_path / "analyze.json").read_text())["traces"]}
     matched = 0
@@ -150,7 +196,6 @@ def test_vllm_server_through_our_gateway_with_one_trace(vllm_server, receiver, t
     assert matched == len(ids)
 
 
-
 @pytest.mark.timeout(1200)
 def test_compare_starts_vllm_server_and_a_gateway_in_front_of_it(tmp_path) -> None:
     """Local mode starts vLLM's own server on loopback like nginx, beside ours; queue and inference
@@ -161,10 +206,19 @@ def test_compare_starts_vllm_server_and_a_gateway_in_front_of_it(tmp_path) -> No
     import yaml
 
     cfg = {
-        "out": str(tmp_path / "out"), "tracing": False, "bootstrap": 200,
+        "out": str(tmp_path / "out"),
+        "tracing": False,
+        "bootstrap": 200,
         "server": {"engine": "synthetic", "decode_ms_per_token": 1.0},
-        "load": {"duration_s": 2, "warmup_s": 1, "rounds": 1, "concurrency": [1], "max_tokens": 8,
-                 "prompt_tokens": 16, "stream": False},
+        "load": {
+            "duration_s": 2,
+            "warmup_s": 1,
+            "rounds": 1,
+            "concurrency": [1],
+            "max_tokens": 8,
+            "prompt_tokens": 16,
+            "stream": False,
+        },
         "targets": [
             {"name": "ours", "kind": "direct", "protocol": "openai"},
             {"name": "vllm-server", "kind": "vllm"},
@@ -173,8 +227,9 @@ def test_compare_starts_vllm_server_and_a_gateway_in_front_of_it(tmp_path) -> No
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True,
-                         timeout=1100)
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=1100
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     t = report["targets"]
@@ -187,8 +242,12 @@ def test_compare_starts_vllm_server_and_a_gateway_in_front_of_it(tmp_path) -> No
     groups = {n: t[n]["by_concurrency"]["1"] for n in ("ours", "vllm-server", "vllm-via-gateway")}
     assert groups["ours"]["network_estimated"] == 0  # labelled "est." in the tables where not 0
     assert groups["vllm-server"]["network_estimated"] == groups["vllm-server"]["ok"] > 0
-    recs = [json.loads(line) for f in (tmp_path / "out" / "runs" / "vllm-via-gateway").rglob("records.jsonl")
-            for line in f.read_text().splitlines() if line]
+    recs = [
+        json.loads(line)
+        for f in (tmp_path / "out" / "runs" / "vllm-via-gateway").rglob("records.jsonl")
+        for line in f.read_text().splitlines()
+        if line
+    ]
     ok = [r for r in recs if r["ok"]]
     assert ok and all(r["server_report"]["source"] == "vLLM per-request metrics" for r in ok)
     assert all("gw.connect" in r["entries"] for r in ok)

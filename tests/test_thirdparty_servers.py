@@ -44,8 +44,10 @@ def wait_tcp(port: int, proc: Proc, timeout: float = 30.0) -> None:
 class OpenAIServer(Proc):
     def __init__(self, tmp: Path, *args: str) -> None:
         self.port = free_port()
-        super().__init__([sys.executable, "-m", "tests.support.openai_server", "--port", str(self.port), *args],
-                         tmp / f"openai-{self.port}.log")
+        super().__init__(
+            [sys.executable, "-m", "tests.support.openai_server", "--port", str(self.port), *args],
+            tmp / f"openai-{self.port}.log",
+        )
         try:
             wait_http(f"{self.url}/v1/models", 30, self.popen)
         except Exception:
@@ -65,8 +67,9 @@ def silent(tmp_path_factory) -> Iterator[OpenAIServer]:
 
 
 def _load(out: Path, url: str, *extra: str, scheme: str = "openai+") -> list[dict]:
-    run_load(out, "-H", scheme + url, "-u", "1", "-r", "1", "-t", "3s", "--max-tokens", "4",
-             "--tokenizer", "none", *extra)
+    run_load(
+        out, "-H", scheme + url, "-u", "1", "-r", "1", "-t", "3s", "--max-tokens", "4", "--tokenizer", "none", *extra
+    )
     recs = [r for r in load_records(out) if r["ok"]]
     assert len(recs) >= 10, recs[:2]
     for r in recs:
@@ -80,7 +83,8 @@ def _median(recs: list[dict], seg: str) -> float:
 
 
 def test_a_server_that_reports_nothing_is_unsplit_and_network_matches_our_server(
-        silent, synthetic_server, tmp_path) -> None:
+    silent, synthetic_server, tmp_path
+) -> None:
     theirs = _load(tmp_path / "theirs", silent.url)
     ours = _load(tmp_path / "ours", synthetic_server.http_url)
     for r in theirs:
@@ -150,16 +154,44 @@ def test_transport_round_trips_are_measured_without_the_application(synthetic_se
 
 def test_a_grpc_server_that_reports_nothing_gets_an_http2_ping_estimate(synthetic_server, tmp_path) -> None:
     port = free_port()
-    srv = Proc([sys.executable, "-m", "tests.support.silent_grpc", "--port", str(port), "--delay-ms", str(KNOWN_MS)],
-               tmp_path / "silent-grpc.log")
+    srv = Proc(
+        [sys.executable, "-m", "tests.support.silent_grpc", "--port", str(port), "--delay-ms", str(KNOWN_MS)],
+        tmp_path / "silent-grpc.log",
+    )
     try:
         wait_tcp(port, srv)
-        run_load(tmp_path / "theirs", "-H", f"grpc://127.0.0.1:{port}", "-u", "1", "-r", "1", "-t", "3s",
-                 "--max-tokens", "4", "--tokenizer", "none")
+        run_load(
+            tmp_path / "theirs",
+            "-H",
+            f"grpc://127.0.0.1:{port}",
+            "-u",
+            "1",
+            "-r",
+            "1",
+            "-t",
+            "3s",
+            "--max-tokens",
+            "4",
+            "--tokenizer",
+            "none",
+        )
     finally:
         srv.stop()
-    run_load(tmp_path / "ours", "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "1", "-r", "1", "-t", "3s",
-             "--max-tokens", "4", "--tokenizer", "none")
+    run_load(
+        tmp_path / "ours",
+        "-H",
+        f"grpc://{synthetic_server.grpc_target}",
+        "-u",
+        "1",
+        "-r",
+        "1",
+        "-t",
+        "3s",
+        "--max-tokens",
+        "4",
+        "--tokenizer",
+        "none",
+    )
     theirs = [r for r in load_records(tmp_path / "theirs") if r["ok"]]
     ours = [r for r in load_records(tmp_path / "ours") if r["ok"]]
     assert len(theirs) >= 10 and len(ours) >= 10
@@ -193,11 +225,23 @@ def test_ollama_native_route_durations_make_a_server_hop(tmp_path, stream) -> No
     assert _median(recs, "network") < 2.0
 
 
-def test_behind_our_gateway_the_silent_server_is_unsplit_and_the_gateway_measures_its_link(
-        silent, tmp_path) -> None:
+def test_behind_our_gateway_the_silent_server_is_unsplit_and_the_gateway_measures_its_link(silent, tmp_path) -> None:
     port = free_port()
-    gw = Proc([sys.executable, "-m", "pathprobe", "gateway", "--mode", "http-proxy", "--listen", f"127.0.0.1:{port}",
-               "--upstream", f"127.0.0.1:{silent.port}"], tmp_path / "gw.log")
+    gw = Proc(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "gateway",
+            "--mode",
+            "http-proxy",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--upstream",
+            f"127.0.0.1:{silent.port}",
+        ],
+        tmp_path / "gw.log",
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", 30, gw.popen)
         recs = _load(tmp_path / "load", f"http://127.0.0.1:{port}")

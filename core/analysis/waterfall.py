@@ -15,9 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 #: a reporting server's phases in pipeline order (detokenizing runs alongside the decode steps)
-SERVER_PHASES = (("srv.decode", "serialization"), ("srv.tokenize", "inference"), ("srv.queue", "queueing"),
-                 ("srv.prefill", "inference"), ("srv.decode_steps", "inference"), ("srv.inference", "inference"),
-                 ("srv.detokenize", "inference"), ("srv.encode", "serialization"))
+SERVER_PHASES = (
+    ("srv.decode", "serialization"),
+    ("srv.tokenize", "inference"),
+    ("srv.queue", "queueing"),
+    ("srv.prefill", "inference"),
+    ("srv.decode_steps", "inference"),
+    ("srv.inference", "inference"),
+    ("srv.detokenize", "inference"),
+    ("srv.encode", "serialization"),
+)
 ENGINE_PHASES = (("srv.queue", "queueing"), ("srv.prefill", "inference"), ("srv.decode_steps", "inference"))
 
 

@@ -42,17 +42,21 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+    def log_message(self, format: str, *args: Any) -> None:
         return None
 
-    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None,
-              ctype: str = "application/json") -> None:
-        head = [f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}", f"Content-Type: {ctype}",
-                f"Content-Length: {len(body)}"]
+    def _send(
+        self, status: int, body: bytes, headers: dict[str, str] | None = None, ctype: str = "application/json"
+    ) -> None:
+        head = [
+            f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}",
+            f"Content-Type: {ctype}",
+            f"Content-Length: {len(body)}",
+        ]
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
         self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path == "/v1/models":
             self._send(200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode())
         elif self.path == "/api/tags":  # Ollama's model list
@@ -62,7 +66,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, b'{"error": "not found"}')
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         t_start = time.perf_counter()
         length = int(self.headers.get("Content-Length") or 0)
         try:
@@ -88,36 +92,63 @@ class Handler(BaseHTTPRequestHandler):
         text = " tok" * n
         usage = {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}
         if self.path == "/api/generate":
-            body: dict[str, Any] = {"model": MODEL, "response": text, "done": True, "prompt_eval_count": 4,
-                                    "eval_count": n}
+            body: dict[str, Any] = {
+                "model": MODEL,
+                "response": text,
+                "done": True,
+                "prompt_eval_count": 4,
+                "eval_count": n,
+            }
         elif chat:
-            body = {"object": "chat.completion", "model": MODEL, "usage": usage,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "finish_reason": "length"}]}
+            body = {
+                "object": "chat.completion",
+                "model": MODEL,
+                "usage": usage,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+            }
         else:
-            body = {"object": "text_completion", "model": MODEL, "usage": usage,
-                    "choices": [{"index": 0, "text": text, "finish_reason": "length"}]}
+            body = {
+                "object": "text_completion",
+                "model": MODEL,
+                "usage": usage,
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+            }
         headers = self._report(body, q, p, d, t_start)
         self._send(200, json.dumps(body).encode(), headers)
 
     def _report(self, body: dict[str, Any], q: float, p: float, d: float, t_start: float) -> dict[str, str]:
         report = self.server.cfg.report
         if report == "vllm":
-            body["metrics"] = {"queue_time_ms": q, "time_to_first_token_ms": p, "generation_time_ms": d,
-                               "mean_itl_ms": d, "tokens_per_second": 1.0}
+            body["metrics"] = {
+                "queue_time_ms": q,
+                "time_to_first_token_ms": p,
+                "generation_time_ms": d,
+                "mean_itl_ms": d,
+                "tokens_per_second": 1.0,
+            }
         elif report == "ollama":
             total = (time.perf_counter() - t_start) * 1000.0
-            body.update(total_duration=int(total * 1e6), load_duration=int(q * 1e6),
-                        prompt_eval_duration=int(p * 1e6), eval_duration=int(d * 1e6))
+            body.update(
+                total_duration=int(total * 1e6),
+                load_duration=int(q * 1e6),
+                prompt_eval_duration=int(p * 1e6),
+                eval_duration=int(d * 1e6),
+            )
         elif report == "tgi":
             total = (time.perf_counter() - t_start) * 1000.0
-            return {"x-total-time": str(int(total)), "x-validation-time": "0", "x-queue-time": str(int(q)),
-                    "x-inference-time": str(int(p + d))}
+            return {
+                "x-total-time": str(int(total)),
+                "x-validation-time": "0",
+                "x-queue-time": str(int(q)),
+                "x-inference-time": str(int(p + d)),
+            }
         return {}
 
     def _stream(self, req: dict[str, Any], n: int, chat: bool, q: float, p: float, t_start: float) -> None:
-        head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-                "Cache-Control: no-cache\r\n\r\n")
+        head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+            "Cache-Control: no-cache\r\n\r\n"
+        )
         self.wfile.write(head.encode())
         per_token = self.server.cfg.decode_ms / n
         d = 0.0
@@ -127,8 +158,12 @@ class Handler(BaseHTTPRequestHandler):
             piece = {"delta": {"content": " tok"}} if chat else {"text": " tok"}
             self._chunk({"object": "chunk", "model": MODEL, "choices": [{"index": 0, **piece, "finish_reason": None}]})
         d += _sleep_ms(per_token)
-        final: dict[str, Any] = {"object": "chunk", "model": MODEL, "choices": [],
-                                 "usage": {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}}
+        final: dict[str, Any] = {
+            "object": "chunk",
+            "model": MODEL,
+            "choices": [],
+            "usage": {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n},
+        }
         self._report(final, q, p, d, t_start)
         self._chunk(final)
         data = b"data: [DONE]\n\n"

@@ -11,7 +11,6 @@ import time
 from concurrent import futures
 
 import grpc
-
 from pathprobe.v1 import llm_pb2
 
 
@@ -25,11 +24,16 @@ def main(argv: list[str] | None = None) -> None:
         req = llm_pb2.GenerateRequest.FromString(request)
         time.sleep(cfg.delay_ms / 1000.0)
         n = max(1, req.max_tokens)
-        return llm_pb2.GenerateResponse(text=" tok" * n, token_ids=list(range(n)), finish_reason="length",
-                                        usage=llm_pb2.Usage(prompt_tokens=4, completion_tokens=n)).SerializeToString()
+        return llm_pb2.GenerateResponse(
+            text=" tok" * n,
+            token_ids=list(range(n)),
+            finish_reason="length",
+            usage=llm_pb2.Usage(prompt_tokens=4, completion_tokens=n),
+        ).SerializeToString()
 
     handler = grpc.method_handlers_generic_handler(
-        "pathprobe.v1.LLM", {"Generate": grpc.unary_unary_rpc_method_handler(generate)})
+        "pathprobe.v1.LLM", {"Generate": grpc.unary_unary_rpc_method_handler(generate)}
+    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"127.0.0.1:{cfg.port}")
