@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pathprobe import vllmcpu
 
 from tests.support.procs import Proc, free_port, wait_http
 from tests.test_load_e2e import load_records, run_load
@@ -254,3 +255,58 @@ def test_behind_our_gateway_the_silent_server_is_unsplit_and_the_gateway_measure
         assert sp["links"][1] == pytest.approx(e["gw.connect"]) and sp["network_estimated"] is True
         assert sp["unsplit"] + sp["links"][1] >= KNOWN_MS and sp["unsplit"] >= KNOWN_MS - 0.5
         assert sp["unsplit"] == pytest.approx(e["gw.upstream"] - e["gw.connect"])
+
+
+def test_compare_config_for_third_party_servers_names_the_key() -> None:
+    from pathprobe.analysis.config import parse_config
+    from pathprobe.errors import ConfigError
+
+    cfg = parse_config(
+        {
+            "targets": [
+                {"name": "vllm-server", "kind": "vllm"},
+                {"name": "via-gw", "kind": "gateway", "mode": "http-proxy", "upstream": "vllm"},
+                {"name": "ours-vllm", "kind": "direct", "protocol": "openai", "engine": "vllm"},
+            ]
+        }
+    )
+    assert [t.protocol for t in cfg.targets] == ["openai", "openai", "openai"]
+    bad = [
+        ({"name": "x", "kind": "vllm", "protocol": "grpc"}, "protocol openai"),
+        ({"name": "x", "kind": "gateway", "mode": "passthrough", "upstream": "vllm"}, "upstream 'vllm' needs"),
+        ({"name": "x", "kind": "nginx", "engine": "vllm"}, "'engine' picks one of our servers"),
+    ]
+    for target, msg in bad:
+        with pytest.raises(ConfigError, match=r"targets\[0\]") as info:
+            parse_config({"targets": [target]})
+        assert msg in info.value.message
+
+
+@pytest.mark.skipif(vllmcpu.available(), reason="vLLM is installed here: the skip cannot be shown")
+def test_compare_skips_vllm_targets_with_the_reason_when_the_extra_is_absent(tmp_path) -> None:
+    import subprocess
+
+    import yaml
+
+    cfg = {
+        "out": str(tmp_path / "out"),
+        "tracing": False,
+        "bootstrap": 100,
+        "server": {"engine": "synthetic", "decode_ms_per_token": 0.5},
+        "load": {"duration_s": 1, "warmup_s": 0, "rounds": 1, "concurrency": [1], "max_tokens": 4, "stream": False},
+        "targets": [
+            {"name": "ours", "kind": "direct", "protocol": "openai"},
+            {"name": "vllm-server", "kind": "vllm"},
+            {"name": "ours-vllm-engine", "kind": "direct", "protocol": "openai", "engine": "vllm"},
+        ],
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    t = json.loads((tmp_path / "out" / "report.json").read_text())["targets"]
+    assert t["ours"]["status"] == "ok"
+    for name in ("vllm-server", "ours-vllm-engine"):
+        assert t[name]["status"] == "skipped" and "make vllm" in t[name]["reason"], t[name]
