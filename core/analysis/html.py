@@ -139,6 +139,7 @@ def plot_waterfalls(report: Mapping[str, Any], records: Mapping[str, Mapping[int
     handles.append(plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS["unsplit"], hatch="xx"))
     axes[0][0].legend(handles, ["serialization", "queueing", "inference", "unsplit (reports nothing)"],
                       fontsize=7, loc="lower right")
+    fig.tight_layout(h_pad=1.5)
     return _png(fig)
 
 
