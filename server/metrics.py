@@ -41,6 +41,13 @@ class ServerMetrics:
         queue.set_function(engine.queue_depth)
         running = Gauge("pathprobe_server_running", "Requests running in the engine", registry=r)
         running.set_function(engine.running)
+        self.startup = Gauge("pathprobe_server_startup_seconds",
+                             "Startup breakdown: seconds per phase (tracing, engine_create, engine_start, listeners)",
+                             ["phase"], registry=r)
+
+    def set_startup(self, phases: Mapping[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self.startup.labels(phase).set(seconds)
 
     def observe(self, route: str, code: str, entries: Mapping[str, float]) -> None:
         self.requests.labels(route, code).inc()
