@@ -18,6 +18,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
+from pathprobe.loadgen.records import SEGMENT_METRICS
+
 #: env var giving the port when ``--metrics-port`` is not on the command line
 ENV_METRICS_PORT = "PATHPROBE_LOAD_METRICS_PORT"
 ENV_METRICS_HOST = "PATHPROBE_LOAD_METRICS_HOST"
@@ -37,8 +39,17 @@ class LoadMetrics:
         self.segment_ms = Histogram(
             "pathprobe_load_segment_ms",
             "Client-side latency split per request (ms): e2e, ttft and each segment "
-            "(network, network_hop1, network_hop2, serialization, queueing, inference, other)",
+            "(network, network_hop1, network_hop2, serialization, queueing, inference, other, unsplit)",
             ["label", "route", "segment"], buckets=MS_BUCKETS, registry=r)
+        self.hop_ms = Histogram(
+            "pathprobe_load_hop_ms",
+            "Each reporting hop's own share per request (ms): part = total, serialization, other; "
+            "hop = its label (gw, srv, with the hop's description)",
+            ["label", "route", "hop", "part"], buckets=MS_BUCKETS, registry=r)
+        self.link_ms = Histogram(
+            "pathprobe_load_link_ms",
+            "Network per link per request (ms); link 1 = client <-> first hop, then inwards",
+            ["label", "route", "link"], buckets=MS_BUCKETS, registry=r)
         self.tokens = Counter("pathprobe_load_output_tokens", "Tokens received (rate() of it is tokens/s)",
                               ["label", "route"], registry=r)
 
@@ -55,8 +66,14 @@ class LoadMetrics:
                 seg.labels(lab, route, "e2e").observe(rec["e2e_ms"])
             if rec.get("ttft_ms") is not None:
                 seg.labels(lab, route, "ttft").observe(rec["ttft_ms"])
-            for name, ms in split.items():
-                seg.labels(lab, route, name).observe(ms)
+            for name in SEGMENT_METRICS:
+                if name in split:
+                    seg.labels(lab, route, name).observe(split[name])
+            for i, ms in enumerate(split.get("links") or (), 1):
+                self.link_ms.labels(lab, route, str(i)).observe(ms)
+            for hop in split.get("hops") or ():
+                for part in ("total", "serialization", "other"):
+                    self.hop_ms.labels(lab, route, hop["label"], part).observe(hop[part])
             if rec.get("tokens_out"):
                 self.tokens.labels(lab, route).inc(rec["tokens_out"])
 
