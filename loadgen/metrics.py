@@ -62,8 +62,7 @@ class LoadMetrics:
                 continue
             seg = self.segment_ms
             split = rec.get("split") or {}
-            if "e2e" not in split:  # the split carries e2e itself
-                seg.labels(lab, route, "e2e").observe(rec["e2e_ms"])
+            seg.labels(lab, route, "e2e").observe(rec["e2e_ms"])
             if rec.get("ttft_ms") is not None:
                 seg.labels(lab, route, "ttft").observe(rec["ttft_ms"])
             for name in SEGMENT_METRICS:

@@ -146,6 +146,7 @@ class Stack:
         self.ports: dict[tuple[str, int, int], int] = {}
         self.instances: list[Instance] = []
         self.rewrites: list[tuple[str, str, str]] = []  # (instance, before, after), for the log
+        self.prometheus: str | None = None  # URL of a Prometheus the test started, if any
 
     # --- rewriting ---
     def port(self, service: str, index: int, container_port: int) -> int:
