@@ -16,9 +16,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-
 from pathprobe.loadgen.records import SEGMENT_METRICS
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 #: env var giving the port when ``--metrics-port`` is not on the command line
 ENV_METRICS_PORT = "PATHPROBE_LOAD_METRICS_PORT"

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from pathprobe.cli import build_parser
+
 from tests.support.compose import compose_binary, dockerfile_instructions, read_image, resolve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -275,8 +275,9 @@ def test_a_broken_dashboard_key_fails(stack, distributed_run, old: str, new: str
 
 
 @pytest.mark.parametrize("path,value,expect", [
-    (("data", 0, "model", "expr"), 'histogram_quantile(0.95, sum by (le) (rate(pathprobe_load_segment_ms_bucket'
-                                   '{segment="e2e_ms"}[5m])))', "never seen"),
+    (("data", 0, "model", "expr"),
+     'histogram_quantile(0.95, sum by (le) (rate(pathprobe_load_segment_ms_bucket{segment="e2e_ms"}[5m])))',
+     "never seen"),
     (("condition",), "Z", "condition 'Z'"),
     (("data", 2, "model", "expression"), "Q", "expression 'Q'"),
     (("data", 0, "datasourceUid"), "elsewhere", "not provisioned"),

@@ -83,7 +83,7 @@ class Lab:
         return f"pp{self.tag}-{host}"
 
     def addr(self, host: str, link: str) -> str:
-        a, b, prefix = LINKS[link]
+        a, _, prefix = LINKS[link]
         return f"{prefix}.{1 if host == a else 2}"
 
     # --- network ---
