@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -257,3 +258,22 @@ def test_a_bad_load_flag_is_caught() -> None:
     out = subprocess.run([sys.executable, "-c", _LOCUST_PARSE], input=json.dumps(bad), capture_output=True,
                          text=True, timeout=120)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"x": "exit 2"}
+
+
+# --- the images' health probe --------------------------------------------------------------
+def _probe(url: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pathprobe.probe", url], capture_output=True, text=True, timeout=30)
+
+
+def test_probe_answers_healthy_unhealthy_and_bad_input(synthetic_server) -> None:
+    assert _probe(f"grpc://{synthetic_server.grpc_target}").returncode == 0
+    assert _probe(f"{synthetic_server.http_url}/healthz").returncode == 0
+    missing = _probe(f"{synthetic_server.http_url}/no-such-page")
+    assert missing.returncode == 1 and "HTTP 404" in missing.stderr
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+        down = _probe(f"grpc://127.0.0.1:{closed}")
+    assert down.returncode == 1 and "UNAVAILABLE" in down.stderr
+    bad = _probe("ftp://127.0.0.1:21")
+    assert bad.returncode == 2 and "url:" in bad.stderr
