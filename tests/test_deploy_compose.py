@@ -48,8 +48,17 @@ def _start_nginx(stack: Stack, inst: Instance) -> None:
     env = {**inst.env, "PREFIX": str(prefix)}
     conf = string.Template(Path(mount["source"]).read_text()).safe_substitute(env)
     (prefix / "nginx.conf").write_text(conf)
-    inst.argv = ["nginx", "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(prefix / "nginx.conf"),
-                 "-g", "daemon off;"]
+    inst.argv = [
+        "nginx",
+        "-p",
+        str(prefix),
+        "-e",
+        str(prefix / "error.log"),
+        "-c",
+        str(prefix / "nginx.conf"),
+        "-g",
+        "daemon off;",
+    ]
     inst.proc = Proc(inst.argv, stack.tmp / f"{inst.name}.log")
 
 
@@ -72,16 +81,22 @@ def _start_prometheus(stack: Stack) -> str | None:
         targets = [stack.rewrite_str(inst, t) for t in raw]
         for dns in job.pop("dns_sd_configs", []):
             for name in dns["names"]:
-                targets += [f"127.0.0.1:{stack.port(name, i.index, dns['port'])}"
-                            for i in stack.instances if i.service == name]
+                targets += [
+                    f"127.0.0.1:{stack.port(name, i.index, dns['port'])}" for i in stack.instances if i.service == name
+                ]
         job["static_configs"] = [{"targets": targets}]
         jobs.append(job)
     cfg["scrape_configs"] = jobs
     conf = stack.tmp / "prometheus.yml"
     conf.write_text(yaml.safe_dump(cfg))
     port = stack.port("prometheus", 0, 9090)
-    inst.argv = [binary, f"--config.file={conf}", f"--storage.tsdb.path={stack.tmp / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    inst.argv = [
+        binary,
+        f"--config.file={conf}",
+        f"--storage.tsdb.path={stack.tmp / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
     inst.proc = Proc(inst.argv, stack.tmp / "prometheus.log")
     return f"http://127.0.0.1:{port}"
 
@@ -239,7 +254,7 @@ def test_prometheus_scrapes_every_target_and_every_panel_has_data(stack, distrib
     deadline = time.monotonic() + 30
     while True:
         targets = json.load(urllib.request.urlopen(f"{prom}/api/v1/targets", timeout=10))["data"]["activeTargets"]
-        if targets and all(t["health"] == "up" for t in targets) or time.monotonic() > deadline:
+        if (targets and all(t["health"] == "up" for t in targets)) or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert {t["labels"]["job"] for t in targets} == {"pathprobe-server", "pathprobe-gateway", "pathprobe-load"}
@@ -257,14 +272,16 @@ def test_prometheus_scrapes_every_target_and_every_panel_has_data(stack, distrib
         while True:
             found = []
             for t in panel["targets"]:
-                found += [r for r in _query(prom, substitute(t["expr"], variables))
-                          if math.isfinite(float(r["value"][1]))]
+                found += [
+                    r for r in _query(prom, substitute(t["expr"], variables)) if math.isfinite(float(r["value"][1]))
+                ]
             if found or time.monotonic() > deadline:
                 break
             time.sleep(2)
         if not found:
-            no_data[panel["title"]] = {t["expr"]: _query(prom, substitute(t["expr"], variables))
-                                       for t in panel["targets"]}
+            no_data[panel["title"]] = {
+                t["expr"]: _query(prom, substitute(t["expr"], variables)) for t in panel["targets"]
+            }
     assert no_data == {}
     # the alert's query: one finite P95 per configuration, under the 200 ms threshold here
     rule = alerts["groups"][0]["rules"][0]
@@ -326,12 +343,15 @@ def _rename(obj: Any, old: str, new: str) -> Any:
     return json.loads(json.dumps(obj).replace(old, new))
 
 
-@pytest.mark.parametrize("old,new,expect", [
-    ("pathprobe_server_queue_depth", "pathprobe_server_queue_length", "pathprobe_server_queue_length"),
-    ("segment=~", "hop=~", "no label 'hop'"),
-    ("by (le, entry)", "by (le, stage)", "groups by 'stage'"),
-    ("upstream_errors_total[", "upstream_errors_total{[", "does not parse"),
-])
+@pytest.mark.parametrize(
+    "old,new,expect",
+    [
+        ("pathprobe_server_queue_depth", "pathprobe_server_queue_length", "pathprobe_server_queue_length"),
+        ("segment=~", "hop=~", "no label 'hop'"),
+        ("by (le, entry)", "by (le, stage)", "groups by 'stage'"),
+        ("upstream_errors_total[", "upstream_errors_total{[", "does not parse"),
+    ],
+)
 def test_a_broken_dashboard_key_fails(stack, distributed_run, old: str, new: str, expect: str) -> None:
     from tests.support.dashboards import check_dashboard
 
@@ -342,14 +362,19 @@ def test_a_broken_dashboard_key_fails(stack, distributed_run, old: str, new: str
     assert any(expect in p for p in problems), problems
 
 
-@pytest.mark.parametrize("path,value,expect", [
-    (("data", 0, "model", "expr"),
-     'histogram_quantile(0.95, sum by (le) (rate(pathprobe_load_segment_ms_bucket{segment="e2e_ms"}[5m])))',
-     "never seen"),
-    (("condition",), "Z", "condition 'Z'"),
-    (("data", 2, "model", "expression"), "Q", "expression 'Q'"),
-    (("data", 0, "datasourceUid"), "elsewhere", "not provisioned"),
-])
+@pytest.mark.parametrize(
+    "path,value,expect",
+    [
+        (
+            ("data", 0, "model", "expr"),
+            'histogram_quantile(0.95, sum by (le) (rate(pathprobe_load_segment_ms_bucket{segment="e2e_ms"}[5m])))',
+            "never seen",
+        ),
+        (("condition",), "Z", "condition 'Z'"),
+        (("data", 2, "model", "expression"), "Q", "expression 'Q'"),
+        (("data", 0, "datasourceUid"), "elsewhere", "not provisioned"),
+    ],
+)
 def test_a_broken_alert_rule_fails(stack, distributed_run, path: tuple, value: str, expect: str) -> None:
     from tests.support.dashboards import check_alert_rules
 

@@ -17,8 +17,7 @@ lab_mod = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = lab_mod  # dataclasses look their module up
 _spec.loader.exec_module(lab_mod)
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(lab_mod.available() is not None, reason=str(lab_mod.available()))]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(lab_mod.available() is not None, reason=str(lab_mod.available()))]
 
 DELAY_MS = 10.0
 PREFILL, DECODE, PROMPT, MAX_TOKENS = 0.05, 1.0, 64, 4
@@ -35,11 +34,14 @@ def test_delay_on_the_gateway_server_link_is_that_hops_network(tmp_path: Path) -
         assert "198.18.1.2/30" in gw_addrs and "198.18.2.1/30" in gw_addrs
         # the client cannot reach the server: only the gateway joins the two links
         assert lab.run_in("client", ["ip", "route", "get", "198.18.2.2"], check=False).returncode != 0
-        target = lab.start_path(("--engine", "synthetic", "--prefill-ms-per-token", str(PREFILL),
-                                 "--decode-ms-per-token", str(DECODE)))
-        summary = lab.load(target, tmp_path / "load",
-                           ["-u", "1", "-r", "1", "-t", "6s", "--max-tokens", str(MAX_TOKENS),
-                            "--prompt-tokens", str(PROMPT)])
+        target = lab.start_path(
+            ("--engine", "synthetic", "--prefill-ms-per-token", str(PREFILL), "--decode-ms-per-token", str(DECODE))
+        )
+        summary = lab.load(
+            target,
+            tmp_path / "load",
+            ["-u", "1", "-r", "1", "-t", "6s", "--max-tokens", str(MAX_TOKENS), "--prompt-tokens", str(PROMPT)],
+        )
     after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(lab.ns(h) in after for h in lab_mod.HOSTS), "the lab left namespaces behind"
     route = summary["routes"]["grpc.Generate"]

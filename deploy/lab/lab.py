@@ -107,8 +107,9 @@ class Lab:
                     _ip("-n", self.ns(host), "link", "set", dev, "up")
                 if name == self.link and self.delay_ms and self.netem == "tc":
                     for host, dev in ((a, va), (b, vb)):
-                        self.run_in(host, ["tc", "qdisc", "add", "dev", dev, "root", "netem",
-                                           "delay", f"{self.delay_ms}ms"])
+                        self.run_in(
+                            host, ["tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{self.delay_ms}ms"]
+                        )
         except BaseException:
             self.down()
             raise
@@ -141,9 +142,14 @@ class Lab:
         return out
 
     def spawn(self, host: str, name: str, argv: Sequence[str]) -> subprocess.Popen:
-        log = open((self.logs or Path(".")) / f"{name}.log", "wb") if self.logs else subprocess.DEVNULL
-        p = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *argv], stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log_path = (self.logs / f"{name}.log") if self.logs else Path(os.devnull)
+        with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+            p = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns(host), *argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         self.procs.append(p)
         return p
 
@@ -155,21 +161,46 @@ class Lab:
         delayed link ends at this host."""
         if self.delay_ms and self.netem == "relay" and link == self.link:
             inner = port + INNER_OFFSET
-            self.spawn(host, f"relay-{host}", self.pathprobe(
-                "netem", "--listen", f"{self.addr(host, link)}:{port}", "--upstream", f"127.0.0.1:{inner}",
-                "--delay-ms", str(self.delay_ms)))
+            self.spawn(
+                host,
+                f"relay-{host}",
+                self.pathprobe(
+                    "netem",
+                    "--listen",
+                    f"{self.addr(host, link)}:{port}",
+                    "--upstream",
+                    f"127.0.0.1:{inner}",
+                    "--delay-ms",
+                    str(self.delay_ms),
+                ),
+            )
             return "127.0.0.1", inner
         return "0.0.0.0", port
 
     def start_path(self, server_args: Sequence[str] = ("--engine", "synthetic"), timeout: float = 120.0) -> str:
         """Server and gateway up and healthy; returns the gateway address as the client sees it."""
         host, port = self._relayed("server", GRPC_PORT, "gateway-server")
-        self.spawn("server", "server", self.pathprobe(
-            "serve", "--host", host, "--grpc-port", str(port), "--http-port", str(HTTP_PORT), *server_args))
+        self.spawn(
+            "server",
+            "server",
+            self.pathprobe(
+                "serve", "--host", host, "--grpc-port", str(port), "--http-port", str(HTTP_PORT), *server_args
+            ),
+        )
         ghost, gport = self._relayed("gateway", GATEWAY_PORT, "client-gateway")
-        self.spawn("gateway", "gateway", self.pathprobe(
-            "gateway", "--mode", "passthrough", "--listen", f"{ghost}:{gport}",
-            "--upstream", f"{self.addr('server', 'gateway-server')}:{GRPC_PORT}"))
+        self.spawn(
+            "gateway",
+            "gateway",
+            self.pathprobe(
+                "gateway",
+                "--mode",
+                "passthrough",
+                "--listen",
+                f"{ghost}:{gport}",
+                "--upstream",
+                f"{self.addr('server', 'gateway-server')}:{GRPC_PORT}",
+            ),
+        )
         target = f"{self.addr('gateway', 'client-gateway')}:{GATEWAY_PORT}"
         self.wait_healthy("client", f"grpc://{target}", timeout)  # through the gateway to the server
         return target
@@ -189,9 +220,21 @@ class Lab:
 
     def load(self, target: str, out: Path, load_args: Sequence[str]) -> dict:
         """A headless `pathprobe load` from the client namespace; returns its summary."""
-        self.run_in("client", self.pathprobe("load", "--headless", "-H", f"grpc://{target}", "--out", str(out),
-                                             "--label", f"lab {self.link} +{self.delay_ms:g}ms", *load_args),
-                    timeout=900)
+        self.run_in(
+            "client",
+            self.pathprobe(
+                "load",
+                "--headless",
+                "-H",
+                f"grpc://{target}",
+                "--out",
+                str(out),
+                "--label",
+                f"lab {self.link} +{self.delay_ms:g}ms",
+                *load_args,
+            ),
+            timeout=900,
+        )
         return json.loads((out / "summary.json").read_text())
 
 
@@ -208,10 +251,13 @@ def run(args: argparse.Namespace) -> int:
         summary = lab.load(target, out, ["-u", str(args.users), "-r", str(args.users), "-t", args.run_time])
     for route, rs in summary["routes"].items():
         m = rs["metrics"]
-        cells = ", ".join(f"{k} {m[k]['p50']:.2f}" for k in ("e2e", "network_hop1", "network_hop2", "inference")
-                          if k in m)
-        print(f"lab: {route}: p50 ms: {cells} ({rs['requests']} requests; delay {args.delay_ms:g} ms one-way on "
-              f"{args.link}, {netem})")
+        cells = ", ".join(
+            f"{k} {m[k]['p50']:.2f}" for k in ("e2e", "network_hop1", "network_hop2", "inference") if k in m
+        )
+        print(
+            f"lab: {route}: p50 ms: {cells} ({rs['requests']} requests; delay {args.delay_ms:g} ms one-way on "
+            f"{args.link}, {netem})"
+        )
     return 0
 
 
@@ -225,8 +271,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("-u", "--users", type=int, default=1)
     r.add_argument("-t", "--run-time", default="10s")
     r.add_argument("--out", default="out/lab")
-    r.add_argument("--server-args", default="--engine synthetic --prefill-ms-per-token 0.05 --decode-ms-per-token 1",
-                   help="engine arguments for `pathprobe serve` (one string)")
+    r.add_argument(
+        "--server-args",
+        default="--engine synthetic --prefill-ms-per-token 0.05 --decode-ms-per-token 1",
+        help="engine arguments for `pathprobe serve` (one string)",
+    )
     args = p.parse_args(argv)
     try:
         return run(args)

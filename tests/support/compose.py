@@ -57,8 +57,9 @@ def compose_binary() -> str | None:
         return None
 
 
-def resolve(compose_file: Path, home: Path, profiles: tuple[str, ...] = (), env: dict[str, str] | None = None
-            ) -> dict[str, Any]:
+def resolve(
+    compose_file: Path, home: Path, profiles: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The compose model as Compose resolves it (clean environment: defaults apply)."""
     binary = compose_binary()
     if binary is None:
@@ -66,8 +67,12 @@ def resolve(compose_file: Path, home: Path, profiles: tuple[str, ...] = (), env:
     args = [binary, "-f", str(compose_file)]
     for p in profiles:
         args += ["--profile", p]
-    out = subprocess.run([*args, "config", "--format", "json"], capture_output=True, text=True,
-                         env={"PATH": os.environ.get("PATH", ""), "HOME": str(home), **(env or {})})
+    out = subprocess.run(
+        [*args, "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", ""), "HOME": str(home), **(env or {})},
+    )
     if out.returncode != 0:
         raise RuntimeError(f"docker compose config failed: {out.stderr}")
     return json.loads(out.stdout)
@@ -112,7 +117,7 @@ def read_image(dockerfile: Path) -> Image:
                 k, _, v = tok.partition("=")
                 env[k] = v
         elif word == "HEALTHCHECK":
-            cmd = rest[rest.index("CMD") + 3:]
+            cmd = rest[rest.index("CMD") + 3 :]
             health = _exec_form(cmd)
     return Image(entry, env, health)
 
@@ -178,7 +183,7 @@ class Stack:
             new = "127.0.0.1"
         for target, host in self._mounts(inst.service):
             if new == target or new.startswith(target + "/"):
-                new = str(host) + new[len(target):]
+                new = str(host) + new[len(target) :]
         return new
 
     def rewrite_argv(self, inst: Instance, argv: list[str]) -> list[str]:
@@ -228,8 +233,11 @@ class Stack:
             inst.health = self.rewrite_argv(inst, inst.health)
             # image ENV under the service's environment, as in a container (only for the check:
             # the process itself keeps the test's cache and paths); `python` is this interpreter
-            inst.health_env = {**self.rewrite_env(inst, image.env if image else {}), **inst.env,
-                               "PATH": f"{Path(self.python).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+            inst.health_env = {
+                **self.rewrite_env(inst, image.env if image else {}),
+                **inst.env,
+                "PATH": f"{Path(self.python).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            }
         self.instances.append(inst)
         return inst
 
@@ -246,8 +254,9 @@ class Stack:
         while time.monotonic() < deadline:
             if inst.proc is not None and inst.proc.popen.poll() is not None:
                 raise RuntimeError(f"{inst.name} exited with {inst.proc.popen.returncode}:\n{inst.proc.log()[-3000:]}")
-            out = subprocess.run(inst.health, capture_output=True, text=True,
-                                 env={**os.environ, **inst.health_env}, timeout=30)
+            out = subprocess.run(
+                inst.health, capture_output=True, text=True, env={**os.environ, **inst.health_env}, timeout=30
+            )
             if out.returncode == 0:
                 return
             last = out.stderr.strip()
@@ -269,7 +278,7 @@ class Stack:
                 return
             if n in seen:
                 raise RuntimeError(f"depends_on cycle through {n}")
-            for dep in (self.services[n].get("depends_on") or {}):
+            for dep in self.services[n].get("depends_on") or {}:
                 visit(dep, (*seen, n))
             done.append(n)
 

@@ -21,8 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 TARGET_LABELS = {"instance", "job"}
 #: Grafana's built-in interval variables and what they stand for when parsing
 BUILTINS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "5m"}
-_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count", ""),
-             "gauge": ("",)}
+_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "summary": ("_sum", "_count", ""),
+    "gauge": ("",),
+}
 _LABEL_VALUES = re.compile(r"^label_values\(\s*(?P<expr>.+?)\s*,\s*(?P<label>\w+)\s*\)$")
 
 
@@ -93,7 +97,7 @@ def check_expr(where: str, expr: str, exported: Exported) -> list[str]:
     """Problems with one PromQL expression (empty when every name and label is exported)."""
     try:
         ast = promql_parser.parse(expr)
-    except Exception as exc:  # noqa: BLE001 - the parser's error is the message
+    except Exception as exc:
         return [f"{where}: does not parse: {exc}: {expr}"]
     selectors: list[Selector] = []
     groupings: list[tuple[set[str], list[Selector]]] = []
