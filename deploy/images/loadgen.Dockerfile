@@ -21,7 +21,8 @@ FROM ${PYTHON_IMAGE} AS model
 ENV PIP_NO_CACHE_DIR=1 PATHPROBE_CACHE=/opt/pathprobe/cache
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY --from=wheel /wheels /wheels
-RUN whl=$(ls /wheels/pathprobe-*.whl) && pip install "pathprobe[server] @ file://${whl}" && pathprobe make-model
+RUN whl=$(ls /wheels/pathprobe-*.whl) && pip install "pathprobe[server] @ file://${whl}" && pathprobe make-model \
+    && chmod -R a+rX /opt/pathprobe
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -31,7 +32,7 @@ RUN set -eux; whl=$(ls /wheels/pathprobe-*.whl); pip install "pathprobe[loadgen]
     ! python -c "import torch" 2>/dev/null; \
     useradd --uid 10001 --create-home --shell /usr/sbin/nologin pathprobe; \
     mkdir -p /out && chown 10001:10001 /out
-COPY --from=model --chmod=a+rX /opt/pathprobe/cache /opt/pathprobe/cache
+COPY --from=model /opt/pathprobe/cache /opt/pathprobe/cache
 USER 10001:10001
 WORKDIR /home/pathprobe
 EXPOSE 8089 5557 9646
