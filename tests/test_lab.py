@@ -1,6 +1,7 @@
 """The multi-host lab (deploy/lab/lab.py): client, gateway and server in three network
-namespaces joined by veth links; a known delay on the gateway<->server link must show up as
-that hop's network (network_hop2) and nowhere else. Needs root and `ip netns` (CI has both)."""
+namespaces joined by veth links; a known delay on one link must show up as that hop's
+network (network_hop2 for gateway<->server, network_hop1 for client<->gateway) and nowhere
+else. Needs root and `ip netns` (CI has both)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,12 @@ DELAY_MS = 10.0
 PREFILL, DECODE, PROMPT, MAX_TOKENS = 0.05, 1.0, 64, 4
 
 
-def test_delay_on_the_gateway_server_link_is_that_hops_network(tmp_path: Path) -> None:
-    lab = lab_mod.Lab(DELAY_MS, "gateway-server", "relay")
+@pytest.mark.parametrize(
+    "link,delayed,other",
+    [("gateway-server", "network_hop2", "network_hop1"), ("client-gateway", "network_hop1", "network_hop2")],
+)
+def test_a_delay_on_one_link_is_that_hops_network(tmp_path: Path, link: str, delayed: str, other: str) -> None:
+    lab = lab_mod.Lab(DELAY_MS, link, "relay")
     lab.logs = tmp_path
     with lab:
         # three namespaces, each end of each link in its own
@@ -40,17 +45,16 @@ def test_delay_on_the_gateway_server_link_is_that_hops_network(tmp_path: Path) -
         summary = lab.load(
             target,
             tmp_path / "load",
-            ["-u", "1", "-r", "1", "-t", "6s", "--max-tokens", str(MAX_TOKENS), "--prompt-tokens", str(PROMPT)],
+            ["-u", "1", "-r", "1", "-t", "5s", "--max-tokens", str(MAX_TOKENS), "--prompt-tokens", str(PROMPT)],
         )
     after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(lab.ns(h) in after for h in lab_mod.HOSTS), "the lab left namespaces behind"
     route = summary["routes"]["grpc.Generate"]
     assert route["requests"] >= 20 and route["errors"] == 0, route
     m = route["metrics"]
-    hop1, hop2 = m["network_hop1"]["p50"], m["network_hop2"]["p50"]
-    # one-way D each direction on that link: a unary call crosses it twice
-    assert 2 * DELAY_MS - 0.5 <= hop2 <= 2 * DELAY_MS + 6, m["network_hop2"]
-    assert hop1 < DELAY_MS / 2, m["network_hop1"]
+    # one-way D each direction on that link: a unary call crosses it twice; the other link keeps none
+    assert 2 * DELAY_MS - 0.5 <= m[delayed]["p50"] <= 2 * DELAY_MS + 6, m[delayed]
+    assert m[other]["p50"] < DELAY_MS / 2, m[other]
     want_inference = PROMPT * PREFILL + (MAX_TOKENS - 1) * DECODE
     assert abs(m["inference"]["p50"] - want_inference) < 2.0, m["inference"]
     assert m["queueing"]["p50"] < 1.0
