@@ -305,3 +305,15 @@ def test_probe_answers_healthy_unhealthy_and_bad_input(synthetic_server) -> None
     assert down.returncode == 1 and "UNAVAILABLE" in down.stderr
     bad = _probe("ftp://127.0.0.1:21")
     assert bad.returncode == 2 and "url:" in bad.stderr
+
+
+# --- Prometheus ----------------------------------------------------------------------------
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_prometheus_config_passes_promtool() -> None:
+    out = subprocess.run(
+        ["promtool", "check", "config", str(DEPLOY / "observability" / "prometheus" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
