@@ -535,7 +535,7 @@ def _finish_stream(out: Outcome, err: Any) -> None:
 # --- host URL -> target ------------------------------------------------------------------
 def parse_host(host: str) -> tuple[str, str]:
     """``grpc://h:p`` -> ("grpc", "h:p"); ``http://h:p`` -> ("http", url);
-    ``openai+http://h:p`` -> ("openai", "http://h:p")."""
+    ``openai+http://h:p`` -> ("openai", "http://h:p"); ``openai-sdk+http://h:p`` -> ("openai-sdk", ...)."""
     if not host:
         raise ConfigError("host: give the target with -H/--host (grpc://, http://, openai+http://)")
     parts = urlsplit(host)
@@ -548,12 +548,15 @@ def parse_host(host: str) -> tuple[str, str]:
         return "grpc", parts.netloc
     if scheme in ("http", "https"):
         return "http", host.rstrip("/")
+    if scheme in ("openai-sdk+http", "openai-sdk+https"):  # through the official openai SDK
+        return "openai-sdk", f"{scheme.split('+', 1)[1]}://{parts.netloc}{parts.path}".rstrip("/")
     if scheme in ("openai+http", "openai+https", "openai"):
         inner = scheme.split("+", 1)[1] if "+" in scheme else "http"
         return "openai", f"{inner}://{parts.netloc}{parts.path}".rstrip("/")
-    if scheme in ("ollama+http", "ollama+https"):
+    if scheme in ("ollama+http", "ollama+https"):  # Ollama's native API (its timing fields)
         return "ollama", f"{scheme.split('+', 1)[1]}://{parts.netloc}{parts.path}".rstrip("/")
-    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc://, http://, openai+http:// or ollama+http://")
+    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc://, http://, openai+http://, "
+                      "openai-sdk+http:// or ollama+http://")
 
 
 def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions") -> Target:
@@ -564,4 +567,8 @@ def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completio
         return NativeHttpTarget(addr, timeout_s)
     if kind == "ollama":
         return OllamaTarget(addr, timeout_s)
+    if kind == "openai-sdk":
+        from pathprobe.loadgen.sdk import OpenAISdkTarget
+
+        return OpenAISdkTarget(addr, timeout_s, openai_api)
     return OpenAITarget(addr, timeout_s, openai_api)

@@ -126,6 +126,18 @@ def test_vllm_style_metrics_book_queue_and_inference_and_leave_the_rest_unsplit(
     assert _median(recs, "unsplit") < 5.0  # its HTTP handling only (a busy 2-core box: scheduling)
 
 
+def test_the_openai_sdk_target_reads_the_same_reports(tmp_path) -> None:
+    srv = OpenAIServer(tmp_path, "--queue-ms", "5", "--decode-ms", "10", "--report", "vllm")
+    try:
+        recs = _load(tmp_path / "load", srv.url, scheme="openai-sdk+")
+    finally:
+        srv.stop()
+    for r in recs:
+        sp, rep = r["split"], r["server_report"]
+        assert rep["source"] == "vLLM per-request metrics" and sp["queueing"] >= 5.0 and sp["inference"] >= 10.0
+        assert sp["network_estimated"] is True and sp["network"] == pytest.approx(r["network_estimate_ms"])
+
+
 def test_tgi_headers_make_a_server_hop(tmp_path) -> None:
     srv = OpenAIServer(tmp_path, "--queue-ms", "6", "--decode-ms", "15", "--report", "tgi")
     try:

@@ -119,7 +119,9 @@ class TargetConfig(_Strict):
 
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     kind: Literal["direct", "gateway", "nginx", "external", "vllm"]
-    protocol: Literal["grpc", "http", "openai"] | None = None
+    #: openai-sdk: the OpenAI-compatible routes through the official openai SDK (what an
+    #: application's SDK adds shows as client serialization)
+    protocol: Literal["grpc", "http", "openai", "openai-sdk"] | None = None
     mode: Literal["passthrough", "transcode", "reencode", "http-proxy"] | None = None
     #: remote mode (any kind) or external: the address the load generator hits,
     #: as a URL (grpc://H:P, http://H:P, openai+http://H:P) or H:P
@@ -153,8 +155,9 @@ class TargetConfig(_Strict):
         if self.kind == "external" and not self.address:
             raise ValueError("kind 'external' needs 'address'")
         if self.kind == "vllm":
-            if self.protocol not in (None, "openai"):
-                raise ValueError(f"vLLM's server speaks the OpenAI API (protocol openai), not '{self.protocol}'")
+            if self.protocol not in (None, "openai", "openai-sdk"):
+                raise ValueError(f"vLLM's server speaks the OpenAI API (protocol openai or openai-sdk), "
+                                 f"not '{self.protocol}'")
             if self.protocol is None:
                 self.protocol = "openai"
         if self.engine is not None and self.kind not in ("direct", "gateway"):
@@ -171,7 +174,7 @@ class TargetConfig(_Strict):
             self.protocol = "grpc"
         if self.kind == "gateway" and self.protocol is None:
             self.protocol = CLIENT_PROTOCOL[self.mode]  # type: ignore[index]
-        if self.kind == "gateway" and self.protocol not in (CLIENT_PROTOCOL[self.mode], "openai"):  # type: ignore[index]
+        if self.kind == "gateway" and self.protocol not in (CLIENT_PROTOCOL[self.mode], "openai", "openai-sdk"):  # type: ignore[index]
             if not (self.mode in ("transcode", "http-proxy") and self.protocol == "http"):
                 raise ValueError(
                     f"gateway mode '{self.mode}' accepts {CLIENT_PROTOCOL[self.mode]} clients, not '{self.protocol}'"  # type: ignore[index]

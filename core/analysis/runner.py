@@ -31,6 +31,7 @@ from typing import Any
 
 from pathprobe import vllmcpu
 from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
+from pathprobe.address import parse_hostport
 from pathprobe.errors import ConfigError, PathprobeError
 
 LOOPBACK = "127.0.0.1"
@@ -62,15 +63,12 @@ def reachable(address: str, timeout: float = 3.0) -> str | None:
 
 
 def split_hostport(address: str) -> tuple[str, int]:
-    rest = address.split("://", 1)[-1].split("/", 1)[0]
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"address {address!r}: expected [scheme://]HOST:PORT")
-    return host.strip("[]") or LOOPBACK, int(port)
+    return parse_hostport(address, f"address {address!r}", default_host=LOOPBACK)
 
 
 def url_for(protocol: str, hostport: str) -> str:
-    scheme = {"grpc": "grpc://", "http": "http://", "openai": "openai+http://"}[protocol]
+    scheme = {"grpc": "grpc://", "http": "http://", "openai": "openai+http://",
+              "openai-sdk": "openai-sdk+http://"}[protocol]
     return scheme + hostport
 
 
@@ -386,7 +384,7 @@ class Stack:
                         p.notes.append("vLLM's server, no gateway: the condition is on the client <-> server link")
                     upstream, r = self.relay(t.name, upstream, net)
                     p.procs.append(r)
-                p.url = url_for("openai", upstream)
+                p.url = url_for(t.protocol or "openai", upstream)
             elif t.kind == "direct":
                 grpc_up, http_up, srv = self.our_server(t.engine)
                 if srv is not None and srv is not self.server:  # a second server of ours (its own engine)
