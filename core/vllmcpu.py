@@ -17,12 +17,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pathprobe import environment
+
 #: KV-cache size of vLLM's CPU worker, in GiB (vLLM's own variable)
-KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+KVCACHE_ENV = environment.VLLM_CPU_KVCACHE_SPACE
 #: vLLM's and torch inductor's cache folders (vLLM's / torch's own variables)
-CACHE_ENVS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
+CACHE_ENVS = (environment.VLLM_CACHE_ROOT, environment.TORCHINDUCTOR_CACHE_DIR)
 #: where pathprobe puts those caches when they are unset (default: ``<tmp>/pathprobe-vllm``)
-SCRATCH_ENV = "PATHPROBE_VLLM_SCRATCH"
+SCRATCH_ENV = environment.PATHPROBE_VLLM_SCRATCH
 #: the module that runs vLLM's OpenAI server (vllm-cpu's ``vllm`` console script cannot
 #: find its package metadata, which is published as vllm-cpu)
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

@@ -199,3 +199,18 @@ def test_vllm_llm_request_span_attributes_are_seconds() -> None:
     assert sr.from_vllm_span({"gen_ai.request.id": "x"}) is None
     with pytest.raises(sr.ReportError, match=r"gen_ai\.latency\.time_in_queue"):
         sr.from_vllm_span({"gen_ai.latency.time_in_queue": "soon"})
+
+
+def test_vllm_cpu_defaults_give_way_to_what_is_set() -> None:
+    from pathprobe import vllmcpu
+
+    assert vllmcpu.kv_cache_gib(24 << 30) == 1 and vllmcpu.kv_cache_gib(256 << 30) == 8
+    assert vllmcpu.kv_cache_gib(1 << 30) == 1
+    env = vllmcpu.cpu_env({"PATHPROBE_VLLM_SCRATCH": "/scratch"})
+    assert env["VLLM_CACHE_ROOT"] == "/scratch/vllm_cache_root" and env["VLLM_CPU_KVCACHE_SPACE"].isdigit()
+    mine = {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CACHE_ROOT": "/a", "TORCHINDUCTOR_CACHE_DIR": "/b"}
+    assert vllmcpu.cpu_env(mine) == {}
+    cmd = vllmcpu.server_command("/m", 8001, served_name="tiny", otlp_traces_endpoint="http://127.0.0.1:4317")
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # vllm-cpu's `vllm` script fails
+    for flag in ("--enable-per-request-metrics", "--max-model-len", "--otlp-traces-endpoint"):
+        assert flag in cmd
