@@ -8,8 +8,8 @@ from typing import Any
 
 import aiohttp
 
-from pathprobe.address import host_and_port
 from pathprobe import rtt
+from pathprobe.address import host_and_port
 from pathprobe.errors import DeadlineExceeded, Unavailable
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.upstreams import Pool, Upstream
@@ -32,11 +32,8 @@ class ConnectTimes:
 
     async def probe(self, target: str, n: int = 3) -> None:
         """``n`` TCP handshakes to ``target`` in a worker thread (an unreachable upstream: none)."""
-        host, _, port = target.rpartition(":")
-        if not port.isdigit():
-            return
-        ms = await asyncio.get_running_loop().run_in_executor(
-            None, rtt.tcp_handshake_ms, host.strip("[]") or "127.0.0.1", int(port), n, 1.0)
+        host, port = host_and_port(target)
+        ms = await asyncio.get_running_loop().run_in_executor(None, rtt.tcp_handshake_ms, host, port, n, 1.0)
         if ms is not None:
             self.saw(target, ms)
 
