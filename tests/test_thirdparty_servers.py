@@ -68,8 +68,22 @@ def silent(tmp_path_factory) -> Iterator[OpenAIServer]:
 
 
 def _load(out: Path, url: str, *extra: str, scheme: str = "openai+", seconds: int = 3) -> list[dict]:
-    run_load(out, "-H", scheme + url, "-u", "1", "-r", "1", "-t", f"{seconds}s", "--max-tokens", "4",
-             "--tokenizer", "none", *extra)
+    run_load(
+        out,
+        "-H",
+        scheme + url,
+        "-u",
+        "1",
+        "-r",
+        "1",
+        "-t",
+        f"{seconds}s",
+        "--max-tokens",
+        "4",
+        "--tokenizer",
+        "none",
+        *extra,
+    )
     recs = [r for r in load_records(out) if r["ok"]]
     assert len(recs) >= 5, recs[:2]
     for r in recs:
@@ -107,8 +121,13 @@ def test_a_server_that_reports_nothing_is_unsplit_and_network_matches_our_server
     assert routes["openai.completions"]["network_estimated"] == routes["openai.completions"]["ok"] > 0
     routes = json.loads((tmp_path / "ours0" / "summary.json").read_text())["routes"]
     assert routes["openai.completions"]["network_estimated"] == 0
-    net_theirs, net_ours = _median(theirs, "network"), _median(ours, "network")
-    assert abs(net_theirs - net_ours) <= 0.5, (net_theirs, net_ours)
+    # The estimate is the shortest TCP handshake: a floor. Compared like with like, with the shortest
+    # network the same path showed to our own server. (The typical network to our server also holds
+    # both HTTP stacks' time outside the server's timers, 0.4-0.8 ms on a busy 2-core box; for a
+    # silent server that time is inside the unsplit part, never booked as network.)
+    est = _median(theirs, "network")
+    floor_ours = min(r["split"]["network"] for r in ours)
+    assert abs(est - floor_ours) <= 0.5, (est, floor_ours, _median(ours, "network"))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
