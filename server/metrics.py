@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from pathprobe.gputelemetry import GpuSampler
 from pathprobe.server.engine.base import Engine
 
 _MS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
@@ -41,6 +42,30 @@ class ServerMetrics:
         queue.set_function(engine.queue_depth)
         running = Gauge("pathprobe_server_running", "Requests running in the engine", registry=r)
         running.set_function(engine.running)
+
+        self.startup_ms = Gauge(
+            "pathprobe_server_startup_ms", "Duration of each startup phase (ms); first_request once it ran",
+            ["phase"], registry=r,
+        )
+
+    def set_startup(self, phases: Mapping[str, float]) -> None:
+        for phase, ms in phases.items():
+            self.startup_ms.labels(phase).set(ms)
+
+    def watch_gpu(self, sampler: GpuSampler) -> None:
+        """GPU gauges read from the sampler's latest reading (absent without a GPU)."""
+        if not sampler.available:
+            return
+        r = self.registry
+
+        def reader(attr: str):
+            return lambda: float(getattr(sampler.latest(), attr, float("nan")))
+
+        for attr, help_ in (("temperature_c", "GPU temperature (C)"), ("sm_clock_mhz", "GPU SM clock (MHz)"),
+                            ("power_w", "GPU power draw (W)"), ("memory_used_mib", "GPU memory used (MiB)"),
+                            ("reasons", "NVML clock-event (throttle) reason bits of the latest sample")):
+            g = Gauge(f"pathprobe_gpu_{attr if attr != 'reasons' else 'throttle_reasons'}", help_, registry=r)
+            g.set_function(reader(attr))
 
     def observe(self, route: str, code: str, entries: Mapping[str, float]) -> None:
         self.requests.labels(route, code).inc()

@@ -44,9 +44,13 @@ from pathprobe.server.engine.base import (
     stop_index,
 )
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
+from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
 
 log = logging.getLogger(__name__)
+
+#: phases timed inside ``_load`` (the rest of ``start`` is booked as engine_other)
+_LOAD_PHASES = ("weights_read", "weights_init", "device_transfer", "warmup", "cuda_graphs")
 
 #: seed of a weightless folder's random weights (presets), so two loads are the same model
 PRESET_SEED = 0
@@ -162,8 +166,20 @@ class TransformersEngine(Engine):
         from pathprobe.server import models
 
         self.config = config
-        self._folder = models.resolve_model(config.model)
-        self.tokenizer = models.load_tokenizer(config.model)
+        self.startup = StartupTimer()
+        with self.startup.phase("model_folder"):
+            self._folder = models.resolve_model(config.model)
+        with self.startup.phase("tokenizer"):
+            self.tokenizer = models.load_tokenizer(config.model)
+        tok_kind = str(config.options.get("tokenizer", "fast")).lower()
+        if tok_kind not in ("fast", "slow"):
+            raise ConfigError(f"--engine-option tokenizer: expected fast or slow, got {tok_kind!r}")
+        if tok_kind == "slow":
+            with self.startup.phase("tokenizer_slow"):
+                slow = models.load_slow_tokenizer(config.model)
+            bos = self.tokenizer.bos_token_id
+            self.encode_prompt = lambda text: slow.encode(text, bos=bos)
+        self.tokenizer_kind = tok_kind
         self.model_name = config.model_name or models.model_display_name(config.model, self._folder)
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
@@ -186,15 +202,36 @@ class TransformersEngine(Engine):
             raise ConfigError("--engine-option cuda_graphs: needs a CUDA device (use static_cache=1 on the CPU)")
         self._static: _StaticBatch | None = None
         self._threads = _threads_option(opts.get("threads"), self.device)
+        self._experts = opts.get("experts")  # transformers' experts_implementation for MoE models
+        if self.device.startswith("cuda"):
+            import torch
+
+            self.startup.sync = torch.cuda.synchronize
         #: counters for tests and /metrics: decode steps, tokens made, requests cancelled
         self.stats = {"prefills": 0, "decode_steps": 0, "tokens": 0, "cancelled": 0, "finished": 0}
 
     # --- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        t0 = now_ms()
         await asyncio.to_thread(self._load)
+        known = sum(p.ms for p in self.startup.ordered() if p.name in _LOAD_PHASES)
+        self.startup.record("engine_other", t0, max(0.0, now_ms() - t0 - known))
         self._thread = threading.Thread(target=self._worker, name="pathprobe-engine", daemon=True)
         self._thread.start()
+
+    def _read_weights(self) -> None:
+        """Read the weight files once, bytes only (disk -> page cache), timed on their own."""
+        from pathprobe.server.models import WEIGHT_PATTERNS
+
+        files = [p for pat in WEIGHT_PATTERNS for p in sorted(self._folder.glob(pat))]
+        n = 0
+        with self.startup.phase("weights_read") as ph:
+            for f in files:
+                with open(f, "rb") as fh:
+                    while chunk := fh.read(1 << 24):
+                        n += len(chunk)
+            ph.note = f"{n / 1e6:.1f} MB in {len(files)} file(s)"
 
     def _load(self) -> None:
         import torch
@@ -205,16 +242,22 @@ class TransformersEngine(Engine):
         if self._threads:
             torch.set_num_threads(self._threads)
         folder = str(self._folder)
+        extra = {"experts_implementation": self._experts} if self._experts else {}
         try:
             if has_weights(self._folder):
-                model = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype, local_files_only=True)
-                model.to(self.device)
+                self._read_weights()
+                with self.startup.phase("weights_init", "from_pretrained on the CPU"):
+                    model = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype, local_files_only=True,
+                                                                 **extra)
+                with self.startup.phase("device_transfer", self.device):
+                    model.to(self.device)
             else:  # a preset: published architecture, random weights made here
                 cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
                 cuda = [torch.device(self.device).index or 0] if self.device.startswith("cuda") else []
-                with torch.random.fork_rng(devices=cuda), torch.device(self.device):
+                with self.startup.phase("weights_init", f"random init on {self.device}, no weight files"), \
+                        torch.random.fork_rng(devices=cuda), torch.device(self.device):
                     torch.manual_seed(PRESET_SEED)  # the same random weights on every load
-                    model = AutoModelForCausalLM.from_config(cfg, dtype=self.dtype)
+                    model = AutoModelForCausalLM.from_config(cfg, dtype=self.dtype, **extra)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model: cannot load {folder}: {exc}") from exc
         model.eval()
@@ -246,16 +289,18 @@ class TransformersEngine(Engine):
         else:
             self._decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
         # warm-up: tokenizer, one tiny prefill + decode, so the first request pays no lazy init
-        self._decode(self.tokenizer.encode("warm up"))
-        with torch.inference_mode():
-            from transformers import DynamicCache
-
-            ids = torch.tensor([[self._pad, self._pad]], device=self.device)
-            warm = DynamicCache(config=model.config)
-            model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
-            model(input_ids=ids[:, :1], use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
-        if self._static_opt:
+        with self.startup.phase("warmup"):
+            self._decode(self.encode_prompt("warm up"))
             with torch.inference_mode():
+                from transformers import DynamicCache
+
+                ids = torch.tensor([[self._pad, self._pad]], device=self.device)
+                warm = DynamicCache(config=model.config)
+                model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
+                model(input_ids=ids[:, :1], use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
+        if self._static_opt:
+            note = "static KV cache and graph capture" if self._graphs else "static KV cache only"
+            with self.startup.phase("cuda_graphs", note), torch.inference_mode():
                 self._static = _StaticBatch(self, self.config.max_batch_size, self.max_context, self._graphs)
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -580,6 +625,14 @@ def _merge(cache: Any, mask: Any, ncache: Any, nmask: Any) -> tuple[Any, Any]:
     return cache, torch.cat([pad_mask(mask, la), pad_mask(nmask, lb)], dim=0)
 
 
+def kv_head_dims(cfg: Any) -> tuple[int, int]:
+    """Per-head key and value sizes in the KV cache (they differ with MLA, e.g. DeepSeek-V2)."""
+    if getattr(cfg, "qk_rope_head_dim", None):
+        return int(cfg.qk_nope_head_dim) + int(cfg.qk_rope_head_dim), int(cfg.v_head_dim)
+    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    return hd, hd
+
+
 def _flag(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
@@ -634,12 +687,12 @@ class _StaticBatch:
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         layers = int(text_cfg.num_hidden_layers)
         kvh = int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads)
-        hd = int(getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads)
+        kd, vd = kv_head_dims(text_cfg)
         dtype = next(model.parameters()).dtype
         self.engine = engine
         self.slots, self.L = slots, max_len
-        self.keys = [torch.zeros((slots, kvh, max_len, hd), dtype=dtype, device=dev) for _ in range(layers)]
-        self.values = [torch.zeros((slots, kvh, max_len, hd), dtype=dtype, device=dev) for _ in range(layers)]
+        self.keys = [torch.zeros((slots, kvh, max_len, kd), dtype=dtype, device=dev) for _ in range(layers)]
+        self.values = [torch.zeros((slots, kvh, max_len, vd), dtype=dtype, device=dev) for _ in range(layers)]
         self.mask = torch.zeros((slots, 1, 1, max_len), dtype=torch.bool, device=dev)
         self.ids = torch.zeros((slots, 1), dtype=torch.long, device=dev)
         self.pos = torch.zeros((slots, 1), dtype=torch.long, device=dev)

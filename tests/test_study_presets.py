@@ -1,0 +1,130 @@
+"""The latency study's seven presets at test scale: same architecture classes, tokenizers of
+the same kind (slow and fast giving the same ids), served end to end, with startup attribution
+and "no GPU" telemetry on this CPU box."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pathprobe import gputelemetry
+from pathprobe.errors import ConfigError
+from pathprobe.server import models, tokenizer_build
+from pathprobe.server.startup import PHASES, StartupTimer
+from tests.support.clients import grpc_generate, http_post
+from tests.support.procs import Server
+
+TEXT = "The capital of France is Paris. It has 2148271 people; naïve café, tabs\tand  two spaces.\n"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("presets")
+
+
+def _spec(name: str) -> str:
+    return f"preset:{name}@tiny"
+
+
+@pytest.mark.parametrize("name", models.STUDY_PRESETS)
+def test_study_preset_builds_and_runs(name: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    monkeypatch.setenv("PATHPROBE_CACHE", str(cache))
+    folder = models.resolve_model(_spec(name))
+    cfg = json.loads((folder / "config.json").read_text())
+    full = models.PRESETS[name]
+    assert cfg["model_type"] == full["model_type"] and cfg["architectures"] == full["architectures"]
+    tok_spec = models.PRESET_TOKENIZERS[name]
+    assert cfg["pathprobe_tokenizer"]["kind"] == tok_spec.kind
+    tok = models.load_tokenizer(_spec(name))
+    slow = models.load_slow_tokenizer(_spec(name))
+    ids = tok.encode(TEXT)
+    assert slow.encode(TEXT, bos=tok.bos_token_id) == ids  # the slow path is the same tokenizer
+    assert tok.decode(ids, skip_special_tokens=True) == TEXT
+    assert len(tok) == cfg["vocab_size"] and max(ids) < cfg["vocab_size"]
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)))
+    if "n_routed_experts" in full:  # MoE routing kept at test scale
+        assert cfg["n_routed_experts"] > cfg["num_experts_per_tok"] > 1
+        assert any("experts" in n for n, _ in model.named_modules())
+    logits = model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), cfg["vocab_size"]) and torch.isfinite(logits).all()
+
+
+def test_full_scale_configs_keep_published_sizes() -> None:
+    for name in models.STUDY_PRESETS:
+        cfg, spec = models.preset_config(name), models.preset_tokenizer(name)
+        assert spec is not None and spec.vocab_size + len(models.SPECIAL_TOKENS) <= cfg["vocab_size"], name
+    assert models.preset_tokenizer("phi-3-mini").kind == "sentencepiece"
+    assert models.preset_tokenizer("llama-3-8b-instruct").vocab_size == 128000
+    assert models.preset_config("deepseek-v2-lite")["n_routed_experts"] == 64
+    with pytest.raises(ConfigError, match="scale 'huge'"):
+        models.split_preset("olmo-1b@huge")
+
+
+def test_tokenizer_trains_to_the_asked_vocabulary(tmp_path: Path) -> None:
+    spec = tokenizer_build.TokenizerSpec("bpe", 3000, "cl100k")
+    tok = tokenizer_build.build(spec, tmp_path, models.CORPUS, models.SPECIAL_TOKENS)
+    assert tok.get_vocab_size() == 3000 + len(models.SPECIAL_TOKENS)
+
+
+def test_startup_timer_table_and_phases() -> None:
+    t = StartupTimer()
+    with t.phase("tokenizer"):
+        pass
+    t.record("weights_init", t.t0, 12.5, "random init")
+    with pytest.raises(ValueError):
+        t.record("nope", 0, 1)
+    assert list(t.as_dict()) == ["tokenizer", "weights_init"]  # table order, not call order
+    assert t.as_dict()["weights_init"] == 12.5
+
+
+def test_gpu_telemetry_says_no_gpu_here() -> None:
+    s = gputelemetry.GpuSampler(interval_s=0.01).start()
+    out = s.stop()
+    assert out["gpu"] is False and out["reason"].startswith("no GPU")
+
+
+def test_gpu_summary_flags_throttling() -> None:
+    S = gputelemetry.Sample
+    calm = [S(0.0, 40, 1980, 300, 1000, 0), S(0.2, 41, 1980, 310, 1000, 0x1)]
+    assert gputelemetry.summarize(calm)["throttled"] is False and gputelemetry.warning(gputelemetry.summarize(calm)) is None
+    hot = calm + [S(0.4, 88, 1500, 700, 1000, 0x20 | 0x4)]
+    out = gputelemetry.summarize(hot)
+    assert out["throttled"] and out["sm_clock_mhz"]["min"] == 1500
+    assert set(out["reasons_seen"]) == {"gpu_idle", "sw_power_cap", "sw_thermal_slowdown"}
+    assert "throttled" in gputelemetry.warning(out) and abs(out["throttled_share"] - 1 / 3) < 1e-9
+
+
+@pytest.mark.slow
+def test_serve_reports_startup_and_serves_a_study_preset(tmp_path: Path, cache: Path) -> None:
+    """A MoE preset (routing on the CPU) served with the slow tokenizer: startup table on stdout,
+    gauges in /metrics (first_request once one ran), the same text as the fast tokenizer."""
+    env = {"PATHPROBE_CACHE": str(cache)}
+    models_env = ["--model", _spec("deepseek-v2-lite"), "--device", "cpu"]
+    slow = Server(tmp_path, *models_env, "--engine-option", "tokenizer=slow", env=env)
+    try:
+        status, _, body = http_post(f"{slow.http_url}/v1/generate",
+                                    {"prompt": "The capital of France is", "max_tokens": 4, "ignore_eos": True})
+        assert status == 200
+        resp, entries = grpc_generate(slow.grpc_target, prompt="The capital of France is", max_tokens=4, ignore_eos=True)
+        assert resp.text == json.loads(body)["text"] and entries["srv.tokenize"] > 0
+        with __import__("urllib.request").request.urlopen(f"{slow.http_url}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+    finally:
+        slow.stop()
+    log = slow.log()
+    table = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+)\s+([\d.]+)\s", log, re.M)}
+    for phase in ("model_folder", "tokenizer", "tokenizer_slow", "weights_init", "warmup", "frontends",
+                  "first_request"):
+        assert phase in table, (phase, log)
+    assert "weights_read" not in table  # a preset has no weight files: not shown as zero
+    gauges = dict(re.findall(r'pathprobe_server_startup_ms\{phase="(\w+)"\} ([\d.e+-]+)', metrics))
+    assert set(gauges) >= {"total", "tokenizer", "weights_init", "warmup", "first_request"}
+    assert float(gauges["total"]) >= float(gauges["weights_init"]) > 0
+    assert "pathprobe_gpu_" not in metrics  # no GPU here: no GPU gauges
+    assert set(PHASES) >= set(table) - {"total"}
