@@ -128,3 +128,65 @@ def test_serve_reports_startup_and_serves_a_study_preset(tmp_path: Path, cache: 
     assert float(gauges["total"]) >= float(gauges["weights_init"]) > 0
     assert "pathprobe_gpu_" not in metrics  # no GPU here: no GPU gauges
     assert set(PHASES) >= set(table) - {"total"}
+
+
+def _engine(**options):
+    import asyncio
+
+    from pathprobe.server.engine.base import EngineConfig
+    from pathprobe.server.engine.hf import TransformersEngine
+
+    eng = TransformersEngine(EngineConfig(device="cpu", max_batch_size=4, max_wait_ms=1.0, options=options))
+    asyncio.run(eng.start())
+    return eng
+
+
+def _burst(eng, prompts: list[str], tokens: list[int]):
+    import asyncio
+
+    from pathprobe.server.engine.base import GenParams
+
+    async def go():
+        gens = []
+        for p, n in zip(prompts, tokens):
+            gens.append(eng.generate(GenParams(prompt=p, max_tokens=n, ignore_eos=True)))
+            await asyncio.sleep(0.02)  # arrivals while the first request already runs
+        return [(await g.collect())[1] for g in gens], gens
+
+    return asyncio.run(go())
+
+
+def test_batching_and_padding_modes_same_tokens_different_admission() -> None:
+    """Ground truth: every mode yields the same greedy tokens; only continuous batching
+    lets a late request join a running batch (dynamic makes it wait for the batch's end)."""
+    import asyncio
+
+    prompts = ["The capital of France is", "Hello! How are you today? I am fine, thank you.", "Water boils at"]
+    tokens = [40, 6, 6]
+    runs = {}
+    for opts in ({}, {"batching": "dynamic"}, {"pad": "bucket"}, {"pad": "fixed:64"}):
+        eng = _engine(**opts)
+        try:
+            runs[json.dumps(opts)] = _burst(eng, prompts, tokens)
+        finally:
+            asyncio.run(eng.stop())
+    ref_ids = runs["{}"][0]
+    for key, (ids, _) in runs.items():
+        assert ids == ref_ids, key
+    cont, dyn = runs["{}"][1], runs[json.dumps({"batching": "dynamic"})][1]
+    # continuous: the late arrivals ran beside the long request; dynamic: they queued behind it
+    assert max(g.timing.batch_size for g in cont[1:]) >= 2
+    def end(g):  # when the long request's last decode step ended
+        return g.timing.decode_start + g.timing.decode_steps
+
+    assert all(g.timing.prefill_start >= end(dyn[0]) for g in dyn[1:])
+    assert all(g.timing.prefill_start < end(cont[0]) for g in cont[1:])
+
+
+def test_engine_options_are_checked() -> None:
+    from pathprobe.server.engine.base import EngineConfig
+    from pathprobe.server.engine.hf import TransformersEngine
+
+    for opts, msg in (({"batching": "greedy"}, "batching"), ({"pad": "fixed:x"}, "pad"), ({"tokenizer": "medium"}, "tokenizer")):
+        with pytest.raises(ConfigError, match=msg):
+            TransformersEngine(EngineConfig(device="cpu", options=opts))

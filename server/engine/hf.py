@@ -49,6 +49,10 @@ from pathprobe.timing import now_ms
 
 log = logging.getLogger(__name__)
 
+#: ``--engine-option batching=``: continuous (join between steps), dynamic (a batch forms in the
+#: max_wait_ms window, then runs to its end), static (waits up to static_wait_ms for a full batch)
+BATCHING = ("continuous", "dynamic", "static")
+
 #: phases timed inside ``_load`` (the rest of ``start`` is booked as engine_other)
 _LOAD_PHASES = ("weights_read", "weights_init", "device_transfer", "warmup", "cuda_graphs")
 
@@ -201,7 +205,12 @@ class TransformersEngine(Engine):
         if self._graphs and not self.device.startswith("cuda"):
             raise ConfigError("--engine-option cuda_graphs: needs a CUDA device (use static_cache=1 on the CPU)")
         self._static: _StaticBatch | None = None
+        self._static_wait_ms = float(opts.get("static_wait_ms", 1000.0))
         self._threads = _threads_option(opts.get("threads"), self.device)
+        self._batching = str(opts.get("batching", "continuous")).lower()
+        if self._batching not in BATCHING:
+            raise ConfigError(f"--engine-option batching: expected one of {', '.join(BATCHING)}, got {self._batching!r}")
+        self._pad_mode, self._pad_to = _padding_option(str(opts.get("pad", "longest")))
         self._experts = opts.get("experts")  # transformers' experts_implementation for MoE models
         if self.device.startswith("cuda"):
             import torch
@@ -369,9 +378,12 @@ class TransformersEngine(Engine):
                 self._cond.wait()
             if self._stopping:
                 return []
+            if running and self._batching != "continuous":
+                return []  # request-level batching: nobody joins a running batch
             if not running and self._waiting:
-                # dynamic batching window: wait for companions, at most max_wait_ms
-                deadline = self._waiting[0].gen.timing.queue_start + cfg.max_wait_ms
+                # batching window: wait for companions, at most max_wait_ms (static: the fill timeout)
+                window = cfg.max_wait_ms if self._batching != "static" else self._static_wait_ms
+                deadline = self._waiting[0].gen.timing.queue_start + window
                 while not self._stopping and len(self._waiting) < cfg.max_batch_size:
                     left = deadline - now_ms()
                     if left <= 0:
@@ -439,7 +451,7 @@ class TransformersEngine(Engine):
             t.queue = start - t.queue_start
             t.prefill_start = start
             t.batch_size = max(t.batch_size, batch)
-        width = max(len(r.ids) for r in new)
+        width = self._prefill_width(max(len(r.ids) for r in new))
         ids = torch.full((len(new), width), self._pad, dtype=torch.long)
         nmask = torch.zeros((len(new), width), dtype=torch.long)
         for i, r in enumerate(new):
@@ -472,6 +484,16 @@ class TransformersEngine(Engine):
         if cache is None:
             return ncache, nmask
         return _merge(cache, mask, ncache, nmask)
+
+    def _prefill_width(self, longest: int) -> int:
+        """Columns of a batched prefill: the longest prompt, a power-of-two bucket, or a fixed length."""
+        if self._pad_mode == "bucket":
+            width = max(16, 1 << (longest - 1).bit_length())
+        elif self._pad_mode == "fixed":
+            width = max(self._pad_to, longest)
+        else:
+            return longest
+        return min(width, self.max_context)
 
     def _decode_step(self, running: list[_Req], cache: Any, mask: Any) -> Any:
         import torch
@@ -623,6 +645,21 @@ def _merge(cache: Any, mask: Any, ncache: Any, nmask: Any) -> tuple[Any, Any]:
         la_layer.keys = torch.cat([pad_kv(la_layer.keys, la), pad_kv(lb_layer.keys, lb)], dim=0)
         la_layer.values = torch.cat([pad_kv(la_layer.values, la), pad_kv(lb_layer.values, lb)], dim=0)
     return cache, torch.cat([pad_mask(mask, la), pad_mask(nmask, lb)], dim=0)
+
+
+def _padding_option(value: str) -> tuple[str, int]:
+    """``pad=longest`` (default) | ``bucket`` (next power of two) | ``fixed:N``."""
+    mode, _, n = value.strip().lower().partition(":")
+    if mode in ("longest", "bucket") and not n:
+        return mode, 0
+    if mode == "fixed":
+        try:
+            size = int(n)
+        except ValueError:
+            size = 0
+        if size > 0:
+            return mode, size
+    raise ConfigError(f"--engine-option pad: expected longest, bucket or fixed:N (N > 0), got {value!r}")
 
 
 def kv_head_dims(cfg: Any) -> tuple[int, int]:
