@@ -369,28 +369,48 @@ def llama(args: argparse.Namespace) -> str:
     return preset(args, "llama-3-8b-instruct")
 
 
+#: streams --variants: engine options on top of CUDA graphs (prefill graphs are on by default there)
+VARIANTS = {
+    "graphs": [],
+    "graphs-eager-prefill": ["--engine-option", "prefill_max_len=0"],
+    "graphs-compile": ["--engine-option", "compile=1"],
+    "eager": None,
+}
+
+
 def part_streams(args: argparse.Namespace) -> None:
     with Part("streams", args) as part:
         build_presets(args, ["llama-3-8b-instruct"])
         conc = [1, 8, 32] if not args.small else [1, 4]
-        srv = part.serve(llama(args), *graphs_args(args, max(conc)))
-        try:
-            ids = token_prompt(64)
-            streams_run(srv, ids, max(conc), 8, 1)  # warm every bucket
-            part.res["rows"] = []
-            for c in conc:
-                w = part.window()
-                row = streams_run(srv, ids, c, 64 if not args.small else 8, args.reps)
-                row["gpu"] = part.gpu_since(w)
-                part.res["rows"].append(row)
-                print("streams", c, row["ttft"]["p50"], row["tpot"]["p50"], row["tokens_per_s"], flush=True)
-            # the P95 e2e of one new token through gRPC, 64-token prompt, batch 1 (engine-speed goal)
-            one = [grpc_unary(srv, prompt_token_ids=ids, max_tokens=1, ignore_eos=True) for _ in range(args.runs)]
-            part.res["one_token_grpc"] = {"e2e": stats([o[0] for o in one]),
-                                          "prefill": stats([o[1].get("srv.prefill", 0) for o in one]),
-                                          "srv_total": stats([o[1].get("srv.total", 0) for o in one])}
-        finally:
-            part.done(srv)
+        part.res["rows"], part.res["one_token_grpc"] = [], {}
+        for variant in args.variants.split(","):
+            extra = VARIANTS[variant]
+            extra = ["--max-batch-size", str(max(conc))] if extra is None else [*graphs_args(args, max(conc)), *extra]
+            try:
+                srv = part.serve(llama(args), *extra)
+            except RuntimeError as exc:
+                part.res["one_token_grpc"][variant] = {"error": str(exc)[-2000:]}
+                part.save()
+                continue
+            try:
+                ids = token_prompt(64)
+                streams_run(srv, ids, max(conc), 8, 1)  # warm every bucket
+                for c in conc:
+                    w = part.window()
+                    row = streams_run(srv, ids, c, 64 if not args.small else 8, args.reps)
+                    row.update(variant=variant, gpu=part.gpu_since(w))
+                    part.res["rows"].append(row)
+                    print("streams", variant, c, row["ttft"]["p50"], row["server_ttft"]["p50"], row["tpot"]["p50"],
+                          row["server_decode_ms_per_token"]["p50"], row["tokens_per_s"], flush=True)
+                # one new token through gRPC, 64-token prompt, batch 1 (the engine-speed goal)
+                one = [grpc_unary(srv, prompt_token_ids=ids, max_tokens=1, ignore_eos=True) for _ in range(args.runs)]
+                part.res["one_token_grpc"][variant] = {
+                    "e2e": stats([o[0] for o in one]), "prefill": stats([o[1].get("srv.prefill", 0) for o in one]),
+                    "srv_total": stats([o[1].get("srv.total", 0) for o in one])}
+                print("one token", variant, json.dumps(part.res["one_token_grpc"][variant]["e2e"]), flush=True)
+                part.save()
+            finally:
+                part.done(srv)
 
 
 def graphs_args(args: argparse.Namespace, batch: int, max_len: int = 2048) -> list[str]:
@@ -522,6 +542,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=100, help="table: calls per protocol")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="", help="table: comma-separated presets")
+    ap.add_argument("--variants", default="graphs", help=f"streams: comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--small", action="store_true", help="test scale (@tiny presets), for a CPU check")
     args = ap.parse_args()
     for name in PARTS if args.part == "all" else [args.part]:

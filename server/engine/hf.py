@@ -211,13 +211,18 @@ class TransformersEngine(Engine):
         if self._batching not in BATCHING:
             raise ConfigError(f"--engine-option batching: expected one of {', '.join(BATCHING)}, got {self._batching!r}")
         self._pad_mode, self._pad_to = _padding_option(str(opts.get("pad", "longest")))
+        self._compile = _flag(opts.get("compile", False))
+        # static prefill (graphs on CUDA): prompts up to prefill_max_len tokens, at most
+        # prefill_max_batch newcomers at once (more go through one batched eager prefill)
+        self._prefill_max_len = int(opts.get("prefill_max_len", 512 if self._graphs else 0))
+        self._prefill_max_batch = int(opts.get("prefill_max_batch", 4))
         self._experts = opts.get("experts")  # transformers' experts_implementation for MoE models
         if self.device.startswith("cuda"):
             import torch
 
             self.startup.sync = torch.cuda.synchronize
         #: counters for tests and /metrics: decode steps, tokens made, requests cancelled
-        self.stats = {"prefills": 0, "decode_steps": 0, "tokens": 0, "cancelled": 0, "finished": 0}
+        self.stats = {"prefills": 0, "static_prefills": 0, "decode_steps": 0, "tokens": 0, "cancelled": 0, "finished": 0}
 
     # --- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -451,35 +456,43 @@ class TransformersEngine(Engine):
             t.queue = start - t.queue_start
             t.prefill_start = start
             t.batch_size = max(t.batch_size, batch)
-        width = self._prefill_width(max(len(r.ids) for r in new))
-        ids = torch.full((len(new), width), self._pad, dtype=torch.long)
-        nmask = torch.zeros((len(new), width), dtype=torch.long)
-        for i, r in enumerate(new):
-            n = len(r.ids)
-            ids[i, width - n:] = torch.tensor(r.ids, dtype=torch.long)
-            nmask[i, width - n:] = 1
-            r.n_pos = n
+            r.n_pos = len(r.ids)
             if r.gen.params.temperature > 0:
                 r.generator = torch.Generator(device=self.device).manual_seed(int(r.gen.params.seed))
-        ids, nmask = ids.to(self.device), nmask.to(self.device)
-        pos = (nmask.cumsum(-1) - 1).clamp(min=0)
-        ncache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=nmask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **{self._cache_kw: ncache})
-        tokens = self._sample(out.logits[:, -1, :], new)
+        static = self._static
+        if static is not None and static.can_prefill(new):
+            # one static (on CUDA: graph-replayed) prefill per newcomer, KV written straight into its slot
+            tokens = self._sample(static.prefill(new, running), new)
+            self.stats["static_prefills"] += len(new)
+            ncache = None
+        else:
+            width = self._prefill_width(max(len(r.ids) for r in new))
+            ids = torch.full((len(new), width), self._pad, dtype=torch.long)
+            nmask = torch.zeros((len(new), width), dtype=torch.long)
+            for i, r in enumerate(new):
+                n = len(r.ids)
+                ids[i, width - n:] = torch.tensor(r.ids, dtype=torch.long)
+                nmask[i, width - n:] = 1
+            ids, nmask = ids.to(self.device), nmask.to(self.device)
+            pos = (nmask.cumsum(-1) - 1).clamp(min=0)
+            ncache = DynamicCache(config=self.model.config)
+            out = self.model(input_ids=ids, attention_mask=nmask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                             **{self._cache_kw: ncache})
+            tokens = self._sample(out.logits[:, -1, :], new)
         end = now_ms()
         self.stats["prefills"] += 1
         for r in running:  # the batch stalled while the newcomers prefilled
             r.gen.timing.decode_steps += end - start
             r.gen.timing.batch_size = max(r.gen.timing.batch_size, batch)
+        if static is not None and ncache is not None:
+            static.place(new, running, ncache, width)
         events = []
         for r, tok in zip(new, tokens):
             r.gen.timing.prefill = end - start
             r.gen.timing.decode_start = end
             events.append(self._emit(r, tok))
         self._deliver_events(new, events)
-        if self._static is not None:
-            self._static.place(new, running, ncache, width)
+        if static is not None:
             return None, None
         if cache is None:
             return ncache, nmask
@@ -704,6 +717,33 @@ class _SlotCache:
         return self.keys[0].shape[2], 0
 
 
+class _ScratchLayer:
+    def __init__(self, keys: Any, values: Any) -> None:
+        self.keys, self.values = keys, values
+
+
+class _ScratchCache:
+    """A one-forward KV cache over preallocated tensors (a static prefill): the model's
+    keys/values for the whole prompt bucket are copied in, then moved into a slot."""
+
+    is_compileable = False
+
+    def __init__(self, keys: list[Any], values: list[Any]) -> None:
+        self.layers = [_ScratchLayer(k, v) for k, v in zip(keys, values)]
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        layer = self.layers[layer_idx]
+        layer.keys.copy_(key_states)
+        layer.values.copy_(value_states)
+        return layer.keys, layer.values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        return self.layers[0].keys.shape[2], 0
+
+
 class _StaticBatch:
     """Static KV cache + (on CUDA, optionally) one captured CUDA graph per batch bucket.
 
@@ -745,9 +785,21 @@ class _StaticBatch:
         self.views = {(b, w): _SlotCache(self.keys, self.values, self.col, b, w)
                       for b in self.buckets for w in self.widths}
         self._cp = "cache_position" in inspect.signature(model.forward).parameters
+        self._call = model
+        if engine._compile:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._call = torch.compile(model, dynamic=None, fullgraph=False)
         self.graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
+        # static prefill of one request at a time, prompt left-padded to a power-of-two bucket
+        self.prefill_max_batch = engine._prefill_max_batch
+        self.p_buckets = [n for n in (16 << i for i in range(12)) if n <= min(engine._prefill_max_len, max_len)]
+        self.p_bufs = {n: self._prefill_buffers(n, layers, kvh, kd, vd, dtype, dev) for n in self.p_buckets}
+        self.p_graphs: dict[int, tuple[Any, Any]] = {}
         if graphs:
             self._capture()
+            self._capture_prefill()
 
     # --- admission -------------------------------------------------------------------
     def _plan(self, running: list[_Req], joiners: list[_Req]) -> int | None:
@@ -804,13 +856,95 @@ class _StaticBatch:
             self.mask[r.slot].zero_()
             r.slot = -1
 
+    # --- prefill -----------------------------------------------------------------------
+    @staticmethod
+    def _prefill_buffers(n: int, layers: int, kvh: int, kd: int, vd: int, dtype: Any, dev: Any) -> dict[str, Any]:
+        import torch
+
+        return {
+            "ids": torch.zeros((1, n), dtype=torch.long, device=dev),
+            "pos": torch.zeros((1, n), dtype=torch.long, device=dev),
+            "mask": torch.zeros((1, 1, n, n), dtype=torch.bool, device=dev),
+            "cp": torch.arange(n, device=dev),
+            "cache": _ScratchCache([torch.zeros((1, kvh, n, kd), dtype=dtype, device=dev) for _ in range(layers)],
+                                   [torch.zeros((1, kvh, n, vd), dtype=dtype, device=dev) for _ in range(layers)]),
+        }
+
+    def can_prefill(self, new: list[_Req]) -> bool:
+        return bool(self.p_buckets) and len(new) <= self.prefill_max_batch and \
+            max(len(r.ids) for r in new) <= self.p_buckets[-1]
+
+    def _prefill_forward(self, n: int) -> Any:
+        buf = self.p_bufs[n]
+        kw: dict[str, Any] = {self.engine._cache_kw: buf["cache"]}
+        if self._cp:
+            kw["cache_position"] = buf["cp"]
+        out = self.engine.model(input_ids=buf["ids"], position_ids=buf["pos"], attention_mask=buf["mask"],
+                                use_cache=True, logits_to_keep=1, **kw)
+        return out.logits[:, -1, :]
+
+    def _load_prompt(self, r: _Req, n: int) -> None:
+        import torch
+
+        buf = self.p_bufs[n]
+        k = len(r.ids)
+        ids = torch.full((1, n), self.engine._pad, dtype=torch.long)
+        ids[0, n - k:] = torch.tensor(r.ids, dtype=torch.long)
+        pos = torch.zeros((1, n), dtype=torch.long)
+        pos[0, n - k:] = torch.arange(k)
+        valid = torch.zeros(n, dtype=torch.bool)
+        valid[n - k:] = True
+        mask = torch.tril(torch.ones((n, n), dtype=torch.bool)) & valid[None, :]
+        mask |= torch.eye(n, dtype=torch.bool)  # padding rows attend to themselves (no empty softmax row)
+        buf["ids"].copy_(ids)
+        buf["pos"].copy_(pos)
+        buf["mask"].copy_(mask[None, None])
+
+    def prefill(self, new: list[_Req], running: list[_Req]) -> Any:
+        """Prefill each newcomer alone in the smallest bucket, place its KV; logits [len(new), vocab]."""
+        import torch
+
+        out = []
+        placed: list[_Req] = []
+        for r in new:
+            n = next(b for b in self.p_buckets if b >= len(r.ids))
+            self._load_prompt(r, n)
+            if n in self.p_graphs:
+                graph, logits = self.p_graphs[n]
+                graph.replay()
+            else:
+                logits = self._prefill_forward(n)
+            out.append(logits.clone())
+            self.place([r], running + placed, self.p_bufs[n]["cache"], n)
+            placed.append(r)
+        return torch.cat(out, dim=0)
+
+    def _capture_prefill(self) -> None:
+        import torch
+
+        pool = torch.cuda.graph_pool_handle()
+        for n in sorted(self.p_buckets, reverse=True):
+            buf = self.p_bufs[n]
+            buf["mask"].copy_(torch.tril(torch.ones((n, n), dtype=torch.bool, device=buf["mask"].device))[None, None])
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._prefill_forward(n)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._prefill_forward(n)
+            self.p_graphs[n] = (graph, logits)
+        torch.cuda.synchronize()
+
     # --- decode ------------------------------------------------------------------------
     def _forward(self, b: int, w: int) -> Any:
         kw: dict[str, Any] = {self.engine._cache_kw: self.views[(b, w)]}
         if self._cp:
             kw["cache_position"] = self.col
-        out = self.engine.model(input_ids=self.ids[:b], position_ids=self.pos[:b],
-                                attention_mask=self.mask[:b, :, :, :w], use_cache=True, logits_to_keep=1, **kw)
+        out = self._call(input_ids=self.ids[:b], position_ids=self.pos[:b],
+                         attention_mask=self.mask[:b, :, :, :w], use_cache=True, logits_to_keep=1, **kw)
         return out.logits[:, -1, :]
 
     def _capture(self) -> None:
