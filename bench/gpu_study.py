@@ -251,7 +251,7 @@ class Part:
 
     def save(self) -> Path:
         """Write what there is so far (a part cut short still leaves its finished rows)."""
-        out = self.args.out / f"{self.name}.json"
+        out = self.args.out / f"{self.name}{'-' + self.args.name if self.args.name else ''}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(self.res, indent=1, default=str))
         return out
@@ -478,9 +478,10 @@ def part_ablate(args: argparse.Namespace) -> None:
     with Part("ablate", args) as part:
         build_presets(args, ["llama-3-8b-instruct"])
         res = part.res
+        sections = args.sections.split(",")
         # 1. eager vs CUDA graphs
         res["graphs"] = []
-        for mode in ("eager", "graphs"):
+        for mode in ("eager", "graphs") if "graphs" in sections else ():
             extra = graphs_args(args, 8) if mode == "graphs" else ["--max-batch-size", "8"]
             srv = part.serve(llama(args), *extra)
             try:
@@ -498,7 +499,7 @@ def part_ablate(args: argparse.Namespace) -> None:
         # 2. batching: continuous vs dynamic vs static, mixed output lengths, 32 clients
         clients, reqs = (32, 192) if not small else (4, 12)
         res["batching"] = []
-        for mode in ("continuous", "dynamic", "static"):
+        for mode in ("continuous", "dynamic", "static") if "batching" in sections else ():
             extra = [*graphs_args(args, clients), "--engine-option", f"batching={mode}", "--max-wait-ms", "5"]
             srv = part.serve(llama(args), *extra)
             try:
@@ -515,14 +516,17 @@ def part_ablate(args: argparse.Namespace) -> None:
         # 3. padding: longest vs bucket vs fixed 512, mixed prompt lengths, 16 clients, eager (DynamicCache)
         clients, reqs = (16, 128) if not small else (4, 12)
         res["padding"] = []
-        for mode in ("longest", "bucket", "fixed:512"):
+        for mode in ("longest", "bucket", "fixed:512") if "padding" in sections else ():
             extra = ["--max-batch-size", str(clients), "--engine-option", f"pad={mode}", "--max-wait-ms", "5"]
+            if args.padding_engine == "graphs":  # graph decode, batched (padded) eager prefill
+                extra = [*graphs_args(args, clients), "--engine-option", "prefill_max_len=0",
+                         "--engine-option", f"pad={mode}", "--max-wait-ms", "5"]
             srv = part.serve(llama(args), *extra)
             try:
                 mixed_load(srv, clients, clients, lambda r: 64, lambda r: 4)
                 w = part.window()
                 row = mixed_load(srv, clients, reqs, lambda r: r.randint(16, 480), lambda r: 16 if not small else 4)
-                row.update(mode=mode, gpu=part.gpu_since(w))
+                row.update(mode=mode, engine=args.padding_engine, gpu=part.gpu_since(w))
                 res["padding"].append(row)
                 part.save()
                 print("ablate padding", mode, row["tokens_per_s"], row["e2e"]["p50"], row["e2e"]["p95"],
@@ -543,6 +547,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="", help="table: comma-separated presets")
     ap.add_argument("--variants", default="graphs", help=f"streams: comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--sections", default="graphs,batching,padding", help="ablate: which ablations")
+    ap.add_argument("--padding-engine", default="eager", choices=("eager", "graphs"),
+                    help="ablate padding: eager engine, or graph decode with a batched (padded) eager prefill")
+    ap.add_argument("--name", default="", help="result file name suffix (PART-NAME.json)")
     ap.add_argument("--small", action="store_true", help="test scale (@tiny presets), for a CPU check")
     args = ap.parse_args()
     for name in PARTS if args.part == "all" else [args.part]:

@@ -19,6 +19,7 @@ from pathprobe.timing import now_ms
 
 #: phase -> what it covers (the table's order)
 PHASES: dict[str, str] = {
+    "imports": "import torch and transformers",
     "model_folder": "resolve the model folder (a preset's config + tokenizer are built on first use)",
     "tokenizer": "load the fast tokenizer",
     "tokenizer_slow": "load the slow (Python) tokenizer",

@@ -119,7 +119,7 @@ def test_serve_reports_startup_and_serves_a_study_preset(tmp_path: Path, cache: 
         slow.stop()
     log = slow.log()
     table = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+)\s+([\d.]+)\s", log, re.M)}
-    for phase in ("model_folder", "tokenizer", "tokenizer_slow", "weights_init", "warmup", "frontends",
+    for phase in ("imports", "model_folder", "tokenizer", "tokenizer_slow", "weights_init", "warmup", "frontends",
                   "first_request"):
         assert phase in table, (phase, log)
     assert "weights_read" not in table  # a preset has no weight files: not shown as zero

@@ -171,6 +171,9 @@ class TransformersEngine(Engine):
 
         self.config = config
         self.startup = StartupTimer()
+        with self.startup.phase("imports"):
+            import torch  # noqa: F401
+            from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
         with self.startup.phase("model_folder"):
             self._folder = models.resolve_model(config.model)
         with self.startup.phase("tokenizer"):
