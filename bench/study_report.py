@@ -83,11 +83,17 @@ def seqlen(d: dict) -> list[str]:
 def ablate(d: dict) -> list[str]:
     out = ["Eager vs CUDA graphs (64-token prompt, 32 new tokens):", "",
            "| engine | streams | TTFT p50 ms | TPOT p50 ms | decode ms/token (server) | tok/s |", "|---|---|---|---|---|---|"]
-    for r in d["graphs"]:
+    if not d.get("graphs"):
+        out = []
+    for r in d.get("graphs", []):
         out.append(f"| {r['mode']} | {r['concurrency']} | {r['ttft']['p50']:.1f} | {r['tpot']['p50']:.2f} "
                    f"| {r['server_decode_ms_per_token']['p50']:.2f} | {r['tokens_per_s']:.0f} |")
     for key, title in (("batching", "Batching (CUDA graphs, 32 clients, prompts 32–256, 8–128 new tokens)"),
-                       ("padding", "Prefill padding (eager, 16 clients, prompts 16–480 tokens, 16 new tokens)")):
+                       ("padding", "Prefill padding (16 clients, prompts 16–480 tokens, 16 new tokens)")):
+        if not d.get(key):
+            continue
+        engine = d[key][0].get("engine", "eager")
+        title += f"; engine: {engine}" if key == "padding" else ""
         out += ["", title + ":", "",
                 "| mode | tok/s | e2e p50 / p95 ms | TTFT p50 / p95 ms | queue p50 ms | prefill p50 ms | GPU mem max MiB |",
                 "|---|---|---|---|---|---|---|"]
@@ -120,6 +126,7 @@ def main() -> int:
     folder = Path(sys.argv[1])
     parts = [("table", "The study's table", table), ("table", "Startup phases (ms), fast-tokenizer servers", startup),
              ("streams", "TTFT / TPOT", streams), ("seqlen", "Sequence length", seqlen), ("ablate", "Ablations", ablate),
+             ("ablate-rerun", "Ablations re-run (prefill graphs on; padding with graph decode)", ablate),
              ("decode_profile", "Decode profile", profile)]
     for name, title, fn in parts:
         p = folder / f"{name}.json"
