@@ -27,6 +27,7 @@ import gevent
 from locust import events
 from locust.runners import STATE_MISSING, LocalRunner, MasterRunner, WorkerRunner
 
+from pathprobe import environment
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
@@ -234,7 +235,8 @@ class Tracing:
             span.set_attribute("pathprobe.schedule_lag_ms", round(rec["schedule_lag_ms"], 4))
         if rec["split"]:
             for k, v in rec["split"].items():
-                span.set_attribute(f"pathprobe.split.{k}_ms", round(v, 4))
+                if isinstance(v, float):  # the segments; per-link and per-hop lists stay in the record
+                    span.set_attribute(f"pathprobe.split.{k}_ms", round(v, 4))
         if rec["ttft_ms"] is not None:
             span.set_attribute("pathprobe.ttft_ms", round(rec["ttft_ms"], 4))
         if not rec["ok"]:
@@ -471,7 +473,7 @@ def runtime(environment: Any) -> Runtime:
 
 # --- Locust events -------------------------------------------------------------------------
 def on_init(environment: Any, **_kw: Any) -> None:
-    if getattr(environment.parsed_options, "sweep", "") and not os.environ.get("PATHPROBE_SWEEP_CHILD"):
+    if getattr(environment.parsed_options, "sweep", "") and not environment.get(environment.PATHPROBE_SWEEP_CHILD):
         log.warning("pathprobe: --sweep is handled by `pathprobe load`; ignored here")
     rt = runtime(environment)
     runner = environment.runner
