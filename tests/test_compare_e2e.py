@@ -36,6 +36,8 @@ def test_default_matrix_prints_side_by_side_table(default_run):
     for c in (1, 2):
         assert f"### concurrency {c}" in res.stdout
     report = json.loads((out / "report.json").read_text())
+    # the local server's startup phases, first request included (read from its /metrics)
+    assert report["server_startup_ms"]["total"] > 0 and "first_request" in report["server_startup_ms"]
     nginx_ok = shutil.which("nginx") is not None
     for name in ALL:
         t = report["targets"][name]

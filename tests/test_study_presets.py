@@ -190,3 +190,15 @@ def test_engine_options_are_checked() -> None:
     for opts, msg in (({"batching": "greedy"}, "batching"), ({"pad": "fixed:x"}, "pad"), ({"tokenizer": "medium"}, "tokenizer")):
         with pytest.raises(ConfigError, match=msg):
             TransformersEngine(EngineConfig(device="cpu", options=opts))
+
+
+def test_compare_reads_startup_gauges_from_metrics_page() -> None:
+    """compare's runner reads the server's startup phases from the real /metrics rendering."""
+    from pathprobe.analysis.runner import parse_startup
+    from pathprobe.server.engine.base import EngineConfig
+    from pathprobe.server.engine.synthetic import SyntheticEngine
+    from pathprobe.server.metrics import ServerMetrics
+
+    m = ServerMetrics(SyntheticEngine(EngineConfig(kind="synthetic")))
+    m.set_startup({"total": 1234.5, "weights_init": 800.25, "first_request": 12.0})
+    assert parse_startup(m.render().decode()) == {"total": 1234.5, "weights_init": 800.25, "first_request": 12.0}

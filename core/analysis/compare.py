@@ -212,9 +212,12 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                            if res.client and res.client.get("saturated") else ""))
         if cfg.tracing:
             time.sleep(1.5)  # servers and gateways export spans every 0.5 s
+        server_startup = stack.server_startup_ms() if cfg.mode == "local" else None
     finally:
         stack.close()
     report = build_report(cfg, paths, results, warmups, primary, started, t_start)
+    if server_startup:
+        report["server_startup_ms"] = server_startup
     if cfg.tracing:
         try:
             attach_traces(cfg, report, results, out, log)

@@ -294,6 +294,8 @@ def markdown(report: Mapping[str, Any]) -> str:
                          "differ on " + ", ".join(f"{k} ({v})" for k, v in bad.items())))
         lines.append("trace check (`pathprobe analyze` on this run's spans vs the in-band split, "
                      "max(5%, 0.2 ms)): " + "; ".join(parts))
+    if report.get("server_startup_ms"):
+        lines.append("server startup (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in report["server_startup_ms"].items()))
     problems = [(n, t) for n, t in targets.items() if t["status"] in ("failed", "skipped")]
     for n, t in problems:
         lines.append(f"- {n}: {t['status']}: {_cell(t.get('reason', ''))}")

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -59,6 +60,18 @@ def reachable(address: str, timeout: float = 3.0) -> str | None:
             return None
     except OSError as exc:
         return exc.strerror or str(exc)
+
+
+def parse_startup(metrics_text: str) -> dict[str, float]:
+    """``pathprobe_server_startup_ms{phase=...}`` gauges from a Prometheus text page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "pathprobe_server_startup_ms":
+            for sample in family.samples:
+                out[sample.labels["phase"]] = sample.value
+    return out
 
 
 def split_hostport(address: str) -> tuple[str, int]:
@@ -284,6 +297,16 @@ class Stack:
         for fe, addr in self.front_ends.items():
             wait_ready(url_for("http", addr), 30, [self.server])
         self.log(f"server ready after {time.monotonic() - t0:.1f} s")
+
+    def server_startup_ms(self) -> dict[str, float] | None:
+        """The local server's startup phases (its ``/metrics`` gauges), or None."""
+        if self.server is None:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://{self.server_http}/metrics", timeout=5) as resp:
+                return parse_startup(resp.read().decode())
+        except OSError:
+            return None
 
     def relay(self, name: str, upstream: str, net: NetworkConfig) -> tuple[str, Managed]:
         port = free_port()
