@@ -59,7 +59,7 @@ SENTENCES = ("The capital of France is Paris, and the river runs through the old
              "A request leaves the client, crosses the network and reaches the model server. ")
 
 
-# --- helpers ---------------------------------------------------------------------------------
+# --- building blocks ---------------------------------------------------------------------------------
 def free_port() -> int:
     import socket
 
