@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import signal
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,12 +100,25 @@ def _on_cuda(engine: object) -> bool:
     return str(getattr(engine, "device", "")).startswith("cuda")
 
 
+def _phase(phases: dict[str, float], name: str, since: float) -> float:
+    now = time.perf_counter()
+    phases[name] = now - since
+    return now
+
+
 async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
     t0 = now_ms()
+    # coarse breakdown (pathprobe_server_startup_seconds, the dashboard's); the engine's own
+    # phases (StartupTimer) go to pathprobe_server_startup_ms, the table and the spans
+    phases: dict[str, float] = {}
+    t = time.perf_counter()
     provider = telemetry.setup_tracing("pathprobe-server", traces_file=config.traces_file)
+    t = _phase(phases, "tracing", t)
     engine = create_engine(config.engine)
+    t = _phase(phases, "engine_create", t)
     gpu = GpuSampler().start() if _on_cuda(engine) else None
     await engine.start()
+    t = _phase(phases, "engine_start", t)
     startup: StartupTimer = getattr(engine, "startup", None) or StartupTimer(t0=t0)
     state = ServerState(engine=engine, metrics=ServerMetrics(engine))
     if gpu is not None:
@@ -116,6 +130,8 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
             for front in fronts:
                 await front.start()
             grpc_server, grpc_port = await start_grpc(state, config.host, config.grpc_port)
+        _phase(phases, "listeners", t)
+        state.metrics.set_startup(phases)
         ready_ms = now_ms() - t0
         report_startup(startup, state, t0, ready_ms)
         log.warning("pathprobe serve: engine=%s model=%s grpc=%s:%d http=http://%s:%d (%s)", config.engine.kind,
@@ -145,7 +161,7 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
 def report_startup(startup: StartupTimer, state: ServerState, t0: float, ready_ms: float) -> None:
     """Print the startup table, export it as spans and gauges; add the first request later."""
     print(startup.table(ready_ms), flush=True)
-    state.metrics.set_startup({"total": ready_ms, **startup.as_dict()})
+    state.metrics.set_startup_phases({"total": ready_ms, **startup.as_dict()})
     root = _tracer.start_span("server.startup", start_time=telemetry.mono_ms_to_wall_ns(t0),
                               attributes={"pathprobe.startup_ms": ready_ms})
     for ph in startup.ordered():
@@ -155,7 +171,7 @@ def report_startup(startup: StartupTimer, state: ServerState, t0: float, ready_m
 
     def first(start: float, total_ms: float) -> None:
         startup.record("first_request", start, total_ms)
-        state.metrics.set_startup({"first_request": total_ms})
+        state.metrics.set_startup_phases({"first_request": total_ms})
         print(f"{'first_request':<16} {total_ms:>10.1f}  (srv.total of the first request, "
               f"{(start - t0) / 1000:.1f} s after start)", flush=True)
         span = _tracer.start_span("startup.first_request", start_time=telemetry.mono_ms_to_wall_ns(start),

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
 from pathprobe.gputelemetry import GpuSampler
 from pathprobe.server.engine.base import Engine
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 _MS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -42,13 +41,20 @@ class ServerMetrics:
         queue.set_function(engine.queue_depth)
         running = Gauge("pathprobe_server_running", "Requests running in the engine", registry=r)
         running.set_function(engine.running)
-
+        self.startup = Gauge("pathprobe_server_startup_seconds",
+                             "Startup breakdown: seconds per phase (tracing, engine_create, engine_start, listeners)",
+                             ["phase"], registry=r)
         self.startup_ms = Gauge(
-            "pathprobe_server_startup_ms", "Duration of each startup phase (ms); first_request once it ran",
+            "pathprobe_server_startup_ms",
+            "Startup attribution: ms per phase (imports, tokenizer, weights, warm-up, graphs, ...; first_request once it ran)",
             ["phase"], registry=r,
         )
 
     def set_startup(self, phases: Mapping[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self.startup.labels(phase).set(seconds)
+
+    def set_startup_phases(self, phases: Mapping[str, float]) -> None:
         for phase, ms in phases.items():
             self.startup_ms.labels(phase).set(ms)
 

@@ -200,5 +200,5 @@ def test_compare_reads_startup_gauges_from_metrics_page() -> None:
     from pathprobe.server.metrics import ServerMetrics
 
     m = ServerMetrics(SyntheticEngine(EngineConfig(kind="synthetic")))
-    m.set_startup({"total": 1234.5, "weights_init": 800.25, "first_request": 12.0})
+    m.set_startup_phases({"total": 1234.5, "weights_init": 800.25, "first_request": 12.0})
     assert parse_startup(m.render().decode()) == {"total": 1234.5, "weights_init": 800.25, "first_request": 12.0}
