@@ -33,11 +33,14 @@ import logging
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 from hpack import Decoder
-from hpack.exceptions import HPACKError
+from hpack.exceptions import HPACKDecodingError, HPACKError
+from hpack.hpack import decode_integer
+from hpack.huffman_table import decode_huffman
 
 from pathprobe import telemetry, timing
 from pathprobe.errors import Unavailable
@@ -95,6 +98,108 @@ def fragment(flags: int, payload: bytes) -> tuple[bytes, bytes]:
         prio = payload[start:start + 5]
         start += 5
     return prio, payload[start:end]
+
+
+def frames(buf: bytearray, pos: int = 0) -> Iterator[tuple[int, int, int, int, int]]:
+    """Every whole frame in ``buf`` from ``pos``: ``(start, end, type, flags, stream id)``.
+
+    The one place frame headers are parsed; a partial frame at the end is left for the next read.
+    """
+    n = len(buf)
+    while n - pos >= 9:
+        end = pos + 9 + ((buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2])
+        if end > n:
+            return
+        yield pos, end, buf[pos + 3], buf[pos + 4], \
+            ((buf[pos + 5] & 0x7F) << 24) | (buf[pos + 6] << 16) | (buf[pos + 7] << 8) | buf[pos + 8]
+        pos = end
+
+
+class BlockReader:
+    """Reads the fields the relay needs from one direction's header blocks.
+
+    Every block of a connection must pass through here, in order, so the HPACK dynamic table
+    stays in step. A block that changes the table (a literal with incremental indexing, a size
+    update) goes through ``hpack``'s decoder; one that does not (indexed fields and literals
+    without indexing: after the first call, gRPC's request headers, response headers and
+    ``grpc-status``) is only scanned, and just the wanted fields are looked up in the
+    decoder's table. That skips building every header tuple: decoding was about 40 % of the
+    relay's CPU per call.
+    """
+
+    def __init__(self) -> None:
+        self.dec = Decoder()
+        self.dec.max_allowed_table_size = 1 << 20
+
+    def read(self, block: bytes, wanted: frozenset[bytes]) -> dict[bytes, bytes]:
+        """The wanted fields of ``block`` (last one wins); raises ``HPACKError`` when malformed."""
+        fields = self._scan(block, wanted)
+        if fields is None:  # the block changes the table: the library decodes it (and keeps the table)
+            fields = {k: v for k, v in self.dec.decode(block, raw=True) if k in wanted}
+        return fields
+
+    def decode_all(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        return [(k, v) for k, v in self.dec.decode(block, raw=True)]
+
+    def _scan(self, block: bytes, wanted: frozenset[bytes]) -> dict[bytes, bytes] | None:
+        table = self.dec.header_table
+        out: dict[bytes, bytes] = {}
+        i, n = 0, len(block)
+        while i < n:
+            b = block[i]
+            if b & 0x80:  # indexed field
+                if b != 0xFF:
+                    idx, i = b & 0x7F, i + 1
+                else:
+                    idx, used = decode_integer(block[i:], 7)
+                    i += used
+                if idx == 0:
+                    raise HPACKDecodingError("indexed header field with index 0")
+                name, value = table.get_by_index(idx)
+                if name in wanted:
+                    out[name] = value
+            elif b & 0xE0 == 0:  # literal without indexing (0000) or never indexed (0001)
+                if b & 0x0F == 0x0F:
+                    idx, used = decode_integer(block[i:], 4)
+                    i += used
+                else:
+                    idx, i = b & 0x0F, i + 1
+                if idx:
+                    name = table.get_by_index(idx)[0]
+                else:
+                    name, i = _string(block, i)
+                value, i = _string(block, i) if name in wanted else (b"", _skip_string(block, i))
+                if name in wanted:
+                    out[name] = value
+            else:  # 01xx xxxx: adds to the table; 001x xxxx: table size update
+                return None
+        return out
+
+
+def _string(block: bytes, i: int) -> tuple[bytes, int]:
+    length, used = decode_integer(block[i:], 7)
+    start = i + used
+    if start + length > len(block):
+        raise HPACKDecodingError("string literal runs past the header block")
+    raw = block[start:start + length]
+    return (decode_huffman(raw) if block[i] & 0x80 else raw), start + length
+
+
+def _skip_string(block: bytes, i: int) -> int:
+    b = block[i]
+    if b & 0x7F != 0x7F:
+        end = i + 1 + (b & 0x7F)
+    else:
+        length, used = decode_integer(block[i:], 7)
+        end = i + used + length
+    if end > len(block):
+        raise HPACKDecodingError("string literal runs past the header block")
+    return end
+
+
+PATH = frozenset((b":path",))
+STATUS = frozenset((b"grpc-status",))
+NOTHING: frozenset[bytes] = frozenset()
 
 
 def grpc_error_block(code: int, message: str, own: dict[str, float], with_status: bool) -> bytes:
@@ -164,9 +269,8 @@ class ClientConn(asyncio.Protocol):
         self.max_sid = 0
         self.pending_up: list[bytes] = []  # client bytes held until the upstream connects
         self.tried: tuple[Upstream, ...] = ()
-        self.cdec = Decoder()
-        self.udec = Decoder()
-        self.cdec.max_allowed_table_size = self.udec.max_allowed_table_size = 1 << 20
+        self.cdec = BlockReader()  # the client's request header blocks
+        self.udec = BlockReader()  # the upstream's response header blocks
         self.c_hdr: tuple[int, int, bytearray] | None = None  # (sid, flags, block) while CONTINUATIONs come
         self.u_hdr: tuple[int, int, bytes, bytearray] | None = None
         self.dead = False
@@ -246,17 +350,12 @@ class ClientConn(asyncio.Protocol):
             self.preface = True
         out = []
         pos = 0
-        n = len(buf)
-        while n - pos >= 9:
-            length = int.from_bytes(buf[pos:pos + 3], "big")
-            if n - pos < 9 + length:
-                break
-            ftype, flags = buf[pos + 3], buf[pos + 4]
-            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+        for start, end, ftype, flags, sid in frames(buf):
+            pos = end
             if ftype == SETTINGS and not flags & 1:
                 out.append(frame(SETTINGS, 1, 0, b""))
             elif ftype == PING and not flags & 1:
-                out.append(frame(PING, 1, 0, bytes(buf[pos + 9:pos + 9 + length])))
+                out.append(frame(PING, 1, 0, bytes(buf[start + 9:end])))
             elif ftype == HEADERS and sid > self.max_sid:
                 self.max_sid = sid
                 block = grpc_error_block(14, self.dead_why, {"gw.decode": 0.0, "gw.upstream": 0.0,
@@ -264,7 +363,6 @@ class ClientConn(asyncio.Protocol):
                 out.append(frame(HEADERS, END_STREAM | END_HEADERS, sid, block))
                 if self.relay.metrics is not None:
                     self.relay.metrics.observe("?", "UNAVAILABLE", 0.0, None, 0.0)
-            pos += 9 + length
         del buf[:pos]
         if out and self.transport is not None:
             answered = self.max_sid > 0
@@ -292,20 +390,15 @@ class ClientConn(asyncio.Protocol):
                 return
             self.preface = True
             pos = 24  # forwarded with the first run of frames
-        n = len(buf)
         out: list[bytes] = []
         run = 0  # start of the run of frames forwarded untouched
         decode_after: list[tuple[int, bytes]] = []
         new_streams: list[Stream] = []
         relay = self.relay
-        while n - pos >= 9:
-            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-            end = pos + 9 + length
-            if end > n:
-                break
-            ftype = buf[pos + 3]
+        end = pos  # what is consumed: up to the end of the last whole frame
+        for pos, end, ftype, flags, sid in frames(buf, pos):
             if ftype == DATA:
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                length = end - pos - 9
                 st = self.streams.get(sid)
                 if st is not None:
                     st.received += length
@@ -322,8 +415,6 @@ class ClientConn(asyncio.Protocol):
                     if length and self.transport is not None:  # give the client's window back
                         self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
             elif ftype == HEADERS or ftype == CONTINUATION:
-                flags = buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
                     if sid not in self.streams and sid > self.max_sid:
@@ -355,11 +446,10 @@ class ClientConn(asyncio.Protocol):
                         out.append(bytes(buf[run:pos]))
                     run = end
             elif ftype == RST_STREAM:
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 st = self.streams.get(sid)
                 if st is not None:
                     self._finish(st, "1", "cancelled by the client")
-            pos = end
+        pos = end
         if run < pos:
             out.append(bytes(buf[run:pos]))
         del buf[:pos]
@@ -378,9 +468,20 @@ class ClientConn(asyncio.Protocol):
         for sid, block in decode_after:
             self._decode_request(sid, block)
 
-    def _decode_request(self, sid: int, block: bytes) -> list[tuple[bytes, bytes]]:
+    def _decode_request(self, sid: int, block: bytes) -> None:
+        """Metrics label of a request: its ``:path`` (the block was forwarded already)."""
         try:
-            headers = self.cdec.decode(block, raw=True)
+            path = self.cdec.read(block, PATH).get(b":path")
+        except HPACKError as exc:
+            log.warning("cannot decode a client header block: %s", exc)
+            return
+        st = self.streams.get(sid)
+        if st is not None and path is not None:
+            st.method = path.decode(errors="replace")
+
+    def _decode_request_all(self, sid: int, block: bytes) -> list[tuple[bytes, bytes]]:
+        try:
+            headers = self.cdec.decode_all(block)
         except HPACKError as exc:
             log.warning("cannot decode a client header block: %s", exc)
             return []
@@ -396,7 +497,7 @@ class ClientConn(asyncio.Protocol):
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
-        headers = self._decode_request(sid, block)
+        headers = self._decode_request_all(sid, block)
         st = self.streams.get(sid)
         carrier = {k.decode(): v.decode() for k, v in headers if k in (b"traceparent", b"tracestate")}
         if st is None:
@@ -443,20 +544,12 @@ class ClientConn(asyncio.Protocol):
         t_in = now_ms()
         buf = self.ubuf
         buf += data
-        pos = 0
-        n = len(buf)
         out: list[bytes] = []
         run = 0
         decode_after: list[tuple[int, bytes, bool]] = []
-        while n - pos >= 9:
-            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-            end = pos + 9 + length
-            if end > n:
-                break
-            ftype = buf[pos + 3]
+        end = 0  # what is consumed: up to the end of the last whole frame
+        for pos, end, ftype, flags, sid in frames(buf):
             if ftype == HEADERS or ftype == CONTINUATION:
-                flags = buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
                     prio, frag = fragment(flags, payload)
@@ -490,12 +583,11 @@ class ClientConn(asyncio.Protocol):
                         st.resp_seen = True
                     decode_after.append((hsid, bytes(u_hdr[3]), False))
             elif ftype == RST_STREAM:
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 st = self.streams.get(sid)
                 if st is not None and not st.ended:
-                    code = int.from_bytes(buf[pos + 9:pos + 13], "big") if length >= 4 else 0
+                    code = int.from_bytes(buf[pos + 9:pos + 13], "big") if end - pos >= 13 else 0
                     self._finish(st, {8: "1", 7: "14"}.get(code, "2"), f"upstream reset the stream (h2 error {code})")
-            pos = end
+        pos = end
         if run < pos:
             out.append(bytes(buf[run:pos]))
         del buf[:pos]
@@ -508,15 +600,16 @@ class ClientConn(asyncio.Protocol):
         if self.relay.decode:
             for sid, block, trailers in decode_after:
                 try:
-                    headers = self.udec.decode(block, raw=True)
+                    if sts is not None and trailers:  # tracing: the upstream's server-timing too
+                        headers = self.udec.decode_all(block)
+                        sts[sid] = ", ".join(v.decode() for k, v in headers if k == b"server-timing")
+                        fields = dict(headers)
+                    else:  # keeps the table in step; response headers need nothing else
+                        fields = self.udec.read(block, STATUS if trailers else NOTHING)
                 except HPACKError:
                     continue
-                if trailers:
-                    for k, v in headers:
-                        if k == b"grpc-status":
-                            codes[sid] = v.decode()
-                    if sts is not None:
-                        sts[sid] = ", ".join(v.decode() for k, v in headers if k == b"server-timing")
+                if trailers and b"grpc-status" in fields:
+                    codes[sid] = fields[b"grpc-status"].decode()
         if finishes:
             self.finishes = []
             for st, own in finishes:
