@@ -49,18 +49,24 @@ def test_reader_matches_a_full_decode_and_keeps_the_table_in_step(blocks: list) 
         wanted = WANTED[i % len(WANTED)]
         full = ref.decode(block, raw=True)
         assert reader.read(block, wanted) == {k: v for k, v in full if k in wanted}
+    assert list(reader.dec.header_table.dynamic_entries) == list(ref.header_table.dynamic_entries)
 
 
-def test_repeated_indexed_blocks_take_the_scan_path() -> None:
-    enc, reader = Encoder(), BlockReader()
-    hdrs = [(b":path", b"/pathprobe.v1.LLM/Generate"), (b"te", b"trailers")]
-    assert reader.read(enc.encode(hdrs), PATH) == {b":path": b"/pathprobe.v1.LLM/Generate"}
-    again = enc.encode(hdrs)  # now all indexed: the table does not move
-    assert all(b & 0x80 for b in again)
-    assert reader._scan(again, PATH) == {b":path": b"/pathprobe.v1.LLM/Generate"}
+def test_table_size_updates_and_evictions_stay_in_step() -> None:
+    enc, ref, reader = Encoder(), Decoder(), BlockReader()
+    ref.max_allowed_table_size = reader.dec.max_allowed_table_size
+    for i in range(60):
+        if i in (10, 30):
+            enc.header_table_size = 256 if i == 10 else 4096  # the next block starts with a size update
+        block = enc.encode([(b"date", f"Tue, 01 Dec 2026 15:00:{i:02d} GMT".encode()), (b"grpc-status", b"0"),
+                            (b":path", f"/svc/M{i % 7}".encode())])
+        full = ref.decode(block, raw=True)
+        assert reader.read(block, PATH | STATUS) == {k: v for k, v in full if k in PATH | STATUS}
+    assert list(reader.dec.header_table.dynamic_entries) == list(ref.header_table.dynamic_entries)
 
 
-@pytest.mark.parametrize("block", [b"\x80", b"\xff\xff\xff\xff", b"\x00\x05ab", b"\x0f", b"\xbf"])
+@pytest.mark.parametrize("block", [b"\x80", b"\xff\xff\xff\xff", b"\x00\x05ab", b"\x0f", b"\xbf", b"\x40\x85ab",
+                                   b"\x82\x3f\xe1\x1f", b"\x3f\xff\xff\xff\x7f"])
 def test_malformed_blocks_raise_hpack_errors(block: bytes) -> None:
     with pytest.raises(HPACKError):
         BlockReader().read(block, STATUS)
