@@ -73,6 +73,9 @@ def add_arguments(parser: Any) -> None:
     g.add_argument("--sweep", default="", include_in_web_ui=False,
                    help="concurrency sweep, e.g. 1,4,16,64 (pathprobe load only): one run per value")
     g.add_argument("--timeout-s", type=float, default=60.0, help="per-request deadline (s)")
+    g.add_argument("--grpc-client", choices=["h2", "grpcio"], default="h2",
+                   help="gRPC transport: h2 = pathprobe's HTTP/2 client (a fraction of grpcio's CPU per call "
+                        "under gevent, same records); grpcio = grpcio's channel")
     g.add_argument("--traces-file", default="", include_in_web_ui=False,
                    help="write CLIENT spans to this OTLP JSON lines file (OTLP export: OTEL_EXPORTER_OTLP_ENDPOINT)")
     g.add_argument("--no-records", action="store_true", default=False, include_in_web_ui=False,
@@ -106,6 +109,7 @@ class Config:
     rate: float = 0.0
     ramp: float = 0.0
     timeout_s: float = 60.0
+    grpc_client: str = "h2"
     traces_file: str = ""
     records: bool = True
     label: str = ""
@@ -134,6 +138,7 @@ class Config:
             rate=float(g("rate", 0.0) or 0.0),
             ramp=float(g("ramp", 0.0) or 0.0),
             timeout_s=float(g("timeout_s", 60.0)),
+            grpc_client=g("grpc_client", "h2") or "h2",
             traces_file=g("traces_file", "") or "",
             records=not g("no_records", False),
             label=g("label", "") or "",

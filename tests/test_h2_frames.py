@@ -8,7 +8,7 @@ from hpack.exceptions import HPACKError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathprobe.gateway.h2proxy import DATA, HEADERS, PATH, STATUS, BlockReader, frame, frames, literal
+from pathprobe.h2frames import DATA, HEADERS, PATH, STATUS, BlockReader, frame, frames, literal
 
 NAMES = [b":path", b"grpc-status", b"grpc-message", b"server-timing", b"grpc-timeout", b"content-type",
          b"te", b"x-custom", b"traceparent"]
