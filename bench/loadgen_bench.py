@@ -4,10 +4,14 @@ Against one synthetic server (0 ms inference, 1 output token) this runs, in
 interleaved rounds (bare, pathprobe, pathprobe+tracing, bare, ...), a closed-loop Locust
 test in this process with Locust's library API, for gRPC and for native HTTP:
 
-- bare: a minimal Locust user (grpc stub / FastHttpUser ``client.post``), Locust's own
+- bare: a minimal Locust user (grpcio stub / FastHttpUser ``client.post``), Locust's own
   request event, no records, no tracing;
-- pathprobe: ``GrpcLLMUser`` / ``HttpLLMUser`` with full accounting (records, HDR
-  histograms, JSONL written, summary at the end), no tracing exporter;
+- bare+trailers (gRPC): the grpcio bare user reading trailing metadata (``with_call``);
+- bare-h2 (gRPC) / bare-raw (HTTP): the transport pathprobe's user uses (the ``h2`` gRPC
+  client / a geventhttpclient ``HTTPClient``), with the request event only: like for like;
+- pathprobe: ``GrpcLLMUser`` (``--grpc-client h2``, the default) / ``HttpLLMUser`` with full
+  accounting (records, HDR histograms, JSONL written, summary at the end), no tracing;
+- pathprobe-grpcio (gRPC): the same user over grpcio's channel (``--grpc-client grpcio``);
 - pathprobe+trace: the same plus a CLIENT span per request exported to an OTLP JSON
   lines file.
 
@@ -101,6 +105,60 @@ class BareGrpcTrailersUser(BareGrpcUser):
         )
 
 
+class BareH2GrpcUser(User):
+    """Bare, over the same HTTP/2 client pathprobe's gRPC user uses (trailers read, no accounting)."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        from pathprobe.loadgen.h2grpc import Channel
+
+        self.channel = Channel(self.host.removeprefix("grpc://"))
+        self.req = llm_pb2.GenerateRequest(prompt=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    def on_stop(self) -> None:
+        self.channel.close()
+
+    @task
+    def generate(self) -> None:
+        t0 = time.perf_counter()
+        got: list[bytes] = []
+        res = self.channel.call("/pathprobe.v1.LLM/Generate", self.req.SerializeToString(), 60, None,
+                                lambda m, _t: got.append(m))
+        llm_pb2.GenerateResponse.FromString(got[0]) if got else None
+        self.environment.events.request.fire(
+            request_type="grpc", name="bare.Generate", response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0, exception=None if res.code == 0 else RuntimeError(res.details), context={},
+        )
+
+
+class BareRawHttpUser(User):
+    """Bare, over the same geventhttpclient ``HTTPClient`` pathprobe's HTTP user uses."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        from geventhttpclient import HTTPClient
+        from geventhttpclient.url import URL
+
+        self.client = HTTPClient.from_url(URL(self.host.rstrip("/") + "/"), concurrency=1)
+        self.body = json.dumps({"prompt": PROMPT, "max_tokens": MAX_TOKENS, "ignore_eos": True}).encode()
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    @task
+    def generate(self) -> None:
+        t0 = time.perf_counter()
+        resp = self.client.post("/v1/generate", body=self.body, headers={"Content-Type": "application/json"})
+        json.loads(resp.read())
+        self.environment.events.request.fire(
+            request_type="http", name="bare.generate", response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0, exception=None if resp.status_code == 200 else RuntimeError(resp.status_code),
+            context={},
+        )
+
+
 class BareHttpUser(FastHttpUser):
     wait_time = constant(0)
 
@@ -126,10 +184,11 @@ def fresh_events() -> Events:
     return ev
 
 
-def run_round(user_class: type, host: str, users: int, seconds: float, out: str, traces: str | None) -> dict:
+def run_round(user_class: type, host: str, users: int, seconds: float, out: str, traces: str | None,
+              grpc_client: str = "h2") -> dict:
     opts = argparse.Namespace(
         out=out, tokenizer="none", prompt=PROMPT, prompt_set="fixed", prompt_tokens=5, max_tokens=MAX_TOKENS,
-        traces_file=traces or "", headless=True, num_users=users, host=host, otel=False,
+        traces_file=traces or "", headless=True, num_users=users, host=host, otel=False, grpc_client=grpc_client,
     )
     env = Environment(user_classes=[user_class], events=fresh_events(), host=host, parsed_options=opts)
     runner = env.create_local_runner()
@@ -209,6 +268,87 @@ def bookkeeping(n: int, out: str) -> dict:
     return res
 
 
+def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
+    """Client CPU per call of each gRPC client, one call at a time against the real server,
+    interleaved in blocks of ``block`` calls in shuffled order (the server is another process, so
+    its CPU is not counted; grpcio's own threads are). No Locust scheduling, so the per-call
+    difference between clients is resolved to a few µs even on a busy machine."""
+    import random
+
+    from pathprobe.loadgen.h2grpc import Channel
+    from pathprobe.loadgen.targets import GrpcTarget, H2GrpcTarget
+
+    opts = argparse.Namespace(out=out, tokenizer="none", prompt=PROMPT, prompt_set="fixed", prompt_tokens=5,
+                              max_tokens=MAX_TOKENS, traces_file="", headless=True, otel=False)
+    env = Environment(user_classes=[PPGrpcUser], events=fresh_events(), host=f"grpc://{address}",
+                      parsed_options=opts)
+    runner = env.create_local_runner()
+    env.events.init.fire(environment=env, runner=runner, web_ui=None)
+    env.events.test_start.fire(environment=env)
+    rt = plugin.runtime(env)
+    users = {}
+    for client, cls in (("h2", H2GrpcTarget), ("grpcio", GrpcTarget)):
+        u = PPGrpcUser(env)
+        u._pp_init()
+        u.target.close()
+        u.target = cls(address, 60.0)
+        users[client] = u
+    fire = env.events.request.fire
+    channel = grpc.insecure_channel(address)
+    stub = llm_pb2_grpc.LLMStub(channel)
+    h2 = Channel(address)
+    req = llm_pb2.GenerateRequest(prompt=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    def bare_grpcio() -> None:
+        t0 = time.perf_counter()
+        stub.Generate(req, timeout=60)
+        fire(request_type="grpc", name="bare", response_time=(time.perf_counter() - t0) * 1000, response_length=0,
+             exception=None, context={})
+
+    def bare_grpcio_trailers() -> None:
+        t0 = time.perf_counter()
+        _r, call = stub.Generate.with_call(req, timeout=60)
+        call.trailing_metadata()
+        fire(request_type="grpc", name="bare", response_time=(time.perf_counter() - t0) * 1000, response_length=0,
+             exception=None, context={})
+
+    def bare_h2() -> None:
+        t0 = time.perf_counter()
+        got: list[bytes] = []
+        h2.call("/pathprobe.v1.LLM/Generate", req.SerializeToString(), 60, None, lambda m, _t: got.append(m))
+        llm_pb2.GenerateResponse.FromString(got[0])
+        fire(request_type="grpc", name="bare", response_time=(time.perf_counter() - t0) * 1000, response_length=0,
+             exception=None, context={})
+
+    variants = {"bare grpcio": bare_grpcio, "bare grpcio+trailers": bare_grpcio_trailers, "bare h2": bare_h2,
+                "pathprobe h2": users["h2"].generate, "pathprobe grpcio": users["grpcio"].generate}
+    cpu = {n: 0.0 for n in variants}
+    wall = {n: 0.0 for n in variants}
+    rnd = random.Random(3)
+    order = list(variants)
+    for b in range(blocks + 1):  # block 0: warm-up, not counted
+        rnd.shuffle(order)
+        for name in order:
+            fn = variants[name]
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(block):
+                fn()
+            if name.startswith("pathprobe"):
+                rt.agg.flush(rt.writer)  # histograms + JSONL, as the flusher does
+            if b:
+                cpu[name] += time.process_time() - c0
+                wall[name] += time.perf_counter() - w0
+    env.events.test_stop.fire(environment=env)
+    runner.quit()
+    channel.close()
+    h2.close()
+    for u in users.values():
+        u.target.close()
+    n = blocks * block
+    return {name: {"cpu_us_per_call": cpu[name] / n * 1e6, "wall_us_per_call": wall[name] / n * 1e6}
+            for name in variants}
+
+
 def versions() -> dict:
     import hdrh  # noqa: F401
 
@@ -238,6 +378,7 @@ def main() -> int:
     ap.add_argument("--users", type=int, default=16)
     ap.add_argument("--protocols", default="grpc,http")
     ap.add_argument("--no-trace-variant", action="store_true")
+    ap.add_argument("--cpu-blocks", type=int, default=10, help="client CPU per call: blocks of 100 calls per client")
     ap.add_argument("--results", default=str(ROOT / "docs" / "results"))
     ap.add_argument("--render", metavar="JSON", help="only re-render the Markdown of a saved result")
     args = ap.parse_args()
@@ -258,21 +399,30 @@ def main() -> int:
                  "--max-batch-size", "64")
     results: dict[str, dict[str, list[dict]]] = {}
     try:
+        percall = [client_cpu(srv.grpc_target, args.cpu_blocks, 100, str(tmp / f"cpu{i}")) for i in range(3)]
+        for name in percall[0]:
+            print(f"client CPU per call, {name:22}: " + ", ".join(f"{p[name]['cpu_us_per_call']:.0f}" for p in percall)
+                  + " us", flush=True)
         protos = [p for p in args.protocols.split(",") if p]
         classes = {"grpc": (BareGrpcUser, PPGrpcUser, f"grpc://{srv.grpc_target}"),
                    "http": (BareHttpUser, PPHttpUser, srv.http_url)}
         for proto in protos:
             bare, pp, host = classes[proto]
-            variants = [("bare", bare, None), ("pathprobe", pp, None)]
+            variants = [("bare", bare, None, "h2"), ("pathprobe", pp, None, "h2")]
             if proto == "grpc":
-                variants.insert(1, ("bare+trailers", BareGrpcTrailersUser, None))
+                variants[1:1] = [("bare+trailers", BareGrpcTrailersUser, None, "h2"),
+                                 ("bare-h2", BareH2GrpcUser, None, "h2")]
+                variants.append(("pathprobe-grpcio", pp, None, "grpcio"))
+            else:
+                variants.insert(1, ("bare-raw", BareRawHttpUser, None, "h2"))
             if not args.no_trace_variant:
-                variants.append(("pathprobe+trace", pp, str(tmp / f"traces-{proto}.jsonl")))
-            results[proto] = {name: [] for name, _, _ in variants}
+                variants.append(("pathprobe+trace", pp, str(tmp / f"traces-{proto}.jsonl"), "h2"))
+            results[proto] = {name: [] for name, _, _, _ in variants}
             for r in range(args.rounds):
                 order = variants if r % 2 == 0 else list(reversed(variants))
-                for name, cls, traces in order:
-                    res = run_round(cls, host, args.users, args.seconds, str(tmp / f"out-{proto}-{name}-{r}"), traces)
+                for name, cls, traces, client in order:
+                    res = run_round(cls, host, args.users, args.seconds, str(tmp / f"out-{proto}-{name}-{r}"), traces,
+                                    client)
                     results[proto][name].append(res)
                     print(f"{proto:5} round {r} {name:16} {res['rps']:8.1f} req/s  "
                           f"{res['cpu_us_per_req']:7.1f} us CPU/req  failures {res['failures']}", flush=True)
@@ -286,7 +436,8 @@ def main() -> int:
            "bookkeeping": {"runs": book, "added_us_median": statistics.median(b["added_us"] for b in book),
                            "pathprobe_us_median": statistics.median(b["pathprobe_us"] for b in book),
                            "bare_us_median": statistics.median(b["bare_us"] for b in book)},
-           "config": {"rounds": args.rounds, "seconds": args.seconds, "users": args.users,
+           "client_cpu_per_call": percall,
+           "config": {"rounds": args.rounds, "cpu_blocks": args.cpu_blocks, "seconds": args.seconds, "users": args.users,
                       "max_tokens": MAX_TOKENS, "server": "pathprobe serve --engine synthetic, 0 ms inference"},
            "summary": summary, "rounds": results}
     os.makedirs(args.results, exist_ok=True)
@@ -304,9 +455,13 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> dict[str, dict]:
     summary: dict[str, dict] = {}
     for proto, by in results.items():
         bare = by["bare"]
+        raw = by.get("bare-h2") or by.get("bare-raw") or bare  # the same transport, no accounting
         med: dict[str, dict] = {}
         for name, runs in by.items():
             med[name] = {
+                "paired_rps_ratio_vs_raw": statistics.median(x["rps"] / b["rps"] for x, b in zip(runs, raw)),
+                "paired_added_cpu_us_vs_raw": statistics.median(
+                    x["cpu_us_per_req"] - b["cpu_us_per_req"] for x, b in zip(runs, raw)),
                 "rps": statistics.median(x["rps"] for x in runs),
                 "cpu_us_per_req": statistics.median(x["cpu_us_per_req"] for x in runs),
                 "paired_rps_ratio": statistics.median(x["rps"] / b["rps"] for x, b in zip(runs, bare)),
@@ -331,14 +486,28 @@ def render_md(doc: dict) -> str:
         f"load average at start {doc['device']['loadavg_at_start']} (shared machine).",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()) + ".",
         "",
-        "| protocol | variant | max req/s | req/s vs bare (paired) | CPU µs/req | added µs/req (paired) |",
-        "|---|---|---:|---:|---:|---:|",
+        "| protocol | variant | max req/s | req/s vs bare (paired) | CPU µs/req | added µs/req (paired) "
+        "| req/s vs same transport bare | added µs/req vs same transport bare |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     summary = summarize(doc["rounds"])
     for proto, med in summary.items():
         for name, m in med.items():
             lines.append(f"| {proto} | {name} | {m['rps']:.0f} | {m['paired_rps_ratio']:.3f} | "
-                         f"{m['cpu_us_per_req']:.0f} | {m['paired_added_cpu_us']:+.0f} |")
+                         f"{m['cpu_us_per_req']:.0f} | {m['paired_added_cpu_us']:+.0f} | "
+                         f"{m['paired_rps_ratio_vs_raw']:.3f} | {m['paired_added_cpu_us_vs_raw']:+.0f} |")
+    if doc.get("client_cpu_per_call"):
+        runs = doc["client_cpu_per_call"]
+        lines += ["", "Client CPU per call, one call at a time against the same server, clients interleaved in "
+                  f"blocks of 100 calls ({doc['config'].get('cpu_blocks', 10)} blocks each, 3 runs: median, and "
+                  "the range over runs):", "",
+                  "| client | CPU µs/call | range | added vs bare grpcio | wall µs/call |", "|---|---:|---:|---:|---:|"]
+        base = statistics.median(r["bare grpcio"]["cpu_us_per_call"] for r in runs)
+        for name in runs[0]:
+            v = [r[name]["cpu_us_per_call"] for r in runs]
+            w = statistics.median(r[name]["wall_us_per_call"] for r in runs)
+            lines.append(f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}–{max(v):.0f} | "
+                         f"{statistics.median(v) - base:+.0f} | {w:.0f} |")
     bk = doc["bookkeeping"]
     lines += [
         "",
