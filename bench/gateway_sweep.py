@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from pathprobe.v1 import llm_pb2  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+USER = "user root;\n" if os.geteuid() == 0 else ""  # as root, nginx's workers would run as nobody
 METHOD = "/pathprobe.v1.LLM/Generate"
 
 
@@ -110,7 +111,7 @@ def grpc_frame(msg: bytes) -> bytes:
     return b"\x00" + len(msg).to_bytes(4, "big") + msg
 
 
-NGINX_STUB = """worker_processes 1;
+NGINX_STUB = """{user}worker_processes 1;
 pid {d}/nginx.pid;
 events {{ worker_connections 4096; }}
 http {{
@@ -129,13 +130,47 @@ http {{
       root {d};
       default_type application/grpc;
       add_trailer grpc-status 0;
-      add_trailer server-timing "srv.total;dur=0.010";
+      add_trailer server-timing "{timing}";
+    }}
+  }}
+  server {{
+    listen 127.0.0.1:{http_port};
+    location / {{ mirror /m; mirror_request_body on; root {d}; try_files /resp.json =404;
+                 error_page 405 =200 /resp.json; }}
+    location = /m {{ internal; return 204; }}
+    location = /resp.json {{
+      internal;
+      root {d};
+      default_type application/json;
+      add_header server-timing "{timing}";
     }}
   }}
 }}
 """
+STUB_TIMING = "srv.decode;dur=0.010, srv.queue;dur=0.005, srv.tokenize;dur=0.050, srv.prefill;dur=0.100, " \
+              "srv.decode_steps;dur=0.000, srv.detokenize;dur=0.010, srv.encode;dur=0.010, srv.total;dur=0.200"
 
-NGINX_PROXY = """worker_processes 1;
+
+def nginx_stub(d: Path, cpus: set[int] | None, max_tokens: int = 8) -> tuple[subprocess.Popen, int, int]:
+    """nginx answering every gRPC ``Generate`` (h2c port) and ``POST /v1/generate`` (HTTP/1.1 port)
+    with a fixed response and the server's timing entries: tens of thousands of calls/s."""
+    d.mkdir(parents=True, exist_ok=True)
+    resp = llm_pb2.GenerateResponse(text=" Paris" * max_tokens, token_ids=list(range(max_tokens)))
+    resp.usage.prompt_tokens, resp.usage.completion_tokens = 5, max_tokens
+    (d / "resp.bin").write_bytes(grpc_frame(resp.SerializeToString()))
+    (d / "resp.json").write_text(json.dumps({"text": resp.text, "token_ids": list(resp.token_ids),
+                                             "finish_reason": "length",
+                                             "usage": {"prompt_tokens": 5, "completion_tokens": max_tokens}}))
+    port, http_port = free_port(), free_port()
+    (d / "nginx.conf").write_text(NGINX_STUB.format(d=d, port=port, http_port=http_port, timing=STUB_TIMING, user=USER))
+    p = start(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
+              cpus, d / "out.log")
+    wait_port(port, p)
+    wait_port(http_port, p)
+    return p, port, http_port
+
+
+NGINX_PROXY = """{user}worker_processes 1;
 pid {d}/nginx.pid;
 events {{ worker_connections 4096; }}
 http {{
@@ -199,15 +234,7 @@ class Stack:
 
     def _upstream(self, kind: str) -> str:
         if kind == "stub":
-            d = self.tmp / "stub"
-            d.mkdir()
-            resp = llm_pb2.GenerateResponse(text=" Paris is the capital", token_ids=list(range(8)))
-            resp.usage.prompt_tokens, resp.usage.completion_tokens = 5, 8
-            (d / "resp.bin").write_bytes(grpc_frame(resp.SerializeToString()))
-            port = free_port()
-            (d / "nginx.conf").write_text(NGINX_STUB.format(d=d, port=port))
-            p = start(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"),
-                       "-g", "daemon off;"], self.other_cpus, d / "out.log")
+            p, port, _ = nginx_stub(self.tmp / "stub", self.other_cpus)
         else:
             port = free_port()
             p = start([sys.executable, "-m", "pathprobe", "serve", "--engine", "synthetic", "--grpc-port", str(port),
@@ -231,7 +258,7 @@ class Stack:
         d = self.tmp / "nginx"
         d.mkdir()
         port = free_port()
-        (d / "nginx.conf").write_text(NGINX_PROXY.format(d=d, port=port, upstream=self.upstream))
+        (d / "nginx.conf").write_text(NGINX_PROXY.format(d=d, port=port, upstream=self.upstream, user=USER))
         p = start(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
                   self.proxy_cpus, d / "out.log")
         return self._ready("nginx", port, p)

@@ -34,6 +34,7 @@ import datetime as dt  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -268,6 +269,66 @@ def bookkeeping(n: int, out: str) -> dict:
     return res
 
 
+def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
+    """The same as :func:`client_cpu` for the native HTTP users: Locust's FastHttpSession (what a bare
+    FastHttpUser posts with), a bare geventhttpclient ``HTTPClient`` (what pathprobe's user posts
+    with) and pathprobe's ``HttpLLMUser``."""
+    import random
+
+    from geventhttpclient import HTTPClient
+    from geventhttpclient.url import URL
+    from locust.contrib.fasthttp import FastHttpSession
+
+    opts = argparse.Namespace(out=out, tokenizer="none", prompt=PROMPT, prompt_set="fixed", prompt_tokens=5,
+                              max_tokens=MAX_TOKENS, traces_file="", headless=True, otel=False)
+    env = Environment(user_classes=[PPHttpUser], events=fresh_events(), host=url, parsed_options=opts)
+    runner = env.create_local_runner()
+    env.events.init.fire(environment=env, runner=runner, web_ui=None)
+    env.events.test_start.fire(environment=env)
+    rt = plugin.runtime(env)
+    user = type("PPHttpUserHere", (PPHttpUser,), {"host": url})(env)  # Locust's runner sets .host this way
+    user.on_start()
+    fire = env.events.request.fire
+    session = FastHttpSession(url, env.events.request, user=None)
+    raw = HTTPClient.from_url(URL(url.rstrip("/") + "/"), concurrency=1)
+    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+
+    def bare_fasthttp() -> None:
+        session.post("/v1/generate", json=body, name="bare")
+
+    def bare_raw() -> None:
+        t0 = time.perf_counter()
+        resp = raw.post("/v1/generate", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        json.loads(resp.read())
+        fire(request_type="http", name="bare", response_time=(time.perf_counter() - t0) * 1000, response_length=0,
+             exception=None, context={})
+
+    variants = {"bare FastHttpUser": bare_fasthttp, "bare geventhttpclient": bare_raw, "pathprobe http": user.generate}
+    cpu = {n: 0.0 for n in variants}
+    wall = {n: 0.0 for n in variants}
+    rnd = random.Random(5)
+    order = list(variants)
+    for b in range(blocks + 1):  # block 0: warm-up, not counted
+        rnd.shuffle(order)
+        for name in order:
+            fn = variants[name]
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(block):
+                fn()
+            if name.startswith("pathprobe"):
+                rt.agg.flush(rt.writer)
+            if b:
+                cpu[name] += time.process_time() - c0
+                wall[name] += time.perf_counter() - w0
+    env.events.test_stop.fire(environment=env)
+    runner.quit()
+    raw.close()
+    user.on_stop()
+    n = blocks * block
+    return {name: {"cpu_us_per_call": cpu[name] / n * 1e6, "wall_us_per_call": wall[name] / n * 1e6}
+            for name in variants}
+
+
 def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
     """Client CPU per call of each gRPC client, one call at a time against the real server,
     interleaved in blocks of ``block`` calls in shuffled order (the server is another process, so
@@ -349,6 +410,38 @@ def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
             for name in variants}
 
 
+class Upstream:
+    """What the users call: an nginx stub (default; the load generator saturates first) or the server."""
+
+    def __init__(self, tmp: Path, kind: str) -> None:
+        self.placement = "none"
+        if kind == "stub":
+            from gateway_sweep import nginx_stub
+
+            cpus = sorted(os.sched_getaffinity(0))
+            stub_cpus = set(cpus[1:]) if len(cpus) > 1 else None
+            if stub_cpus:  # this process (Locust) on the first core, every thread; the stub on the others
+                for tid in os.listdir("/proc/self/task"):
+                    os.sched_setaffinity(int(tid), {cpus[0]})
+                self.placement = f"load generator on core {cpus[0]}, stub on {sorted(stub_cpus)}"
+            self.proc, gport, hport = nginx_stub(tmp / "stub", stub_cpus, MAX_TOKENS)
+            self.grpc_target, self.http_url = f"127.0.0.1:{gport}", f"http://127.0.0.1:{hport}"
+            self.describe = "nginx stub: a fixed answer with the server's timing entries"
+            self.server = None
+        else:
+            self.server = Server(tmp, "--engine", "synthetic", "--prefill-ms-per-token", "0",
+                                 "--decode-ms-per-token", "0", "--max-batch-size", "64")
+            self.grpc_target, self.http_url = self.server.grpc_target, self.server.http_url
+            self.describe = "pathprobe serve --engine synthetic, 0 ms inference"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        else:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
 def versions() -> dict:
     import hdrh  # noqa: F401
 
@@ -378,6 +471,8 @@ def main() -> int:
     ap.add_argument("--users", type=int, default=16)
     ap.add_argument("--protocols", default="grpc,http")
     ap.add_argument("--no-trace-variant", action="store_true")
+    ap.add_argument("--upstream", choices=("stub", "server"), default="stub" if shutil.which("nginx") else "server",
+                    help="stub: nginx answering instantly (the client is what saturates); server: pathprobe serve")
     ap.add_argument("--cpu-blocks", type=int, default=10, help="client CPU per call: blocks of 100 calls per client")
     ap.add_argument("--results", default=str(ROOT / "docs" / "results"))
     ap.add_argument("--render", metavar="JSON", help="only re-render the Markdown of a saved result")
@@ -395,11 +490,11 @@ def main() -> int:
     for b in book:
         print(f"bookkeeping: bare {b['bare_us']:.1f} us, pathprobe {b['pathprobe_us']:.1f} us, "
               f"added {b['added_us']:.1f} us per request", flush=True)
-    srv = Server(tmp, "--engine", "synthetic", "--prefill-ms-per-token", "0", "--decode-ms-per-token", "0",
-                 "--max-batch-size", "64")
+    srv = Upstream(tmp, args.upstream)
     results: dict[str, dict[str, list[dict]]] = {}
     try:
-        percall = [client_cpu(srv.grpc_target, args.cpu_blocks, 100, str(tmp / f"cpu{i}")) for i in range(3)]
+        percall = [{**client_cpu(srv.grpc_target, args.cpu_blocks, 100, str(tmp / f"cpu{i}")),
+                    **http_client_cpu(srv.http_url, args.cpu_blocks, 100, str(tmp / f"hcpu{i}"))} for i in range(3)]
         for name in percall[0]:
             print(f"client CPU per call, {name:22}: " + ", ".join(f"{p[name]['cpu_us_per_call']:.0f}" for p in percall)
                   + " us", flush=True)
@@ -438,7 +533,7 @@ def main() -> int:
                            "bare_us_median": statistics.median(b["bare_us"] for b in book)},
            "client_cpu_per_call": percall,
            "config": {"rounds": args.rounds, "cpu_blocks": args.cpu_blocks, "seconds": args.seconds, "users": args.users,
-                      "max_tokens": MAX_TOKENS, "server": "pathprobe serve --engine synthetic, 0 ms inference"},
+                      "max_tokens": MAX_TOKENS, "server": srv.describe, "placement": srv.placement},
            "summary": summary, "rounds": results}
     os.makedirs(args.results, exist_ok=True)
     jpath = Path(args.results) / f"{today}-loadgen.json"
@@ -476,8 +571,9 @@ def render_md(doc: dict) -> str:
     lines = [
         f"# Load generator overhead ({doc['date']})",
         "",
-        "`bench/loadgen_bench.py`: bare Locust users vs pathprobe users against the same synthetic",
-        "server (0 ms inference, 1 output token) in one run, interleaved rounds "
+        "`bench/loadgen_bench.py`: bare Locust users vs pathprobe users against the same upstream "
+        f"({doc['config']['server']}; placement: {doc['config'].get('placement', 'none')}; 1 output token) in one "
+        "run, interleaved rounds "
         f"({doc['config']['rounds']} x {doc['config']['seconds']} s per variant, {doc['config']['users']} users, "
         "one Locust process). CPU/request is the load generator process's CPU time divided by requests "
         "(the server is another process). Medians over rounds.",
@@ -501,9 +597,12 @@ def render_md(doc: dict) -> str:
         lines += ["", "Client CPU per call, one call at a time against the same server, clients interleaved in "
                   f"blocks of 100 calls ({doc['config'].get('cpu_blocks', 10)} blocks each, 3 runs: median, and "
                   "the range over runs):", "",
-                  "| client | CPU µs/call | range | added vs bare grpcio | wall µs/call |", "|---|---:|---:|---:|---:|"]
-        base = statistics.median(r["bare grpcio"]["cpu_us_per_call"] for r in runs)
+                  "| client | CPU µs/call | range | added vs bare Locust user (grpcio / FastHttpUser) | wall µs/call |",
+                  "|---|---:|---:|---:|---:|"]
         for name in runs[0]:
+            base_name = "bare grpcio" if name in ("bare grpcio", "bare grpcio+trailers", "bare h2", "pathprobe h2",
+                                                  "pathprobe grpcio") else "bare FastHttpUser"
+            base = statistics.median(r[base_name]["cpu_us_per_call"] for r in runs)
             v = [r[name]["cpu_us_per_call"] for r in runs]
             w = statistics.median(r[name]["wall_us_per_call"] for r in runs)
             lines.append(f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}–{max(v):.0f} | "
