@@ -246,11 +246,9 @@ class H2GrpcTarget(Target):
         self.channel.close()
 
 
-def _entries(values: list[str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for v in values:
-        out.update(parse_timing(v))
-    return out
+def _entries(values: list[str]) -> timing.Chain:
+    """Every ``server-timing`` value of the trailers, in order (the server's, then each gateway's)."""
+    return timing.parse_chain(values)
 
 
 # --- HTTP (native and OpenAI) --------------------------------------------------------------

@@ -43,6 +43,9 @@ def same(a: dict, b: dict) -> None:
     for key in ("route", "ok", "status", "error", "tokens_in", "tokens_out"):
         assert a[key] == b[key], key
     assert sorted(a["entries"]) == sorted(b["entries"])
+    def hops(rec: dict) -> list:
+        return [(h["kind"], sorted(h["entries"])) for h in rec["hops"] or []]
+    assert hops(a) == hops(b)  # hop by hop, in order (server, then gateway)
     assert len(a["itl_ms"]) == len(b["itl_ms"])  # one arrival time per stream chunk with tokens
     assert (a["split"] is None) == (b["split"] is None)
     if a["split"] is not None:
