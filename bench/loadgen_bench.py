@@ -611,41 +611,47 @@ def render_md(doc: dict) -> str:
         f"median of 3): bare {bk['bare_us_median']:.1f} µs, pathprobe {bk['pathprobe_us_median']:.1f} µs, "
         f"**added {bk['added_us_median']:.1f} µs per request**.",
         "",
-        "Goal: pathprobe ≤ 10 % lower max req/s than bare and ≤ 50 µs added per request.",
+        "Goal: pathprobe's users ≤ 10 % fewer req/s than bare Locust users (gRPC: grpcio; HTTP: "
+        "FastHttpUser) and ≤ 50 µs added per request.",
         "",
     ]
-    for proto, med in summary.items():
-        m = med["pathprobe"]
-        ok = m["paired_rps_ratio"] >= 0.90 and m["paired_added_cpu_us"] <= 50
-        spread = [x["cpu_us_per_req"] - b["cpu_us_per_req"]
-                  for x, b in zip(doc["rounds"][proto]["pathprobe"], doc["rounds"][proto]["bare"])]
-        lines.append(f"- {proto} end to end (noisy, see below): {'within goal' if ok else 'NOT within goal'} "
-                     f"({(m['paired_rps_ratio'] - 1) * 100:+.1f} % req/s vs bare, "
-                     f"{m['paired_added_cpu_us']:+.0f} µs CPU/req; per-round added CPU ranged "
-                     f"{min(spread):+.0f} .. {max(spread):+.0f} µs).")
-    lines.append(f"- bookkeeping alone: {'met' if bk['added_us_median'] <= 50 else 'NOT met'} "
-                 f"({bk['added_us_median']:+.1f} µs per request).")
+    runs = doc.get("client_cpu_per_call") or []
+
+    def med_cpu(name: str) -> float | None:
+        v = [r[name]["cpu_us_per_call"] for r in runs if name in r]
+        return statistics.median(v) if v else None
+
+    for proto, ref, mine, raw in (("grpc", "bare grpcio", "pathprobe h2", "bare h2"),
+                                  ("http", "bare FastHttpUser", "pathprobe http", "bare geventhttpclient")):
+        if proto in summary:
+            m = summary[proto]["pathprobe"]
+            lines.append(f"- {proto}, Locust rounds (16 users, paired with the bare run of the same round): "
+                         f"{(m['paired_rps_ratio'] - 1) * 100:+.1f} % req/s, {m['paired_added_cpu_us']:+.0f} µs "
+                         f"CPU/req vs bare; vs the same transport without accounting "
+                         f"{(m['paired_rps_ratio_vs_raw'] - 1) * 100:+.1f} % req/s, "
+                         f"{m['paired_added_cpu_us_vs_raw']:+.0f} µs CPU/req.")
+        c_ref, c_mine, c_raw = med_cpu(ref), med_cpu(mine), med_cpu(raw)
+        if c_ref and c_mine and c_raw:
+            lines.append(f"- {proto}, client CPU per call (interleaved, no Locust scheduling): {mine} "
+                         f"{c_mine - c_ref:+.0f} µs vs {ref} ({'within' if c_mine - c_ref <= 50 else 'NOT within'} "
+                         f"the 50 µs goal; as a CPU-bound ceiling {c_ref / c_mine:.2f}× its req/s); pathprobe's own "
+                         f"accounting over the same transport {c_mine - c_raw:+.0f} µs.")
+    lines.append(f"- bookkeeping alone: {bk['added_us_median']:+.1f} µs per request.")
     lines += [
         "",
         "Per-round figures are in the JSON file. How to read them:",
         "",
-        "- The machine is a shared 2-core box (server, load generator and other jobs on the same cores):",
-        "  req/s swings by ±30 % between rounds of the *same* variant. Paired columns compare each variant",
-        "  with the bare run of the same round (adjacent in time) and take the median over rounds; even so",
-        "  the end-to-end figures move by tens of µs between rounds, so they cannot resolve a 50 µs goal",
-        "  here. The bookkeeping line can.",
-        "- The bookkeeping line is the cost pathprobe adds by itself (timing, Server-Timing parse, split,",
-        "  record, HDR histograms, JSONL), measured without network noise.",
-        "- gRPC `bare+trailers` is the bare user reading the trailing metadata (`with_call` +",
-        "  `trailing_metadata()`), which any client needs to see `server-timing`. grpcio's `with_call`",
-        "  builds a `_MultiThreadedRendezvous` and takes the call state's condition lock (a Python-level",
-        "  lock under gevent); the difference bare -> bare+trailers is that cost, pathprobe's own is",
-        "  bare+trailers -> pathprobe.",
-        "- `pathprobe+trace` exports a CLIENT span per request to an OTLP JSON lines file. Span creation",
-        "  alone is ~25-30 µs here (FACTS.md), so most of the cost is presumably the export path",
-        "  (protobuf -> dict -> JSON per batch) running in the same gevent process (not profiled",
-        "  separately). Sample (`OTEL_TRACES_SAMPLER=traceidratio OTEL_TRACES_SAMPLER_ARG=0.1`) when",
-        "  tracing under maximum load.",
+        "- The machine is a shared 2-core box: req/s of the *same* variant swings by tens of % between",
+        "  rounds (the load generator waits for a core behind other processes: event-loop lag of",
+        "  100s of ms while the loop itself is idle). Paired columns compare each variant with the",
+        "  bare run of the same round; client CPU per call (measured outside Locust, interleaved in",
+        "  blocks) is the figure that resolves tens of µs here, and for a load generator that is the",
+        "  limit: its max req/s on a core is 1 / CPU per request.",
+        "- `bare-h2` / `bare-raw` use the transport pathprobe's users use, with only Locust's request",
+        "  event: pathprobe's own accounting is the difference to them.",
+        "- `pathprobe+trace` exports a CLIENT span per request to an OTLP JSON lines file in the",
+        "  same process; sample (`OTEL_TRACES_SAMPLER=traceidratio OTEL_TRACES_SAMPLER_ARG=0.1`)",
+        "  when tracing under maximum load.",
     ]
     return "\n".join(lines) + "\n"
 
