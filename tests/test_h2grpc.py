@@ -56,6 +56,7 @@ def same(a: dict, b: dict) -> None:
             assert rec["client_decode_ms"] > 0 and all(v >= 0 for v in rec["entries"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("via", ["server", "gateway"])
 def test_same_records_unary_and_stream(synthetic_server, gateway, via: str) -> None:
     address = synthetic_server.grpc_target if via == "server" else gateway
@@ -72,6 +73,7 @@ def test_same_records_unary_and_stream(synthetic_server, gateway, via: str) -> N
             assert len(b["itl_ms"]) == 5
 
 
+@pytest.mark.slow
 def test_same_records_for_errors(synthetic_server) -> None:
     specs = [CallSpec(prompt="x", max_tokens=4, stream=False, model="no-such-model"),
              CallSpec(prompt="x", max_tokens=4, stream=True, model="no-such-model"),
@@ -85,6 +87,7 @@ def test_same_records_for_errors(synthetic_server) -> None:
     assert a["status"] == b["status"] == "UNAVAILABLE"
 
 
+@pytest.mark.slow
 def test_deadline_and_large_request(tmp_path) -> None:
     slow = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "50", "--prefill-ms-per-token", "0")
     try:
@@ -108,6 +111,7 @@ def test_deadline_and_large_request(tmp_path) -> None:
         slow.stop()
 
 
+@pytest.mark.slow
 def test_metadata_reaches_the_server_and_reconnects(synthetic_server) -> None:
     ch = Channel(synthetic_server.grpc_target)
     got: list[bytes] = []

@@ -44,6 +44,7 @@ def test_env_overrides_and_bad_mode(monkeypatch) -> None:
         plan("auto")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_processes_run_on_their_cores(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv(ENV_PLACEMENT, raising=False)
