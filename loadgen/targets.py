@@ -6,6 +6,9 @@ import here: these are usable from any gevent (or plain threaded) program.
 
 - gRPC: raw-bytes calls (no stub serializers) so ``client.encode`` / ``client.decode``
   time exactly the protobuf (de)serialization; ``server-timing`` from trailing metadata.
+  Two transports give the same records: :class:`H2GrpcTarget` (default, ``--grpc-client h2``:
+  pathprobe's own HTTP/2 client, :mod:`pathprobe.loadgen.h2grpc`) and :class:`GrpcTarget`
+  (``--grpc-client grpcio``).
 - native HTTP (``POST /v1/generate``) and OpenAI-compatible routes over
   geventhttpclient (the HTTP client under Locust's FastHttpUser): ``client.encode`` /
   ``client.decode`` time ``json.dumps`` / ``json.loads``; entries from the
@@ -158,6 +161,94 @@ class GrpcTarget(Target):
 
     def close(self) -> None:
         self.channel.close()
+
+
+class H2GrpcTarget(Target):
+    """The same calls as :class:`GrpcTarget` over :mod:`pathprobe.loadgen.h2grpc` (one HTTP/2
+    connection per user, no grpcio): a fraction of the CPU per call under gevent, same outcome."""
+
+    kind = "grpc"
+
+    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+        from pathprobe.loadgen.h2grpc import Channel
+        from pathprobe.v1 import llm_pb2
+
+        self._pb = llm_pb2
+        self.address = address
+        self.timeout_s = timeout_s
+        self.channel = Channel(address)
+
+    def route(self, stream: bool) -> str:
+        return "grpc.GenerateStream" if stream else "grpc.Generate"
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
+        pb = self._pb
+        out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
+        data = pb.GenerateRequest(
+            prompt=spec.prompt, max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos,
+            request_id=spec.request_id, model=spec.model,
+        ).SerializeToString()
+        out.encode_ns = pc() - t0
+        md = tuple(headers.items()) if headers else None
+        if spec.stream:
+            self._stream(data, md, out)
+            return
+        got: list[bytes] = []
+        res = self.channel.call("/pathprobe.v1.LLM/Generate", data, self.timeout_s, md,
+                                lambda m, _t: got.append(m))
+        if res.code == 0 and len(got) == 1:
+            t2 = pc()
+            resp = pb.GenerateResponse.FromString(got[0])
+            out.t_end = t3 = pc()
+            out.decode_ns = t3 - t2
+            out.response_bytes = len(got[0])
+            out.tokens_out = resp.usage.completion_tokens if resp.HasField("usage") else len(resp.token_ids)
+            out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
+            out.ok, out.status = True, "OK"
+        else:
+            out.t_end = pc()
+            out.ok = False
+            if res.code == 0:  # OK without exactly one message: what grpcio reports for a unary call
+                out.status, out.error = "INTERNAL", f"unary call answered with {len(got)} messages"
+            else:
+                out.status, out.error = res.status, res.details
+        out.entries = _entries(res.server_timing)
+
+    def _stream(self, data: bytes, md: Any, out: Outcome) -> None:
+        pb = self._pb
+        st = {"dec": 0, "n": 0, "usage": None}
+        times = out.token_times
+
+        def on_message(raw: bytes, ta: int) -> None:
+            t = pc()
+            chunk = pb.GenerateChunk.FromString(raw)
+            st["dec"] += pc() - t
+            out.response_bytes += len(raw)
+            if chunk.token_ids or chunk.text:
+                times.append(ta)
+                st["n"] += len(chunk.token_ids) or 1
+            if chunk.HasField("usage"):
+                st["usage"] = chunk.usage
+
+        res = self.channel.call("/pathprobe.v1.LLM/GenerateStream", data, self.timeout_s, md, on_message)
+        out.t_end = pc()
+        out.decode_ns = st["dec"]
+        usage = st["usage"]
+        out.entries = _entries(res.server_timing)
+        if res.code != 0:
+            out.ok, out.status, out.error = False, res.status, res.details
+            return
+        out.tokens_out = usage.completion_tokens if usage is not None else st["n"]
+        out.tokens_in = usage.prompt_tokens if usage is not None else None
+        out.ok, out.status = True, "OK"
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _entries(values: list[str]) -> timing.Chain:
+    """Every ``server-timing`` value of the trailers, in order (the server's, then each gateway's)."""
+    return timing.parse_chain(values)
 
 
 # --- HTTP (native and OpenAI) --------------------------------------------------------------
@@ -417,10 +508,17 @@ def parse_host(host: str) -> tuple[str, str]:
                       "openai-sdk+http://")
 
 
-def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions") -> Target:
+#: gRPC client implementations a load run can use (``--grpc-client``)
+GRPC_CLIENTS = ("h2", "grpcio")
+
+
+def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions",
+                grpc_client: str = "h2") -> Target:
     kind, addr = parse_host(host)
     if kind == "grpc":
-        return GrpcTarget(addr, timeout_s)
+        if grpc_client not in GRPC_CLIENTS:
+            raise ConfigError(f"grpc-client: expected one of {', '.join(GRPC_CLIENTS)}, got {grpc_client!r}")
+        return H2GrpcTarget(addr, timeout_s) if grpc_client == "h2" else GrpcTarget(addr, timeout_s)
     if kind == "http":
         return NativeHttpTarget(addr, timeout_s)
     if kind == "openai-sdk":

@@ -130,6 +130,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                 if why:
                     raise ConfigError(f"targets[{cfg.targets.index(t)}] '{t.name}': {t.address} is unreachable: {why}")
         if cfg.mode == "local":
+            log(stack.placement.describe())
             stack.check_ports()
             stack.start_server()
         # ---- bring every path up and probe it with a real request
@@ -161,7 +162,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         if cfg.load.warmup_s > 0:
             for p in live:
                 res = run_load(cfg, p, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
-                               out / "runs" / p.name / "warmup", None, prompt_file)
+                               out / "runs" / p.name / "warmup", None, prompt_file, stack.placement)
                 warmups[p.name] = res
                 ok = [r for r in res.records if r.get("ok")]
                 if res.error or not ok:
@@ -188,7 +189,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                         continue
                     tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
                     res = run_load(cfg, p, conc, rnd, cfg.load.duration_s,
-                                   out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf, prompt_file)
+                                   out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf, prompt_file, stack.placement)
                     results[p.name].append(res)
                     ok = [r for r in res.records if r.get("ok")]
                     failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
@@ -218,6 +219,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     report = build_report(cfg, paths, results, warmups, primary, started, t_start)
     if server_startup:
         report["server_startup_ms"] = server_startup
+    report["meta"]["placement"] = stack.placement.as_dict()
     if cfg.tracing:
         try:
             attach_traces(cfg, report, results, out, log)

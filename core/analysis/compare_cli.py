@@ -45,6 +45,8 @@ def register(subparsers) -> None:
     g.add_argument("--max-batch-size", type=int)
     g.add_argument("--prefill-ms-per-token", type=float)
     g.add_argument("--decode-ms-per-token", type=float)
+    g.add_argument("--placement", choices=("auto", "on", "off"),
+                   help="pin server, proxies and load generator to separate cores (auto: from 3 cores)")
     g = p.add_argument_group("load")
     g.add_argument("--duration", type=float, help="seconds per configuration, round and concurrency")
     g.add_argument("--warmup", type=float, help="warm-up seconds per configuration")
@@ -83,6 +85,7 @@ def apply_flags(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
 
     put(None, "out", args.out)
     put(None, "baseline", args.baseline)
+    put(None, "placement", args.placement)
     if args.remote:
         data["mode"] = "remote"
     put("server", "engine", args.engine)

@@ -183,6 +183,9 @@ class CompareConfig(_Strict):
     bootstrap: int = Field(1000, ge=100)
     slowest: int = Field(5, ge=0, description="slowest requests per configuration whose traces are listed")
     tracing: bool = True
+    placement: Literal["auto", "on", "off"] = Field(
+        "auto", description="local mode: pin the engine, the proxies and the load generator to separate cores "
+                            "(auto: from 3 cores; on: also on 2; env PATHPROBE_CPU_PLACEMENT overrides)")
     server: ServerConfig = Field(default_factory=ServerConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
     network: NetworkConfig | None = None

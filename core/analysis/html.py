@@ -251,6 +251,10 @@ def render(
     parts.append("<p class='meta'>" + html.escape(
         f"{meta.get('started', '')} · engine {meta.get('engine', '')} · {meta.get('host', '')} · "
         f"{meta.get('cpus', '')} CPUs · pathprobe {meta.get('versions', {}).get('pathprobe', '')}") + "</p>")
+    if meta.get("placement"):
+        from pathprobe.analysis.report import placement_line
+
+        parts.append("<p class='meta'>" + html.escape(placement_line(meta["placement"])) + "</p>")
     parts.append(f"<p>baseline <b>{html.escape(report['baseline'])}</b>. "
                  f"{html.escape(report['method']['summary'])}</p>")
     net = report.get("network")

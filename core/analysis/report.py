@@ -209,6 +209,15 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def placement_line(pl: Mapping[str, Any]) -> str:
+    """Where the processes ran (report.json ``meta.placement``)."""
+    if not pl.get("enabled"):
+        return f"CPU placement: off ({pl.get('reason', '')})"
+    cores = {k: ",".join(map(str, pl.get(k) or ())) for k in ("server", "proxies", "load")}
+    return (f"CPU placement: engine/server on cores {cores['server']}, gateways/nginx/relays on {cores['proxies']}, "
+            f"load generator on {cores['load']} ({pl.get('reason', '')})")
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The side-by-side tables printed on stdout."""
     primary = report["method"]["primary_metric"]
@@ -218,6 +227,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     lines.append(title)
     lines.append("")
     lines.append(f"baseline: **{report['baseline']}**; {report['method']['summary']}")
+    pl = report["meta"].get("placement")
+    if pl:
+        lines.append(placement_line(pl))
     if net:
         lines.append(f"network condition on hop '{net['hop']}': {net['describe']} "
                      f"(expected: +{net['expected_request_ms']:g} ms per request: one-way delay x 2 traversals)")

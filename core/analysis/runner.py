@@ -32,6 +32,7 @@ from typing import Any
 
 from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.address import parse_hostport
+from pathprobe.analysis.placement import Placement, plan
 from pathprobe.errors import ConfigError, PathprobeError
 
 LOOPBACK = "127.0.0.1"
@@ -103,13 +104,16 @@ class Managed:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     popen: subprocess.Popen | None = None
+    cpus: tuple[int, ...] = ()  # pinned to these cores (inherited by its threads and children); () = any
 
     def start(self) -> Managed:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        cpus = self.cpus
         self.popen = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
+                                      start_new_session=True,
+                                      preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         return self
 
     @property
@@ -248,8 +252,13 @@ class Stack:
         self.front_ends: dict[str, str] = {}  # HTTP front end -> the server's address for it
         self.server: Managed | None = None
         self.traces_dir = out / "traces"
+        self.placement: Placement = plan(cfg.placement) if cfg.mode == "local" else \
+            Placement(False, "remote mode: nothing local to place")
 
-    def _start(self, m: Managed) -> Managed:
+    def _start(self, m: Managed, role: str = "proxies") -> Managed:
+        """Start ``m`` on the cores of its role (server | proxies) when placement is on."""
+        m.cpus = self.placement.cpus(role)
+        m.env = {**self.placement.env(role), **m.env}
         self.procs.append(m.start())
         self._write_pids()
         return m
@@ -290,7 +299,7 @@ class Stack:
             args += ["--traces-file", str(self.traces_dir / "server.jsonl")]
         args += s.extra_args
         self.log(f"starting server ({s.engine}, {s.model}) on grpc {gport} / http {hport}")
-        self.server = self._start(Managed("server", args, self.out / "logs" / "server.log"))
+        self.server = self._start(Managed("server", args, self.out / "logs" / "server.log"), "server")
         self.server_grpc, self.server_http = f"{LOOPBACK}:{gport}", f"{LOOPBACK}:{hport}"
         t0 = time.monotonic()
         wait_ready(url_for("http", self.server_http), s.startup_timeout_s, [self.server])
@@ -472,7 +481,7 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
 
 def run_load(
     cfg: CompareConfig, p: Path_, concurrency: int, rnd: int, duration_s: float, out_dir: Path,
-    traces_file: Path | None, prompt_file: Path | None = None,
+    traces_file: Path | None, prompt_file: Path | None = None, placement: Placement | None = None,
 ) -> RunResult:
     from pathprobe.analysis.records import read_records
 
@@ -503,7 +512,8 @@ def run_load(
     with open(log, "wb") as fh:
         # its own process group: on timeout or interruption the load AND its Locust child are ended
         proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=placement.preexec("load") if placement else None)
         try:
             code = proc.wait(timeout=secs + L.timeout_s + 90)
         except BaseException:
