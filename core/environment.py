@@ -24,6 +24,15 @@ PATHPROBE_HTTP_SERVER = "PATHPROBE_HTTP_SERVER"
 #: not meant to be set by hand.
 PATHPROBE_SWEEP_CHILD = "PATHPROBE_SWEEP_CHILD"
 
+#: vLLM on a CPU build (``--engine vllm``, vLLM's own server in ``compare``): where vLLM's and
+#: torch inductor's caches go when their own variables are unset (default ``/tmp/pathprobe-vllm``).
+PATHPROBE_VLLM_SCRATCH = "PATHPROBE_VLLM_SCRATCH"
+#: vLLM's own: its CPU worker's KV-cache size in GiB (pathprobe sets 1/16 of memory, 1-8, when unset)
+#: and its / torch inductor's cache folders (pathprobe sets them under the scratch folder when unset).
+VLLM_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+VLLM_CACHE_ROOT = "VLLM_CACHE_ROOT"
+TORCHINDUCTOR_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
+
 #: OpenTelemetry's own: where spans go over OTLP/gRPC (the traces-specific one wins).
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"

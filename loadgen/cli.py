@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "load",
         add_help=False,
-        help="a Locust run against grpc://, http:// or openai+http:// with per-request segment split",
+        help="a Locust run against grpc://, http://, openai+http:// or ollama+http:// with per-request segment split",
         description=__doc__,
         prefix_chars="\x00",  # every token belongs to Locust; parsed below
     )
@@ -167,7 +167,7 @@ def print_pathprobe_help() -> None:
 
     p = _HelpParser(prog="pathprobe load", add_help=False, usage=argparse.SUPPRESS,
                     description="pathprobe options (with Locust's options above; host: grpc://HOST:PORT, "
-                                "http://HOST:PORT or openai+http://HOST:PORT):")
+                                "http://HOST:PORT, openai+http://HOST:PORT or ollama+http://HOST:PORT):")
     add_arguments(p)
     print()
     p.print_help()

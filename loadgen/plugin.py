@@ -252,6 +252,8 @@ class Tracing:
             for k, v in rec["split"].items():
                 if isinstance(v, float):  # the segments; per-link and per-hop lists stay in the record
                     span.set_attribute(f"pathprobe.split.{k}_ms", round(v, 4))
+        if rec.get("network_estimate_ms") is not None:
+            span.set_attribute("pathprobe.network_estimate_ms", round(rec["network_estimate_ms"], 4))
         if rec["ttft_ms"] is not None:
             span.set_attribute("pathprobe.ttft_ms", round(rec["ttft_ms"], 4))
         if not rec["ok"]:

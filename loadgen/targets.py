@@ -23,10 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from pathprobe import timing
+from pathprobe import rtt, timing
 from pathprobe.errors import ConfigError
+from pathprobe.serverreports import TGI_HEADERS, ReportError, ServerReport
+from pathprobe.serverreports import read as read_report
 
 pc = time.perf_counter_ns
+#: round trips a target times for its network estimate (the estimate is the shortest): TCP
+#: handshakes before an HTTP target's first request, HTTP/2 PINGs after a gRPC call without entries
+HANDSHAKE_PROBES = 3
 
 
 def parse_timing(value: str | None) -> timing.Chain:
@@ -63,6 +68,12 @@ class Outcome:
     error: str | None = None
     entries: dict[str, float] = field(default_factory=timing.Chain)  # a timing.Chain once filled
     response_bytes: int = 0
+    #: the shortest TCP handshake seen to the target (HTTP/1.1): a transport round trip
+    #: measured without the application, the network estimate of a link whose far end
+    #: reports nothing
+    network_estimate_ms: float | None = None
+    #: what a third-party server reported about the request itself (vLLM, TGI, Ollama)
+    server_report: ServerReport | None = None
 
 
 class Target:
@@ -97,6 +108,20 @@ class GrpcTarget(Target):
         )
         self._unary = self.channel.unary_unary("/pathprobe.v1.LLM/Generate")
         self._stream = self.channel.unary_stream("/pathprobe.v1.LLM/GenerateStream")
+        self._ping_ms: float | None = None
+        self._pinged = False
+
+    def _estimate(self, out: Outcome) -> None:
+        """A server that sent no timing entries reports nothing: its link's network estimate is an
+        HTTP/2 PING round trip (measured once, on a connection of its own, after the first such call)."""
+        if out.entries:
+            return
+        if not self._pinged:
+            self._pinged = True
+            host, _, port = self.address.rpartition(":")
+            if port.isdigit():
+                self._ping_ms = rtt.h2_ping_ms(host.strip("[]") or "127.0.0.1", int(port), HANDSHAKE_PROBES)
+        out.network_estimate_ms = self._ping_ms
 
     def route(self, stream: bool) -> str:
         return "grpc.GenerateStream" if stream else "grpc.Generate"
@@ -124,6 +149,7 @@ class GrpcTarget(Target):
                 out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
                 out.entries = entries_from_metadata(call.trailing_metadata())
                 out.ok, out.status = True, "OK"
+            self._estimate(out)
         except self._grpc.RpcError as exc:
             out.t_end = out.t_end or pc()
             code = exc.code() if hasattr(exc, "code") else None
@@ -269,6 +295,17 @@ class _HttpBase(Target):
         )
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
+        self.connect_ms: float | None = None
+        _time_connects(self.client, self)
+        # a few TCP handshakes before any request: the estimate is the shortest of several round
+        # trips, not one that a busy scheduler stretched (each later pool connect can only lower it)
+        hs = rtt.tcp_handshake_ms(parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80),
+                                  HANDSHAKE_PROBES)
+        if hs is not None:
+            self._saw_connect(hs)
+
+    def _saw_connect(self, ms: float) -> None:
+        self.connect_ms = ms if self.connect_ms is None else min(self.connect_ms, ms)
 
     def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
@@ -277,7 +314,9 @@ class _HttpBase(Target):
         hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         if headers:
             hdrs.update(headers)
-        return self.client.post(self.prefix + path, body=body, headers=hdrs)
+        resp = self.client.post(self.prefix + path, body=body, headers=hdrs)
+        out.network_estimate_ms = self.connect_ms
+        return resp
 
     def _entries_from_header(self, resp: Any) -> timing.Chain:
         value = resp.get("server-timing") if hasattr(resp, "get") else None
@@ -338,6 +377,32 @@ class _HttpBase(Target):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _time_connects(client: Any, into: _HttpBase) -> None:
+    """Time each TCP connect of ``client``'s pool (the kernel's handshake: one round trip)."""
+    pool = client._connection_pool
+    connect = pool._connect_socket
+
+    def timed(sock: Any, address: Any) -> Any:
+        t0 = pc()
+        sock = connect(sock, address)
+        into._saw_connect((pc() - t0) / 1e6)
+        return sock
+
+    pool._connect_socket = timed
+
+
+def _take_report(resp: Any, obj: Any, out: Outcome) -> None:
+    """A third-party server's own report of the request (body fields or TGI's headers)."""
+    headers = {k: v for k in TGI_HEADERS if isinstance(v := resp.get(k), str)} if hasattr(resp, "get") else None
+    try:
+        rep = read_report(headers, obj if isinstance(obj, dict) else None)
+    except ReportError as exc:
+        out.error = f"server report ignored: {exc.message}"
+        return
+    if rep is not None:
+        out.server_report = rep
 
 
 class NativeHttpTarget(_HttpBase):
@@ -437,6 +502,7 @@ class OpenAITarget(_HttpBase):
             usage = obj.get("usage") or {}
             out.tokens_out = usage.get("completion_tokens")
             out.tokens_in = usage.get("prompt_tokens")
+            _take_report(resp, obj, out)
             st = obj.get("server_timing")
             if st and not out.entries:
                 out.entries = parse_timing(st)
@@ -453,11 +519,85 @@ class OpenAITarget(_HttpBase):
                     out.token_times.append(ta)
                     state["n"] += 1
             _take_usage_and_timing(obj, out)
+            if "metrics" in obj:  # vLLM: the final usage chunk carries its per-request metrics
+                _take_report(None, obj, out)
 
         self._sse(resp, out, on_event)
         if out.tokens_out is None:
             out.tokens_out = state["n"]
         _finish_stream(out, state["err"])
+
+
+class OllamaTarget(_HttpBase):
+    """Ollama's native ``POST /api/generate`` (newline-delimited JSON objects when streaming).
+
+    Ollama's OpenAI-compatible routes carry no timing; its native route's final object has
+    ``total_duration`` / ``load_duration`` / ``prompt_eval_duration`` / ``eval_duration``
+    (ns), read as the server's own report (a server hop)."""
+
+    kind = "ollama"
+
+    def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
+        super().__init__(base_url, timeout_s)
+        self._model: str | None = None
+
+    def route(self, stream: bool) -> str:
+        return "ollama.generate.stream" if stream else "ollama.generate"
+
+    def default_model(self) -> str:
+        """First model of ``GET /api/tags`` (Ollama requires a model name)."""
+        if self._model is None:
+            self._model = "default"
+            try:
+                resp = self.client.get(self.prefix + "/api/tags")
+                body = resp.read()
+                if resp.status_code == 200:
+                    models = json.loads(body).get("models") or []
+                    if models and models[0].get("name"):
+                        self._model = str(models[0]["name"])
+            except Exception:  # noqa: BLE001 - fall back to "default"; the server will say if wrong
+                pass
+        return self._model
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
+        body = {"model": spec.model or self.default_model(), "prompt": spec.prompt, "stream": spec.stream,
+                "raw": True, "options": {"num_predict": spec.max_tokens, "temperature": 0.0}}
+        resp = self._post("/api/generate", body, headers, out)
+        if resp.status_code != 200:
+            self._error(resp, out)
+            return
+        if not spec.stream:
+            obj = self._unary(resp, out)
+            out.tokens_out, out.tokens_in = obj.get("eval_count"), obj.get("prompt_eval_count")
+            _take_report(resp, obj, out)
+            out.ok, out.status = True, "OK"
+            return
+        dec, n, err = 0, 0, None
+        while True:
+            line = resp.readline(b"\n")
+            if not line:
+                break
+            if not line.strip():
+                continue
+            out.response_bytes += len(line)
+            ta = pc()
+            obj = self._loads(line)
+            dec += pc() - ta
+            if obj.get("error"):
+                err = obj["error"]
+            if obj.get("response"):
+                out.token_times.append(ta)
+                n += 1
+            if obj.get("done"):
+                out.tokens_out, out.tokens_in = obj.get("eval_count", n), obj.get("prompt_eval_count")
+                _take_report(None, obj, out)
+        resp.read()
+        out.t_end = pc()
+        out.decode_ns = dec
+        if out.tokens_out is None:
+            out.tokens_out = n
+        out.entries = self._entries_from_header(resp)
+        _finish_stream(out, err)
 
 
 def _take_usage_and_timing(obj: dict[str, Any], out: Outcome) -> None:
@@ -504,8 +644,10 @@ def parse_host(host: str) -> tuple[str, str]:
     if scheme in ("openai+http", "openai+https", "openai"):
         inner = scheme.split("+", 1)[1] if "+" in scheme else "http"
         return "openai", f"{inner}://{parts.netloc}{parts.path}".rstrip("/")
-    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc://, http://, openai+http:// or "
-                      "openai-sdk+http://")
+    if scheme in ("ollama+http", "ollama+https"):  # Ollama's native API (its timing fields)
+        return "ollama", f"{scheme.split('+', 1)[1]}://{parts.netloc}{parts.path}".rstrip("/")
+    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc://, http://, openai+http://, "
+                      "openai-sdk+http:// or ollama+http://")
 
 
 #: gRPC client implementations a load run can use (``--grpc-client``)
@@ -521,6 +663,8 @@ def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completio
         return H2GrpcTarget(addr, timeout_s) if grpc_client == "h2" else GrpcTarget(addr, timeout_s)
     if kind == "http":
         return NativeHttpTarget(addr, timeout_s)
+    if kind == "ollama":
+        return OllamaTarget(addr, timeout_s)
     if kind == "openai-sdk":
         from pathprobe.loadgen.sdk import OpenAISdkTarget
 

@@ -26,7 +26,7 @@ import gevent  # noqa: E402
 from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 
-from pathprobe import segments, timing  # noqa: E402
+from pathprobe import segments, serverreports  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
 from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
@@ -161,8 +161,11 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         n = out.tokens_out or 0
         if ttft is not None and n > 1:
             tpot = (e2e - ttft) / (n - 1)
+    rep = out.server_report
+    chain = serverreports.with_report(out.entries, rep)  # a server's own report as its hop, when it has a total
     if out.ok:
-        s = segments.split(e2e, out.entries, enc, dec)
+        est = serverreports.network_estimate(chain, out.network_estimate_ms)
+        s = serverreports.split(e2e, chain, rep, enc, dec, network_estimate_ms=est)
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
         sp["links"] = list(s.links)
@@ -188,7 +191,9 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         "tokens_out": out.tokens_out,
         "schedule_lag_ms": lag,
         "entries": out.entries,
-        "hops": [hop.as_dict() for hop in out.entries.hops] if isinstance(out.entries, timing.Chain) else None,
+        "hops": [hop.as_dict() for hop in chain.hops],
+        "server_report": {"source": rep.source, "entries": rep.entries} if rep is not None else None,
+        "network_estimate_ms": out.network_estimate_ms,
         "split": sp,
         "trace_id": None,
         "user": user,

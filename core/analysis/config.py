@@ -69,6 +69,19 @@ class ServerConfig(_Strict):
     http_server: Literal["aiohttp", "fastapi"] = "aiohttp"
 
 
+class VllmServerConfig(_Strict):
+    """vLLM's own OpenAI server, started on loopback in local mode for targets that use it
+    (``kind: vllm``, or a gateway with ``upstream: vllm``); needs the vLLM extra (make vllm)."""
+
+    model: str | None = Field(None, description="default: server.model")
+    max_num_seqs: int | None = Field(None, ge=1, description="default: server.max_batch_size")
+    max_model_len: int = Field(512, ge=16)
+    dtype: str = "bfloat16"
+    port: int | None = Field(None, ge=1, le=65535)
+    startup_timeout_s: float = Field(600.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+
 class LoadConfig(_Strict):
     duration_s: float = Field(3.0, gt=0, description="measured seconds per configuration, round and concurrency")
     warmup_s: float = Field(2.0, ge=0, description="per configuration, before any measurement")
@@ -105,7 +118,7 @@ class TargetConfig(_Strict):
     """One configuration of the matrix."""
 
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    kind: Literal["direct", "gateway", "nginx", "external"]
+    kind: Literal["direct", "gateway", "nginx", "external", "vllm"]
     #: openai-sdk: the OpenAI-compatible routes through the official openai SDK (what an
     #: application's SDK adds shows as client serialization)
     protocol: Literal["grpc", "http", "openai", "openai-sdk"] | None = None
@@ -118,6 +131,11 @@ class TargetConfig(_Strict):
     #: external OpenAI-compatible targets: the model name to ask for
     model: str | None = None
     gateway_args: list[str] = Field(default_factory=list)
+    #: local mode, kind direct or gateway: which of our servers (its engine; default server.engine;
+    #: another engine starts a second server of ours)
+    engine: Literal["synthetic", "transformers", "vllm"] | None = None
+    #: local mode, kind gateway: what it forwards to (server: ours; vllm: vLLM's own server)
+    upstream: Literal["server", "vllm"] = "server"
     #: direct HTTP/OpenAI targets: which of the server's HTTP front ends to call
     #: (default: server.http_server), so both frameworks run side by side over one engine
     front_end: Literal["aiohttp", "fastapi"] | None = None
@@ -136,6 +154,22 @@ class TargetConfig(_Strict):
             raise ValueError("'front_end' only applies to kind 'direct' with protocol http or openai")
         if self.kind == "external" and not self.address:
             raise ValueError("kind 'external' needs 'address'")
+        if self.kind == "vllm":
+            if self.protocol not in (None, "openai", "openai-sdk"):
+                raise ValueError(f"vLLM's server speaks the OpenAI API (protocol openai or openai-sdk), "
+                                 f"not '{self.protocol}'")
+            if self.protocol is None:
+                self.protocol = "openai"
+        if self.engine is not None and self.kind not in ("direct", "gateway"):
+            raise ValueError(f"'engine' picks one of our servers (kind direct or gateway), not kind '{self.kind}'")
+        if self.upstream == "vllm":
+            if self.kind != "gateway" or self.mode != "http-proxy":
+                raise ValueError("upstream 'vllm' needs kind 'gateway' with mode 'http-proxy' "
+                                 "(vLLM's server speaks the OpenAI API over HTTP)")
+            if self.engine is not None:
+                raise ValueError("'engine' and upstream 'vllm' exclude each other")
+            if self.protocol is None:
+                self.protocol = "openai"
         if self.kind == "direct" and self.protocol is None:
             self.protocol = "grpc"
         if self.kind == "gateway" and self.protocol is None:
@@ -187,6 +221,7 @@ class CompareConfig(_Strict):
         "auto", description="local mode: pin the engine, the proxies and the load generator to separate cores "
                             "(auto: from 3 cores; on: also on 2; env PATHPROBE_CPU_PLACEMENT overrides)")
     server: ServerConfig = Field(default_factory=ServerConfig)
+    vllm: VllmServerConfig = Field(default_factory=VllmServerConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
     network: NetworkConfig | None = None
     targets: list[TargetConfig] = Field(default_factory=_default_targets, min_length=1)

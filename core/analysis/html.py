@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.report import SEG_COLS, fmt_ms, metric_values
+from pathprobe.analysis.report import ESTIMATED_NOTE, SEG_COLS, fmt_ms, metric_values, seg_cell
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {"network": "#4e79a7", "serialization": "#f28e2b", "queueing": "#e15759",
@@ -56,10 +56,15 @@ def plot_segments(report: Mapping[str, Any]) -> str | None:
     for ax, conc in zip(axes[0], concs):
         names = _names(report, conc)
         left = [0.0] * len(names)
+        groups = [report["targets"][n]["by_concurrency"][str(conc)] for n in names]
         for seg in SEGMENTS:
-            vals = [max(0.0, report["targets"][n]["by_concurrency"][str(conc)]["segments"][seg].get("mean", 0.0))
-                    for n in names]
+            vals = [max(0.0, g["segments"][seg].get("mean", 0.0)) for g in groups]
             ax.barh(names, vals, left=left, color=SEG_COLORS[seg], label=seg)
+            if seg == "network" and any(g.get("network_estimated") for g in groups):
+                # an estimated network (a transport round trip, not the request's own) is hatched
+                est = [v if g.get("network_estimated") else 0.0 for v, g in zip(vals, groups)]
+                ax.barh(names, est, left=left, color=SEG_COLORS[seg], hatch="///", edgecolor="white",
+                        label="network (estimated)")
             left = [a + b for a, b in zip(left, vals)]
         ax.invert_yaxis()
         ax.set_xlabel("ms per request (mean)")
@@ -93,6 +98,48 @@ def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequ
     if not drawn:
         plt.close(fig)
         return None
+    return _png(fig)
+
+
+def plot_waterfalls(report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
+                    ) -> str | None:
+    """One typical request (median e2e, highest concurrency) per configuration as a waterfall."""
+    import matplotlib.pyplot as plt
+
+    from pathprobe.analysis.waterfall import bars, representative
+
+    conc = max(report["concurrency"])
+    picked = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]
+    picked = [(n, r) for n, r in picked if r is not None]
+    if not picked:
+        return None
+    heights = [len({b.row for b in bars(r)}) for _, r in picked]
+    fig, axes = plt.subplots(len(picked), 1, figsize=(10, sum(0.45 * h + 0.9 for h in heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (name, rec) in zip(axes[:, 0], picked):
+        bs = bars(rec)
+        rows = list(dict.fromkeys(b.row for b in bs))
+        for b in bs:
+            y = rows.index(b.row)
+            if b.part == "span":
+                ax.barh(y, b.dur, left=b.start, color="#e8e8e8", edgecolor="#888888", height=0.7)
+            elif b.part == "unsplit":
+                ax.barh(y, b.dur, left=b.start, color=SEG_COLORS["unsplit"], hatch="xx", edgecolor="white",
+                        height=0.7, label="unsplit (reports nothing)")
+            else:
+                ax.barh(y, b.dur, left=b.start, color=SEG_COLORS.get(b.part, "#999999"), height=0.45)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.invert_yaxis()
+        est = " (network estimated)" if rec["split"].get("network_estimated") else ""
+        ax.set_title(f"{name}: one request of {rec['e2e_ms']:.2f} ms (median){est}", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1][0].set_xlabel("ms from the client's send (a component is drawn centred in its caller: only "
+                           "durations are measured)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS[s]) for s in ("serialization", "queueing", "inference")]
+    handles.append(plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS["unsplit"], hatch="xx"))
+    axes[0][0].legend(handles, ["serialization", "queueing", "inference", "unsplit (reports nothing)"],
+                      fontsize=7, loc="lower right")
+    fig.tight_layout(h_pad=1.5)
     return _png(fig)
 
 
@@ -217,7 +264,7 @@ def _table(report: Mapping[str, Any], conc: int) -> str:
             fmt_ms(p.get("p50", {}).get("value")),
             f"{fmt_ms(p.get('p50', {}).get('lo'))} – {fmt_ms(p.get('p50', {}).get('hi'))}",
             fmt_ms(p.get("p95", {}).get("value")), fmt_ms(p.get("p99", {}).get("value")),
-            *[fmt_ms(seg[s].get("mean")) for s in (*SEGMENTS, "network_hop1", "network_hop2")],
+            *[seg_cell(g, s) for s in SEGMENTS], *[fmt_ms(seg[s].get("mean")) for s in ("network_hop1", "network_hop2")],
             f"{c['p50_diff_ms']:+.3f}" if c else "–", f"{c['p_adjusted']:.2g}" if c else "–",
             f"{c['cliffs_delta']:+.2f} ({c['magnitude']})" if c else "–", f"{c['cohens_d']:+.2f}" if c else "–",
         ]
@@ -239,6 +286,10 @@ def render(
          "end-to-end time.", plot_segments(report)),
         ("Latency distribution", "Empirical CDF of every measured request (rounds pooled).",
          plot_cdfs(report, samples)),
+        ("One request, hop by hop", "A typical request (median end-to-end, highest concurrency) of each "
+         "configuration: client, each reporting hop, the server and its engine phases; a part inside a "
+         "component that reports nothing is hatched (unsplit), with the phases its engine reported drawn "
+         "inside it.", plot_waterfalls(report, records)),
         ("Streaming: TTFT and inter-token latency", "Client-observed, highest concurrency.",
          plot_streaming(report, records)),
         ("Concurrency sweep", "p50 with its 95% bootstrap interval, p99 dashed; throughput on the right.",
@@ -274,6 +325,9 @@ def render(
     for conc in report["concurrency"]:
         parts.append(f"<h2>Concurrency {conc}</h2>")
         parts.append(_table(report, conc))
+        if any(t.get("by_concurrency", {}).get(str(conc), {}).get("network_estimated")
+               for t in report["targets"].values()):
+            parts.append(f"<p class='estimated'>{html.escape(ESTIMATED_NOTE)}.</p>")
         for w in report.get("client_warnings") or []:
             if w["concurrency"] == conc:
                 cls, label = (("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note"))

@@ -179,6 +179,9 @@ def summarize_group(
         "rps": len(ok) / duration_s if duration_s > 0 else math.nan,
         primary: stats.summarize(metric_values(ok, primary), n_boot=n_boot),
         "segments": {c: _pcts(metric_values(ok, c)) for c in SEG_COLS},
+        #: requests whose network includes an estimate (a transport round trip standing for the
+        #: network of a link to a component that reports nothing; the rest of that link is unsplit)
+        "network_estimated": sum(1 for r in ok if r["split"].get("network_estimated")),
     }
     if primary != "e2e":
         out["e2e"] = _pcts(metric_values(ok, "e2e"))
@@ -190,6 +193,20 @@ def summarize_group(
         out["rounds"] = {str(k): _pcts(metric_values([r for r in v if r.get("ok") and r.get("split")], primary))
                          for k, v in sorted(rounds.items())}
     return out
+
+
+ESTIMATED = "est."
+ESTIMATED_NOTE = ("network marked est.: the link to a component that reports nothing (a server we did not "
+                  "write) holds its network and its work; only a measured transport round trip (TCP handshake, "
+                  "HTTP/2 PING) is booked as network, the rest of that link is unsplit")
+
+
+def seg_cell(group: Mapping[str, Any], seg: str) -> str:
+    """A segment's mean for a table cell; network is marked when any of it is an estimate."""
+    text = fmt_ms(group["segments"][seg].get("mean"))
+    if seg == "network" and group.get("network_estimated"):
+        text += f" {ESTIMATED}"
+    return text
 
 
 def fmt_ms(v: Any, digits: int = 3) -> str:
@@ -270,7 +287,7 @@ def markdown(report: Mapping[str, Any]) -> str:
                 f"| {name_cell} | {g['ok']} | {g['errors']} | {fmt_ms(g['rps'], 1)} | "
                 f"{_ci(p.get('p50'))} | {fmt_ms(p.get('p95', {}).get('value'))} | "
                 f"{fmt_ms(p.get('p99', {}).get('value'))} | "
-                + " | ".join(fmt_ms(seg[s].get("mean")) for s in SEGMENTS)
+                + " | ".join(seg_cell(g, s) for s in SEGMENTS)
                 + " | "
                 + (f"{cmp_['p50_diff_ms']:+.3f} | {cmp_['p_adjusted']:.2g} | {cmp_['cliffs_delta']:+.2f} |"
                    if cmp_ else "– | – | – |")
@@ -290,7 +307,9 @@ def markdown(report: Mapping[str, Any]) -> str:
             lines.append("- no configuration differs significantly from the baseline at this concurrency")
         lines.append("")
     lines.append("Segments are means per request in ms "
-                 "(network + serialization + queue + inference + other = mean e2e).")
+                 "(network + serialization + queue + inference + other + unsplit = mean e2e).")
+    if any(g.get("network_estimated") for t in targets.values() for g in t.get("by_concurrency", {}).values()):
+        lines.append(ESTIMATED_NOTE + ".")
     cold = [(n, t["cold_start"]) for n, t in targets.items() if t.get("cold_start")]
     if cold:
         lines.append("")

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pathprobe import vllmcpu
 from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.address import parse_hostport
 from pathprobe.analysis.placement import Placement, plan
@@ -93,6 +94,10 @@ def normalize_address(address: str, protocol: str) -> str:
 
 
 # ------------------------------------------------------------------ processes
+
+
+class Skipped(PathprobeError):
+    """A configuration that cannot run here (a component is not installed); the reason is shown."""
 
 
 @dataclass
@@ -254,6 +259,8 @@ class Stack:
         self.traces_dir = out / "traces"
         self.placement: Placement = plan(cfg.placement) if cfg.mode == "local" else \
             Placement(False, "remote mode: nothing local to place")
+        #: more servers, started when a target needs them: ours with another engine, vLLM's own
+        self.others: dict[str, tuple[Managed, str, str]] = {}  # key -> (process, grpc H:P, http H:P)
 
     def _start(self, m: Managed, role: str = "proxies") -> Managed:
         """Start ``m`` on the cores of its role (server | proxies) when placement is on."""
@@ -317,6 +324,53 @@ class Stack:
                 return parse_startup(resp.read().decode())
         except OSError:
             return None
+    def our_server(self, engine: str | None) -> tuple[str, str, Managed | None]:
+        """(grpc H:P, http H:P, process) of our server with ``engine`` (the default one, or a
+        second server of ours started now with the same settings and another engine)."""
+        s = self.cfg.server
+        if engine is None or engine == s.engine:
+            return self.server_grpc, self.server_http, self.server
+        if engine == "vllm" and not vllmcpu.available():
+            raise Skipped(f"engine vllm: {vllmcpu.unavailable_reason()}")
+        key = f"server-{engine}"
+        if key not in self.others:
+            gport, hport = free_port(), free_port()
+            args = _py("serve", "--engine", engine, "--model", s.model, "--host", LOOPBACK, "--grpc-port", str(gport),
+                       "--http-port", str(hport), "--max-batch-size", str(s.max_batch_size),
+                       "--http-server", s.http_server, *s.extra_args)
+            self.log(f"starting a second server of ours ({engine}, {s.model}) on grpc {gport} / http {hport}")
+            m = self._start(Managed(key, args, self.out / "logs" / f"{key}.log"), "server")
+            t0 = time.monotonic()
+            wait_ready(url_for("http", f"{LOOPBACK}:{hport}"), s.startup_timeout_s, [m])
+            self.log(f"{key} ready after {time.monotonic() - t0:.1f} s")
+            self.others[key] = (m, f"{LOOPBACK}:{gport}", f"{LOOPBACK}:{hport}")
+        m, g, h = self.others[key]
+        return g, h, m
+
+    def vllm_server(self) -> tuple[str, Managed]:
+        """(H:P, process) of vLLM's own OpenAI server on loopback, started on first use."""
+        if not vllmcpu.available():
+            raise Skipped(vllmcpu.unavailable_reason())
+        if "vllm-server" not in self.others:
+            from pathprobe.server import models
+
+            v, s = self.cfg.vllm, self.cfg.server
+            spec = v.model or s.model
+            folder = models.resolve_model(spec)
+            port = v.port or free_port()
+            args = vllmcpu.server_command(
+                folder, port, served_name=models.model_display_name(spec, folder), host=LOOPBACK,
+                max_model_len=v.max_model_len, dtype=v.dtype, max_num_seqs=v.max_num_seqs or s.max_batch_size,
+                load_dummy=not models.has_weights(folder), extra=v.extra_args)
+            self.log(f"starting vLLM's server ({spec}) on {LOOPBACK}:{port}")
+            m = self._start(Managed("vllm-server", args, self.out / "logs" / "vllm-server.log",
+                                    env=vllmcpu.cpu_env() if vllmcpu.is_cpu_build() else {}), "server")
+            t0 = time.monotonic()
+            wait_ready(url_for("openai", f"{LOOPBACK}:{port}"), v.startup_timeout_s, [m])
+            self.log(f"vLLM's server ready after {time.monotonic() - t0:.1f} s")
+            self.others["vllm-server"] = (m, "", f"{LOOPBACK}:{port}")
+        m, _, h = self.others["vllm-server"]
+        return h, m
 
     def relay(self, name: str, upstream: str, net: NetworkConfig) -> tuple[str, Managed]:
         port = free_port()
@@ -353,9 +407,23 @@ class Stack:
                     front, m = self.relay(t.name, front, net)
                     p.procs.append(m)
                 p.url = url_for(t.protocol or "openai", front)
+            elif t.kind == "vllm":
+                upstream, m = self.vllm_server()
+                p.procs.append(m)
+                if net:
+                    if net.hop == "upstream":
+                        p.notes.append("vLLM's server, no gateway: the condition is on the client <-> server link")
+                    upstream, r = self.relay(t.name, upstream, net)
+                    p.procs.append(r)
+                p.url = url_for(t.protocol or "openai", upstream)
             elif t.kind == "direct":
-                upstream = self.server_grpc if t.protocol == "grpc" else self.front_ends.get(
-                    t.front_end or self.cfg.server.http_server, self.server_http)
+                grpc_up, http_up, srv = self.our_server(t.engine)
+                if srv is not None and srv is not self.server:  # a second server of ours (its own engine)
+                    p.procs.append(srv)
+                    upstream = grpc_up if t.protocol == "grpc" else http_up
+                else:
+                    upstream = self.server_grpc if t.protocol == "grpc" else self.front_ends.get(
+                        t.front_end or self.cfg.server.http_server, self.server_http)
                 if net:
                     if net.hop == "upstream":
                         p.notes.append("direct path: no gateway, the condition is on the client <-> server link")
@@ -364,7 +432,13 @@ class Stack:
                 p.url = url_for(t.protocol or "grpc", upstream)
             elif t.kind in ("gateway", "nginx"):
                 up_proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else "grpc"  # type: ignore[index]
-                upstream = self.server_grpc if up_proto == "grpc" else self.server_http
+                if t.upstream == "vllm":
+                    upstream, srv = self.vllm_server()
+                else:
+                    grpc_up, http_up, srv = self.our_server(t.engine)
+                    upstream = grpc_up if up_proto == "grpc" else http_up
+                if srv is not None and srv is not self.server:
+                    p.procs.append(srv)
                 if net and net.hop == "upstream":
                     upstream, m = self.relay(f"{t.name}-up", upstream, net)
                     p.procs.append(m)
@@ -389,6 +463,8 @@ class Stack:
                 p.url = url_for(t.protocol or "grpc", front)
             p.probe_ms = wait_ready(p.url, 60, [*p.procs, *([self.server] if self.server else [])], t.model)
             p.status = "ok"
+        except Skipped as exc:
+            p.status, p.reason = "skipped", exc.message
         except ConfigError:
             raise
         except PathprobeError as exc:

@@ -17,9 +17,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pathprobe import timing
+from pathprobe import serverreports, timing
 from pathprobe.analysis.traces import Span, Trace
-from pathprobe.segments import Split, split
+from pathprobe.segments import Split
 
 #: span name -> entry, for spans that carry no ``pathprobe.entry`` attribute
 NAME_TO_ENTRY = {
@@ -46,6 +46,8 @@ ENC_KEYS = ("pathprobe.client.encode_ms", "client.encode_ms", "pathprobe.client_
 DEC_KEYS = ("pathprobe.client.decode_ms", "client.decode_ms", "pathprobe.client_decode_ms", "client_decode_ms")
 ROUTE_KEYS = ("pathprobe.route", "route")
 TIMING_KEYS = ("server_timing", "pathprobe.server_timing", "http.response.header.server-timing")
+#: the load generator's measured transport round trip to its target (TCP handshake)
+ESTIMATE_KEY = "pathprobe.network_estimate_ms"
 
 
 @dataclass(slots=True)
@@ -60,6 +62,8 @@ class TraceSplit:
     hops: list[str] = field(default_factory=list)
     ok: bool = True
     problem: str | None = None
+    #: what a server we did not write reported in the trace (vLLM's llm_request span)
+    report: serverreports.ServerReport | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +77,7 @@ class TraceSplit:
             "client_decode_ms": self.client_decode_ms,
             "entries": self.entries,
             "split": self.split.as_dict() if self.split else None,
+            "server_report": {"source": self.report.source, "entries": self.report.entries} if self.report else None,
         }
 
 
@@ -212,12 +217,23 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         route = outer.name
         e2e, e2e_source = outer.duration_ms, "outermost server span"
         problem = problem or "no client span: network hop 1 is not measured (e2e = outermost server span)"
+    report = None
     if srv is None:
-        problem = problem or "no server span (a server that exports no traces?): its time is unsplit"
+        engine = next((s for s in trace.spans if s.name == serverreports.VLLM_SPAN), None)
+        report = serverreports.from_vllm_span(engine.attributes) if engine is not None else None
+        if report is not None:
+            hops.append(f"engine:{engine.service or engine.name}")  # type: ignore[union-attr]
+            problem = problem or ("the server reports its engine's phases only (vLLM's llm_request span): "
+                                  "the rest of its time is unsplit")
+        else:
+            problem = problem or "no server span (a server that exports no traces?): its time is unsplit"
     if client is not None:
         status = client.status.get("code") if client.status else None
         ok = status not in (2, "STATUS_CODE_ERROR")
     else:
         ok = True
-    sp = split(e2e, entries, enc, dec) if not math.isnan(e2e) else None
-    return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem)
+    client_est = _first(client.attributes, (ESTIMATE_KEY,)) if client is not None else None
+    est = serverreports.network_estimate(entries, float(client_est) if client_est is not None else None)
+    sp = (serverreports.split(e2e, entries, report, enc, dec, network_estimate_ms=est)
+          if not math.isnan(e2e) else None)
+    return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem, report)
