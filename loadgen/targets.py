@@ -15,15 +15,34 @@ import here: these are usable from any gevent (or plain threaded) program.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from pathprobe import timing
+from pathprobe import reporters, timing
 from pathprobe.errors import ConfigError
 
 pc = time.perf_counter_ns
+
+#: a JSON object of headers sent with every request (e.g. a gateway's API key); kept in the
+#: environment so a secret never shows on a command line
+ENV_HEADERS = "PATHPROBE_LOAD_HEADERS"
+
+
+def extra_headers() -> dict[str, str]:
+    """The headers of :data:`ENV_HEADERS` (empty when unset); bad JSON is a ConfigError."""
+    raw = os.environ.get(ENV_HEADERS)
+    if not raw:
+        return {}
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_HEADERS}: not a JSON object of headers ({exc})") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
+        raise ConfigError(f"{ENV_HEADERS}: expected a JSON object of string header values")
+    return obj
 
 
 def parse_timing(value: str | None) -> dict[str, float]:
@@ -44,11 +63,31 @@ def parse_timing(value: str | None) -> dict[str, float]:
     return out
 
 
+def _first(value: Any) -> str | None:
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
 def entries_from_metadata(md: Any) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in md or ():
         if key == timing.METADATA_KEY:
             out.update(parse_timing(value.decode() if isinstance(value, bytes) else value))
+    return out
+
+
+def entries_from_call(call: Any) -> dict[str, float]:
+    """A finished gRPC call's entries: the ``server-timing`` trailers (server and the hops that
+    append to them), then what proxies wrote in the response headers (HAProxy, Caddy, Envoy:
+    they cannot touch trailers, so they are taken as the outer hops)."""
+    out = entries_from_metadata(call.trailing_metadata())
+    initial = call.initial_metadata() or ()
+    if initial:
+        out.update(entries_from_metadata(initial))
+        md = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in initial}
+        for v in reporters.gateway_values(md.get):
+            out.update(parse_timing(v))
     return out
 
 
@@ -136,7 +175,7 @@ class GrpcTarget(Target):
                 out.response_bytes = len(resp_bytes)
                 out.tokens_out = resp.usage.completion_tokens if resp.HasField("usage") else len(resp.token_ids)
                 out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
-                out.entries = entries_from_metadata(call.trailing_metadata())
+                out.entries = entries_from_call(call)
                 out.ok, out.status = True, "OK"
         except self._grpc.RpcError as exc:
             out.t_end = out.t_end or pc()
@@ -170,7 +209,7 @@ class GrpcTarget(Target):
         out.decode_ns = dec
         out.tokens_out = usage.completion_tokens if usage is not None else n
         out.tokens_in = usage.prompt_tokens if usage is not None else None
-        out.entries = entries_from_metadata(it.trailing_metadata())
+        out.entries = entries_from_call(it)
         out.ok, out.status = True, "OK"
 
     def close(self) -> None:
@@ -195,26 +234,29 @@ class _HttpBase(Target):
         )
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
+        self._base_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                              **extra_headers()}
 
     def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         body = self._dumps(body_obj).encode()
         out.encode_ns = pc() - t0
-        hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        hdrs = dict(self._base_headers)
         if headers:
             hdrs.update(headers)
         return self.client.post(self.prefix + path, body=body, headers=hdrs)
 
     def _entries_from_header(self, resp: Any) -> dict[str, float]:
-        value = resp.get("server-timing") if hasattr(resp, "get") else None
-        if value is None:
+        """``Server-Timing`` header(s), then what known gateways say in their own headers."""
+        if not hasattr(resp, "get"):
             return {}
-        if isinstance(value, list):
-            out: dict[str, float] = {}
-            for v in value:
-                out.update(parse_timing(v))
-            return out
-        return parse_timing(value)
+        value = resp.get("server-timing")
+        values = value if isinstance(value, list) else [value] if value is not None else []
+        values += reporters.gateway_values(lambda name: _first(resp.get(name)))
+        out: dict[str, float] = {}
+        for v in values:
+            out.update(parse_timing(v))
+        return out
 
     def _error(self, resp: Any, out: Outcome) -> None:
         body = resp.read()
@@ -337,7 +379,7 @@ class OpenAITarget(_HttpBase):
         if self._model is None:
             self._model = "default"
             try:
-                resp = self.client.get(self.prefix + "/v1/models")
+                resp = self.client.get(self.prefix + "/v1/models", headers=extra_headers())
                 body = resp.read()
                 if resp.status_code == 200:
                     data = json.loads(body).get("data") or []

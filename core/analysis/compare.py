@@ -25,6 +25,7 @@ from pathprobe.analysis.runner import (
     Path_,
     RunResult,
     Stack,
+    cpu_seconds,
     expected_shift_ms,
     normalize_address,
     now_iso,
@@ -82,7 +83,7 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
 
 def _prepare_out(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for sub in ("runs", "traces", "logs", "nginx"):
+    for sub in ("runs", "traces", "logs", "nginx", "proxies"):
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "traces" / "client").mkdir(parents=True, exist_ok=True)
 
@@ -187,8 +188,12 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                                  f"{dead.tail()}")
                         continue
                     tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
+                    cpu0 = cpu_seconds(p.procs)
                     res = run_load(cfg, p, conc, rnd, cfg.load.duration_s,
                                    out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf, prompt_file)
+                    cpu1 = cpu_seconds(p.procs)
+                    if cpu0 is not None and cpu1 is not None:
+                        res.path_cpu_s = cpu1 - cpu0
                     results[p.name].append(res)
                     ok = [r for r in res.records if r.get("ok")]
                     failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
@@ -288,6 +293,9 @@ def build_report(
             client = client_summary({r.round: r.client for r in runs})
             if client is not None:
                 g["client"] = client
+            cpu = path_cpu(runs)
+            if cpu is not None:
+                g["path_cpu"] = cpu
             entry["by_concurrency"][str(conc)] = g
             if entry["status"] == "ok":
                 samples[t.name][conc] = metric_values([r for r in recs if r.get("ok") and r.get("split")], primary)
@@ -317,6 +325,18 @@ def build_report(
         "client_warnings": warnings,
         "_samples": samples,  # removed before writing
     }
+
+
+def path_cpu(runs: list[RunResult]) -> dict[str, Any] | None:
+    """CPU the path's own processes (gateway / proxy / relays, not the shared server) spent per
+    request in these runs: their CPU seconds over every request the runs sent."""
+    measured = [r for r in runs if r.path_cpu_s is not None]
+    n = sum(len(r.records) for r in measured)
+    if not measured or n == 0:
+        return None
+    cpu_s = sum(r.path_cpu_s or 0.0 for r in measured)
+    return {"cpu_s": round(cpu_s, 4), "requests": n, "ms_per_request": round(cpu_s * 1e3 / n, 4),
+            "what": "user+system CPU of the path's own processes and their children during the measured runs"}
 
 
 def _network_info(net: Any) -> dict[str, Any] | None:

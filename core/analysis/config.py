@@ -19,6 +19,9 @@ GATEWAY_MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 #: what a client speaks to each kind of target, and what the gateway speaks upstream
 CLIENT_PROTOCOL = {"passthrough": "grpc", "transcode": "http", "reencode": "grpc", "http-proxy": "http"}
 UPSTREAM_PROTOCOL = {"passthrough": "grpc", "transcode": "grpc", "reencode": "http", "http-proxy": "http"}
+#: gateways we did not write, started from pathprobe.proxies' configs, and what clients speak to them
+THIRD_PARTY = {"nginx": ("grpc", "http"), "haproxy": ("grpc", "http"), "caddy": ("grpc", "http"),
+               "litellm": ("openai",)}
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
@@ -102,15 +105,16 @@ class TargetConfig(_Strict):
     """One configuration of the matrix."""
 
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    kind: Literal["direct", "gateway", "nginx", "external"]
+    kind: Literal["direct", "gateway", "nginx", "haproxy", "caddy", "litellm", "external"]
     protocol: Literal["grpc", "http", "openai"] | None = None
     mode: Literal["passthrough", "transcode", "reencode", "http-proxy"] | None = None
     #: remote mode (any kind) or external: the address the load generator hits,
     #: as a URL (grpc://H:P, http://H:P, openai+http://H:P) or H:P
     address: str | None = None
-    #: local mode: pin the port this configuration listens on (gateway, nginx)
+    #: local mode: pin the port this configuration listens on (gateway, nginx, haproxy, caddy, litellm)
     port: int | None = Field(None, ge=1, le=65535)
-    #: external OpenAI-compatible targets: the model name to ask for
+    #: external OpenAI-compatible targets and litellm: the model name to ask for (litellm: default
+    #: the one our server serves)
     model: str | None = None
     gateway_args: list[str] = Field(default_factory=list)
     #: a network condition for this configuration only (overrides the top-level one), so the
@@ -135,8 +139,12 @@ class TargetConfig(_Strict):
                 raise ValueError(
                     f"gateway mode '{self.mode}' accepts {CLIENT_PROTOCOL[self.mode]} clients, not '{self.protocol}'"  # type: ignore[index]
                 )
-        if self.kind == "nginx" and self.protocol is None:
-            self.protocol = "grpc"
+        if self.kind in THIRD_PARTY:
+            allowed = THIRD_PARTY[self.kind]
+            if self.protocol is None:
+                self.protocol = allowed[0]  # type: ignore[assignment]
+            elif self.protocol not in allowed:
+                raise ValueError(f"kind '{self.kind}' proxies {' and '.join(allowed)} clients, not '{self.protocol}'")
         if self.kind == "external" and self.protocol is None:
             self.protocol = _protocol_of(self.address or "") or "openai"
         return self

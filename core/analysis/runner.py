@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
+from pathprobe.analysis.config import THIRD_PARTY, UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.errors import ConfigError, PathprobeError
 
 LOOPBACK = "127.0.0.1"
@@ -78,6 +78,18 @@ def normalize_address(address: str, protocol: str) -> str:
     if "://" in address:
         return address
     return url_for(protocol, address)
+
+
+def served_model(http_address: str, timeout: float = 10.0) -> str:
+    """The first model id a server lists on ``GET /v1/models`` (what LiteLLM is told to ask for)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{http_address}/v1/models", timeout=timeout) as resp:
+            data = json.loads(resp.read()).get("data") or [{}]
+        return str(data[0].get("id") or "default")
+    except (OSError, ValueError) as exc:
+        raise PathprobeError(f"GET http://{http_address}/v1/models failed: {exc}") from None
 
 
 # ------------------------------------------------------------------ processes
@@ -144,7 +156,8 @@ def _py(*args: str) -> list[str]:
 # ------------------------------------------------------------------ probes
 
 
-def probe_once(url: str, model: str | None = None, timeout: float = 10.0) -> float:
+def probe_once(url: str, model: str | None = None, timeout: float = 10.0,
+               headers: dict[str, str] | None = None) -> float:
     """One real 1-token request over ``url``; returns its latency in ms or raises."""
     t0 = time.perf_counter()
     if url.startswith("grpc://"):
@@ -162,20 +175,22 @@ def probe_once(url: str, model: str | None = None, timeout: float = 10.0) -> flo
             base = url[len("openai+"):].rstrip("/")
             path, body = "/v1/completions", {"prompt": "Hello", "max_tokens": 1, "model": model or ""}
             if not model:
-                with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
+                with urllib.request.urlopen(urllib.request.Request(base + "/v1/models", headers=headers or {}),
+                                            timeout=timeout) as resp:
                     models = json.loads(resp.read()).get("data") or [{}]
                 body["model"] = models[0].get("id", "")
         else:
             base = url.rstrip("/")
             path, body = "/v1/generate", {"prompt": "Hello", "max_tokens": 1}
         req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers={"Content-Type": "application/json", **(headers or {})}, method="POST")
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             resp.read()
     return (time.perf_counter() - t0) * 1e3
 
 
-def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None) -> float:
+def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None,
+               headers: dict[str, str] | None = None) -> float:
     """Probe until the path answers a real request; raise with the reason on timeout or exit."""
     deadline = time.monotonic() + timeout
     last = "no answer"
@@ -185,7 +200,7 @@ def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None
             if code is not None:
                 raise PathprobeError(f"{p.name} exited with code {code} while starting: {p.tail()}")
         try:
-            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
+            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())), headers=headers)
         except Exception as exc:  # any failure means: not ready yet
             details = exc.details() if callable(getattr(exc, "details", None)) else None
             text = str(details or exc).strip()
@@ -208,6 +223,11 @@ class Path_:
     reason: str = ""
     probe_ms: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: headers every request on this path needs (LiteLLM's master key), passed to the load
+    #: generator in its environment, never on a command line
+    headers: dict[str, str] = field(default_factory=dict)
+    #: extra ``pathprobe load`` arguments this path needs (LiteLLM: the chat route, the model)
+    load_args: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -322,32 +342,25 @@ class Stack:
                     upstream, m = self.relay(t.name, upstream, net)
                     p.procs.append(m)
                 p.url = url_for(t.protocol or "grpc", upstream)
-            elif t.kind in ("gateway", "nginx"):
-                up_proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else "grpc"  # type: ignore[index]
-                upstream = self.server_grpc if up_proto == "grpc" else self.server_http
+            elif t.kind == "gateway":
+                upstream = self.server_grpc if UPSTREAM_PROTOCOL[t.mode] == "grpc" else self.server_http  # type: ignore[index]
                 if net and net.hop == "upstream":
                     upstream, m = self.relay(f"{t.name}-up", upstream, net)
                     p.procs.append(m)
                 port = t.port or free_port()
-                if t.kind == "gateway":
-                    args = _py("gateway", "--mode", t.mode or "passthrough", "--listen", f"{LOOPBACK}:{port}",
-                               "--upstream", upstream)
-                    if self.cfg.tracing:
-                        args += ["--traces-file", str(self.traces_dir / f"gateway-{t.name}.jsonl")]
-                    args += t.gateway_args
-                    p.procs.append(self._start(Managed(t.name, args, self.out / "logs" / f"{t.name}.log")))
-                else:
-                    nginx = shutil.which("nginx")
-                    if not nginx:
-                        p.status, p.reason = "skipped", "nginx is not installed (not on PATH)"
-                        return p
-                    p.procs.append(self._start(self._nginx(t.name, nginx, port, upstream)))
-                front = f"{LOOPBACK}:{port}"
-                if net and net.hop == "client":
-                    front, m = self.relay(f"{t.name}-client", front, net)
-                    p.procs.append(m)
-                p.url = url_for(t.protocol or "grpc", front)
-            p.probe_ms = wait_ready(p.url, 60, [*p.procs, *([self.server] if self.server else [])], t.model)
+                args = _py("gateway", "--mode", t.mode or "passthrough", "--listen", f"{LOOPBACK}:{port}",
+                           "--upstream", upstream)
+                if self.cfg.tracing:
+                    args += ["--traces-file", str(self.traces_dir / f"gateway-{t.name}.jsonl")]
+                args += t.gateway_args
+                p.procs.append(self._start(Managed(t.name, args, self.out / "logs" / f"{t.name}.log")))
+                p.url = self._front(p, t, f"{LOOPBACK}:{port}", net)
+            elif t.kind in THIRD_PARTY:
+                if not self._third_party(p, t, net):
+                    return p
+            ready_s = 240 if t.kind == "litellm" else 60  # LiteLLM imports for seconds (tens on a busy box)
+            p.probe_ms = wait_ready(p.url, ready_s, [*p.procs, *([self.server] if self.server else [])],
+                                    t.model, p.headers)
             p.status = "ok"
         except ConfigError:
             raise
@@ -355,28 +368,39 @@ class Stack:
             p.status, p.reason = "failed", f"did not start: {exc.message}"
         return p
 
-    def _nginx(self, name: str, nginx: str, port: int, upstream: str) -> Managed:
-        d = (self.out / "nginx" / name).resolve()
-        (d / "tmp").mkdir(parents=True, exist_ok=True)
-        user = "user root;\n" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
-        conf = f"""{user}worker_processes 1;
-pid {d}/nginx.pid;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  client_body_temp_path {d}/tmp/body; proxy_temp_path {d}/tmp/proxy; fastcgi_temp_path {d}/tmp/fastcgi;
-  uwsgi_temp_path {d}/tmp/uwsgi; scgi_temp_path {d}/tmp/scgi;
-  keepalive_requests 1000000;
-  upstream llm {{ server {upstream}; keepalive 16; keepalive_requests 1000000; }}
-  server {{
-    listen {LOOPBACK}:{port} http2;
-    location / {{ grpc_pass grpc://llm; grpc_read_timeout 600s; grpc_send_timeout 600s; }}
-  }}
-}}
-"""
-        (d / "nginx.conf").write_text(conf, encoding="utf-8")
-        return Managed(name, [nginx, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"),
-                              "-g", "daemon off;"], self.out / "logs" / f"{name}.log")
+    def _front(self, p: Path_, t: TargetConfig, front: str, net: NetworkConfig | None) -> str:
+        """The URL clients use: ``front``, behind a delaying relay when the condition is on the client hop."""
+        if net and net.hop == "client":
+            front, m = self.relay(f"{t.name}-client", front, net)
+            p.procs.append(m)
+        return url_for(t.protocol or "grpc", front)
+
+    def _third_party(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> bool:
+        """Start nginx / HAProxy / Caddy / LiteLLM from pathprobe.proxies' configs; False when skipped."""
+        from pathprobe import proxies
+
+        exe = proxies.executable(t.kind)
+        if exe is None:
+            p.status, p.reason = "skipped", proxies.missing_reason(t.kind)
+            return False
+        upstream = self.server_grpc if t.protocol == "grpc" else self.server_http
+        if net and net.hop == "upstream":
+            upstream, m = self.relay(f"{t.name}-up", upstream, net)
+            p.procs.append(m)
+        port = t.port or free_port()
+        kw: dict[str, Any] = {"exe": exe}
+        if t.kind == "litellm":
+            model = t.model or served_model(self.server_http)
+            kw["model"] = model
+            p.load_args += ["--openai-api", "chat", "--model", model]
+        prefix = self.out / "proxies" / t.name
+        launch = getattr(proxies, t.kind)(prefix, f"{LOOPBACK}:{port}", [upstream], t.protocol, **kw)
+        p.headers.update(launch.headers)
+        p.procs.append(self._start(Managed(t.name, launch.args, self.out / "logs" / f"{t.name}.log", env=launch.env)))
+        p.notes.append(f"{t.kind} config: {launch.config.relative_to(self.out.resolve())}"
+                       if launch.config.is_relative_to(self.out.resolve()) else f"{t.kind} config: {launch.config}")
+        p.url = self._front(p, t, f"{LOOPBACK}:{port}", net)
+        return True
 
     def close(self) -> None:
         for m in reversed(self.procs):
@@ -399,6 +423,33 @@ class RunResult:
     #: the load generator's own health in this run (summary.json's ``client`` block): event-loop
     #: lag, CPU, saturated; None for runs written before it existed
     client: dict[str, Any] | None = None
+    #: CPU seconds (user + system) the path's own processes (gateway, proxy, relays; not the
+    #: shared server) spent during this run; None for a path with none
+    path_cpu_s: float | None = None
+
+
+def cpu_seconds(procs: list[Managed]) -> float | None:
+    """User + system CPU seconds of these processes and their children (nginx workers, LiteLLM's
+    workers); None when there is no live process to read."""
+    import psutil
+
+    total, seen = 0.0, False
+    for m in procs:
+        if m.pid is None or m.exit_code() is not None:
+            continue
+        try:
+            proc = psutil.Process(m.pid)
+            family = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for q in family:
+            try:
+                t = q.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+            seen = True
+    return total if seen else None
 
 
 def read_client(out_dir: Path) -> dict[str, Any] | None:
@@ -462,8 +513,9 @@ def run_load(
         args.append("--stream")
     if L.arrival != "closed":
         args += ["--arrival", L.arrival, "--rate", str(L.rate)]
-    if p.target.model:
+    if p.target.model and "--model" not in p.load_args:
         args += ["--model", p.target.model]
+    args += p.load_args
     if traces_file is not None:
         args += ["--traces-file", str(traces_file)]
     args += L.extra_args
@@ -471,8 +523,12 @@ def run_load(
     log = out_dir / "load.log"
     with open(log, "wb") as fh:
         # its own process group: on timeout or interruption the load AND its Locust child are ended
-        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if p.headers:
+            from pathprobe.loadgen.targets import ENV_HEADERS
+
+            env[ENV_HEADERS] = json.dumps(p.headers)
+        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             code = proc.wait(timeout=secs + L.timeout_s + 90)
         except BaseException:
