@@ -101,11 +101,41 @@ class LoadConfig(_Strict):
         return self
 
 
+class HopConfig(_Strict):
+    """One hop of a ``chain`` target: a pathprobe gateway or a third-party proxy."""
+
+    kind: Literal["gateway", "nginx", "haproxy", "caddy"]
+    mode: Literal["passthrough", "transcode", "reencode", "http-proxy"] | None = None
+    #: third-party proxies: what they proxy (grpc or http); gateways: fixed by the mode
+    protocol: Literal["grpc", "http"] | None = None
+    gateway_args: list[str] = Field(default_factory=list)
+    #: a condition on the link from this hop to its upstream (the next hop, or the server)
+    network: NetworkConfig | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> HopConfig:
+        if (self.kind == "gateway") != (self.mode is not None):
+            raise ValueError("'mode' is needed by kind 'gateway' and only by it")
+        if self.kind == "gateway" and self.protocol is not None:
+            raise ValueError("a gateway hop's protocols follow from its mode; leave 'protocol' out")
+        if self.kind != "gateway" and self.protocol is None:
+            self.protocol = "grpc"
+        return self
+
+    @property
+    def client_protocol(self) -> str:
+        return CLIENT_PROTOCOL[self.mode] if self.kind == "gateway" else self.protocol  # type: ignore[index,return-value]
+
+    @property
+    def upstream_protocol(self) -> str:
+        return UPSTREAM_PROTOCOL[self.mode] if self.kind == "gateway" else self.protocol  # type: ignore[index,return-value]
+
+
 class TargetConfig(_Strict):
     """One configuration of the matrix."""
 
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    kind: Literal["direct", "gateway", "nginx", "haproxy", "caddy", "litellm", "external"]
+    kind: Literal["direct", "gateway", "nginx", "haproxy", "caddy", "litellm", "chain", "external"]
     protocol: Literal["grpc", "http", "openai"] | None = None
     mode: Literal["passthrough", "transcode", "reencode", "http-proxy"] | None = None
     #: remote mode (any kind) or external: the address the load generator hits,
@@ -117,6 +147,8 @@ class TargetConfig(_Strict):
     #: the one our server serves)
     model: str | None = None
     gateway_args: list[str] = Field(default_factory=list)
+    #: kind 'chain': the hops from the client inwards (client -> chain[0] -> ... -> server)
+    chain: list[HopConfig] | None = None
     #: a network condition for this configuration only (overrides the top-level one), so the
     #: same path with and without a WAN-like hop can run side by side in one interleaved run
     network: NetworkConfig | None = None
@@ -124,6 +156,10 @@ class TargetConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TargetConfig:
+        if (self.kind == "chain") != (self.chain is not None):
+            raise ValueError("'chain' (a list of hops) is needed by kind 'chain' and only by it")
+        if self.chain is not None:
+            return self._check_chain(self.chain)
         if self.kind == "gateway" and self.mode is None:
             raise ValueError(f"kind 'gateway' needs 'mode' (one of {', '.join(GATEWAY_MODES)})")
         if self.kind != "gateway" and self.mode is not None:
@@ -147,6 +183,24 @@ class TargetConfig(_Strict):
                 raise ValueError(f"kind '{self.kind}' proxies {' and '.join(allowed)} clients, not '{self.protocol}'")
         if self.kind == "external" and self.protocol is None:
             self.protocol = _protocol_of(self.address or "") or "openai"
+        return self
+
+
+    def _check_chain(self, chain: list[HopConfig]) -> TargetConfig:
+        if not chain:
+            raise ValueError("'chain' needs at least one hop")
+        for i, (outer, inner) in enumerate(zip(chain, chain[1:])):
+            if outer.upstream_protocol != inner.client_protocol:
+                raise ValueError(f"chain[{i}] sends {outer.upstream_protocol} upstream but chain[{i + 1}] "
+                                 f"accepts {inner.client_protocol}")
+        first = chain[0].client_protocol
+        if self.protocol is None:
+            self.protocol = first  # type: ignore[assignment]
+        elif self.protocol != first:
+            raise ValueError(f"the chain's first hop accepts {first} clients, not '{self.protocol}'")
+        if self.network is not None and self.network.active and self.network.hop != "client":
+            raise ValueError("a chain's own 'network' is on its client link (hop: client); "
+                             "put a condition on an inner link under that hop's 'network'")
         return self
 
 

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.config import THIRD_PARTY, UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
+from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.errors import ConfigError, PathprobeError
 
 LOOPBACK = "127.0.0.1"
@@ -212,6 +212,10 @@ def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None
 # ------------------------------------------------------------------ paths
 
 
+class _Skipped(Exception):
+    """A path that cannot run here (a proxy that is not installed): reported, not failed."""
+
+
 @dataclass
 class Path_:
     """One configuration's live path."""
@@ -342,26 +346,23 @@ class Stack:
                     upstream, m = self.relay(t.name, upstream, net)
                     p.procs.append(m)
                 p.url = url_for(t.protocol or "grpc", upstream)
-            elif t.kind == "gateway":
-                upstream = self.server_grpc if UPSTREAM_PROTOCOL[t.mode] == "grpc" else self.server_http  # type: ignore[index]
+            elif t.kind == "chain":
+                self._chain(p, t, net)
+            else:  # one gateway or third-party proxy in front of the server
+                proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else t.protocol  # type: ignore[index]
+                upstream = self.server_grpc if proto == "grpc" else self.server_http
                 if net and net.hop == "upstream":
                     upstream, m = self.relay(f"{t.name}-up", upstream, net)
                     p.procs.append(m)
-                port = t.port or free_port()
-                args = _py("gateway", "--mode", t.mode or "passthrough", "--listen", f"{LOOPBACK}:{port}",
-                           "--upstream", upstream)
-                if self.cfg.tracing:
-                    args += ["--traces-file", str(self.traces_dir / f"gateway-{t.name}.jsonl")]
-                args += t.gateway_args
-                p.procs.append(self._start(Managed(t.name, args, self.out / "logs" / f"{t.name}.log")))
-                p.url = self._front(p, t, f"{LOOPBACK}:{port}", net)
-            elif t.kind in THIRD_PARTY:
-                if not self._third_party(p, t, net):
-                    return p
+                front = self._hop(p, t.name, t.kind, t.mode, t.protocol or "grpc", upstream, t.gateway_args,
+                                  t.port, t.model)
+                p.url = self._front(p, t, front, net)
             ready_s = 240 if t.kind == "litellm" else 60  # LiteLLM imports for seconds (tens on a busy box)
             p.probe_ms = wait_ready(p.url, ready_s, [*p.procs, *([self.server] if self.server else [])],
                                     t.model, p.headers)
             p.status = "ok"
+        except _Skipped as exc:
+            p.status, p.reason = "skipped", str(exc)
         except ConfigError:
             raise
         except PathprobeError as exc:
@@ -375,32 +376,56 @@ class Stack:
             p.procs.append(m)
         return url_for(t.protocol or "grpc", front)
 
-    def _third_party(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> bool:
-        """Start nginx / HAProxy / Caddy / LiteLLM from pathprobe.proxies' configs; False when skipped."""
+    def _chain(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
+        """client -> chain[0] -> ... -> chain[-1] -> server, each hop started with the next as its
+        upstream; a hop's ``network`` delays its link to its upstream (the top-level condition
+        with ``hop: upstream`` goes on the innermost link unless that hop has its own)."""
+        hops = t.chain or []
+        upstream = self.server_grpc if hops[-1].upstream_protocol == "grpc" else self.server_http
+        for i in range(len(hops) - 1, -1, -1):
+            hop = hops[i]
+            link = hop.network if hop.network is not None and hop.network.active else None
+            if link is None and i == len(hops) - 1 and net and net.hop == "upstream":
+                link = net
+            if link is not None:
+                upstream, m = self.relay(f"{t.name}-{i}-up", upstream, link)
+                p.procs.append(m)
+            upstream = self._hop(p, f"{t.name}-{i}", hop.kind, hop.mode, hop.client_protocol, upstream,
+                                 hop.gateway_args, None, None)
+        p.notes.append("chain: client -> " + " -> ".join(
+            f"{h.kind}{'/' + h.mode if h.mode else ''}" for h in hops) + " -> server")
+        p.url = self._front(p, t, upstream, net)
+
+    def _hop(self, p: Path_, name: str, kind: str, mode: str | None, protocol: str, upstream: str,
+             gateway_args: list[str], port: int | None, model: str | None) -> str:
+        """Start one gateway or third-party proxy in front of ``upstream``; its listen address.
+        Raises _Skipped when the proxy is not installed."""
+        port = port or free_port()
+        listen = f"{LOOPBACK}:{port}"
+        log = self.out / "logs" / f"{name}.log"
+        if kind == "gateway":
+            args = _py("gateway", "--mode", mode or "passthrough", "--listen", listen, "--upstream", upstream)
+            if self.cfg.tracing:
+                args += ["--traces-file", str(self.traces_dir / f"gateway-{name}.jsonl")]
+            p.procs.append(self._start(Managed(name, [*args, *gateway_args], log)))
+            return listen
         from pathprobe import proxies
 
-        exe = proxies.executable(t.kind)
+        exe = proxies.executable(kind)
         if exe is None:
-            p.status, p.reason = "skipped", proxies.missing_reason(t.kind)
-            return False
-        upstream = self.server_grpc if t.protocol == "grpc" else self.server_http
-        if net and net.hop == "upstream":
-            upstream, m = self.relay(f"{t.name}-up", upstream, net)
-            p.procs.append(m)
-        port = t.port or free_port()
+            raise _Skipped(proxies.missing_reason(kind))
         kw: dict[str, Any] = {"exe": exe}
-        if t.kind == "litellm":
-            model = t.model or served_model(self.server_http)
+        if kind == "litellm":
+            model = model or served_model(self.server_http)
             kw["model"] = model
             p.load_args += ["--openai-api", "chat", "--model", model]
-        prefix = self.out / "proxies" / t.name
-        launch = getattr(proxies, t.kind)(prefix, f"{LOOPBACK}:{port}", [upstream], t.protocol, **kw)
+        launch = getattr(proxies, kind)(self.out / "proxies" / name, listen, [upstream], protocol, **kw)
         p.headers.update(launch.headers)
-        p.procs.append(self._start(Managed(t.name, launch.args, self.out / "logs" / f"{t.name}.log", env=launch.env)))
-        p.notes.append(f"{t.kind} config: {launch.config.relative_to(self.out.resolve())}"
-                       if launch.config.is_relative_to(self.out.resolve()) else f"{t.kind} config: {launch.config}")
-        p.url = self._front(p, t, f"{LOOPBACK}:{port}", net)
-        return True
+        p.procs.append(self._start(Managed(name, launch.args, log, env=launch.env)))
+        out = self.out.resolve()
+        p.notes.append(f"{kind} config: "
+                       + str(launch.config.relative_to(out) if launch.config.is_relative_to(out) else launch.config))
+        return listen
 
     def close(self) -> None:
         for m in reversed(self.procs):
