@@ -36,7 +36,7 @@ LITELLM_PROVIDER_TIMING = "llm_provider-server-timing"
 ENVOY_UPSTREAM = "x-envoy-upstream-service-time"
 
 #: entry names that are a gateway's own claim about itself (shown beside the measurement)
-SELF_REPORTED = {"litellm.overhead": "LiteLLM", "litellm.callback": "LiteLLM callbacks"}
+SELF_REPORTED = {"litellm.overhead": "LiteLLM"}
 
 
 def _ms(value: str | None) -> float | None:

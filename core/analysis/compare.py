@@ -21,6 +21,7 @@ from pathprobe.analysis.report import (
     metric_values,
     summarize_group,
 )
+from pathprobe.analysis.selfreport import add_self_reports
 from pathprobe.analysis.runner import (
     Path_,
     RunResult,
@@ -194,6 +195,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                     cpu1 = cpu_seconds(p.procs)
                     if cpu0 is not None and cpu1 is not None:
                         res.path_cpu_s = cpu1 - cpu0
+                        (res.out_dir / "path_cpu.json").write_text(json.dumps({"cpu_s": res.path_cpu_s}))
                     results[p.name].append(res)
                     ok = [r for r in res.records if r.get("ok")]
                     failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
@@ -303,6 +305,9 @@ def build_report(
     baseline = cfg.baseline_name
     verdicts = add_comparisons(report_targets, samples, baseline, concs, primary, cfg.alpha)
     warnings = client_warnings(report_targets, concs)
+    by_conc = {name: {c: [rec for r in runs if r.concurrency == c for rec in r.records] for c in concs}
+               for name, runs in results.items()}
+    self_reports = add_self_reports(report_targets, by_conc, baseline)
     return {
         "meta": {
             "started": started,
@@ -323,8 +328,16 @@ def build_report(
         "targets": report_targets,
         "verdicts": verdicts,
         "client_warnings": warnings,
+        "self_reports": self_reports,
         "_samples": samples,  # removed before writing
     }
+
+
+def read_path_cpu(run_dir: Path) -> float | None:
+    try:
+        return float(json.loads((run_dir / "path_cpu.json").read_text())["cpu_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def path_cpu(runs: list[RunResult]) -> dict[str, Any] | None:
@@ -453,7 +466,8 @@ def rerender(out: Path, *, baseline: str | None = None, alpha: float | None = No
                     dur = prev.get("by_concurrency", {}).get(str(conc), {}).get("duration_s")
                     per_run = (dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
                                if dur else cfg.load.duration_s)
-                    runs.append(RunResult(t.name, conc, rnd, d, recs, per_run, client=read_client(d)))
+                    runs.append(RunResult(t.name, conc, rnd, d, recs, per_run, client=read_client(d),
+                                          path_cpu_s=read_path_cpu(d)))
         results[t.name] = runs
     report = build_report(cfg, paths, results, {}, primary, old["meta"].get("started", ""), time.monotonic())
     for name, t in report["targets"].items():  # kept from the run: cold starts, traces, trace checks

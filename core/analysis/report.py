@@ -270,6 +270,14 @@ def markdown(report: Mapping[str, Any]) -> str:
             if w["concurrency"] == conc:
                 label = "WARNING" if w["kind"] == "saturated" else "note"
                 lines.append(f"- **{label}**: {w['text']}")
+        for sr in report.get("self_reports") or []:
+            if sr["concurrency"] == conc:
+                lines.append(f"- **self-report** {sr['target']}: {sr['text']}")
+        cpu = [(n, t["by_concurrency"][key]["path_cpu"]) for n, t in targets.items()
+               if (t.get("by_concurrency", {}).get(key) or {}).get("path_cpu")]
+        if cpu:
+            lines.append("- CPU per request of each path's own processes (gateway / proxy, not the server): "
+                         + ", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu))
         verdicts = [v for v in report["verdicts"] if v["concurrency"] == conc]
         for v in verdicts:
             flagged = " (flagged: " + v["client_flag"] + ")" if v.get("client_flag") else ""
