@@ -177,6 +177,7 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
 td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
 .verdict{background:#fff6d6;padding:6px 10px;margin:4px 0}
+.self-report{background:#eef4ff;padding:6px 10px;margin:4px 0}
 .verdict.flagged{background:#f4f4f4;color:#555;border-left:4px solid #c00}
 .client-warning{background:#fde2e1;border-left:4px solid #c00;padding:6px 10px;margin:4px 0}
 .client-note{background:#eef3fb;border-left:4px solid #4e79a7;padding:6px 10px;margin:4px 0}
@@ -274,6 +275,15 @@ def render(
             if w["concurrency"] == conc:
                 cls, label = (("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note"))
                 parts.append(f"<div class='{cls}'><b>{label}:</b> {html.escape(w['text'])}</div>")
+        for sr in report.get("self_reports") or []:
+            if sr["concurrency"] == conc:
+                parts.append(f"<div class='self-report'><b>self-report</b> {html.escape(sr['target'])}: "
+                             f"{html.escape(sr['text'])}</div>")
+        cpu = [(n, t["by_concurrency"][str(conc)]["path_cpu"]) for n, t in report["targets"].items()
+               if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path_cpu")]
+        if cpu:
+            parts.append("<p>CPU per request of each path's own processes (gateway / proxy, not the server): "
+                         + html.escape(", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu)) + "</p>")
     for title, caption, png in plots:
         if png is None:
             continue
