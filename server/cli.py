@@ -13,6 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--http-server", choices=("aiohttp", "fastapi"), default="aiohttp",
+                   help="HTTP front end: aiohttp (default) or FastAPI on uvicorn; same routes, errors and timing")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto")
     p.add_argument("--max-batch-size", type=int, default=8)
@@ -53,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         decode_ms_per_token=args.decode_ms_per_token, options=options,
     )
     config = ServeConfig(engine=engine, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-                         max_body_bytes=args.max_body_bytes, traces_file=args.traces_file)
+                         max_body_bytes=args.max_body_bytes, traces_file=args.traces_file,
+                         http_server=args.http_server)
     asyncio.run(serve(config))
     return 0
