@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.config import CompareConfig
+from pathprobe.analysis.config import CompareConfig, TargetConfig
+from pathprobe.analysis.hops import summarize_hops
 from pathprobe.analysis.report import (
     add_comparisons,
     client_summary,
@@ -298,6 +299,9 @@ def build_report(
             cpu = path_cpu(runs)
             if cpu is not None:
                 g["path_cpu"] = cpu
+            hops = summarize_hops(recs, hop_names(t))
+            if hops is not None:
+                g["path"] = hops
             entry["by_concurrency"][str(conc)] = g
             if entry["status"] == "ok":
                 samples[t.name][conc] = metric_values([r for r in recs if r.get("ok") and r.get("split")], primary)
@@ -331,6 +335,19 @@ def build_report(
         "self_reports": self_reports,
         "_samples": samples,  # removed before writing
     }
+
+
+def hop_names(t: TargetConfig) -> list[str] | None:
+    """Display names of a path's reporting hops, outermost first, from its config."""
+    if t.kind == "direct":
+        return ["server"]
+    if t.kind == "gateway":
+        return [f"gw ({t.mode})", "server"]
+    if t.kind == "chain":
+        return [h.kind if h.kind != "gateway" else f"gw ({h.mode})" for h in t.chain or ()] + ["server"]
+    if t.kind == "external":
+        return None
+    return [t.kind, "server"]
 
 
 def read_path_cpu(run_dir: Path) -> float | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis.report import SEG_COLS, fmt_ms, metric_values
+from pathprobe.analysis.hops import format_path
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {"network": "#4e79a7", "serialization": "#f28e2b", "queueing": "#e15759",
@@ -275,6 +276,13 @@ def render(
             if w["concurrency"] == conc:
                 cls, label = (("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note"))
                 parts.append(f"<div class='{cls}'><b>{label}:</b> {html.escape(w['text'])}</div>")
+        paths = [(n, t["by_concurrency"][str(conc)]["path"]) for n, t in report["targets"].items()
+                 if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")]
+        if paths:
+            parts.append("<p>Hop by hop (means, ms: the network of each link, and each reporting hop's own "
+                         "time and serialization):</p><ul class='hops'>"
+                         + "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(format_path(pth))}</li>"
+                                   for n, pth in paths) + "</ul>")
         for sr in report.get("self_reports") or []:
             if sr["concurrency"] == conc:
                 parts.append(f"<div class='self-report'><b>self-report</b> {html.escape(sr['target'])}: "

@@ -211,6 +211,8 @@ def _cell(text: Any) -> str:
 
 def markdown(report: Mapping[str, Any]) -> str:
     """The side-by-side tables printed on stdout."""
+    from pathprobe.analysis.hops import format_path
+
     primary = report["method"]["primary_metric"]
     lines: list[str] = []
     net = report.get("network")
@@ -270,6 +272,10 @@ def markdown(report: Mapping[str, Any]) -> str:
             if w["concurrency"] == conc:
                 label = "WARNING" if w["kind"] == "saturated" else "note"
                 lines.append(f"- **{label}**: {w['text']}")
+        for name, t in targets.items():
+            path = (t.get("by_concurrency", {}).get(key) or {}).get("path")
+            if path:
+                lines.append(f"- hop by hop, {name}: {format_path(path)}")
         for sr in report.get("self_reports") or []:
             if sr["concurrency"] == conc:
                 lines.append(f"- **self-report** {sr['target']}: {sr['text']}")
