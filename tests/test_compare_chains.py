@@ -40,7 +40,7 @@ def run(tmp_path_factory):
                {"name": "chain-d0", "kind": "chain", "chain": _chain(None),
                 "network": {"hop": "client", "delay_ms": DELAY}}]
     targets += [{"name": f"chain-d{i}", "kind": "chain", "chain": _chain(i)} for i in (1, 2)]
-    cfg = {"out": str(out), "bootstrap": 200, "tracing": False,
+    cfg = {"out": str(out), "bootstrap": 200, "tracing": True,
            "server": {"engine": "synthetic", "prefill_ms_per_token": 0.05, "decode_ms_per_token": 1.0,
                       "max_batch_size": 4},
            "load": {"duration_s": 2, "warmup_s": 1, "rounds": 2, "concurrency": [1], "stream": False,
@@ -113,3 +113,25 @@ def test_every_hops_serialization_is_kept(run):
     base = _records(out, "chain")
     for name in ("chain-d0", "chain-d1", "chain-d2"):
         assert abs(_hop_ser(_records(out, name), 1) - _hop_ser(base, 1)) < 0.3, name
+
+
+def test_traces_split_the_chain_hop_by_hop_too(run):
+    """From span timing alone (``durations``): both gateways' spans are hops of their own, and
+    the typical request's per-link network agrees with the in-band split."""
+    from pathprobe.analysis import traces as tr
+    from pathprobe.analysis.tracesplit import split_trace
+
+    out, _ = run
+    recs = {r["trace_id"]: r for r in _records(out, "chain-d1") if r.get("trace_id")}
+    files = [f for f in (out / "traces").rglob("*.jsonl") if f.stat().st_size > 0]
+    traces = tr.group_traces(tr.read_spans(files))
+    pairs = [(split_trace(traces[i], "durations"), r) for i, r in recs.items() if i in traces]
+    assert len(pairs) >= 20
+    for ts, _ in pairs:
+        assert len(ts.split.links) == 3, ts.hops
+        assert [h.split(":")[0] for h in ts.hops] == ["client", "gateway", "gateway", "server"]
+    for j in range(3):
+        diffs = sorted(abs(ts.split.links[j] - r["split"]["links"][j]) for ts, r in pairs)
+        assert diffs[len(diffs) // 2] <= 0.5, (j, diffs[len(diffs) // 2])
+    grew = _med(ts.split.links[1] for ts, _ in pairs)
+    assert grew >= 2 * DELAY * 0.85  # the delayed link is found in the traces as well
