@@ -130,6 +130,54 @@ def plot_streaming(
     return _png(fig)
 
 
+def plot_hops(report: Mapping[str, Any]) -> str | None:
+    """Each path laid out hop by hop (highest concurrency): every link's network, then each
+    reporting hop's serialization and own time, the server's queue + inference last."""
+    import matplotlib.pyplot as plt
+
+    conc = max(report["concurrency"])
+    rows = [(n, t["by_concurrency"][str(conc)]["path"]) for n, t in report["targets"].items()
+            if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")]
+    if not rows:
+        return None
+    colors = {"link": ("#4e79a7", "#a0cbe8"), "serialization": "#f28e2b", "own": "#9c755f",
+              "server": "#59a14f", "unsplit": "#bab0ac"}
+    fig, ax = plt.subplots(figsize=(11, 0.6 + 0.45 * len(rows) + 1))
+    for y, (name, path) in enumerate(rows):
+        left = 0.0
+        pieces: list[tuple[float, str, str | None]] = []
+        for j, link in enumerate(path["links"]):
+            pieces.append((link["mean_ms"], colors["link"][j % 2], f"{j + 1}"))
+            if j < len(path["hops"]):
+                h = path["hops"][j]
+                pieces.append((h["serialization_mean_ms"], colors["serialization"], None))
+                pieces.append((h["own_mean_ms"], colors["own"], None))
+                if j == len(path["hops"]) - 1 and j == len(path["links"]) - 1:  # the server's own work
+                    work = h["total_mean_ms"] - h["serialization_mean_ms"] - h["own_mean_ms"]
+                    pieces.append((work, colors["server"], None))
+            else:
+                pieces.append((path["unsplit_mean_ms"], colors["unsplit"], None))
+        for width, color, text in pieces:
+            width = max(0.0, width)
+            ax.barh(y, width, left=left, color=color, edgecolor="white", linewidth=0.5)
+            if text and width > 0:
+                ax.text(left + width / 2, y, text, ha="center", va="center", fontsize=7, color="white")
+            left += width
+    ax.set_yticks(range(len(rows)), [n for n, _ in rows])
+    ax.invert_yaxis()
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=colors["link"][0], label="network, link by link (numbered from the client)"),
+                       Patch(color=colors["serialization"], label="a hop's serialization"),
+                       Patch(color=colors["own"], label="a hop's own time"),
+                       Patch(color=colors["server"], label="server: queue + inference"),
+                       Patch(color=colors["unsplit"], label="unsplit")], fontsize=7, loc="lower right")
+    ax.set_xlabel("ms per request (mean)")
+    ax.set_title(f"hop by hop, concurrency {conc}")
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
 def plot_sweep(report: Mapping[str, Any]) -> str | None:
     import matplotlib.pyplot as plt
 
@@ -239,6 +287,8 @@ def render(
     plots = [
         ("Where the time goes", "Mean milliseconds per request in each segment; the bar's length is the mean "
          "end-to-end time.", plot_segments(report)),
+        ("Hop by hop", "Each path from the client inwards: the network of every link (numbered), each reporting "
+         "hop's serialization and own time, the server's queue and inference (means).", plot_hops(report)),
         ("Latency distribution", "Empirical CDF of every measured request (rounds pooled).",
          plot_cdfs(report, samples)),
         ("Streaming: TTFT and inter-token latency", "Client-observed, highest concurrency.",
