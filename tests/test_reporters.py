@@ -123,3 +123,33 @@ def test_load_generator_reads_recorded_gateway_responses(replay, name, api, stre
     assert out.ok, out.error
     for key, value in expect.items():
         assert out.entries[key] == pytest.approx(value)
+
+
+class _RecordedCall:
+    """A finished gRPC call's metadata as an Envoy router in front of our server returns it:
+    ``x-envoy-upstream-service-time`` in the response headers (initial metadata), the
+    server's ``server-timing`` in the trailers."""
+
+    def __init__(self, initial, trailing):
+        self._initial, self._trailing = initial, trailing
+
+    def initial_metadata(self):
+        return self._initial
+
+    def trailing_metadata(self):
+        return self._trailing
+
+
+def test_grpc_response_headers_become_the_outer_hops():
+    from pathprobe.loadgen.targets import entries_from_call
+
+    srv = "srv.decode;dur=0.010, srv.queue;dur=0.005, srv.decode_steps;dur=7.000, srv.total;dur=7.600"
+    call = _RecordedCall(initial=(("server", "envoy"), ("x-envoy-upstream-service-time", "9")),
+                         trailing=(("server-timing", srv),))
+    chain = entries_from_call(call)
+    assert [h.kind for h in chain.hops] == ["srv", "envoy"]
+    assert chain["envoy.upstream"] == 9.0 and chain["srv.total"] == 7.6
+    # a proxy that writes Server-Timing into the response headers (HAProxy, Caddy)
+    call = _RecordedCall(initial=(("server-timing", "haproxy.upstream;dur=8.1, haproxy.total;dur=8.2;desc=h"),),
+                         trailing=(("server-timing", srv),))
+    assert [h.kind for h in entries_from_call(call).hops] == ["srv", "haproxy"]

@@ -128,7 +128,7 @@ def haproxy(prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str
 
 CADDY_REPORT = """    @unary not path {stream}
     header @unary {{
-        +Server-Timing "caddy.upstream;dur={{http.reverse_proxy.upstream.latency_ms}};desc=caddy"
+        +Server-Timing "caddy.upstream;dur={{http.reverse_proxy.upstream.latency_ms}};desc=until-response-header"
         defer
     }}"""
 
