@@ -237,7 +237,8 @@ def main() -> None:
     wall = time.monotonic() - t0
     env["load_end"] = f"{os.getloadavg()[0]:.2f}"
     rows = summarize(report, out)
-    cmd = "python bench/third_party_bench.py " + " ".join(sys.argv[1:])
+    shown = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
+    cmd = "python bench/third_party_bench.py " + " ".join(shown)
     md = markdown(rows, env, cmd.strip(), wall)
     print(md)
     if not args.no_write:
