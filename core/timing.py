@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 #: gRPC trailing-metadata key and HTTP header that carry the entries.
 METADATA_KEY = "server-timing"
@@ -202,10 +203,10 @@ def chain_of(entries: Mapping[str, float]) -> Chain:
     return Chain(Hop(k, groups[k]) for k in order)
 
 
-def chain_from_record(hops: Iterable[Mapping[str, object]] | None, entries: Mapping[str, float]) -> Chain:
+def chain_from_record(hops: Iterable[Mapping[str, Any]] | None, entries: Mapping[str, float]) -> Chain:
     """A record's chain: its ``hops`` list when it has one, else its merged entries."""
     if hops:
-        return Chain(Hop(str(h["kind"]), dict(h["entries"]), h.get("desc")) for h in hops)  # type: ignore[arg-type]
+        return Chain(Hop(str(h["kind"]), dict(h["entries"]), h.get("desc")) for h in hops)
     return chain_of(entries)
 
 

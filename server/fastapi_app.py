@@ -79,6 +79,6 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     for route in ROUTES:
         app.add_api_route(route.path, _endpoint(route, state, max_body_bytes), methods=[route.method],
                           summary=route.summary, include_in_schema=False)
-    app.openapi_schema = document()  # one document for both front ends, from the route table
+    app.openapi = document  # type: ignore[method-assign]  (one document for both front ends, from the route table)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     return app

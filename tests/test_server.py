@@ -319,3 +319,17 @@ def test_openapi_document_lists_every_route_with_its_body_schema(http_server: Se
     assert {"prompt", "max_tokens", "prompt_token_ids", "stream"} <= set(native["properties"])
     chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "messages" in chat["properties"] and "messages" in chat["required"]
+
+
+def test_no_delayed_ack_stall_on_either_front_end(http_server: Server) -> None:
+    """A response written as head + body without TCP_NODELAY waits ~40 ms for the client's
+    delayed ACK on every request (seen with uvicorn on a socket it did not create)."""
+    import statistics
+
+    took = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        status, _, _ = http_post(f"{http_server.http_url}/v1/generate", {"prompt": "hi", "max_tokens": 1})
+        took.append((time.perf_counter() - t0) * 1e3)
+        assert status == 200
+    assert statistics.median(took) < 30.0, took
