@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pathprobe.address import parse_hostport
 from pathprobe.errors import ConfigError
 
 TEMPLATES = Path(__file__).parent
@@ -95,10 +96,8 @@ def _check(proxy: str, protocol: str) -> None:
 
 
 def _split(listen: str) -> tuple[str, str]:
-    host, _, port = listen.rpartition(":")
-    if not port.isdigit():
-        raise ConfigError(f"listen: expected HOST:PORT, got {listen!r}")
-    return host.strip("[]") or "127.0.0.1", port
+    host, port = parse_hostport(listen, "listen", default_host="127.0.0.1")
+    return host, str(port)
 
 
 def nginx(prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str = "grpc",
