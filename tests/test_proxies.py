@@ -76,7 +76,7 @@ def start(proxy: str, protocol: str, server, tmp_path: Path) -> Running:
     return Running(launch, port, tmp_path / f"{proxy}.log")
 
 
-def call(protocol: str, port: int, stream: bool) -> dict[str, float]:
+def call(protocol: str, port: int, stream: bool, outcome: list | None = None) -> dict[str, float]:
     from pathprobe.loadgen.targets import CallSpec, GrpcTarget, NativeHttpTarget, Outcome
 
     target = GrpcTarget(f"127.0.0.1:{port}", 20) if protocol == "grpc" else NativeHttpTarget(
@@ -87,6 +87,8 @@ def call(protocol: str, port: int, stream: bool) -> dict[str, float]:
             out = Outcome()
             target.call(CallSpec(prompt="hello there", max_tokens=8, stream=stream), {}, out)
             assert out.ok, out.error
+        if outcome is not None:
+            outcome.append(out)
         return dict(out.entries)
     finally:
         target.close()
@@ -125,14 +127,19 @@ def test_proxy_reports_its_hop_on_unary_calls(proxy, protocol, synthetic_server,
 @pytest.mark.parametrize("proxy, protocol, reports", [
     ("nginx", "grpc", True),  # gRPC trailers are written at the end of the stream
     ("nginx", "http", False), ("haproxy", "grpc", False), ("haproxy", "http", False), ("caddy", "grpc", False),
+    ("caddy", "http", False),
 ])
 def test_streams_are_reported_only_where_the_proxy_sees_their_end(proxy, protocol, reports, synthetic_server,
                                                                   tmp_path):
     run = start(proxy, protocol, synthetic_server, tmp_path)
+    outs: list = []
     try:
-        entries = call(protocol, run.port, stream=True)
+        entries = call(protocol, run.port, stream=True, outcome=outs)
     finally:
         run.stop()
+    # the tokens are forwarded as they come (8 tokens 1 ms apart), not held back to the end
+    times = outs[-1].token_times
+    assert (times[-1] - times[0]) / 1e6 >= 4.0, (proxy, protocol, times)
     assert entries["srv.total"] > 0
     assert (f"{proxy}.total" in entries) is reports
     if reports:
