@@ -66,7 +66,8 @@ def split_hostport(address: str) -> tuple[str, int]:
 
 
 def url_for(protocol: str, hostport: str) -> str:
-    scheme = {"grpc": "grpc://", "http": "http://", "openai": "openai+http://"}[protocol]
+    scheme = {"grpc": "grpc://", "http": "http://", "openai": "openai+http://",
+              "openai-sdk": "openai-sdk+http://"}[protocol]
     return scheme + hostport
 
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pathprobe import environment
 from pathprobe.address import parse_hostport
 from pathprobe.errors import ConfigError
 
@@ -28,7 +29,7 @@ PROXIES = ("nginx", "haproxy", "caddy", "litellm")
 PROTOCOLS = {"nginx": ("grpc", "http"), "haproxy": ("grpc", "http"), "caddy": ("grpc", "http"),
              "litellm": ("openai",)}
 #: the executable of LiteLLM's proxy (it lives in its own virtual environment: its pins clash)
-ENV_LITELLM = "PATHPROBE_LITELLM"
+ENV_LITELLM = environment.PATHPROBE_LITELLM
 #: where .ci/run installs LiteLLM, relative to the working directory
 LITELLM_VENV = ".venv-litellm"
 #: the streaming RPC: proxies that can only report at the response header stay silent on it
@@ -73,7 +74,7 @@ def render(template: str, prefix: str | os.PathLike[str], out_name: str, values:
 def executable(proxy: str) -> str | None:
     """The proxy's executable, or None when it is not installed."""
     if proxy == "litellm":
-        given = os.environ.get(ENV_LITELLM)
+        given = environment.get(ENV_LITELLM)
         if given:
             return given if os.access(given, os.X_OK) else None
         local = Path(LITELLM_VENV) / "bin" / "litellm"
