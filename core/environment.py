@@ -32,6 +32,13 @@ PATHPROBE_VLLM_SCRATCH = "PATHPROBE_VLLM_SCRATCH"
 VLLM_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
 VLLM_CACHE_ROOT = "VLLM_CACHE_ROOT"
 TORCHINDUCTOR_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
+#: The LiteLLM proxy's ``litellm`` executable for compare's ``kind: litellm`` rows (default:
+#: ``.venv-litellm/bin/litellm`` under the working directory, then ``litellm`` on PATH).
+PATHPROBE_LITELLM = "PATHPROBE_LITELLM"
+
+#: Headers ``pathprobe load`` sends with every request, as a JSON object (e.g. a gateway's
+#: API key); compare sets it for LiteLLM's master key, so a secret never shows on a command line.
+PATHPROBE_LOAD_HEADERS = "PATHPROBE_LOAD_HEADERS"
 
 #: OpenTelemetry's own: where spans go over OTLP/gRPC (the traces-specific one wins).
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"

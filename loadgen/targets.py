@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from pathprobe import rtt, timing
+from pathprobe import environment, reporters, rtt, timing
 from pathprobe.errors import ConfigError
 from pathprobe.serverreports import TGI_HEADERS, ReportError, ServerReport
 from pathprobe.serverreports import read as read_report
@@ -33,14 +33,55 @@ pc = time.perf_counter_ns
 #: handshakes before an HTTP target's first request, HTTP/2 PINGs after a gRPC call without entries
 HANDSHAKE_PROBES = 3
 
+#: a JSON object of headers sent with every request (e.g. a gateway's API key); kept in the
+#: environment so a secret never shows on a command line
+ENV_HEADERS = environment.PATHPROBE_LOAD_HEADERS
+
+
+def extra_headers() -> dict[str, str]:
+    """The headers of :data:`ENV_HEADERS` (empty when unset); bad JSON is a ConfigError."""
+    raw = environment.get(ENV_HEADERS)
+    if not raw:
+        return {}
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_HEADERS}: not a JSON object of headers ({exc})") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
+        raise ConfigError(f"{ENV_HEADERS}: expected a JSON object of string header values")
+    return obj
+
 
 def parse_timing(value: str | None) -> timing.Chain:
     """Server-Timing entries, hop by hop (:func:`pathprobe.timing.parse_chain`)."""
     return timing.parse_chain(value)
 
 
+def _first(value: Any) -> str | None:
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
 def entries_from_metadata(md: Any) -> timing.Chain:
     return timing.from_metadata(md)
+
+
+def _timing_values(md: Any) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else v for k, v in md or () if k == timing.METADATA_KEY]
+
+
+def entries_from_call(call: Any) -> timing.Chain:
+    """A finished gRPC call's chain: the ``server-timing`` trailers (the server and the hops that
+    append to them), then what proxies wrote in the response headers (HAProxy, Caddy, Envoy:
+    they cannot touch trailers, so they are taken as the outer hops)."""
+    values = _timing_values(call.trailing_metadata())
+    initial = call.initial_metadata() or ()
+    if initial:
+        values += _timing_values(initial)
+        md = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in initial}
+        values += reporters.gateway_values(md.get)
+    return timing.parse_chain(values)
 
 
 @dataclass(slots=True)
@@ -147,7 +188,7 @@ class GrpcTarget(Target):
                 out.response_bytes = len(resp_bytes)
                 out.tokens_out = resp.usage.completion_tokens if resp.HasField("usage") else len(resp.token_ids)
                 out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
-                out.entries = entries_from_metadata(call.trailing_metadata())
+                out.entries = entries_from_call(call)
                 out.ok, out.status = True, "OK"
             self._estimate(out)
         except self._grpc.RpcError as exc:
@@ -182,7 +223,7 @@ class GrpcTarget(Target):
         out.decode_ns = dec
         out.tokens_out = usage.completion_tokens if usage is not None else n
         out.tokens_in = usage.prompt_tokens if usage is not None else None
-        out.entries = entries_from_metadata(it.trailing_metadata())
+        out.entries = entries_from_call(it)
         out.ok, out.status = True, "OK"
 
     def close(self) -> None:
@@ -306,12 +347,14 @@ class _HttpBase(Target):
 
     def _saw_connect(self, ms: float) -> None:
         self.connect_ms = ms if self.connect_ms is None else min(self.connect_ms, ms)
+        self._base_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                              **extra_headers()}
 
     def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         body = self._dumps(body_obj).encode()
         out.encode_ns = pc() - t0
-        hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        hdrs = dict(self._base_headers)
         if headers:
             hdrs.update(headers)
         resp = self.client.post(self.prefix + path, body=body, headers=hdrs)
@@ -319,8 +362,14 @@ class _HttpBase(Target):
         return resp
 
     def _entries_from_header(self, resp: Any) -> timing.Chain:
-        value = resp.get("server-timing") if hasattr(resp, "get") else None
-        return timing.parse_chain(value)  # a str, the header's repeated values, or None
+        """``Server-Timing`` header(s) hop by hop, then what known gateways say in headers of
+        their own (LiteLLM, Envoy: :mod:`pathprobe.reporters`) as the outer hops."""
+        if not hasattr(resp, "get"):
+            return timing.Chain()
+        value = resp.get("server-timing")
+        values = list(value) if isinstance(value, list) else [value] if value is not None else []
+        values += reporters.gateway_values(lambda name: _first(resp.get(name)))
+        return timing.parse_chain(values)
 
     def _error(self, resp: Any, out: Outcome) -> None:
         body = resp.read()
@@ -469,7 +518,7 @@ class OpenAITarget(_HttpBase):
         if self._model is None:
             self._model = "default"
             try:
-                resp = self.client.get(self.prefix + "/v1/models")
+                resp = self.client.get(self.prefix + "/v1/models", headers=extra_headers())
                 body = resp.read()
                 if resp.status_code == 200:
                     data = json.loads(body).get("data") or []

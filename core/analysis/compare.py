@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.config import CompareConfig
+from pathprobe.analysis.config import CompareConfig, TargetConfig
+from pathprobe.analysis.hops import summarize_hops
 from pathprobe.analysis.report import (
     add_comparisons,
     client_summary,
@@ -21,10 +22,12 @@ from pathprobe.analysis.report import (
     metric_values,
     summarize_group,
 )
+from pathprobe.analysis.selfreport import add_self_reports
 from pathprobe.analysis.runner import (
     Path_,
     RunResult,
     Stack,
+    cpu_seconds,
     expected_shift_ms,
     normalize_address,
     now_iso,
@@ -82,7 +85,7 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
 
 def _prepare_out(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for sub in ("runs", "traces", "logs", "nginx"):
+    for sub in ("runs", "traces", "logs", "nginx", "proxies"):
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "traces" / "client").mkdir(parents=True, exist_ok=True)
 
@@ -188,8 +191,13 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                                  f"{dead.tail()}")
                         continue
                     tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
+                    cpu0 = cpu_seconds(p.procs)
                     res = run_load(cfg, p, conc, rnd, cfg.load.duration_s,
                                    out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf, prompt_file, stack.placement)
+                    cpu1 = cpu_seconds(p.procs)
+                    if cpu0 is not None and cpu1 is not None:
+                        res.path_cpu_s = cpu1 - cpu0
+                        (res.out_dir / "path_cpu.json").write_text(json.dumps({"cpu_s": res.path_cpu_s}))
                     results[p.name].append(res)
                     ok = [r for r in res.records if r.get("ok")]
                     failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
@@ -293,6 +301,12 @@ def build_report(
             client = client_summary({r.round: r.client for r in runs})
             if client is not None:
                 g["client"] = client
+            cpu = path_cpu(runs)
+            if cpu is not None:
+                g["path_cpu"] = cpu
+            hops = summarize_hops(recs, hop_names(t))
+            if hops is not None:
+                g["path"] = hops
             entry["by_concurrency"][str(conc)] = g
             if entry["status"] == "ok":
                 samples[t.name][conc] = metric_values([r for r in recs if r.get("ok") and r.get("split")], primary)
@@ -300,6 +314,9 @@ def build_report(
     baseline = cfg.baseline_name
     verdicts = add_comparisons(report_targets, samples, baseline, concs, primary, cfg.alpha)
     warnings = client_warnings(report_targets, concs)
+    by_conc = {name: {c: [rec for r in runs if r.concurrency == c for rec in r.records] for c in concs}
+               for name, runs in results.items()}
+    self_reports = add_self_reports(report_targets, by_conc, baseline)
     return {
         "meta": {
             "started": started,
@@ -320,8 +337,41 @@ def build_report(
         "targets": report_targets,
         "verdicts": verdicts,
         "client_warnings": warnings,
+        "self_reports": self_reports,
         "_samples": samples,  # removed before writing
     }
+
+
+def hop_names(t: TargetConfig) -> list[str] | None:
+    """Display names of a path's reporting hops, outermost first, from its config."""
+    if t.kind == "direct":
+        return ["server"]
+    if t.kind == "gateway":
+        return [f"gw ({t.mode})", "server"]
+    if t.kind == "chain":
+        return [h.kind if h.kind != "gateway" else f"gw ({h.mode})" for h in t.chain or ()] + ["server"]
+    if t.kind == "external":
+        return None
+    return [t.kind, "server"]
+
+
+def read_path_cpu(run_dir: Path) -> float | None:
+    try:
+        return float(json.loads((run_dir / "path_cpu.json").read_text())["cpu_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def path_cpu(runs: list[RunResult]) -> dict[str, Any] | None:
+    """CPU the path's own processes (gateway / proxy / relays, not the shared server) spent per
+    request in these runs: their CPU seconds over every request the runs sent."""
+    measured = [r for r in runs if r.path_cpu_s is not None]
+    n = sum(len(r.records) for r in measured)
+    if not measured or n == 0:
+        return None
+    cpu_s = sum(r.path_cpu_s or 0.0 for r in measured)
+    return {"cpu_s": round(cpu_s, 4), "requests": n, "ms_per_request": round(cpu_s * 1e3 / n, 4),
+            "what": "user+system CPU of the path's own processes and their children during the measured runs"}
 
 
 def _network_info(net: Any) -> dict[str, Any] | None:
@@ -438,7 +488,8 @@ def rerender(out: Path, *, baseline: str | None = None, alpha: float | None = No
                     dur = prev.get("by_concurrency", {}).get(str(conc), {}).get("duration_s")
                     per_run = (dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
                                if dur else cfg.load.duration_s)
-                    runs.append(RunResult(t.name, conc, rnd, d, recs, per_run, client=read_client(d)))
+                    runs.append(RunResult(t.name, conc, rnd, d, recs, per_run, client=read_client(d),
+                                          path_cpu_s=read_path_cpu(d)))
         results[t.name] = runs
     report = build_report(cfg, paths, results, {}, primary, old["meta"].get("started", ""), time.monotonic())
     for name, t in report["targets"].items():  # kept from the run: cold starts, traces, trace checks

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pathprobe.analysis.hops import format_path
 from pathprobe.analysis.report import ESTIMATED_NOTE, SEG_COLS, fmt_ms, metric_values, seg_cell
 from pathprobe.segments import SEGMENTS
 
@@ -176,6 +177,54 @@ def plot_streaming(
     return _png(fig)
 
 
+def plot_hops(report: Mapping[str, Any]) -> str | None:
+    """Each path laid out hop by hop (highest concurrency): every link's network, then each
+    reporting hop's serialization and own time, the server's queue + inference last."""
+    import matplotlib.pyplot as plt
+
+    conc = max(report["concurrency"])
+    rows = [(n, t["by_concurrency"][str(conc)]["path"]) for n, t in report["targets"].items()
+            if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")]
+    if not rows:
+        return None
+    colors = {"link": ("#4e79a7", "#a0cbe8"), "serialization": "#f28e2b", "own": "#9c755f",
+              "server": "#59a14f", "unsplit": "#bab0ac"}
+    fig, ax = plt.subplots(figsize=(11, 0.6 + 0.45 * len(rows) + 1))
+    for y, (name, path) in enumerate(rows):
+        left = 0.0
+        pieces: list[tuple[float, str, str | None]] = []
+        for j, link in enumerate(path["links"]):
+            pieces.append((link["mean_ms"], colors["link"][j % 2], f"{j + 1}"))
+            if j < len(path["hops"]):
+                h = path["hops"][j]
+                pieces.append((h["serialization_mean_ms"], colors["serialization"], None))
+                pieces.append((h["own_mean_ms"], colors["own"], None))
+                if j == len(path["hops"]) - 1 and j == len(path["links"]) - 1:  # the server's own work
+                    work = h["total_mean_ms"] - h["serialization_mean_ms"] - h["own_mean_ms"]
+                    pieces.append((work, colors["server"], None))
+            else:
+                pieces.append((path["unsplit_mean_ms"], colors["unsplit"], None))
+        for width, color, text in pieces:
+            width = max(0.0, width)
+            ax.barh(y, width, left=left, color=color, edgecolor="white", linewidth=0.5)
+            if text and width > 0:
+                ax.text(left + width / 2, y, text, ha="center", va="center", fontsize=7, color="white")
+            left += width
+    ax.set_yticks(range(len(rows)), [n for n, _ in rows])
+    ax.invert_yaxis()
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=colors["link"][0], label="network, link by link (numbered from the client)"),
+                       Patch(color=colors["serialization"], label="a hop's serialization"),
+                       Patch(color=colors["own"], label="a hop's own time"),
+                       Patch(color=colors["server"], label="server: queue + inference"),
+                       Patch(color=colors["unsplit"], label="unsplit")], fontsize=7, loc="lower right")
+    ax.set_xlabel("ms per request (mean)")
+    ax.set_title(f"hop by hop, concurrency {conc}")
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
 def plot_sweep(report: Mapping[str, Any]) -> str | None:
     import matplotlib.pyplot as plt
 
@@ -224,6 +273,7 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
 td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
 .verdict{background:#fff6d6;padding:6px 10px;margin:4px 0}
+.self-report{background:#eef4ff;padding:6px 10px;margin:4px 0}
 .verdict.flagged{background:#f4f4f4;color:#555;border-left:4px solid #c00}
 .client-warning{background:#fde2e1;border-left:4px solid #c00;padding:6px 10px;margin:4px 0}
 .client-note{background:#eef3fb;border-left:4px solid #4e79a7;padding:6px 10px;margin:4px 0}
@@ -284,6 +334,8 @@ def render(
     plots = [
         ("Where the time goes", "Mean milliseconds per request in each segment; the bar's length is the mean "
          "end-to-end time.", plot_segments(report)),
+        ("Hop by hop", "Each path from the client inwards: the network of every link (numbered), each reporting "
+         "hop's serialization and own time, the server's queue and inference (means).", plot_hops(report)),
         ("Latency distribution", "Empirical CDF of every measured request (rounds pooled).",
          plot_cdfs(report, samples)),
         ("One request, hop by hop", "A typical request (median end-to-end, highest concurrency) of each "
@@ -332,6 +384,22 @@ def render(
             if w["concurrency"] == conc:
                 cls, label = (("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note"))
                 parts.append(f"<div class='{cls}'><b>{label}:</b> {html.escape(w['text'])}</div>")
+        paths = [(n, t["by_concurrency"][str(conc)]["path"]) for n, t in report["targets"].items()
+                 if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")]
+        if paths:
+            parts.append("<p>Hop by hop (means, ms: the network of each link, and each reporting hop's own "
+                         "time and serialization):</p><ul class='hops'>"
+                         + "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(format_path(pth))}</li>"
+                                   for n, pth in paths) + "</ul>")
+        for sr in report.get("self_reports") or []:
+            if sr["concurrency"] == conc:
+                parts.append(f"<div class='self-report'><b>self-report</b> {html.escape(sr['target'])}: "
+                             f"{html.escape(sr['text'])}</div>")
+        cpu = [(n, t["by_concurrency"][str(conc)]["path_cpu"]) for n, t in report["targets"].items()
+               if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path_cpu")]
+        if cpu:
+            parts.append("<p>CPU per request of each path's own processes (gateway / proxy, not the server): "
+                         + html.escape(", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu)) + "</p>")
     for title, caption, png in plots:
         if png is None:
             continue

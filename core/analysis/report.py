@@ -237,6 +237,8 @@ def placement_line(pl: Mapping[str, Any]) -> str:
 
 def markdown(report: Mapping[str, Any]) -> str:
     """The side-by-side tables printed on stdout."""
+    from pathprobe.analysis.hops import format_path
+
     primary = report["method"]["primary_metric"]
     lines: list[str] = []
     net = report.get("network")
@@ -299,6 +301,18 @@ def markdown(report: Mapping[str, Any]) -> str:
             if w["concurrency"] == conc:
                 label = "WARNING" if w["kind"] == "saturated" else "note"
                 lines.append(f"- **{label}**: {w['text']}")
+        for name, t in targets.items():
+            path = (t.get("by_concurrency", {}).get(key) or {}).get("path")
+            if path:
+                lines.append(f"- hop by hop, {name}: {format_path(path)}")
+        for sr in report.get("self_reports") or []:
+            if sr["concurrency"] == conc:
+                lines.append(f"- **self-report** {sr['target']}: {sr['text']}")
+        cpu = [(n, t["by_concurrency"][key]["path_cpu"]) for n, t in targets.items()
+               if (t.get("by_concurrency", {}).get(key) or {}).get("path_cpu")]
+        if cpu:
+            lines.append("- CPU per request of each path's own processes (gateway / proxy, not the server): "
+                         + ", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu))
         verdicts = [v for v in report["verdicts"] if v["concurrency"] == conc]
         for v in verdicts:
             flagged = " (flagged: " + v["client_flag"] + ")" if v.get("client_flag") else ""

@@ -93,6 +93,18 @@ def normalize_address(address: str, protocol: str) -> str:
     return url_for(protocol, address)
 
 
+def served_model(http_address: str, timeout: float = 10.0) -> str:
+    """The first model id a server lists on ``GET /v1/models`` (what LiteLLM is told to ask for)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{http_address}/v1/models", timeout=timeout) as resp:
+            data = json.loads(resp.read()).get("data") or [{}]
+        return str(data[0].get("id") or "default")
+    except (OSError, ValueError) as exc:
+        raise PathprobeError(f"GET http://{http_address}/v1/models failed: {exc}") from None
+
+
 # ------------------------------------------------------------------ processes
 
 
@@ -164,7 +176,8 @@ def _py(*args: str) -> list[str]:
 # ------------------------------------------------------------------ probes
 
 
-def probe_once(url: str, model: str | None = None, timeout: float = 10.0) -> float:
+def probe_once(url: str, model: str | None = None, timeout: float = 10.0,
+               headers: dict[str, str] | None = None) -> float:
     """One real 1-token request over ``url``; returns its latency in ms or raises."""
     t0 = time.perf_counter()
     if url.startswith("grpc://"):
@@ -182,20 +195,22 @@ def probe_once(url: str, model: str | None = None, timeout: float = 10.0) -> flo
             base = url[len("openai+"):].rstrip("/")
             path, body = "/v1/completions", {"prompt": "Hello", "max_tokens": 1, "model": model or ""}
             if not model:
-                with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
+                with urllib.request.urlopen(urllib.request.Request(base + "/v1/models", headers=headers or {}),
+                                            timeout=timeout) as resp:
                     models = json.loads(resp.read()).get("data") or [{}]
                 body["model"] = models[0].get("id", "")
         else:
             base = url.rstrip("/")
             path, body = "/v1/generate", {"prompt": "Hello", "max_tokens": 1}
         req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers={"Content-Type": "application/json", **(headers or {})}, method="POST")
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             resp.read()
     return (time.perf_counter() - t0) * 1e3
 
 
-def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None) -> float:
+def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None,
+               headers: dict[str, str] | None = None) -> float:
     """Probe until the path answers a real request; raise with the reason on timeout or exit."""
     deadline = time.monotonic() + timeout
     last = "no answer"
@@ -205,7 +220,7 @@ def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None
             if code is not None:
                 raise PathprobeError(f"{p.name} exited with code {code} while starting: {p.tail()}")
         try:
-            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
+            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())), headers=headers)
         except Exception as exc:  # any failure means: not ready yet
             details = exc.details() if callable(getattr(exc, "details", None)) else None
             text = str(details or exc).strip()
@@ -228,6 +243,11 @@ class Path_:
     reason: str = ""
     probe_ms: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: headers every request on this path needs (LiteLLM's master key), passed to the load
+    #: generator in its environment, never on a command line
+    headers: dict[str, str] = field(default_factory=dict)
+    #: extra ``pathprobe load`` arguments this path needs (LiteLLM: the chat route, the model)
+    load_args: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -430,38 +450,26 @@ class Stack:
                     upstream, m = self.relay(t.name, upstream, net)
                     p.procs.append(m)
                 p.url = url_for(t.protocol or "grpc", upstream)
-            elif t.kind in ("gateway", "nginx"):
-                up_proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else "grpc"  # type: ignore[index]
+            elif t.kind == "chain":
+                self._chain(p, t, net)
+            else:  # one gateway or third-party proxy in front of a server (ours, or vLLM's own)
+                proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else t.protocol  # type: ignore[index]
                 if t.upstream == "vllm":
                     upstream, srv = self.vllm_server()
                 else:
                     grpc_up, http_up, srv = self.our_server(t.engine)
-                    upstream = grpc_up if up_proto == "grpc" else http_up
+                    upstream = grpc_up if proto == "grpc" else http_up
                 if srv is not None and srv is not self.server:
                     p.procs.append(srv)
                 if net and net.hop == "upstream":
                     upstream, m = self.relay(f"{t.name}-up", upstream, net)
                     p.procs.append(m)
-                port = t.port or free_port()
-                if t.kind == "gateway":
-                    args = _py("gateway", "--mode", t.mode or "passthrough", "--listen", f"{LOOPBACK}:{port}",
-                               "--upstream", upstream)
-                    if self.cfg.tracing:
-                        args += ["--traces-file", str(self.traces_dir / f"gateway-{t.name}.jsonl")]
-                    args += t.gateway_args
-                    p.procs.append(self._start(Managed(t.name, args, self.out / "logs" / f"{t.name}.log")))
-                else:
-                    nginx = shutil.which("nginx")
-                    if not nginx:
-                        p.status, p.reason = "skipped", "nginx is not installed (not on PATH)"
-                        return p
-                    p.procs.append(self._start(self._nginx(t.name, nginx, port, upstream)))
-                front = f"{LOOPBACK}:{port}"
-                if net and net.hop == "client":
-                    front, m = self.relay(f"{t.name}-client", front, net)
-                    p.procs.append(m)
-                p.url = url_for(t.protocol or "grpc", front)
-            p.probe_ms = wait_ready(p.url, 60, [*p.procs, *([self.server] if self.server else [])], t.model)
+                front = self._hop(p, t.name, t.kind, t.mode, t.protocol or "grpc", upstream, t.gateway_args,
+                                  t.port, t.model)
+                p.url = self._front(p, t, front, net)
+            ready_s = 240 if t.kind == "litellm" else 60  # LiteLLM imports for seconds (tens on a busy box)
+            p.probe_ms = wait_ready(p.url, ready_s, [*p.procs, *([self.server] if self.server else [])],
+                                    t.model, p.headers)
             p.status = "ok"
         except Skipped as exc:
             p.status, p.reason = "skipped", exc.message
@@ -471,28 +479,63 @@ class Stack:
             p.status, p.reason = "failed", f"did not start: {exc.message}"
         return p
 
-    def _nginx(self, name: str, nginx: str, port: int, upstream: str) -> Managed:
-        d = (self.out / "nginx" / name).resolve()
-        (d / "tmp").mkdir(parents=True, exist_ok=True)
-        user = "user root;\n" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
-        conf = f"""{user}worker_processes 1;
-pid {d}/nginx.pid;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  client_body_temp_path {d}/tmp/body; proxy_temp_path {d}/tmp/proxy; fastcgi_temp_path {d}/tmp/fastcgi;
-  uwsgi_temp_path {d}/tmp/uwsgi; scgi_temp_path {d}/tmp/scgi;
-  keepalive_requests 1000000;
-  upstream llm {{ server {upstream}; keepalive 16; keepalive_requests 1000000; }}
-  server {{
-    listen {LOOPBACK}:{port} http2;
-    location / {{ grpc_pass grpc://llm; grpc_read_timeout 600s; grpc_send_timeout 600s; }}
-  }}
-}}
-"""
-        (d / "nginx.conf").write_text(conf, encoding="utf-8")
-        return Managed(name, [nginx, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"),
-                              "-g", "daemon off;"], self.out / "logs" / f"{name}.log")
+    def _front(self, p: Path_, t: TargetConfig, front: str, net: NetworkConfig | None) -> str:
+        """The URL clients use: ``front``, behind a delaying relay when the condition is on the client hop."""
+        if net and net.hop == "client":
+            front, m = self.relay(f"{t.name}-client", front, net)
+            p.procs.append(m)
+        return url_for(t.protocol or "grpc", front)
+
+    def _chain(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
+        """client -> chain[0] -> ... -> chain[-1] -> server, each hop started with the next as its
+        upstream; a hop's ``network`` delays its link to its upstream (the top-level condition
+        with ``hop: upstream`` goes on the innermost link unless that hop has its own)."""
+        hops = t.chain or []
+        upstream = self.server_grpc if hops[-1].upstream_protocol == "grpc" else self.server_http
+        for i in range(len(hops) - 1, -1, -1):
+            hop = hops[i]
+            link = hop.network if hop.network is not None and hop.network.active else None
+            if link is None and i == len(hops) - 1 and net and net.hop == "upstream":
+                link = net
+            if link is not None:
+                upstream, m = self.relay(f"{t.name}-{i}-up", upstream, link)
+                p.procs.append(m)
+            upstream = self._hop(p, f"{t.name}-{i}", hop.kind, hop.mode, hop.client_protocol, upstream,
+                                 hop.gateway_args, None, None)
+        p.notes.append("chain: client -> " + " -> ".join(
+            f"{h.kind}{'/' + h.mode if h.mode else ''}" for h in hops) + " -> server")
+        p.url = self._front(p, t, upstream, net)
+
+    def _hop(self, p: Path_, name: str, kind: str, mode: str | None, protocol: str, upstream: str,
+             gateway_args: list[str], port: int | None, model: str | None) -> str:
+        """Start one gateway or third-party proxy in front of ``upstream``; its listen address.
+        Raises _Skipped when the proxy is not installed."""
+        port = port or free_port()
+        listen = f"{LOOPBACK}:{port}"
+        log = self.out / "logs" / f"{name}.log"
+        if kind == "gateway":
+            args = _py("gateway", "--mode", mode or "passthrough", "--listen", listen, "--upstream", upstream)
+            if self.cfg.tracing:
+                args += ["--traces-file", str(self.traces_dir / f"gateway-{name}.jsonl")]
+            p.procs.append(self._start(Managed(name, [*args, *gateway_args], log)))
+            return listen
+        from pathprobe import proxies
+
+        exe = proxies.executable(kind)
+        if exe is None:
+            raise Skipped(proxies.missing_reason(kind))
+        kw: dict[str, Any] = {"exe": exe}
+        if kind == "litellm":
+            model = model or served_model(self.server_http)
+            kw["model"] = model
+            p.load_args += ["--openai-api", "chat", "--model", model]
+        launch = getattr(proxies, kind)(self.out / "proxies" / name, listen, [upstream], protocol, **kw)
+        p.headers.update(launch.headers)
+        p.procs.append(self._start(Managed(name, launch.args, log, env=launch.env)))
+        out = self.out.resolve()
+        p.notes.append(f"{kind} config: "
+                       + str(launch.config.relative_to(out) if launch.config.is_relative_to(out) else launch.config))
+        return listen
 
     def close(self) -> None:
         for m in reversed(self.procs):
@@ -515,6 +558,33 @@ class RunResult:
     #: the load generator's own health in this run (summary.json's ``client`` block): event-loop
     #: lag, CPU, saturated; None for runs written before it existed
     client: dict[str, Any] | None = None
+    #: CPU seconds (user + system) the path's own processes (gateway, proxy, relays; not the
+    #: shared server) spent during this run; None for a path with none
+    path_cpu_s: float | None = None
+
+
+def cpu_seconds(procs: list[Managed]) -> float | None:
+    """User + system CPU seconds of these processes and their children (nginx workers, LiteLLM's
+    workers); None when there is no live process to read."""
+    import psutil
+
+    total, seen = 0.0, False
+    for m in procs:
+        if m.pid is None or m.exit_code() is not None:
+            continue
+        try:
+            proc = psutil.Process(m.pid)
+            family = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for q in family:
+            try:
+                t = q.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+            seen = True
+    return total if seen else None
 
 
 def read_client(out_dir: Path) -> dict[str, Any] | None:
@@ -578,8 +648,9 @@ def run_load(
         args.append("--stream")
     if L.arrival != "closed":
         args += ["--arrival", L.arrival, "--rate", str(L.rate)]
-    if p.target.model:
+    if p.target.model and "--model" not in p.load_args:
         args += ["--model", p.target.model]
+    args += p.load_args
     if traces_file is not None:
         args += ["--traces-file", str(traces_file)]
     args += L.extra_args
@@ -587,8 +658,12 @@ def run_load(
     log = out_dir / "load.log"
     with open(log, "wb") as fh:
         # its own process group: on timeout or interruption the load AND its Locust child are ended
-        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if p.headers:
+            from pathprobe.loadgen.targets import ENV_HEADERS
+
+            env[ENV_HEADERS] = json.dumps(p.headers)
+        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                                 preexec_fn=placement.preexec("load") if placement else None)
         try:
             code = proc.wait(timeout=secs + L.timeout_s + 90)

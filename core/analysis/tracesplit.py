@@ -155,6 +155,13 @@ def _server_entries_from_durations(trace: Trace, srv: Span) -> dict[str, float]:
     return out
 
 
+def _hops_serialization(entries: dict[str, float]) -> float:
+    """Every hop's decode + encode (each gateway of a chain counted, not only the last)."""
+    if isinstance(entries, timing.Chain) and entries.hops:
+        return sum(h.get("decode") + h.get("encode") for h in entries.hops)
+    return sum(entries.get(k, 0.0) for k in HOP_SER)
+
+
 def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     """Split one trace. ``source``: ``attributes`` (exact, default) or ``durations``."""
     use_attrs = source == "attributes"
@@ -164,28 +171,32 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
                                                                          for a in trace.ancestors(s))]
     client = clients[0] if clients else None
     hops: list[str] = []
-    entries: dict[str, float] = {}
     problem = None
     if len(servers) > 1:
         problem = f"{len(servers)} server spans in one trace (retries?); the first is used"
     srv = servers[0] if servers else None
-    # the gateway that is an ancestor of the server span (or the outermost one)
-    gw = None
+    # every gateway on the server span's path (a chain), outermost first; else the outermost one
+    path_gws: list[Span] = []
     if gateways:
         anc = {a.span_id for a in trace.ancestors(srv)} if srv else set()
-        on_path = [g for g in gateways if g.span_id in anc]
-        gw = on_path[0] if on_path else gateways[0]  # sorted by start: the outermost
-    if gw is not None:
-        hops.append(f"gateway:{gw.service or gw.name}")
-        entries.update(_gateway_entries_from_durations(trace, gw))
-    if srv is not None:
-        hops.append(f"server:{srv.service or srv.name}")
-        entries.update(_server_entries_from_durations(trace, srv))
-    if use_attrs:
-        for hop in (s for s in (gw, srv) if s is not None):
+        path_gws = [g for g in gateways if g.span_id in anc] or gateways[:1]  # sorted by start: outermost first
+    # one hop per span, innermost (the server) first, as the hops appended their entries
+    spans_in = ([srv] if srv is not None else []) + path_gws[::-1]
+    chain_hops: list[timing.Hop] = []
+    for hop in spans_in:
+        own = _server_entries_from_durations(trace, hop) if hop is srv else _gateway_entries_from_durations(trace, hop)
+        if use_attrs:
             st = _first(hop.attributes, TIMING_KEYS)
             if isinstance(st, str):
-                entries.update(timing.parse(st))
+                sent = timing.parse_chain(st)  # what this hop sent: its upstream's hops, then its own
+                if sent.hops and sent.hops[-1].kind == (timing.SERVER_KIND if hop is srv else timing.GATEWAY_KIND):
+                    own.update(sent.hops[-1].entries)
+        chain_hops.append(timing.Hop(timing.SERVER_KIND if hop is srv else timing.GATEWAY_KIND, own))
+    hops += [f"gateway:{g.service or g.name}" for g in path_gws]
+    if srv is not None:
+        hops.append(f"server:{srv.service or srv.name}")
+    entries: dict[str, float] = timing.Chain(chain_hops)
+    if use_attrs:
         if client is not None:
             st = _first(client.attributes, TIMING_KEYS)
             if isinstance(st, str):
@@ -203,14 +214,14 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         if use_attrs and _first(attrs, ENC_KEYS) is None and _first(attrs, DEC_KEYS) is None \
                 and CLIENT_SER_KEY in attrs:
             # client encode + decode = the client's serialization total minus the hops' own
-            enc = max(0.0, float(attrs[CLIENT_SER_KEY]) - sum(entries.get(k, 0.0) for k in HOP_SER))
+            enc = max(0.0, float(attrs[CLIENT_SER_KEY]) - _hops_serialization(entries))
         e2e_attr = _first(attrs, E2E_KEYS)
         if use_attrs and e2e_attr is not None:
             e2e, e2e_source = float(e2e_attr), "attribute"
         else:
             e2e, e2e_source = client.duration_ms, "client span"
     else:
-        outer = gw or srv
+        outer = path_gws[0] if path_gws else srv
         if outer is None:
             return TraceSplit(trace.trace_id, "", None, entries, "none", 0.0, 0.0, hops, False,
                               "no client, gateway or server span in this trace")
