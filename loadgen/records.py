@@ -36,6 +36,7 @@ METRICS = (
     "client_encode",
     "client_decode",
     "schedule_lag",
+    "client_wait",
     "ttft",
     "itl",
     "tpot",
@@ -93,6 +94,7 @@ class RouteAgg:
             "client_encode": [r["client_encode_ms"] for r in oks],
             "client_decode": [r["client_decode_ms"] for r in oks],
             "schedule_lag": [r["schedule_lag_ms"] for r in oks],
+            "client_wait": [r.get("client_wait_ms", 0.0) for r in oks],
         }
         splits = [r["split"] for r in oks if r.get("split")]
         if splits:
@@ -188,7 +190,9 @@ class Aggregator:
     def add_batch(self, batch: list[Record]) -> None:
         by_route: dict[str, list[Record]] = {}
         for rec in batch:
-            by_route.setdefault(rec["route"], []).append(rec)
+            # call-by-call interleaving (--mix): one route per configuration
+            key = f"{rec['config']}/{rec['route']}" if "config" in rec else rec["route"]
+            by_route.setdefault(key, []).append(rec)
         for name, recs in by_route.items():
             self.route(name).add_records(recs)
 
@@ -297,7 +301,8 @@ def write_outputs(out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str
     return summary
 
 
-TABLE_METRICS = ("e2e", "network", "serialization", "queueing", "inference", "other", "ttft", "itl", "schedule_lag")
+TABLE_METRICS = ("e2e", "network", "serialization", "queueing", "inference", "other", "ttft", "itl", "schedule_lag",
+                 "client_wait")
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -313,7 +318,7 @@ def format_table(summary: dict[str, Any]) -> str:
             st = rs["metrics"].get(m)
             if not st or not st.get("count"):
                 continue
-            if m == "schedule_lag" and st["max"] == 0:
+            if m in ("schedule_lag", "client_wait") and st["max"] == 0:
                 continue
             lines.append(
                 f"  {m:<16}{st['p50']:>11.3f}{st['p95']:>11.3f}{st['p99']:>11.3f}{st['max']:>11.3f}{st['count']:>9}"

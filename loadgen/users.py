@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 import time
 from typing import Any
 
@@ -60,12 +61,36 @@ class _LLMMixin:
 
             raise ConfigError(f"host: {type(self).__name__} needs a {self.target_kind} target, got {host!r}")
         self._host = host
-        self.target: Target = make_target(host, self._rt.cfg.timeout_s, self._rt.cfg.openai_api)
+        cfg = self._rt.cfg
+        #: call-by-call interleaving (--mix): one target per configuration, a shuffled order per cycle
+        self._mix: dict[str, tuple[str, Target]] = {
+            name: (url, make_target(url, cfg.timeout_s, cfg.openai_api)) for name, url in cfg.mix
+        }
+        self._order: list[str] = []
+        self._cycle = -1
+        self._rng = random.Random(cfg.seed * 100_003 + self._uid)
+        self.target: Target = (next(iter(self._mix.values()))[1] if self._mix
+                               else make_target(host, cfg.timeout_s, cfg.openai_api))
+
+    def _next_config(self) -> tuple[str | None, Target, str]:
+        """(configuration name, its target, its URL): the next of this cycle's shuffled order."""
+        if not self._mix:
+            return None, self.target, self._host
+        if not self._order:
+            self._order = list(self._mix)
+            self._rng.shuffle(self._order)
+            self._cycle += 1
+        name = self._order.pop()
+        url, target = self._mix[name]
+        return name, target, url
 
     def _pp_stop(self) -> None:
         target = getattr(self, "target", None)
         if target is not None:
             target.close()
+        for _, t in getattr(self, "_mix", {}).values():
+            if t is not target:
+                t.close()
 
     def generate(self) -> None:
         """One request: pace (open loop), send, measure, record, fire Locust's event."""
@@ -90,14 +115,17 @@ class _LLMMixin:
             request_id=f"{rt.worker}-{self._uid}-{next(self._seq)}",
             tokens_in=prompt.tokens,
         )
-        target = self.target
+        config, target, url = self._next_config()
         route = target.route(cfg.stream)
         headers: dict[str, str] = {}
         out = Outcome()
         span = None
+        waits = rt.waits
         if rt.tracing is not None:
             span, out.t0 = rt.tracing.start(route, target, spec, headers)
         ts = time.time()
+        if waits is not None:
+            waits.begin()
         try:
             target.call(spec, headers, out)
         except gevent.GreenletExit:
@@ -109,7 +137,11 @@ class _LLMMixin:
             _interrupted(out, "CANCELLED", "interrupted")
             raise
         finally:
-            rec = build_record(out, spec, route, self._host, ts, lag_ns, self._uid, rt.worker)
+            wait = waits.end() if waits is not None else (0.0, 0.0)
+            rec = build_record(out, spec, route, url, ts, lag_ns, self._uid, rt.worker, wait[0])
+            if config is not None:
+                rec["config"] = config
+                rec["cycle"] = self._cycle
             if span is not None:
                 rt.tracing.end(span, rec, out.t_end)
             rt.agg.add(rec)
@@ -122,9 +154,10 @@ class _LLMMixin:
                     exception=None if rec["ok"] else RequestFailed(f"{rec['status']}: {rec['error']}"),
                     context={},
                     start_time=ts,
-                    url=self._host,
+                    url=url,
                     response=None,
                 )
+            rt.after_request()  # records/spans flushed here: between this user's requests, never inside one
 
 
 def _burn(ms: float) -> None:
@@ -144,7 +177,7 @@ def _interrupted(out: Outcome, status: str, error: str) -> None:
 
 
 def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float, lag_ns: int,
-                 user: int, worker: str) -> dict[str, Any]:
+                 user: int, worker: str, client_wait_ms: float = 0.0) -> dict[str, Any]:
     e2e = (out.t_end - out.t0) / 1e6
     enc = out.encode_ns / 1e6
     dec = out.decode_ns / 1e6
@@ -164,6 +197,7 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         s = segments.split(e2e, out.entries, enc, dec)
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
+        client_wait_ms = _book_client_wait(sp, client_wait_ms)
     else:
         sp = None
     return {
@@ -183,6 +217,7 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         "tokens_in": out.tokens_in if out.tokens_in is not None else spec.tokens_in,
         "tokens_out": out.tokens_out,
         "schedule_lag_ms": lag,
+        "client_wait_ms": client_wait_ms,
         "entries": out.entries,
         "split": sp,
         "trace_id": None,
@@ -190,6 +225,22 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         "worker": worker,
         "request_id": spec.request_id,
     }
+
+
+def _book_client_wait(sp: dict[str, float], wait_ms: float) -> float:
+    """Move the load generator's own wait (see :mod:`pathprobe.loadgen.clientwait`) from network on
+    the client's link to ``other`` (time inside a hop -- the client -- outside its named parts).
+
+    The wait is an upper bound per resume, so it is capped at the link's measured network: the
+    client cannot have held the response longer than the link took. Returns what was booked."""
+    hop1 = sp.get("network_hop1", 0.0)
+    booked = min(wait_ms, hop1) if hop1 > 0 else 0.0
+    if booked > 0:
+        sp["network_hop1"] = hop1 - booked
+        sp["network"] -= booked
+        sp["other"] += booked
+    sp["client_wait"] = booked
+    return booked
 
 
 class LLMUser(_LLMMixin, User):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pathprobe.analysis import paired as paired_mod
 from pathprobe.analysis.config import CompareConfig
 from pathprobe.analysis.report import (
     add_comparisons,
@@ -26,12 +27,14 @@ from pathprobe.analysis.runner import (
     RunResult,
     Stack,
     expected_shift_ms,
+    interleavable,
     normalize_address,
     now_iso,
     prepare_prompts,
     reachable,
     read_client,
     run_load,
+    run_load_mixed,
     split_hostport,
     versions,
     wait_ready,
@@ -47,15 +50,20 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
     L = cfg.load
     return {
         "primary_metric": primary,
-        "summary": (f"{L.rounds} interleaved rounds x {L.duration_s:g} s per configuration and concurrency "
-                    f"({', '.join(map(str, L.concurrency))}), order rotated per round; warm-up {L.warmup_s:g} s "
-                    f"per configuration excluded; {L.arrival} arrival"
+        "summary": ((f"{L.rounds} rounds x {L.duration_s:g} s per configuration and concurrency "
+                     f"({', '.join(map(str, L.concurrency))}), calls interleaved one by one (one load process, "
+                     f"a shuffled order of the configurations per cycle, verdicts on the paired path tax); "
+                     f"warm-up {L.warmup_s:g} s " if L.interleave == "call" else
+                     f"{L.rounds} interleaved rounds x {L.duration_s:g} s per configuration and concurrency "
+                     f"({', '.join(map(str, L.concurrency))}), order rotated per round; warm-up {L.warmup_s:g} s ")
+                    + f"per configuration excluded; {L.arrival} arrival"
                     + (f" at {L.rate:g} req/s" if L.rate else "")
                     + f"; {'stream' if L.stream else 'unary'}, {L.prompt_set} prompts of {L.prompt_tokens} tokens, "
                     f"max_tokens {L.max_tokens}. p50/p95/p99 with 95% bootstrap CIs ({cfg.bootstrap} resamples); "
                     f"Welch's t-test vs the baseline, Holm-adjusted, alpha {cfg.alpha}; a verdict needs "
                     f"significance and a non-negligible Cliff's delta (>= 0.147)."),
         "rounds": L.rounds,
+        "interleave": L.interleave,
         "duration_s": L.duration_s,
         "warmup_s": L.warmup_s,
         "concurrency": L.concurrency,
@@ -157,11 +165,17 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                               + "; ".join(f"{p.name}: {p.reason}" for p in paths.values()))
         traces_dir = out / "traces" / "client"
         prompt_file = prepare_prompts(cfg, out, log)
-        # ---- warm-up, separately, per configuration
+        mixed = interleavable(cfg, live)
+        # ---- warm-up per configuration (interleaved call by call when the rounds are)
         if cfg.load.warmup_s > 0:
+            if mixed:
+                warm = run_load_mixed(cfg, live, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
+                                      out / "runs", None, prompt_file)
+            else:
+                warm = {p.name: run_load(cfg, p, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
+                                         out / "runs" / p.name / "warmup", None, prompt_file) for p in live}
             for p in live:
-                res = run_load(cfg, p, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
-                               out / "runs" / p.name / "warmup", None, prompt_file)
+                res = warm[p.name]
                 warmups[p.name] = res
                 ok = [r for r in res.records if r.get("ok")]
                 if res.error or not ok:
@@ -179,16 +193,23 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                 shift = (rnd + ci) % len(order)
                 order = order[shift:] + order[:shift]
                 for p in order:
-                    if p.status != "ok":
-                        continue
                     dead = p.dead() or (stack.server if stack.server and stack.server.exit_code() is not None else None)
                     if dead is not None:
                         _fail(p, f"{dead.name} exited with code {dead.exit_code()} before round {rnd + 1}: "
                                  f"{dead.tail()}")
-                        continue
-                    tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
-                    res = run_load(cfg, p, conc, rnd, cfg.load.duration_s,
-                                   out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf, prompt_file)
+                order = [p for p in order if p.status == "ok"]
+                if mixed and len(order) > 1:
+                    tf = traces_dir / f"interleaved-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
+                    batch = run_load_mixed(cfg, order, conc, rnd, cfg.load.duration_s, out / "runs", tf, prompt_file)
+                else:
+                    batch = {}
+                for p in order:
+                    if p.name in batch:
+                        res = batch[p.name]
+                    else:
+                        tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
+                        res = run_load(cfg, p, conc, rnd, cfg.load.duration_s,
+                                       out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf, prompt_file)
                     results[p.name].append(res)
                     ok = [r for r in res.records if r.get("ok")]
                     failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
@@ -294,6 +315,10 @@ def build_report(
         report_targets[t.name] = entry
     baseline = cfg.baseline_name
     verdicts = add_comparisons(report_targets, samples, baseline, concs, primary, cfg.alpha)
+    e2e_verdicts = None
+    interleaved = any(paired_mod.is_interleaved(r.records) for runs in results.values() for r in runs)
+    if interleaved:
+        e2e_verdicts, verdicts = verdicts, _paired_verdicts(cfg, report_targets, results, baseline, concs)
     warnings = client_warnings(report_targets, concs)
     return {
         "meta": {
@@ -314,9 +339,32 @@ def build_report(
         "network": _network_info(cfg.network if cfg.network and cfg.network.active else None),
         "targets": report_targets,
         "verdicts": verdicts,
+        "e2e_verdicts": e2e_verdicts,
+        "interleaved": interleaved,
         "client_warnings": warnings,
         "_samples": samples,  # removed before writing
     }
+
+
+def _paired_verdicts(cfg: CompareConfig, report_targets: dict[str, Any], results: dict[str, list[RunResult]],
+                     baseline: str, concs: list[int]) -> list[dict[str, Any]]:
+    """Interleaved runs: each configuration's path tax, its calls paired with the baseline's of the same
+    cycle, and verdicts on the paired path-tax difference (see :mod:`pathprobe.analysis.paired`)."""
+    verdicts: list[dict[str, Any]] = []
+    for conc in concs:
+        recs = {name: [rec for r in runs if r.concurrency == conc for rec in r.records]
+                for name, runs in results.items()}
+        per: dict[str, dict[str, Any]] = {}
+        for name, t in report_targets.items():
+            g = t["by_concurrency"].get(str(conc))
+            if g is None:
+                continue
+            g["path_tax"] = paired_mod.tax_summary(recs.get(name, []))
+            if name != baseline and t["status"] == "ok" and recs.get(baseline):
+                per[name] = g["paired"] = paired_mod.paired(recs.get(name, []), recs[baseline],
+                                                             n_boot=cfg.bootstrap)
+        verdicts += paired_mod.judge(per, baseline, conc, cfg.alpha)
+    return verdicts
 
 
 def _network_info(net: Any) -> dict[str, Any] | None:

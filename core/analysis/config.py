@@ -70,6 +70,12 @@ class LoadConfig(_Strict):
     duration_s: float = Field(3.0, gt=0, description="measured seconds per configuration, round and concurrency")
     warmup_s: float = Field(2.0, ge=0, description="per configuration, before any measurement")
     rounds: int = Field(3, ge=1)
+    interleave: Literal["call", "run"] = Field(
+        "call",
+        description="call: one load process per round and concurrency sends each call to a configuration "
+        "chosen in a shuffled order (paired per-call differences; used when every configuration asks for the "
+        "same model); run: one load run per configuration, in rotated order",
+    )
     concurrency: list[int] = Field(default_factory=lambda: [1, 4], min_length=1)
     arrival: Literal["closed", "constant", "poisson"] = "closed"
     rate: float | None = Field(None, gt=0, description="req/s for open-loop arrival")

@@ -209,6 +209,31 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _path_tax_table(report: Mapping[str, Any], key: str) -> list[str]:
+    """Interleaved runs lead with each configuration's path tax (its cost beside the engine), p50 ms."""
+    rows = [(n, t["by_concurrency"][key]) for n, t in report["targets"].items()
+            if key in t.get("by_concurrency", {}) and (t["by_concurrency"][key].get("path_tax") or {}).get("n")]
+    if not rows:
+        return []
+    out = ["path tax per call (everything but the engine; p50 ms; calls interleaved one by one, paired with "
+           f"the baseline's call of the same cycle):", "",
+           "| config | path tax | network hop 1 | network hop 2+ | serial. | other | engine | "
+           "Δ path tax vs base [95% CI] | pairs |",
+           "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for name, g in rows:
+        tx = g["path_tax"]
+        pr = g.get("paired") or {}
+        d = (pr.get("path_tax") or {}).get("median")
+        dtxt = (f"{d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" + (" *" if pr.get("significant") else "")
+                if d else "–")
+        out.append(f"| {name}{' (base)' if name == report['baseline'] else ''} | {fmt_ms(tx['path_tax']['p50'])} | "
+                   f"{fmt_ms(tx['network_hop1']['p50'])} | {fmt_ms(tx['network_hop2']['p50'])} | "
+                   f"{fmt_ms(tx['serialization']['p50'])} | {fmt_ms(tx['other']['p50'])} | "
+                   f"{fmt_ms(tx['engine']['p50'])} | {dtxt} | {pr.get('n', '–')} |")
+    out.append("")
+    return out
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The side-by-side tables printed on stdout."""
     primary = report["method"]["primary_metric"]
@@ -232,6 +257,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         key = str(conc)
         lines.append(f"### concurrency {conc}")
         lines.append("")
+        lines += _path_tax_table(report, key)
         stream = bool(report["method"].get("stream"))
         extra_h = " TTFT p50 | ITL p50 |" if stream else ""
         lines.append(f"| config | ok | err | req/s | {primary} p50 [95% CI] ms | p95 | p99 | network | serial. | "

@@ -441,7 +441,8 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
 
 def run_load(
     cfg: CompareConfig, p: Path_, concurrency: int, rnd: int, duration_s: float, out_dir: Path,
-    traces_file: Path | None, prompt_file: Path | None = None,
+    traces_file: Path | None, prompt_file: Path | None = None, extra: list[str] | None = None,
+    label: str | None = None,
 ) -> RunResult:
     from pathprobe.analysis.records import read_records
 
@@ -457,7 +458,7 @@ def run_load(
                "-t", f"{secs}s", "--out", str(out_dir), "--max-tokens", str(L.max_tokens), *prompt_args,
                "--timeout-s", str(L.timeout_s), "--only-summary", "--loglevel", "WARNING",
                "--exit-code-on-error", "0", "--stop-timeout", str(int(L.timeout_s)),
-               "--label", f"{p.name} c={concurrency} round={rnd}")
+               "--label", label or f"{p.name} c={concurrency} round={rnd}")
     if L.stream:
         args.append("--stream")
     if L.arrival != "closed":
@@ -466,6 +467,7 @@ def run_load(
         args += ["--model", p.target.model]
     if traces_file is not None:
         args += ["--traces-file", str(traces_file)]
+    args += extra or []
     args += L.extra_args
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "load.log"
@@ -502,6 +504,47 @@ def run_load(
             pass
     return RunResult(p.name, concurrency, rnd, out_dir, records, dur,
                      traces_file=str(traces_file) if traces_file else None, client=read_client(out_dir))
+
+
+MIXED = "_interleaved"  # runs/ folder of the call-by-call interleaved load runs
+
+
+def interleavable(cfg: CompareConfig, paths: list[Path_]) -> bool:
+    """Call-by-call interleaving applies when asked for and every configuration takes the same
+    request (the same model name: one prompt stream serves them all)."""
+    return cfg.load.interleave == "call" and len(paths) > 1 and len({p.target.model for p in paths}) == 1
+
+
+def run_load_mixed(
+    cfg: CompareConfig, paths: list[Path_], concurrency: int, rnd: int, duration_s: float, out_root: Path,
+    traces_file: Path | None, prompt_file: Path | None = None,
+) -> dict[str, RunResult]:
+    """One load process for every configuration of ``paths``: each user sends each call to the next
+    configuration of a freshly shuffled order (``pathprobe load --mix``), so drift and CPU contention hit
+    every configuration alike and calls pair up per cycle. Runs ``duration_s`` per configuration; the
+    records are split per configuration into ``runs/NAME/c{C}/r{R}`` (``warmup`` for round -1) as a
+    per-configuration run would have written them, with the shared run's summary.json."""
+    sub = "warmup" if rnd < 0 else f"c{concurrency}/r{rnd}"
+    mixed_dir = out_root / MIXED / sub
+    mix = ",".join(f"{p.name}={p.url}" for p in paths)
+    res = run_load(cfg, paths[0], concurrency, rnd, duration_s * len(paths), mixed_dir, traces_file, prompt_file,
+                   extra=["--mix", mix], label=f"interleaved c={concurrency} round={rnd}")
+    out: dict[str, RunResult] = {}
+    by_name: dict[str, list[dict[str, Any]]] = {p.name: [] for p in paths}
+    for r in res.records:
+        if r.get("config") in by_name:
+            by_name[r["config"]].append(r)
+    for p in paths:
+        d = out_root / p.name / sub
+        d.mkdir(parents=True, exist_ok=True)
+        recs = by_name[p.name]
+        with open(d / "records.jsonl", "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps({k: v for k, v in r.items() if not k.startswith("_")}) + "\n" for r in recs)
+        if (mixed_dir / "summary.json").exists():
+            shutil.copyfile(mixed_dir / "summary.json", d / "summary.json")
+        out[p.name] = RunResult(p.name, concurrency, rnd, d, recs, res.duration_s / len(paths), error=res.error,
+                                traces_file=res.traces_file, client=res.client)
+    return out
 
 
 def versions() -> dict[str, str]:
