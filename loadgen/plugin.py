@@ -260,6 +260,8 @@ class Tracing:
         span.set_attribute("pathprobe.client.encode_ms", round(rec["client_encode_ms"], 4))
         span.set_attribute("pathprobe.client.decode_ms", round(rec["client_decode_ms"], 4))
         span.set_attribute("pathprobe.e2e_ms", round(rec["e2e_ms"], 4))
+        if rec.get("client_wait_ms"):
+            span.set_attribute("pathprobe.client.wait_ms", round(rec["client_wait_ms"], 4))
         if rec["schedule_lag_ms"]:
             span.set_attribute("pathprobe.schedule_lag_ms", round(rec["schedule_lag_ms"], 4))
         if rec["split"]:

@@ -129,6 +129,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     primary = "latency" if cfg.load.arrival != "closed" else "e2e"
     results: dict[str, list[RunResult]] = {t.name: [] for t in targets}
     warmups: dict[str, RunResult] = {}
+    capture = None
     try:
         # ---- early failures: bad addresses, taken ports
         for i, t in enumerate(targets):
@@ -181,6 +182,17 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                 if res.error or not ok:
                     _fail(p, f"warm-up: {res.error or _first_error(res.records)}")
                 log(f"warm-up {p.name}: {len(ok)} ok of {len(res.records)}")
+        if cfg.witness == "pcap":
+            if cfg.mode != "local":
+                raise ConfigError("witness: pcap needs local mode (the capture follows the ports compare started)")
+            if 1 not in cfg.load.concurrency:
+                raise ConfigError("witness: pcap matches packets to requests at concurrency 1; add 1 to "
+                                  "load.concurrency")
+            from pathprobe.analysis.witness import Capture
+
+            ports = [port for p in live for ports_, _ in p.chain for port in ports_]
+            capture = Capture(out / "witness" / "capture.pcap", ports).start()
+            log(f"witness: capturing {len(set(ports))} loopback ports into {capture.path}")
         # ---- measured rounds, interleaved
         n_runs = cfg.load.rounds * len(cfg.load.concurrency)
         k = 0
@@ -231,11 +243,17 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                         + (f"  FAILED: {p.reason}" if p.status == "failed" else "")
                         + (f"  CLIENT SATURATED: {res.client.get('reason')}"
                            if res.client and res.client.get("saturated") else ""))
+        if capture is not None:
+            capture.stop()
         if cfg.tracing:
             time.sleep(1.5)  # servers and gateways export spans every 0.5 s
     finally:
+        if capture is not None:
+            capture.stop()
         stack.close()
     report = build_report(cfg, paths, results, warmups, primary, started, t_start)
+    if capture is not None:
+        attach_witness(report, paths, results, capture.path, log)
     if cfg.tracing:
         try:
             attach_traces(cfg, report, results, out, log)
@@ -411,6 +429,8 @@ def attach_traces(cfg: CompareConfig, report: dict[str, Any], results: dict[str,
         report["targets"][name]["slowest"] = entries
         # trace-based split vs in-band, for this configuration
         recs = [r for run in results.get(name, []) for r in run.records]
+        report["targets"][name]["trace_completeness"] = trace_completeness(
+            recs, traces, expected_services(report["targets"][name]))
         ids = {r["trace_id"] for r in recs if r.get("trace_id")}
         mine = [traces[i] for i in ids if i in traces]
         if mine:
@@ -422,6 +442,65 @@ def attach_traces(cfg: CompareConfig, report: dict[str, Any], results: dict[str,
                 for src, a in agr.items()
             }
     log(f"traces: {len(traces)} traces from {len(files)} files; slowest written under {out / 'traces' / 'slowest'}")
+
+
+def attach_witness(report: dict[str, Any], paths: dict[str, Path_], results: dict[str, list[RunResult]],
+                   pcap: Path, log: Callable[[str], None]) -> None:
+    """Per configuration, at concurrency 1: wire vs stack time per link from the capture, beside the
+    split's network per link (see :mod:`pathprobe.analysis.witness`)."""
+    from pathprobe.analysis import witness as wit
+
+    try:
+        packets = wit.read_packets(pcap)
+    except Exception as exc:  # the report stands without the witness
+        report["witness_error"] = f"{type(exc).__name__}: {exc}"
+        log(f"witness: {report['witness_error']}")
+        return
+    report["witness"] = {"file": str(pcap), "packets": len(packets),
+                         "method": "tcpdump -i lo, nanosecond timestamps (CLOCK_REALTIME); requests at "
+                                   "concurrency 1; client t0 mapped to the wall clock per request"}
+    for name, p in paths.items():
+        if p.status != "ok" or not p.chain or name not in report["targets"]:
+            continue
+        chain = wit.Chain([wit.LinkPorts(list(ports), inner) for ports, inner in p.chain])
+        recs = [rec for r in results.get(name, []) if r.concurrency == 1 for rec in r.records]
+        report["targets"][name]["witness"] = wit.analyze(recs, packets, chain)
+    log(f"witness: {len(packets)} data packets matched to the requests at concurrency 1")
+
+
+def expected_services(target: dict[str, Any]) -> list[str]:
+    """The spans a complete trace of this configuration holds: the client's, each pathprobe hop's
+    SERVER span and the engine's children (nginx and external servers export none here)."""
+    want = ["pathprobe-loadgen"]
+    if target.get("kind") == "gateway":
+        want.append("pathprobe-gateway")
+    if target.get("kind") in ("direct", "gateway", "nginx"):
+        want += ["pathprobe-server", "engine"]
+    return want
+
+
+def trace_completeness(recs: list[dict[str, Any]], traces: dict[str, Any], want: list[str]) -> dict[str, Any]:
+    """Share of ok requests whose trace has every expected span (see :func:`expected_services`)."""
+    ok = [r for r in recs if r.get("ok")]
+    missing: dict[str, int] = {}
+    complete = 0
+    for r in ok:
+        t = traces.get(r.get("trace_id") or "")
+        have: set[str] = set()
+        if t is not None:
+            for sp in t.spans:
+                if sp.service == "pathprobe-loadgen" and sp.kind == "CLIENT":
+                    have.add("pathprobe-loadgen")
+                elif sp.kind == "SERVER" and sp.service in ("pathprobe-gateway", "pathprobe-server"):
+                    have.add(sp.service)
+                elif sp.name.startswith("engine."):
+                    have.add("engine")
+        gone = [w for w in want if w not in have]
+        for w in gone:
+            missing[w] = missing.get(w, 0) + 1
+        complete += not gone
+    return {"expected": want, "requests": len(ok), "complete": complete,
+            "share": complete / len(ok) if ok else None, "missing": missing}
 
 
 def write_reports(report: dict[str, Any], results: dict[str, list[RunResult]], out: Path, html: bool,

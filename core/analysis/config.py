@@ -178,6 +178,9 @@ class CompareConfig(_Strict):
     bootstrap: int = Field(1000, ge=100)
     slowest: int = Field(5, ge=0, description="slowest requests per configuration whose traces are listed")
     tracing: bool = True
+    witness: Literal["none", "pcap"] = Field(
+        "none", description="pcap: capture the run's loopback packets (tcpdump) and split each link's network "
+        "into wire and stack time per request at concurrency 1 (local mode)")
     server: ServerConfig = Field(default_factory=ServerConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
     network: NetworkConfig | None = None
@@ -210,7 +213,12 @@ class CompareConfig(_Strict):
         return self.baseline or self.enabled_targets[0].name
 
     def network_for(self, target: TargetConfig) -> NetworkConfig | None:
-        net = target.network if target.network is not None else self.network
+        """The condition on ``target``'s path. A target's own ``network`` block always inserts the relay,
+        even with nothing to apply (delay 0: the relay's own cost, the baseline of a delayed twin);
+        the top-level block only when it applies something."""
+        if target.network is not None:
+            return target.network
+        net = self.network
         return net if net is not None and net.active else None
 
 

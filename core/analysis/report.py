@@ -168,6 +168,9 @@ def summarize_group(
             key = str(r.get("status") or "ERROR")
             errors[key] = errors.get(key, 0) + 1
     first_error = next((r.get("error") for r in records if not r.get("ok") and r.get("error")), None)
+    # an ok answer without the server's entries (a lost trailer/header): its server time would silently
+    # count as network; counted here and named in the report
+    no_srv = sum(1 for r in ok if not any(k.startswith("srv.") for k in (r.get("entries") or {})))
     out: dict[str, Any] = {
         "requests": len(records),
         "ok": len(ok),
@@ -175,6 +178,8 @@ def summarize_group(
         "errors_by_status": errors,
         "stopped": len(stopped),
         "first_error": first_error,
+        "ok_without_server_timing": no_srv,
+        "client_wait": _pcts([float(r.get("client_wait_ms") or 0.0) for r in ok]),
         "duration_s": duration_s,
         "rps": len(ok) / duration_s if duration_s > 0 else math.nan,
         primary: stats.summarize(metric_values(ok, primary), n_boot=n_boot),
@@ -296,6 +301,11 @@ def markdown(report: Mapping[str, Any]) -> str:
             if w["concurrency"] == conc:
                 label = "WARNING" if w["kind"] == "saturated" else "note"
                 lines.append(f"- **{label}**: {w['text']}")
+        for name, t in targets.items():
+            g = t.get("by_concurrency", {}).get(key) or {}
+            if g.get("ok_without_server_timing"):
+                lines.append(f"- **warning**: {name}: {g['ok_without_server_timing']} of {g['ok']} ok answers carried "
+                             f"no srv.* timing (no server-timing trailer/header): their server time is in network")
         verdicts = [v for v in report["verdicts"] if v["concurrency"] == conc]
         for v in verdicts:
             flagged = " (flagged: " + v["client_flag"] + ")" if v.get("client_flag") else ""
@@ -320,6 +330,12 @@ def markdown(report: Mapping[str, Any]) -> str:
                          "differ on " + ", ".join(f"{k} ({v})" for k, v in bad.items())))
         lines.append("trace check (`pathprobe analyze` on this run's spans vs the in-band split, "
                      "max(5%, 0.2 ms)): " + "; ".join(parts))
+    comp = [(n, t["trace_completeness"]) for n, t in targets.items() if (t.get("trace_completeness") or {}).get("requests")]
+    if comp:
+        lines.append("")
+        lines.append("trace completeness (ok requests whose trace has every expected span): " + "; ".join(
+            f"{n} {c['share']:.1%}" + (" (missing: " + ", ".join(f"{k} {v}" for k, v in c["missing"].items()) + ")"
+                                       if c["missing"] else "") for n, c in comp))
     problems = [(n, t) for n, t in targets.items() if t["status"] in ("failed", "skipped")]
     for n, t in problems:
         lines.append(f"- {n}: {t['status']}: {_cell(t.get('reason', ''))}")

@@ -68,6 +68,10 @@ def split_hostport(address: str) -> tuple[str, int]:
     return host.strip("[]") or LOOPBACK, int(port)
 
 
+def _port(hostport: str) -> int:
+    return split_hostport(hostport)[1]
+
+
 def url_for(protocol: str, hostport: str) -> str:
     scheme = {"grpc": "grpc://", "http": "http://", "openai": "openai+http://"}[protocol]
     return scheme + hostport
@@ -208,6 +212,8 @@ class Path_:
     reason: str = ""
     probe_ms: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: the loopback ports a request passes, per link (client side first), for the wire witness
+    chain: list[tuple[list[int], str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -316,18 +322,23 @@ class Stack:
                 p.url = url_for(t.protocol or "openai", front)
             elif t.kind == "direct":
                 upstream = self.server_grpc if t.protocol == "grpc" else self.server_http
+                ports = [_port(upstream)]
                 if net:
                     if net.hop == "upstream":
                         p.notes.append("direct path: no gateway, the condition is on the client <-> server link")
                     upstream, m = self.relay(t.name, upstream, net)
                     p.procs.append(m)
+                    ports.insert(0, _port(upstream))
+                p.chain = [(ports, "srv")]
                 p.url = url_for(t.protocol or "grpc", upstream)
             elif t.kind in ("gateway", "nginx"):
                 up_proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else "grpc"  # type: ignore[index]
                 upstream = self.server_grpc if up_proto == "grpc" else self.server_http
+                up_ports = [_port(upstream)]
                 if net and net.hop == "upstream":
                     upstream, m = self.relay(f"{t.name}-up", upstream, net)
                     p.procs.append(m)
+                    up_ports.insert(0, _port(upstream))
                 port = t.port or free_port()
                 if t.kind == "gateway":
                     args = _py("gateway", "--mode", t.mode or "passthrough", "--listen", f"{LOOPBACK}:{port}",
@@ -343,9 +354,12 @@ class Stack:
                         return p
                     p.procs.append(self._start(self._nginx(t.name, nginx, port, upstream)))
                 front = f"{LOOPBACK}:{port}"
+                front_ports = [port]
                 if net and net.hop == "client":
                     front, m = self.relay(f"{t.name}-client", front, net)
                     p.procs.append(m)
+                    front_ports.insert(0, _port(front))
+                p.chain = [(front_ports, "gw" if t.kind == "gateway" else "silent"), (up_ports, "srv")]
                 p.url = url_for(t.protocol or "grpc", front)
             p.probe_ms = wait_ready(p.url, 60, [*p.procs, *([self.server] if self.server else [])], t.model)
             p.status = "ok"

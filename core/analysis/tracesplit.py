@@ -13,6 +13,7 @@ Two ways to get each hop's entries:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,8 @@ E2E_KEYS = ("pathprobe.e2e_ms", "pathprobe.split.e2e_ms", "e2e_ms", "pathprobe.c
 CLIENT_SER_KEY = "pathprobe.split.serialization_ms"
 HOP_SER = ("gw.decode", "gw.encode", "srv.decode", "srv.encode")
 ENC_KEYS = ("pathprobe.client.encode_ms", "client.encode_ms", "pathprobe.client_encode_ms", "client_encode_ms")
+#: the load generator's wait for its own event loop (pathprobe.loadgen.clientwait), booked as client time
+WAIT_KEYS = ("pathprobe.client.wait_ms",)
 DEC_KEYS = ("pathprobe.client.decode_ms", "client.decode_ms", "pathprobe.client_decode_ms", "client_decode_ms")
 ROUTE_KEYS = ("pathprobe.route", "route")
 TIMING_KEYS = ("server_timing", "pathprobe.server_timing", "http.response.header.server-timing")
@@ -219,4 +222,10 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     else:
         ok = True
     sp = split(e2e, entries, enc, dec) if not math.isnan(e2e) else None
+    wait = float(_first(client.attributes, WAIT_KEYS) or 0.0) if client is not None else 0.0
+    if sp is not None and wait > 0:
+        # the load generator's own wait, as it booked it (never more than the client's link took)
+        booked = min(wait, sp.network_hop1) if sp.network_hop1 > 0 else 0.0
+        sp = dataclasses.replace(sp, network=sp.network - booked, network_hop1=sp.network_hop1 - booked,
+                                 other=sp.other + booked)
     return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem)
