@@ -28,6 +28,7 @@ from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 
 from pathprobe import segments  # noqa: E402
+from pathprobe.loadgen import clientwait  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
 from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
@@ -193,11 +194,12 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         n = out.tokens_out or 0
         if ttft is not None and n > 1:
             tpot = (e2e - ttft) / (n - 1)
+    emit = out.emit_ms if spec.stream and len(out.emit_ms) == len(times) and all(out.emit_ms) else None
     if out.ok:
         s = segments.split(e2e, out.entries, enc, dec)
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
-        client_wait_ms = _book_client_wait(sp, client_wait_ms)
+        client_wait_ms = clientwait.book(sp, client_wait_ms)
     else:
         sp = None
     return {
@@ -216,6 +218,8 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         "client_decode_ms": dec,
         "ttft_ms": ttft,
         "itl_ms": itl if itl is not None else [],
+        # the server's emit offset of each token chunk (ms since it got the request; None: not reported)
+        "emit_ms": emit,
         "tpot_ms": tpot,
         "tokens_in": out.tokens_in if out.tokens_in is not None else spec.tokens_in,
         "tokens_out": out.tokens_out,
@@ -228,22 +232,6 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         "worker": worker,
         "request_id": spec.request_id,
     }
-
-
-def _book_client_wait(sp: dict[str, float], wait_ms: float) -> float:
-    """Move the load generator's own wait (see :mod:`pathprobe.loadgen.clientwait`) from network on
-    the client's link to ``other`` (time inside a hop -- the client -- outside its named parts).
-
-    The wait is an upper bound per resume, so it is capped at the link's measured network: the
-    client cannot have held the response longer than the link took. Returns what was booked."""
-    hop1 = sp.get("network_hop1", 0.0)
-    booked = min(wait_ms, hop1) if hop1 > 0 else 0.0
-    if booked > 0:
-        sp["network_hop1"] = hop1 - booked
-        sp["network"] -= booked
-        sp["other"] += booked
-    sp["client_wait"] = booked
-    return booked
 
 
 class LLMUser(_LLMMixin, User):

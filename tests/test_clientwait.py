@@ -1,0 +1,63 @@
+"""Client wait (pathprobe.loadgen.clientwait) on a real gevent loop, and how a record books it."""
+
+from __future__ import annotations
+
+import time
+
+import gevent
+from gevent.event import AsyncResult
+
+from pathprobe.loadgen.clientwait import WaitTracker
+from pathprobe.loadgen.clientwait import book as _book_client_wait
+
+
+def _burn(ms: float) -> None:
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def _request(tracker: WaitTracker, ready: AsyncResult) -> tuple[float, float]:
+    tracker.begin()
+    ready.get()
+    return tracker.end()
+
+
+def test_a_response_waiting_for_another_greenlet_is_client_wait():
+    tracker = WaitTracker().start()
+    try:
+        ready = AsyncResult()
+
+        def busy_neighbour() -> None:
+            gevent.sleep(0.002)
+            ready.set(True)  # the response is there...
+            _burn(20)  # ...but the loop runs this greenlet for 20 ms more
+
+        g = gevent.spawn(_request, tracker, ready)
+        gevent.spawn(busy_neighbour)
+        last, total = g.get(timeout=5)
+    finally:
+        tracker.stop()
+    assert 19.0 <= last <= 30.0, last
+    assert total >= last
+
+
+def test_an_idle_loop_books_no_wait():
+    tracker = WaitTracker().start()
+    try:
+        ready = AsyncResult()
+        g = gevent.spawn(_request, tracker, ready)
+        gevent.spawn_later(0.02, ready.set, True)  # the "server" takes 20 ms; the loop is idle meanwhile
+        last, total = g.get(timeout=5)
+    finally:
+        tracker.stop()
+    assert last < 0.5 and total < 0.5, (last, total)
+
+
+def test_booking_moves_wait_from_the_client_link_to_other_and_never_below_zero():
+    sp = {"e2e": 10.0, "network": 5.0, "network_hop1": 3.0, "network_hop2": 2.0, "other": 1.0}
+    assert _book_client_wait(sp, 1.25) == 1.25
+    assert sp["network_hop1"] == 1.75 and sp["network"] == 3.75 and sp["other"] == 2.25
+    sp = {"e2e": 10.0, "network": 5.0, "network_hop1": 3.0, "network_hop2": 2.0, "other": 1.0}
+    assert _book_client_wait(sp, 50.0) == 3.0  # capped: the client cannot have held it longer than the link took
+    assert sp["network_hop1"] == 0.0 and sp["network"] == 2.0 and sp["other"] == 4.0
