@@ -2,9 +2,11 @@
 
 The server stamps each streamed chunk with ``emit_ms``; the load generator keeps them per record and
 compare's report splits inter-token gaps into decode and transport. nginx in front of the SSE route
-with ``proxy_buffering on`` holds the small events until its buffer fills or the response ends, so
-chunks emitted milliseconds apart arrive together: flagged. With ``proxy_buffering off`` it relays
-each event as it comes: not flagged. (Real processes: server, nginx, ``pathprobe load``.)
+with ``proxy_buffering on`` (its default, with its default HTTP/1.0 to the upstream) holds the small
+events until its buffer fills or the response ends, so chunks emitted milliseconds apart arrive
+together: flagged. With ``proxy_buffering off`` it relays each event as it comes: not flagged.
+(nginx 1.22 with ``proxy_http_version 1.1`` passes a chunked upstream's events on as they come even
+with buffering on: that configuration is not a buffering one, and is not flagged.) (Real processes: server, nginx, ``pathprobe load``.)
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ def test_server_stamps_every_chunk_and_gaps_split_into_decode_and_transport(serv
     for r in ok:
         assert r["emit_ms"] is not None and len(r["emit_ms"]) == TOKENS
         assert all(b > a for a, b in zip(r["emit_ms"], r["emit_ms"][1:]))  # emitted in order, apart
-        c = chunk_timing(r)
-        assert not c["buffered"]
+        assert chunk_timing(r) is not None
     s = summarize(ok)
+    # a single stream can look coalesced when the load generator itself was late reading it; the
+    # configuration is only named when most of its streams are
+    assert s["buffered_share"] < 0.2, s
     # the engine's gap is the decode gap; a direct loopback path adds (almost) nothing to it
     assert abs(s["decode_gap_p50_ms"] - DECODE_MS) < 1.0, s
     assert abs(s["transport_gap_p50_ms"]) < 0.5, s
@@ -73,13 +77,11 @@ http {{
   access_log off;
   client_body_temp_path {prefix}/tmp/body; proxy_temp_path {prefix}/tmp/proxy;
   fastcgi_temp_path {prefix}/tmp/fastcgi; uwsgi_temp_path {prefix}/tmp/uwsgi; scgi_temp_path {prefix}/tmp/scgi;
-  upstream llm {{ server {upstream}; keepalive 4; }}
+  upstream llm {{ server {upstream}; }}
   server {{
     listen 127.0.0.1:{port};
     location / {{
       proxy_pass http://llm;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
       proxy_buffering {"on" if buffering else "off"};
     }}
   }}
