@@ -48,6 +48,10 @@ from typing import Any
 from pathprobe.errors import PathprobeError
 
 
+#: a stack below this (ms) means a hop reported more time than its packets allow (or a mismatch): counted
+NEGATIVE_MS = -0.05
+
+
 # ------------------------------------------------------------------ capture
 
 
@@ -112,7 +116,29 @@ class Packet:
     size: int  # TCP payload bytes (0 packets are not kept)
 
 
-def read_packets(path: Chain) -> list[Packet]:
+_H2_CONTROL = {4, 6, 8}  # SETTINGS, PING, WINDOW_UPDATE
+_H2_PREFACE = b"PRI * HTTP/2.0"
+
+
+def _h2_control_only(payload: bytes, size: int) -> bool:
+    """True when the packet holds nothing but HTTP/2 flow-control/keep-alive frames (SETTINGS, PING,
+    WINDOW_UPDATE): they carry no request or response bytes and can come after the response (a PING
+    ack), so they must not end a response's packet window. Any other payload (HTTP/1.1 included) is
+    kept: it has to parse exactly into such frames to be dropped."""
+    if len(payload) != size or size < 9 or payload.startswith(_H2_PREFACE):
+        return False
+    i = 0
+    while i < size:
+        if i + 9 > size:
+            return False
+        length = int.from_bytes(payload[i:i + 3], "big")
+        if payload[i + 3] not in _H2_CONTROL:
+            return False
+        i += 9 + length
+    return i == size
+
+
+def read_packets(path: Path) -> list[Packet]:
     """Data-carrying TCP packets of a pcap (loopback or Ethernet link type), in capture order."""
     import dpkt
 
@@ -134,9 +160,10 @@ def read_packets(path: Chain) -> list[Packet]:
                 size = ip.len - ip.hl * 4 - tcp.off * 4 if hasattr(ip, "hl") else len(tcp.data)
             except (dpkt.UnpackError, AttributeError):
                 continue
-            if size <= 0:
+            if size <= 0 or _h2_control_only(bytes(tcp.data), size):
                 continue
-            ts_ns = int(round(ts * 1e9))  # a float of seconds: ~0.2 us resolution at today's epoch
+            # a nanosecond capture gives a Decimal (exact); a microsecond one a float
+            ts_ns = int(ts * 1_000_000_000)
             out.append(Packet(ts_ns, tcp.sport, tcp.dport, size))
     out.sort(key=lambda p: p.ts_ns)
     return out
@@ -188,6 +215,25 @@ def connection_peers(windows: Iterable[Sequence[Packet]], ports: Iterable[int]) 
         for port, peer in seen:
             counts[port][peer] += 1
     return {port: c.most_common(1)[0][0] for port, c in counts.items() if c}
+
+
+def window_peers(pkts: Sequence[Packet], ports: Iterable[int], usual: Mapping[int, int]) -> dict[int, int]:
+    """The connection to follow on each port inside one request's window: the configuration's usual one
+    (:func:`connection_peers`) when it carried data there, else the one that carried the most bytes
+    (a proxy with a pool of upstream connections, such as nginx, picks one per request)."""
+    out: dict[int, int] = {}
+    for port in ports:
+        volume: dict[int, int] = {}
+        for p in pkts:
+            if p.dport == port:
+                volume[p.sport] = volume.get(p.sport, 0) + p.size
+            elif p.sport == port:
+                volume[p.dport] = volume.get(p.dport, 0) + p.size
+        if not volume:
+            continue
+        peer = usual.get(port)
+        out[port] = peer if peer in volume else max(volume, key=volume.__getitem__)
+    return out
 
 
 def witness_request(rec: Mapping[str, Any], pkts: Sequence[Packet], path: Chain,
@@ -269,8 +315,9 @@ def analyze(records: Sequence[Mapping[str, Any]], packets: Sequence[Packet], pat
         lo, hi = bisect.bisect_left(times, t0), bisect.bisect_right(times, t1)
         windows.append(packets[lo:hi])
     peers = connection_peers(windows, [p for link in path.links for p in link.ports])
+    ports = [p for link in path.links for p in link.ports]
     for r, pkts in zip(ok, windows):
-        w = witness_request(r, pkts, path, peers)
+        w = witness_request(r, pkts, path, window_peers(pkts, ports, peers))
         if w is not None:
             per.append((w, split_links(r, path)))
     out: dict[str, Any] = {"requests": len(ok), "matched": len(per), "links": []}
@@ -290,6 +337,13 @@ def analyze(records: Sequence[Mapping[str, Any]], packets: Sequence[Packet], pat
         wit = [statistics.median(w["links"][i]["network"] for w, _ in per) for i in range(n_split)]
     out["split_network"] = [statistics.median(s[i] for _, s in per) for i in range(n_split)]
     out["witness_network"] = wit
-    out["negative_stacks"] = sum(1 for w, _ in per for l in w["links"]
-                                 if min(l["stack_outer"], l["stack_inner"]) < -0.05)
+    neg: dict[str, int] = {}
+    for w, _ in per:
+        for i, link in enumerate(w["links"]):
+            for side in ("stack_outer", "stack_inner"):
+                if link[side] < NEGATIVE_MS:
+                    neg[f"link{i}.{side}"] = neg.get(f"link{i}.{side}", 0) + 1
+    out["negative_stacks"] = sum(1 for w, _ in per if any(min(l["stack_outer"], l["stack_inner"]) < NEGATIVE_MS
+                                                          for l in w["links"]))
+    out["negative_by"] = neg
     return out
