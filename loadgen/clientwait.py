@@ -125,5 +125,7 @@ def book(sp: dict[str, float], wait_ms: float) -> float:
         sp["network_hop1"] = hop1 - booked
         sp["network"] -= booked
         sp["other"] += booked
+        if sp.get("links"):
+            sp["links"][0] -= booked
     sp["client_wait"] = booked
     return booked

@@ -27,7 +27,7 @@ import gevent  # noqa: E402
 from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 
-from pathprobe import segments  # noqa: E402
+from pathprobe import segments, timing  # noqa: E402
 from pathprobe.loadgen import clientwait  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
@@ -199,6 +199,9 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         s = segments.split(e2e, out.entries, enc, dec)
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
+        sp["links"] = list(s.links)
+        sp["hops"] = [{"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other}
+                      for h in s.hops]
         client_wait_ms = clientwait.book(sp, client_wait_ms)
     else:
         sp = None
@@ -226,6 +229,7 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         "schedule_lag_ms": lag,
         "client_wait_ms": client_wait_ms,
         "entries": out.entries,
+        "hops": [hop.as_dict() for hop in out.entries.hops] if isinstance(out.entries, timing.Chain) else None,
         "split": sp,
         "trace_id": None,
         "user": user,

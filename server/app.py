@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -21,6 +22,7 @@ from pathprobe.server.metrics import ServerMetrics
 log = logging.getLogger("pathprobe.server")
 
 
+
 @dataclass(slots=True)
 class ServeConfig:
     engine: EngineConfig
@@ -29,6 +31,63 @@ class ServeConfig:
     http_port: int = 8000
     max_body_bytes: int = DEFAULT_MAX_BODY
     traces_file: str | None = None
+    http_server: str = "aiohttp"  # the HTTP front end: aiohttp or fastapi (FastAPI on uvicorn)
+    #: more HTTP front ends over the same engine: (kind, port), e.g. (("fastapi", 8001),)
+    extra_http: tuple[tuple[str, int], ...] = ()
+
+
+class _HttpFrontEnd:
+    """Start/stop of the HTTP front end chosen by ``ServeConfig.http_server``."""
+
+    def __init__(self, kind: str, host: str, port: int, max_body_bytes: int, state: ServerState) -> None:
+        self.kind, self.host, self.port, self.max_body_bytes = kind, host, port, max_body_bytes
+        self.state = state
+        self._runner: web.AppRunner | None = None
+        self._uvicorn: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            if self.kind == "fastapi":
+                await self._start_fastapi()
+            else:
+                self._runner = web.AppRunner(build_app(self.state, self.max_body_bytes), access_log=None)
+                await self._runner.setup()
+                await web.TCPSite(self._runner, self.host, self.port).start()
+        except OSError as exc:
+            raise ConfigError(f"HTTP port ({self.kind}): cannot bind {self.host}:{self.port}: {exc.strerror}") from None
+
+    async def _start_fastapi(self) -> None:
+        import socket
+
+        import uvicorn
+
+        from pathprobe.server.fastapi_app import build_app as build_fastapi
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit it: uvicorn writes a response's head and body apart, and
+        # without it each response waits ~40 ms for the client's delayed ACK (Nagle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((self.host, self.port))  # bind here, so a busy port is a clear error before serving
+        cfg = uvicorn.Config(build_fastapi(self.state, self.max_body_bytes), log_level="warning", access_log=False,
+                             lifespan="off", http="httptools", loop="none", timeout_graceful_shutdown=1)
+        self._uvicorn = uvicorn.Server(cfg)
+        self._uvicorn.install_signal_handlers = lambda: None  # serve() owns SIGINT/SIGTERM
+        self._task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
+        while not self._uvicorn.started:
+            if self._task.done():
+                self._task.result()
+                raise ConfigError("--http-server fastapi: uvicorn stopped before serving")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._uvicorn is not None and self._task is not None:
+            self._uvicorn.should_exit = True
+            with contextlib.suppress(Exception):
+                await self._task
+        if self._runner is not None:
+            await self._runner.cleanup()
 
 
 async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
@@ -36,17 +95,14 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
     engine = create_engine(config.engine)
     await engine.start()
     state = ServerState(engine=engine, metrics=ServerMetrics(engine))
-    runner = web.AppRunner(build_app(state, config.max_body_bytes), access_log=None)
-    await runner.setup()
+    fronts = [_HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state)
+              for kind, port in ((config.http_server, config.http_port), *config.extra_http)]
     try:
-        site = web.TCPSite(runner, config.host, config.http_port)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise ConfigError(f"--http-port: cannot bind {config.host}:{config.http_port}: {exc.strerror}") from None
+        for front in fronts:
+            await front.start()
         grpc_server, grpc_port = await start_grpc(state, config.host, config.grpc_port)
-        log.warning("pathprobe serve: engine=%s model=%s grpc=%s:%d http=http://%s:%d", config.engine.kind,
-                    engine.model_name, config.host, grpc_port, config.host, config.http_port)
+        log.warning("pathprobe serve: engine=%s model=%s grpc=%s:%d http=http://%s:%d (%s)", config.engine.kind,
+                    engine.model_name, config.host, grpc_port, config.host, config.http_port, config.http_server)
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -57,6 +113,7 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         await stop.wait()
         await grpc_server.stop(grace=1.0)
     finally:
-        await runner.cleanup()
+        for front in fronts:
+            await front.stop()
         await engine.stop()
         telemetry.shutdown(provider)

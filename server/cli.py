@@ -13,6 +13,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--http-server", choices=("aiohttp", "fastapi"), default="aiohttp",
+                   help="HTTP front end: aiohttp (default) or FastAPI on uvicorn; same routes, errors and timing")
+    p.add_argument("--extra-http-server", action="append", default=[], metavar="KIND:PORT",
+                   help="also serve the HTTP API with front end KIND (aiohttp|fastapi) on PORT, over the same "
+                        "engine (repeatable): compare both frameworks side by side")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto")
     p.add_argument("--max-batch-size", type=int, default=8)
@@ -52,7 +57,14 @@ def run(args: argparse.Namespace) -> int:
         max_context=args.max_context, prefill_ms_per_token=args.prefill_ms_per_token,
         decode_ms_per_token=args.decode_ms_per_token, options=options,
     )
+    extra = []
+    for item in args.extra_http_server:
+        kind, sep, port = item.partition(":")
+        if not sep or kind not in ("aiohttp", "fastapi") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--extra-http-server: expected aiohttp:PORT or fastapi:PORT, got {item!r}")
+        extra.append((kind, int(port)))
     config = ServeConfig(engine=engine, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-                         max_body_bytes=args.max_body_bytes, traces_file=args.traces_file)
+                         max_body_bytes=args.max_body_bytes, traces_file=args.traces_file,
+                         http_server=args.http_server, extra_http=tuple(extra))
     asyncio.run(serve(config))
     return 0

@@ -187,8 +187,9 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         if client is not None:
             st = _first(client.attributes, TIMING_KEYS)
             if isinstance(st, str):
-                received = timing.parse(st)
-                entries.update(received)
+                # what the client received is the whole chain, every hop apart
+                received = timing.parse_chain(st)
+                entries = timing.Chain((*received.hops,)) if received.hops else entries
     enc = dec = 0.0
     route = ""
     if client is not None:
@@ -215,7 +216,7 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         e2e, e2e_source = outer.duration_ms, "outermost server span"
         problem = problem or "no client span: network hop 1 is not measured (e2e = outermost server span)"
     if srv is None:
-        problem = problem or "no server span (a server that exports no traces?): its time counts as network"
+        problem = problem or "no server span (a server that exports no traces?): its time is unsplit"
     if client is not None:
         status = client.status.get("code") if client.status else None
         ok = status not in (2, "STATUS_CODE_ERROR")
@@ -227,5 +228,6 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         # the load generator's own wait, as it booked it (never more than the client's link took)
         booked = min(wait, sp.network_hop1) if sp.network_hop1 > 0 else 0.0
         sp = dataclasses.replace(sp, network=sp.network - booked, network_hop1=sp.network_hop1 - booked,
-                                 other=sp.other + booked)
+                                 other=sp.other + booked,
+                                 links=(sp.links[0] - booked, *sp.links[1:]) if sp.links else sp.links)
     return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem)
