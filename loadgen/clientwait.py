@@ -15,7 +15,9 @@ could serve that greenlet: the part of the stretch after the greenlet went to sl
 booked as that request's wait (per resume; :meth:`WaitTracker.end` returns the wait of
 the resume that delivered the end of the response and the total over all resumes).
 
-It is an upper bound per resume: the response became readable at some instant inside
+When the process is preempted for longer than :data:`GAP_NS` right between the other greenlet's end
+and the resume, the stretch counts as ended and nothing is booked: the wait stays in network,
+the safe side. It is an upper bound per resume: the response became readable at some instant inside
 the stretch, not necessarily at its start. The split therefore never books more than the
 link's measured network as client wait (see :func:`pathprobe.loadgen.users.build_record`),
 and the wire witness (``pathprobe compare --witness pcap``) measures the true arrival.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import gevent
@@ -24,22 +25,27 @@ def _request(tracker: WaitTracker, ready: AsyncResult) -> tuple[float, float]:
 
 
 def test_a_response_waiting_for_another_greenlet_is_client_wait():
+    """Five times (median): when this process is preempted for more than GAP_NS right between the
+    neighbour's end and the resume, the wait is not booked (it stays network: the safe side)."""
     tracker = WaitTracker().start()
+    waits = []
     try:
-        ready = AsyncResult()
+        for _ in range(5):
+            ready = AsyncResult()
 
-        def busy_neighbour() -> None:
-            gevent.sleep(0.002)
-            ready.set(True)  # the response is there...
-            _burn(20)  # ...but the loop runs this greenlet for 20 ms more
+            def busy_neighbour(ready: AsyncResult = ready) -> None:
+                gevent.sleep(0.002)
+                ready.set(True)  # the response is there...
+                _burn(20)  # ...but the loop runs this greenlet for 20 ms more
 
-        g = gevent.spawn(_request, tracker, ready)
-        gevent.spawn(busy_neighbour)
-        last, total = g.get(timeout=5)
+            g = gevent.spawn(_request, tracker, ready)
+            gevent.spawn(busy_neighbour)
+            last, total = g.get(timeout=5)
+            assert total >= last
+            waits.append(last)
     finally:
         tracker.stop()
-    assert 19.0 <= last <= 30.0, last
-    assert total >= last
+    assert 19.0 <= statistics.median(waits) <= 30.0, waits
 
 
 def test_an_idle_loop_books_no_wait():
