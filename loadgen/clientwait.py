@@ -114,20 +114,3 @@ class WaitTracker:
         if self._prev is not None:
             self._prev(event, args)
 
-
-def book(sp: dict[str, float], wait_ms: float) -> float:
-    """Move the load generator's own wait from network on the client's link to ``other`` (time inside
-    a hop -- the client -- outside its named parts), in a record's split dict; ``sp["client_wait"]``
-    says how much. The wait is an upper bound per resume, so it is capped at the link's measured
-    network: the client cannot have held the response longer than the link took. Returns what was
-    booked."""
-    hop1 = sp.get("network_hop1", 0.0)
-    booked = min(wait_ms, hop1) if hop1 > 0 else 0.0
-    if booked > 0:
-        sp["network_hop1"] = hop1 - booked
-        sp["network"] -= booked
-        sp["other"] += booked
-        if sp.get("links"):
-            sp["links"][0] -= booked
-    sp["client_wait"] = booked
-    return booked

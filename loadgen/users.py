@@ -28,7 +28,6 @@ from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 
 from pathprobe import segments, timing  # noqa: E402
-from pathprobe.loadgen import clientwait  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
 from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
@@ -196,13 +195,13 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
             tpot = (e2e - ttft) / (n - 1)
     emit = out.emit_ms if spec.stream and len(out.emit_ms) == len(times) and all(out.emit_ms) else None
     if out.ok:
-        s = segments.split(e2e, out.entries, enc, dec)
+        s = segments.split(e2e, out.entries, enc, dec, client_wait_ms=client_wait_ms)
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
         sp["links"] = list(s.links)
         sp["hops"] = [{"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other}
                       for h in s.hops]
-        client_wait_ms = clientwait.book(sp, client_wait_ms)
+        client_wait_ms = s.client_wait
     else:
         sp = None
     return {

@@ -9,7 +9,7 @@ import gevent
 from gevent.event import AsyncResult
 
 from pathprobe.loadgen.clientwait import WaitTracker
-from pathprobe.loadgen.clientwait import book as _book_client_wait
+from pathprobe.segments import split
 
 
 def _burn(ms: float) -> None:
@@ -60,10 +60,11 @@ def test_an_idle_loop_books_no_wait():
     assert last < 0.5 and total < 0.5, (last, total)
 
 
-def test_booking_moves_wait_from_the_client_link_to_other_and_never_below_zero():
-    sp = {"e2e": 10.0, "network": 5.0, "network_hop1": 3.0, "network_hop2": 2.0, "other": 1.0}
-    assert _book_client_wait(sp, 1.25) == 1.25
-    assert sp["network_hop1"] == 1.75 and sp["network"] == 3.75 and sp["other"] == 2.25
-    sp = {"e2e": 10.0, "network": 5.0, "network_hop1": 3.0, "network_hop2": 2.0, "other": 1.0}
-    assert _book_client_wait(sp, 50.0) == 3.0  # capped: the client cannot have held it longer than the link took
-    assert sp["network_hop1"] == 0.0 and sp["network"] == 2.0 and sp["other"] == 4.0
+def test_split_books_the_wait_as_client_time_never_below_zero_network():
+    direct = {"srv.total": 4.0, "srv.prefill": 1.0}
+    s = split(10.0, direct, 0.5, 0.5, client_wait_ms=1.25)  # the client's link took 10 - 1 - 4 = 5 ms
+    assert s.client_wait == 1.25 and abs(s.network_hop1 - 3.75) < 1e-9 and abs(s.links[0] - 3.75) < 1e-9
+    assert abs(s.network + s.serialization + s.queueing + s.inference + s.other + s.unsplit - 10.0) < 1e-9
+    s = split(10.0, direct, 0.5, 0.5, client_wait_ms=50.0)  # capped: not longer than the link took
+    assert s.client_wait == 5.0 and s.network_hop1 == 0.0
+    assert split(10.0, direct, 0.5, 0.5).client_wait == 0.0

@@ -13,7 +13,6 @@ Two ways to get each hop's entries:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,12 +221,7 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         ok = status not in (2, "STATUS_CODE_ERROR")
     else:
         ok = True
-    sp = split(e2e, entries, enc, dec) if not math.isnan(e2e) else None
+    # the load generator's own wait, as it booked it (never more than the client's link took)
     wait = float(_first(client.attributes, WAIT_KEYS) or 0.0) if client is not None else 0.0
-    if sp is not None and wait > 0:
-        # the load generator's own wait, as it booked it (never more than the client's link took)
-        booked = min(wait, sp.network_hop1) if sp.network_hop1 > 0 else 0.0
-        sp = dataclasses.replace(sp, network=sp.network - booked, network_hop1=sp.network_hop1 - booked,
-                                 other=sp.other + booked,
-                                 links=(sp.links[0] - booked, *sp.links[1:]) if sp.links else sp.links)
+    sp = split(e2e, entries, enc, dec, client_wait_ms=wait) if not math.isnan(e2e) else None
     return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem)
