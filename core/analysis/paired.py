@@ -29,7 +29,7 @@ from pathprobe.analysis import stats
 MIN_DIFF_MS = 0.1
 MIN_REL = 0.05
 #: paired metrics: path tax first, then its parts and e2e
-PAIRED_METRICS = ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "e2e")
+PAIRED_METRICS = ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "unsplit", "e2e")
 
 
 def path_tax(rec: Mapping[str, Any]) -> float:
@@ -75,7 +75,7 @@ def tax_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if not ok:
         return {"n": 0}
     out: dict[str, Any] = {"n": len(ok)}
-    for m in ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other"):
+    for m in ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "unsplit"):
         x = np.asarray([_value(r, m) for r in ok], dtype=float)
         out[m] = {"p50": float(np.median(x)), "mean": float(x.mean())}
     engine = np.asarray([float(r["split"].get("queueing", 0.0)) + float(r["split"].get("inference", 0.0))
@@ -125,7 +125,7 @@ def judge(per_target: dict[str, dict[str, Any]], baseline: str, conc: int, alpha
         if not r["significant"]:
             continue
         parts = sorted(((m, r[m]["median"]["value"]) for m in ("network_hop1", "network_hop2", "serialization",
-                                                                "other")), key=lambda kv: -abs(kv[1]))
+                                                                "other", "unsplit")), key=lambda kv: -abs(kv[1]))
         text = (f"c={conc}: {name} costs {med['value']:+.3f} ms of path tax per call vs {baseline} "
                 f"(paired median [95% CI {med['lo']:+.3f}, {med['hi']:+.3f}], n={r['n']} pairs, Wilcoxon p="
                 f"{p_adj:.2g} Holm); mostly " + ", ".join(f"{m} {v:+.3f} ms" for m, v in parts[:2]))
