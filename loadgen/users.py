@@ -139,6 +139,8 @@ class _LLMMixin:
         finally:
             wait = waits.end() if waits is not None else (0.0, 0.0)
             rec = build_record(out, spec, route, url, ts, lag_ns, self._uid, rt.worker, wait[0])
+            if spec.stream:  # every resume's wait: what held chunks back on this side (see analysis.chunks)
+                rec["client_wait_total_ms"] = wait[1]
             if config is not None:
                 rec["config"] = config
                 rec["cycle"] = self._cycle

@@ -119,3 +119,20 @@ def test_nginx_proxy_buffering_on_sse_is_flagged_and_off_is_not(server, tmp_path
         assert s["buffered_share"] > 0.9 and s["delay_spread_p50_ms"] > 0.5 * DECODE_MS * (TOKENS - 2), s
     else:
         assert s["buffered_share"] < 0.1, s
+
+
+def _stream(emit: list[float], arrival: list[float], wait: float = 0.0) -> dict:
+    return {"ok": True, "emit_ms": emit, "ttft_ms": arrival[0],
+            "itl_ms": [b - a for a, b in zip(arrival, arrival[1:])], "client_wait_total_ms": wait}
+
+
+def test_held_back_chunks_are_buffering_unless_the_client_itself_was_waiting():
+    emit = [1.0 + 3 * i for i in range(8)]  # emitted 3 ms apart
+    together = [30.0 + 0.01 * i for i in range(8)]  # all arrive at the end
+    assert chunk_timing(_stream(emit, together))["buffered"]
+    # the same arrival, but the load generator's loop was busy for 25 ms meanwhile: its own doing
+    assert not chunk_timing(_stream(emit, together, wait=25.0))["buffered"]
+    # relayed as emitted (1 ms later each): nothing held
+    c = chunk_timing(_stream(emit, [e + 1.0 for e in emit]))
+    assert not c["buffered"] and all(abs(g - 3.0) < 1e-9 for g in c["decode_gaps"])
+    assert all(abs(g) < 1e-9 for g in c["transport_gaps"])

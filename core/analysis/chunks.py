@@ -10,9 +10,13 @@ its clock). The two origins differ by a constant (the request's way in), so per 
 
 A proxy that **buffers or coalesces** chunks delivers several that were emitted apart at
 (nearly) the same instant: a gap the server made (emit gap >= :data:`MIN_EMIT_GAP_MS`) that
-arrives at less than :data:`COALESCED_RATIO` of its size is *coalesced*. A stream is
-*buffered* when at least half of its eligible gaps (at least :data:`MIN_GAPS`) are coalesced,
-and a configuration is named as buffering when at least half of its streams are.
+arrives at less than :data:`COALESCED_RATIO` of its size is *coalesced*. A busy load generator
+does the same on its side (chunks pile up while its event loop runs other work), so a stream is
+*buffered* only when at least half of its eligible gaps (at least :data:`MIN_GAPS`) are coalesced
+AND its chunks were held back systematically on the path: the first chunk's delay exceeds the
+last one's by at least half the stream's emit span, beyond what the client's own waits during
+the stream (``client_wait_total_ms``) explain. A configuration is named as buffering when at
+least half of its streams are.
 """
 
 from __future__ import annotations
@@ -41,13 +45,16 @@ def chunk_timing(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     delay = [a - e for a, e in zip(arrival, emit)]
     eligible = [(a, d) for a, d in zip(arr, dec) if d >= MIN_EMIT_GAP_MS]
     coalesced = sum(1 for a, d in eligible if a < COALESCED_RATIO * d)
+    held = delay[0] - delay[-1] - float(rec.get("client_wait_total_ms") or 0.0)
+    span = emit[-1] - emit[0]
     return {
         "decode_gaps": dec,
         "transport_gaps": transport,
         "delay_spread_ms": max(delay) - min(delay),
         "eligible_gaps": len(eligible),
         "coalesced_gaps": coalesced,
-        "buffered": len(eligible) >= MIN_GAPS and coalesced >= 0.5 * len(eligible),
+        "held_back_ms": held,
+        "buffered": len(eligible) >= MIN_GAPS and coalesced >= 0.5 * len(eligible) and held >= 0.5 * span,
     }
 
 
