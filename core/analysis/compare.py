@@ -381,7 +381,20 @@ def _paired_verdicts(cfg: CompareConfig, report_targets: dict[str, Any], results
             if name != baseline and t["status"] == "ok" and recs.get(baseline):
                 per[name] = g["paired"] = paired_mod.paired(recs.get(name, []), recs[baseline],
                                                              n_boot=cfg.bootstrap)
-        verdicts += paired_mod.judge(per, baseline, conc, cfg.alpha)
+        found = paired_mod.judge(per, baseline, conc, cfg.alpha)
+        clients = [(t["by_concurrency"].get(str(conc)) or {}).get("client") or {} for t in report_targets.values()]
+        if any(c.get("saturated") for c in clients):
+            flag = "client saturated"
+        elif any(c.get("contended") for c in clients):
+            flag = "machine contended"
+        else:
+            flag = None
+        for v in found:
+            if flag:
+                v["client_flag"] = flag
+                v["text"] += (f" -- FLAGGED: {flag} at this concurrency (the load generator waited for a CPU): "
+                              "the path tax includes that waiting, and another run on this machine may differ")
+        verdicts += found
     return verdicts
 
 

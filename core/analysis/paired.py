@@ -15,7 +15,8 @@ Verdicts on the path tax: Wilcoxon signed-rank test on the paired differences
 (scipy.stats.wilcoxon), Holm-adjusted across configurations, and a difference that
 matters for sure: the whole 95% interval of the median paired difference (percentile
 bootstrap) lies beyond the minimum difference, :data:`MIN_DIFF_MS` and :data:`MIN_REL` of
-the baseline's median path tax. A difference whose interval straddles that minimum gets
+the baseline's median path tax, and so does the median paired difference of every round.
+A difference whose interval straddles that minimum, or that one round does not show, gets
 no verdict, so a verdict does not depend on where a noisy estimate fell in one run.
 """
 
@@ -29,6 +30,7 @@ from pathprobe.analysis import stats
 
 MIN_DIFF_MS = 0.1
 MIN_REL = 0.05
+MIN_ROUND_PAIRS = 5  # a round with fewer pairs is not judged on its own
 #: paired metrics: path tax first, then its parts and e2e
 PAIRED_METRICS = ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "unsplit", "e2e")
 
@@ -107,6 +109,10 @@ def paired(records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str,
         p = math.nan
     out["wilcoxon_p"] = p
     out["baseline_path_tax_p50"] = float(np.median([path_tax(b) for _, b in pr]))
+    by_round: dict[str, list[float]] = {}
+    for a, b in pr:
+        by_round.setdefault(str(a.get("_round", 0)), []).append(path_tax(a) - path_tax(b))
+    out["rounds"] = {k: float(np.median(v)) for k, v in sorted(by_round.items()) if len(v) >= MIN_ROUND_PAIRS}
     return out
 
 
@@ -124,7 +130,13 @@ def judge(per_target: dict[str, dict[str, Any]], baseline: str, conc: int, alpha
         # the whole interval beyond the minimum difference: a verdict is not decided by where a noisy
         # estimate happens to fall this time (two runs one after the other reach the same verdicts)
         beyond = med["lo"] >= floor or med["hi"] <= -floor
-        r["significant"] = bool(not math.isnan(p_adj) and p_adj < alpha and beyond)
+        # and every round on that side of the minimum too: drift between rounds (a shared machine's
+        # load changes minute to minute) must not decide it
+        rounds = list(r.get("rounds", {}).values())
+        steady = bool(rounds) and (all(v >= floor for v in rounds) if med["value"] > 0 else
+                                   all(v <= -floor for v in rounds))
+        r["rounds_agree"] = steady
+        r["significant"] = bool(not math.isnan(p_adj) and p_adj < alpha and beyond and steady)
         if not r["significant"]:
             continue
         parts = sorted(((m, r[m]["median"]["value"]) for m in ("network_hop1", "network_hop2", "serialization",
