@@ -38,7 +38,7 @@ pc = time.perf_counter_ns
 
 
 class _Waiter:
-    __slots__ = ("slept_at", "last_wait_ns", "total_wait_ns")
+    __slots__ = ("last_wait_ns", "slept_at", "total_wait_ns")
 
     def __init__(self) -> None:
         self.slept_at = 0

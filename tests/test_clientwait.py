@@ -7,7 +7,6 @@ import time
 
 import gevent
 from gevent.event import AsyncResult
-
 from pathprobe.loadgen.clientwait import WaitTracker
 from pathprobe.segments import split
 

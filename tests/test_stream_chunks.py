@@ -6,11 +6,13 @@ with ``proxy_buffering on`` (its default, with its default HTTP/1.0 to the upstr
 events until its buffer fills or the response ends, so chunks emitted milliseconds apart arrive
 together: flagged. With ``proxy_buffering off`` it relays each event as it comes: not flagged.
 (nginx 1.22 with ``proxy_http_version 1.1`` passes a chunked upstream's events on as they come even
-with buffering on: that configuration is not a buffering one, and is not flagged.) (Real processes: server, nginx, ``pathprobe load``.)
+with buffering on: that configuration is not a buffering one, and is not flagged.)
+Real processes: server, nginx, ``pathprobe load``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import socket
@@ -20,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from pathprobe.analysis.chunks import chunk_timing, summarize
+
 from tests.support.procs import Server, free_port
 
 DECODE_MS = 3.0
@@ -123,7 +125,7 @@ def test_nginx_proxy_buffering_on_sse_is_flagged_and_off_is_not(server, tmp_path
 
 def _stream(emit: list[float], arrival: list[float], wait: float = 0.0) -> dict:
     return {"ok": True, "emit_ms": emit, "ttft_ms": arrival[0],
-            "itl_ms": [b - a for a, b in zip(arrival, arrival[1:])], "client_wait_total_ms": wait}
+            "itl_ms": [b - a for a, b in itertools.pairwise(arrival)], "client_wait_total_ms": wait}
 
 
 def test_held_back_chunks_are_buffering_unless_the_client_itself_was_waiting():

@@ -22,7 +22,7 @@ least half of its streams are.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import Any
 
 MIN_EMIT_GAP_MS = 0.5
@@ -39,8 +39,8 @@ def chunk_timing(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     arrival = list(accumulate([float(rec["ttft_ms"]), *map(float, rec.get("itl_ms") or ())]))
     if len(arrival) != len(emit):
         return None
-    dec = [b - a for a, b in zip(emit, emit[1:])]
-    arr = [b - a for a, b in zip(arrival, arrival[1:])]
+    dec = [b - a for a, b in pairwise(emit)]
+    arr = [b - a for a, b in pairwise(arrival)]
     transport = [a - d for a, d in zip(arr, dec)]
     delay = [a - e for a, e in zip(arrival, emit)]
     eligible = [(a, d) for a, d in zip(arr, dec) if d >= MIN_EMIT_GAP_MS]

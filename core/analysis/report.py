@@ -226,7 +226,7 @@ def _path_tax_table(report: Mapping[str, Any], key: str) -> list[str]:
     if not rows:
         return []
     out = ["path tax per call (everything but the engine; p50 ms; calls interleaved one by one, paired with "
-           f"the baseline's call of the same cycle):", "",
+           "the baseline's call of the same cycle):", "",
            "| config | path tax | network hop 1 | network hop 2+ | serial. | other | engine | "
            "Δ path tax vs base [95% CI] | pairs |",
            "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
@@ -340,7 +340,8 @@ def markdown(report: Mapping[str, Any]) -> str:
                          "differ on " + ", ".join(f"{k} ({v})" for k, v in bad.items())))
         lines.append("trace check (`pathprobe analyze` on this run's spans vs the in-band split, "
                      "max(5%, 0.2 ms)): " + "; ".join(parts))
-    comp = [(n, t["trace_completeness"]) for n, t in targets.items() if (t.get("trace_completeness") or {}).get("requests")]
+    comp = [(n, t["trace_completeness"]) for n, t in targets.items()
+            if (t.get("trace_completeness") or {}).get("requests")]
     if comp:
         lines.append("")
         lines.append("trace completeness (ok requests whose trace has every expected span): " + "; ".join(

@@ -47,7 +47,6 @@ from typing import Any
 
 from pathprobe.errors import PathprobeError
 
-
 #: a stack below this (ms) means a hop reported more time than its packets allow (or a mismatch): counted
 NEGATIVE_MS = -0.05
 
@@ -73,7 +72,7 @@ class Capture:
             raise PathprobeError("witness pcap: no ports to capture")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         expr = " or ".join(f"tcp port {p}" for p in self.ports)
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - open while tcpdump runs
         self.proc = subprocess.Popen([exe, "-i", self.interface, "--time-stamp-precision=nano", "-U", "-n",
                                       "-s", "256", "-w", str(self.path), expr],
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -244,7 +243,7 @@ def witness_request(rec: Mapping[str, Any], pkts: Sequence[Packet], path: Chain,
     each port to follow (:func:`connection_peers`)."""
     peers = peers or {}
     t0 = int(rec["t0_wall_ns"])
-    t_end = t0 + int(round(float(rec["e2e_ms"]) * 1e6))
+    t_end = t0 + round(float(rec["e2e_ms"]) * 1e6)
     e = rec.get("entries") or {}
     ms = 1e-6
     links: list[dict[str, Any]] = []
@@ -311,7 +310,7 @@ def analyze(records: Sequence[Mapping[str, Any]], packets: Sequence[Packet], pat
     windows = []
     for r in ok:
         t0 = int(r["t0_wall_ns"])
-        t1 = t0 + int(round(float(r["e2e_ms"]) * 1e6))
+        t1 = t0 + round(float(r["e2e_ms"]) * 1e6)
         lo, hi = bisect.bisect_left(times, t0), bisect.bisect_right(times, t1)
         windows.append(packets[lo:hi])
     peers = connection_peers(windows, [p for link in path.links for p in link.ports])
@@ -332,7 +331,7 @@ def analyze(records: Sequence[Mapping[str, Any]], packets: Sequence[Packet], pat
         out["links"].append(row)
     # the split's network per link (a silent hop merges links for the split: compared on the sum)
     if path.links[0].inner == "silent":
-        wit = [statistics.median(sum(l["network"] for l in w["links"]) for w, _ in per)]
+        wit = [statistics.median(sum(link["network"] for link in w["links"]) for w, _ in per)]
     else:
         wit = [statistics.median(w["links"][i]["network"] for w, _ in per) for i in range(n_split)]
     out["split_network"] = [statistics.median(s[i] for _, s in per) for i in range(n_split)]
@@ -343,7 +342,7 @@ def analyze(records: Sequence[Mapping[str, Any]], packets: Sequence[Packet], pat
             for side in ("stack_outer", "stack_inner"):
                 if link[side] < NEGATIVE_MS:
                     neg[f"link{i}.{side}"] = neg.get(f"link{i}.{side}", 0) + 1
-    out["negative_stacks"] = sum(1 for w, _ in per if any(min(l["stack_outer"], l["stack_inner"]) < NEGATIVE_MS
-                                                          for l in w["links"]))
+    out["negative_stacks"] = sum(1 for w, _ in per if any(min(link["stack_outer"], link["stack_inner"]) < NEGATIVE_MS
+                                                          for link in w["links"]))
     out["negative_by"] = neg
     return out
