@@ -25,6 +25,7 @@ import grpc.aio
 from aiohttp import web
 
 from pathprobe import jsoncodec, timing
+from pathprobe.address import host_and_port
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge, Unavailable
 from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
 from pathprobe.gateway.common import Entries, exc_json
@@ -126,9 +127,9 @@ class Transcoder:
         while True:
             u = self.pool.acquire(tried)
             method = GENERATE_STREAM if kind == "stream" else GENERATE
-            host, _, port = u.target.rpartition(":")
+            host, port = host_and_port(u.target)
             cattrs = {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
-                      "server.address": host, "server.port": int(port)}
+                      "server.address": host, "server.port": port}
             t_up0 = now_ms()
             cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
             mc = u.client.stream if kind == "stream" else u.client.unary

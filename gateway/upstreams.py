@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pathprobe.address import host_and_port
 from pathprobe.errors import Unavailable
 
 log = logging.getLogger("pathprobe.gateway")
@@ -122,8 +123,8 @@ def check_grpc(target: str, channels: dict[str, Any], timeout: float) -> tuple[b
 
 
 def check_http(target: str, timeout: float, path: str = "/healthz") -> tuple[bool, str]:
-    host, _, port = target.rpartition(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    host, port = host_and_port(target)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", path)
         resp = conn.getresponse()

@@ -27,8 +27,10 @@ import gevent
 from locust import events
 from locust.runners import STATE_MISSING, LocalRunner, MasterRunner, WorkerRunner
 
+from pathprobe import environment
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen import clientwait
+from pathprobe.loadgen import metrics as metrics_mod
 from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
 from pathprobe.loadgen.arrival import Schedule
@@ -88,6 +90,11 @@ def add_arguments(parser: Any) -> None:
                    help="call-by-call interleaving: NAME=URL[,NAME=URL...]; each user sends each call to the "
                         "next configuration of a freshly shuffled order (records carry 'config' and 'cycle'; "
                         "-H is then only Locust's label)")
+    g.add_argument("--metrics-port", type=int, default=0, include_in_web_ui=False,
+                   help="serve Prometheus /metrics (the client-side split, live) on this port from each "
+                        "process that runs users (default: $PATHPROBE_LOAD_METRICS_PORT, else off)")
+    g.add_argument("--metrics-host", default="", include_in_web_ui=False,
+                   help="address for --metrics-port (default: $PATHPROBE_LOAD_METRICS_HOST, else 127.0.0.1)")
     g.add_argument("--pathprobe-busy-ms", type=float, default=0.0, include_in_web_ui=False,
                    help="TEST HOOK: each user burns this many ms of CPU before each request (outside "
                         "the timed part), to make the load generator saturate on purpose")
@@ -308,6 +315,7 @@ class Runtime:
         self.waits: clientwait.WaitTracker | None = None
         self.next_flush = 0.0
         self.client_wires: dict[str, dict[str, Any]] = {}  # master: each worker's monitor data
+        self.metrics: metrics_mod.LoadMetrics | None = None  # Prometheus export (processes that run users)
         self.client: dict[str, Any] | None = None
         self._prompts_key: tuple[Any, ...] | None = None
 
@@ -339,6 +347,8 @@ class Runtime:
         self.final_sent = False
         self.start_wall = time.time()
         self.started = False
+        if self.metrics is not None:
+            self.metrics.label = self.cfg.label
         if self.role != "worker":
             if self.writer is not None:
                 self.writer.close()
@@ -399,7 +409,7 @@ class Runtime:
         """Records into the histograms and records.jsonl, finished spans to their exporter."""
         self.next_flush = time.monotonic() + LOCAL_FLUSH_S
         if self.role == "local":
-            self.agg.flush(self.writer)
+            self.flush_local()
         if self.tracing is not None:
             self.tracing.drain()
 
@@ -409,6 +419,25 @@ class Runtime:
         every request), instead of on a timer that fires while a response waits for the loop."""
         if time.monotonic() >= self.next_flush:
             self.flush()
+
+    def flush_local(self) -> None:
+        batch = self.agg.flush(self.writer)
+        if self.metrics is not None and batch:
+            self.metrics.observe(batch)
+
+    def serve_metrics(self) -> None:
+        """Start the Prometheus endpoint when a port is given (flag or env); once per process."""
+        o = self.env.parsed_options
+        port = metrics_mod.port_from(getattr(o, "metrics_port", 0))
+        if not port or self.metrics is not None:
+            return
+        host = metrics_mod.host_from(getattr(o, "metrics_host", ""))
+        self.metrics = metrics_mod.LoadMetrics(self.cfg.label)
+        try:
+            self.metrics.serve(host, port)
+        except OSError as exc:
+            raise ConfigError(f"metrics-port: cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+        log.info("pathprobe: Prometheus metrics on http://%s:%d/metrics", host, port)
 
     def meta(self) -> dict[str, Any]:
         from pathprobe import __version__
@@ -467,7 +496,7 @@ class Runtime:
         wire = self.stop_monitor()
         if wire is not None:
             self.client_wires = {"local": wire}
-        self.agg.flush(self.writer)
+        self.flush_local()
         self.end_wall = time.time()
         self._write()
 
@@ -484,6 +513,8 @@ class Runtime:
         batch = self.agg.take_pending()
         if not batch:
             return None
+        if self.metrics is not None:
+            self.metrics.observe(batch)
         delta = Aggregator()
         delta.add_batch(batch)
         self.worker_agg.merge(delta)
@@ -531,12 +562,16 @@ def runtime(environment: Any) -> Runtime:
 
 # --- Locust events -------------------------------------------------------------------------
 def on_init(environment: Any, **_kw: Any) -> None:
-    if getattr(environment.parsed_options, "sweep", "") and not os.environ.get("PATHPROBE_SWEEP_CHILD"):
+    if getattr(environment.parsed_options, "sweep", "") and not environment.get(environment.PATHPROBE_SWEEP_CHILD):
         log.warning("pathprobe: --sweep is handled by `pathprobe load`; ignored here")
     rt = runtime(environment)
     runner = environment.runner
     if not isinstance(runner, MasterRunner):
         rt.prepare()  # tokenizer + prompts now, not inside the timed run
+        rt.serve_metrics()
+    elif metrics_mod.port_from(getattr(environment.parsed_options, "metrics_port", 0)):
+        log.warning("pathprobe: --metrics-port is served by the processes that run users (the workers); "
+                    "the master serves none")
     if isinstance(runner, MasterRunner):
         def on_final(environment: Any, msg: Any, **_: Any) -> None:
             rt.merge_from_worker(msg.data)
