@@ -37,6 +37,7 @@ METRICS = (
     "client_encode",
     "client_decode",
     "schedule_lag",
+    "client_wait",
     "ttft",
     "itl",
     "tpot",
@@ -95,6 +96,7 @@ class RouteAgg:
             "client_encode": [r["client_encode_ms"] for r in oks],
             "client_decode": [r["client_decode_ms"] for r in oks],
             "schedule_lag": [r["schedule_lag_ms"] for r in oks],
+            "client_wait": [r.get("client_wait_ms", 0.0) for r in oks],
         }
         splits = [r["split"] for r in oks if r.get("split")]
         self.estimated += sum(1 for sp in splits if sp.get("network_estimated"))
@@ -197,7 +199,9 @@ class Aggregator:
     def add_batch(self, batch: list[Record]) -> None:
         by_route: dict[str, list[Record]] = {}
         for rec in batch:
-            by_route.setdefault(rec["route"], []).append(rec)
+            # call-by-call interleaving (--mix): one route per configuration
+            key = f"{rec['config']}/{rec['route']}" if "config" in rec else rec["route"]
+            by_route.setdefault(key, []).append(rec)
         for name, recs in by_route.items():
             self.route(name).add_records(recs)
 
@@ -307,7 +311,7 @@ def write_outputs(out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str
 
 
 TABLE_METRICS = ("e2e", "network", "serialization", "queueing", "inference", "other", "unsplit", "ttft", "itl",
-                 "schedule_lag")
+                 "schedule_lag", "client_wait")
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -323,7 +327,7 @@ def format_table(summary: dict[str, Any]) -> str:
             st = rs["metrics"].get(m)
             if not st or not st.get("count"):
                 continue
-            if m in ("schedule_lag", "unsplit") and st["max"] == 0:
+            if m in ("schedule_lag", "unsplit", "client_wait") and st["max"] == 0:
                 continue
             label = m
             if m == "network" and rs.get("network_estimated"):

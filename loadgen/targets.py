@@ -102,6 +102,7 @@ class Outcome:
     encode_ns: int = 0
     decode_ns: int = 0
     token_times: list[int] = field(default_factory=list)  # arrival of each chunk carrying tokens
+    emit_ms: list[float] = field(default_factory=list)  # the server's emit offset of each of those chunks
     tokens_in: int | None = None
     tokens_out: int | None = None
     ok: bool = False
@@ -209,6 +210,7 @@ class GrpcTarget(Target):
         n = 0
         usage = None
         times = out.token_times
+        emits = out.emit_ms
         for raw in it:
             ta = pc()
             chunk = pb.GenerateChunk.FromString(raw)
@@ -216,6 +218,7 @@ class GrpcTarget(Target):
             out.response_bytes += len(raw)
             if chunk.token_ids or chunk.text:
                 times.append(ta)
+                emits.append(chunk.emit_ms)
                 n += len(chunk.token_ids) or 1
             if chunk.HasField("usage"):
                 usage = chunk.usage
@@ -485,6 +488,7 @@ class NativeHttpTarget(_HttpBase):
                 state["err"] = obj["error"]
             if obj.get("text") or obj.get("token_ids"):
                 out.token_times.append(ta)
+                out.emit_ms.append(float(obj.get("emit_ms") or 0.0))
                 state["n"] += len(obj.get("token_ids") or ()) or 1
             _take_usage_and_timing(obj, out)
 
@@ -566,6 +570,7 @@ class OpenAITarget(_HttpBase):
                 piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
                 if piece:
                     out.token_times.append(ta)
+                    out.emit_ms.append(float(obj.get("emit_ms") or 0.0))
                     state["n"] += 1
             _take_usage_and_timing(obj, out)
             if "metrics" in obj:  # vLLM: the final usage chunk carries its per-request metrics

@@ -66,6 +66,9 @@ def register(subparsers) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--no-tracing", action="store_true", help="no trace files (no slowest-trace list)")
     g.add_argument("--no-html", action="store_true")
+    g.add_argument("--witness", choices=("none", "pcap"),
+                   help="pcap: capture the packets (tcpdump, root) and split each link's network into wire and "
+                        "stack time per request at concurrency 1 (report.json targets.*.witness)")
     g.add_argument("--json-only", action="store_true", help="print report.json instead of the table")
     g.add_argument("--print-config", action="store_true", help="print the effective config and exit")
     g.add_argument("--rerender", metavar="OUT", help="rebuild OUT's reports from its runs/ without running anything "
@@ -108,6 +111,7 @@ def apply_flags(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
             if not isinstance(data.get("network"), dict):
                 data["network"] = {}
             data["network"][key] = value
+    put(None, "witness", args.witness)
     if args.no_tracing:
         data["tracing"] = False
     if args.target or args.targets:

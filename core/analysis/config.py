@@ -89,6 +89,12 @@ class LoadConfig(_Strict):
     duration_s: float = Field(3.0, gt=0, description="measured seconds per configuration, round and concurrency")
     warmup_s: float = Field(2.0, ge=0, description="per configuration, before any measurement")
     rounds: int = Field(3, ge=1)
+    interleave: Literal["call", "run"] = Field(
+        "call",
+        description="call: one load process per round and concurrency sends each call to a configuration "
+        "chosen in a shuffled order (paired per-call differences; used when every configuration asks for the "
+        "same model); run: one load run per configuration, in rotated order",
+    )
     concurrency: list[int] = Field(default_factory=lambda: [1, 4], min_length=1)
     arrival: Literal["closed", "constant", "poisson"] = "closed"
     rate: float | None = Field(None, gt=0, description="req/s for open-loop arrival")
@@ -282,6 +288,9 @@ class CompareConfig(_Strict):
     placement: Literal["auto", "on", "off"] = Field(
         "auto", description="local mode: pin the engine, the proxies and the load generator to separate cores "
                             "(auto: from 3 cores; on: also on 2; env PATHPROBE_CPU_PLACEMENT overrides)")
+    witness: Literal["none", "pcap"] = Field(
+        "none", description="pcap: capture the run's loopback packets (tcpdump) and split each link's network "
+        "into wire and stack time per request at concurrency 1 (local mode)")
     server: ServerConfig = Field(default_factory=ServerConfig)
     vllm: VllmServerConfig = Field(default_factory=VllmServerConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
@@ -315,7 +324,12 @@ class CompareConfig(_Strict):
         return self.baseline or self.enabled_targets[0].name
 
     def network_for(self, target: TargetConfig) -> NetworkConfig | None:
-        net = target.network if target.network is not None else self.network
+        """The condition on ``target``'s path. A target's own ``network`` block always inserts the relay,
+        even with nothing to apply (delay 0: the relay's own cost, the baseline of a delayed twin);
+        the top-level block only when it applies something."""
+        if target.network is not None:
+            return target.network
+        net = self.network
         return net if net is not None and net.active else None
 
 

@@ -80,6 +80,10 @@ def split_hostport(address: str) -> tuple[str, int]:
     return parse_hostport(address, f"address {address!r}", default_host=LOOPBACK)
 
 
+def _port(hostport: str) -> int:
+    return split_hostport(hostport)[1]
+
+
 def url_for(protocol: str, hostport: str) -> str:
     scheme = {"grpc": "grpc://", "http": "http://", "openai": "openai+http://",
               "openai-sdk": "openai-sdk+http://"}[protocol]
@@ -248,6 +252,8 @@ class Path_:
     headers: dict[str, str] = field(default_factory=dict)
     #: extra ``pathprobe load`` arguments this path needs (LiteLLM: the chat route, the model)
     load_args: list[str] = field(default_factory=list)
+    #: the loopback ports a request passes, per link (client side first), for the wire witness
+    chain: list[tuple[list[int], str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -444,11 +450,14 @@ class Stack:
                 else:
                     upstream = self.server_grpc if t.protocol == "grpc" else self.front_ends.get(
                         t.front_end or self.cfg.server.http_server, self.server_http)
+                ports = [_port(upstream)]
                 if net:
                     if net.hop == "upstream":
                         p.notes.append("direct path: no gateway, the condition is on the client <-> server link")
                     upstream, m = self.relay(t.name, upstream, net)
                     p.procs.append(m)
+                    ports.insert(0, _port(upstream))
+                p.chain = [(ports, "srv")]
                 p.url = url_for(t.protocol or "grpc", upstream)
             elif t.kind == "chain":
                 self._chain(p, t, net)
@@ -461,12 +470,19 @@ class Stack:
                     upstream = grpc_up if proto == "grpc" else http_up
                 if srv is not None and srv is not self.server:
                     p.procs.append(srv)
+                up_ports = [_port(upstream)]
                 if net and net.hop == "upstream":
                     upstream, m = self.relay(f"{t.name}-up", upstream, net)
                     p.procs.append(m)
+                    up_ports.insert(0, _port(upstream))
                 front = self._hop(p, t.name, t.kind, t.mode, t.protocol or "grpc", upstream, t.gateway_args,
                                   t.port, t.model)
                 p.url = self._front(p, t, front, net)
+                front_ports = [_port(front)]
+                if net and net.hop == "client":
+                    front_ports.insert(0, _port(p.url))
+                # the wire witness follows these ports; a third-party proxy counts as silent there
+                p.chain = [(front_ports, "gw" if t.kind == "gateway" else "silent"), (up_ports, "srv")]
             ready_s = 240 if t.kind == "litellm" else 60  # LiteLLM imports for seconds (tens on a busy box)
             p.probe_ms = wait_ready(p.url, ready_s, [*p.procs, *([self.server] if self.server else [])],
                                     t.model, p.headers)
@@ -628,6 +644,7 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
 def run_load(
     cfg: CompareConfig, p: Path_, concurrency: int, rnd: int, duration_s: float, out_dir: Path,
     traces_file: Path | None, prompt_file: Path | None = None, placement: Placement | None = None,
+    extra: list[str] | None = None, label: str | None = None,
 ) -> RunResult:
     from pathprobe.analysis.records import read_records
 
@@ -643,7 +660,7 @@ def run_load(
                "-t", f"{secs}s", "--out", str(out_dir), "--max-tokens", str(L.max_tokens), *prompt_args,
                "--timeout-s", str(L.timeout_s), "--only-summary", "--loglevel", "WARNING",
                "--exit-code-on-error", "0", "--stop-timeout", str(int(L.timeout_s)),
-               "--label", f"{p.name} c={concurrency} round={rnd}")
+               "--label", label or f"{p.name} c={concurrency} round={rnd}")
     if L.stream:
         args.append("--stream")
     if L.arrival != "closed":
@@ -653,6 +670,7 @@ def run_load(
     args += p.load_args
     if traces_file is not None:
         args += ["--traces-file", str(traces_file)]
+    args += extra or []
     args += L.extra_args
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "load.log"
@@ -694,6 +712,48 @@ def run_load(
             pass
     return RunResult(p.name, concurrency, rnd, out_dir, records, dur,
                      traces_file=str(traces_file) if traces_file else None, client=read_client(out_dir))
+
+
+MIXED = "_interleaved"  # runs/ folder of the call-by-call interleaved load runs
+
+
+def interleavable(cfg: CompareConfig, paths: list[Path_]) -> bool:
+    """Call-by-call interleaving applies when asked for and every configuration takes the same
+    request (the same model name: one prompt stream serves them all)."""
+    return (cfg.load.interleave == "call" and len(paths) > 1 and len({p.target.model for p in paths}) == 1
+            and not any(p.headers or p.load_args for p in paths))  # e.g. LiteLLM: its own route and key
+
+
+def run_load_mixed(
+    cfg: CompareConfig, paths: list[Path_], concurrency: int, rnd: int, duration_s: float, out_root: Path,
+    traces_file: Path | None, prompt_file: Path | None = None, placement: Placement | None = None,
+) -> dict[str, RunResult]:
+    """One load process for every configuration of ``paths``: each user sends each call to the next
+    configuration of a freshly shuffled order (``pathprobe load --mix``), so drift and CPU contention hit
+    every configuration alike and calls pair up per cycle. Runs ``duration_s`` per configuration; the
+    records are split per configuration into ``runs/NAME/c{C}/r{R}`` (``warmup`` for round -1) as a
+    per-configuration run would have written them, with the shared run's summary.json."""
+    sub = "warmup" if rnd < 0 else f"c{concurrency}/r{rnd}"
+    mixed_dir = out_root / MIXED / sub
+    mix = ",".join(f"{p.name}={p.url}" for p in paths)
+    res = run_load(cfg, paths[0], concurrency, rnd, duration_s * len(paths), mixed_dir, traces_file, prompt_file,
+                   placement, extra=["--mix", mix], label=f"interleaved c={concurrency} round={rnd}")
+    out: dict[str, RunResult] = {}
+    by_name: dict[str, list[dict[str, Any]]] = {p.name: [] for p in paths}
+    for r in res.records:
+        if r.get("config") in by_name:
+            by_name[r["config"]].append(r)
+    for p in paths:
+        d = out_root / p.name / sub
+        d.mkdir(parents=True, exist_ok=True)
+        recs = by_name[p.name]
+        with open(d / "records.jsonl", "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps({k: v for k, v in r.items() if not k.startswith("_")}) + "\n" for r in recs)
+        if (mixed_dir / "summary.json").exists():
+            shutil.copyfile(mixed_dir / "summary.json", d / "summary.json")
+        out[p.name] = RunResult(p.name, concurrency, rnd, d, recs, res.duration_s / len(paths), error=res.error,
+                                traces_file=res.traces_file, client=res.client)
+    return out
 
 
 def versions() -> dict[str, str]:

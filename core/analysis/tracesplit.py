@@ -43,6 +43,8 @@ E2E_KEYS = ("pathprobe.e2e_ms", "pathprobe.split.e2e_ms", "e2e_ms", "pathprobe.c
 CLIENT_SER_KEY = "pathprobe.split.serialization_ms"
 HOP_SER = ("gw.decode", "gw.encode", "srv.decode", "srv.encode")
 ENC_KEYS = ("pathprobe.client.encode_ms", "client.encode_ms", "pathprobe.client_encode_ms", "client_encode_ms")
+#: the load generator's wait for its own event loop (pathprobe.loadgen.clientwait), booked as client time
+WAIT_KEYS = ("pathprobe.client.wait_ms",)
 DEC_KEYS = ("pathprobe.client.decode_ms", "client.decode_ms", "pathprobe.client_decode_ms", "client_decode_ms")
 ROUTE_KEYS = ("pathprobe.route", "route")
 TIMING_KEYS = ("server_timing", "pathprobe.server_timing", "http.response.header.server-timing")
@@ -245,6 +247,8 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         ok = True
     client_est = _first(client.attributes, (ESTIMATE_KEY,)) if client is not None else None
     est = serverreports.network_estimate(entries, float(client_est) if client_est is not None else None)
-    sp = (serverreports.split(e2e, entries, report, enc, dec, network_estimate_ms=est)
+    # the load generator's own wait, as it booked it (never more than the client's link took)
+    wait = float(_first(client.attributes, WAIT_KEYS) or 0.0) if client is not None else 0.0
+    sp = (serverreports.split(e2e, entries, report, enc, dec, network_estimate_ms=est, client_wait_ms=wait)
           if not math.isnan(e2e) else None)
     return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem, report)
