@@ -336,18 +336,9 @@ def markdown(report: Mapping[str, Any]) -> str:
                 label = "WARNING" if w["kind"] == "saturated" else "note"
                 lines.append(f"- **{label}**: {w['text']}")
         for name, t in targets.items():
-            path = (t.get("by_concurrency", {}).get(key) or {}).get("path")
-            if path:
-                lines.append(f"- hop by hop, {name}: {format_path(path)}")
-        for sr in report.get("self_reports") or []:
-            if sr["concurrency"] == conc:
-                lines.append(f"- **self-report** {sr['target']}: {sr['text']}")
-        cpu = [(n, t["by_concurrency"][key]["path_cpu"]) for n, t in targets.items()
-               if (t.get("by_concurrency", {}).get(key) or {}).get("path_cpu")]
-        if cpu:
-            lines.append("- CPU per request of each path's own processes (gateway / proxy, not the server): "
-                         + ", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu))
             g = t.get("by_concurrency", {}).get(key) or {}
+            if g.get("path"):
+                lines.append(f"- hop by hop, {name}: {format_path(g['path'])}")
             ch = g.get("chunks") or {}
             if ch.get("buffering"):
                 lines.append(f"- **warning**: {name} buffers or coalesces streamed chunks: in "
@@ -356,6 +347,14 @@ def markdown(report: Mapping[str, Any]) -> str:
             if g.get("ok_without_server_timing"):
                 lines.append(f"- **warning**: {name}: {g['ok_without_server_timing']} of {g['ok']} ok answers carried "
                              f"no srv.* timing (no server-timing trailer/header): their server time is in network")
+        for sr in report.get("self_reports") or []:
+            if sr["concurrency"] == conc:
+                lines.append(f"- **self-report** {sr['target']}: {sr['text']}")
+        cpu = [(n, t["by_concurrency"][key]["path_cpu"]) for n, t in targets.items()
+               if (t.get("by_concurrency", {}).get(key) or {}).get("path_cpu")]
+        if cpu:
+            lines.append("- CPU per request of each path's own processes (gateway / proxy, not the server): "
+                         + ", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu))
         verdicts = [v for v in report["verdicts"] if v["concurrency"] == conc]
         for v in verdicts:
             flagged = " (flagged: " + v["client_flag"] + ")" if v.get("client_flag") else ""
