@@ -27,7 +27,7 @@ import gevent
 from locust import events
 from locust.runners import STATE_MISSING, LocalRunner, MasterRunner, WorkerRunner
 
-from pathprobe import environment
+from pathprobe import environment as env_vars
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen import clientwait
 from pathprobe.loadgen import metrics as metrics_mod
@@ -589,7 +589,7 @@ def runtime(environment: Any) -> Runtime:
 
 # --- Locust events -------------------------------------------------------------------------
 def on_init(environment: Any, **_kw: Any) -> None:
-    if getattr(environment.parsed_options, "sweep", "") and not environment.get(environment.PATHPROBE_SWEEP_CHILD):
+    if getattr(environment.parsed_options, "sweep", "") and not env_vars.get(env_vars.PATHPROBE_SWEEP_CHILD):
         log.warning("pathprobe: --sweep is handled by `pathprobe load`; ignored here")
     rt = runtime(environment)
     runner = environment.runner
