@@ -296,6 +296,7 @@ class H2GrpcTarget(Target):
             out.response_bytes += len(raw)
             if chunk.token_ids or chunk.text:
                 times.append(ta)
+                out.emit_ms.append(chunk.emit_ms)
                 st["n"] += len(chunk.token_ids) or 1
             if chunk.HasField("usage"):
                 st["usage"] = chunk.usage
