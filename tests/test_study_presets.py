@@ -221,3 +221,26 @@ def test_compare_reads_startup_gauges_from_metrics_page() -> None:
     m = ServerMetrics(SyntheticEngine(EngineConfig(kind="synthetic")))
     m.set_startup_phases({"total": 1234.5, "weights_init": 800.25, "first_request": 12.0})
     assert parse_startup(m.render().decode()) == {"total": 1234.5, "weights_init": 800.25, "first_request": 12.0}
+
+
+def test_engine_startup_splits_weight_read_from_init_for_a_folder_with_weights() -> None:
+    """The tiny model has weight files: read (bytes from disk), init (from_pretrained) and
+    device transfer are separate phases; a preset's folder has none, so no read phase."""
+    import asyncio
+
+    eng = _engine()
+    try:
+        phases = eng.startup.phases
+        assert {
+            "imports",
+            "model_folder",
+            "tokenizer",
+            "weights_read",
+            "weights_init",
+            "device_transfer",
+            "warmup",
+        } <= set(phases)
+        assert "MB in 1 file" in phases["weights_read"].note and phases["weights_init"].ms > 0
+        assert "cuda_graphs" not in phases and "tokenizer_slow" not in phases  # not configured: absent, not zero
+    finally:
+        asyncio.run(eng.stop())
