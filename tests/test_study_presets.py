@@ -156,16 +156,21 @@ def _engine(**options):
 
 
 def _burst(eng, prompts: list[str], tokens: list[int]):
+    """The first request starts alone; the others arrive once it has produced a token."""
     import asyncio
 
     from pathprobe.server.engine.base import GenParams
 
     async def go():
-        gens = []
-        for p, n in zip(prompts, tokens):
-            gens.append(eng.generate(GenParams(prompt=p, max_tokens=n, ignore_eos=True)))
-            await asyncio.sleep(0.02)  # arrivals while the first request already runs
-        return [(await g.collect())[1] for g in gens], gens
+        first = eng.generate(GenParams(prompt=prompts[0], max_tokens=tokens[0], ignore_eos=True))
+        it = first.__aiter__()
+        head = await it.__anext__()
+        late = [
+            eng.generate(GenParams(prompt=p, max_tokens=n, ignore_eos=True)) for p, n in zip(prompts[1:], tokens[1:])
+        ]
+        rest = [ev async for ev in it]
+        ids = [[t for ev in [head, *rest] for t in ev.token_ids]] + [(await g.collect())[1] for g in late]
+        return ids, [first, *late]
 
     return asyncio.run(go())
 
