@@ -57,8 +57,11 @@ def kernels(fn) -> dict:
     for e in ev:
         by.setdefault(e.name, []).append(e.device_time)
     top = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:12]
-    return {"kernels": len(ev), "gpu_ms": total_us / 1000,
-            "top": [{"name": k[:120], "count": len(v), "ms": sum(v) / 1000} for k, v in top]}
+    return {
+        "kernels": len(ev),
+        "gpu_ms": total_us / 1000,
+        "top": [{"name": k[:120], "count": len(v), "ms": sum(v) / 1000} for k, v in top],
+    }
 
 
 def main() -> int:
@@ -69,12 +72,15 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
+    from pathprobe.server import models
     from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticCache
 
-    from pathprobe.server import models
-
-    res: dict = {"model": args.model, "prompt_tokens": args.prompt, "torch": torch.__version__,
-                 "device": torch.cuda.get_device_name(0)}
+    res: dict = {
+        "model": args.model,
+        "prompt_tokens": args.prompt,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0),
+    }
     folder = models.resolve_model(args.model)
     cfg = AutoConfig.from_pretrained(str(folder))
     with torch.device("cuda"):
@@ -88,11 +94,16 @@ def main() -> int:
     y = torch.empty_like(x)
     copy_ms = timed(lambda: y.copy_(x), 10)
     bw = 2 * x.numel() / (copy_ms / 1000)
-    del x, y
-    res.update(param_bytes=n_bytes, decode_read_bytes=read_bytes, copy_bandwidth_gbs=bw / 1e9,
-               decode_floor_ms=read_bytes / bw * 1000)
+    x = y = None  # free the 4 GiB
+    res.update(
+        param_bytes=n_bytes,
+        decode_read_bytes=read_bytes,
+        copy_bandwidth_gbs=bw / 1e9,
+        decode_floor_ms=read_bytes / bw * 1000,
+    )
     ids = torch.randint(10, 1000, (1, args.prompt), device="cuda")
     with torch.inference_mode():
+
         def prefill():
             c = DynamicCache(config=model.config)
             return model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: c})
@@ -106,20 +117,31 @@ def main() -> int:
         def step_eager():
             out = model(input_ids=nxt, use_cache=True, logits_to_keep=1, **{kw: c})
             for layer in c.layers:  # keep the cache at the prompt's length
-                layer.keys, layer.values = layer.keys[:, :, :args.prompt], layer.values[:, :, :args.prompt]
+                layer.keys, layer.values = layer.keys[:, :, : args.prompt], layer.values[:, :, : args.prompt]
             return out
 
         res["decode_eager_ms"] = timed(step_eager, 20)
         res["decode_eager_profile"] = kernels(step_eager)
         sc = StaticCache(config=model.config, max_cache_len=args.prompt + 64)
-        model(input_ids=ids, cache_position=torch.arange(args.prompt, device="cuda"), use_cache=True,
-              logits_to_keep=1, **{kw: sc})
+        model(
+            input_ids=ids,
+            cache_position=torch.arange(args.prompt, device="cuda"),
+            use_cache=True,
+            logits_to_keep=1,
+            **{kw: sc},
+        )
         s_ids = torch.full((1, 1), 11, dtype=torch.long, device="cuda")
         s_cp = torch.tensor([args.prompt], device="cuda")
 
         def step_static():
-            return model(input_ids=s_ids, position_ids=s_cp[None], cache_position=s_cp, use_cache=True,
-                         logits_to_keep=1, **{kw: sc}).logits
+            return model(
+                input_ids=s_ids,
+                position_ids=s_cp[None],
+                cache_position=s_cp,
+                use_cache=True,
+                logits_to_keep=1,
+                **{kw: sc},
+            ).logits
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

@@ -45,18 +45,24 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
 from pathprobe import gputelemetry, timing
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
 
 STUDY = ("phi-3-mini", "qwen2-1.5b", "olmo-1b", "stablelm-3b", "qwen2-7b", "deepseek-v2-lite", "llama-3-8b-instruct")
 #: the study's own figures (its Chapter 1 table: A100-80GB, transformers 4.41, generate(), P95 of 100 runs)
 ARTICLE = {
-    "phi-3-mini": (127, 18), "qwen2-1.5b": (298, 32), "olmo-1b": (412, 25), "stablelm-3b": (685, 41),
-    "qwen2-7b": (1120, 22), "deepseek-v2-lite": (1890, 15), "llama-3-8b-instruct": (2300, 37),
+    "phi-3-mini": (127, 18),
+    "qwen2-1.5b": (298, 32),
+    "olmo-1b": (412, 25),
+    "stablelm-3b": (685, 41),
+    "qwen2-7b": (1120, 22),
+    "deepseek-v2-lite": (1890, 15),
+    "llama-3-8b-instruct": (2300, 37),
 }
-SENTENCES = ("The capital of France is Paris, and the river runs through the old city. "
-             "A request leaves the client, crosses the network and reaches the model server. ")
+SENTENCES = (
+    "The capital of France is Paris, and the river runs through the old city. "
+    "A request leaves the client, crosses the network and reaches the model server. "
+)
 
 
 # --- building blocks ---------------------------------------------------------------------------------
@@ -78,23 +84,35 @@ def pct(values: list[float], q: float) -> float:
 
 
 def stats(values: list[float]) -> dict[str, float]:
-    return {"n": len(values), "p50": pct(values, 0.5), "p95": pct(values, 0.95), "p99": pct(values, 0.99),
-            "mean": statistics.fmean(values) if values else float("nan")}
+    return {
+        "n": len(values),
+        "p50": pct(values, 0.5),
+        "p95": pct(values, 0.95),
+        "p99": pct(values, 0.99),
+        "mean": statistics.fmean(values) if values else float("nan"),
+    }
 
 
 def versions() -> dict[str, str]:
     import importlib.metadata as md
 
-    out = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
-           "cpu": f"{os.cpu_count()} cores"}
+    out = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "cpu": f"{os.cpu_count()} cores",
+    }
     for n in ("torch", "transformers", "tokenizers", "sentencepiece", "grpcio", "protobuf", "aiohttp", "nvidia-ml-py"):
         try:
             out[n] = md.version(n)
         except md.PackageNotFoundError:
             out[n] = "missing"
     try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        q = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         out["gpu"] = q.stdout.strip() if q.returncode == 0 else "none"
     except (OSError, subprocess.TimeoutExpired):
         out["gpu"] = "none"
@@ -107,13 +125,27 @@ class Serve:
     def __init__(self, model: str, *extra: str, device: str, log_dir: Path, timeout: float = 600) -> None:
         self.grpc_port, self.http_port = free_port(), free_port()
         self.log_path = log_dir / f"serve-{model.replace(':', '_').replace('@', '_')}-{self.grpc_port}.log"
-        args = [sys.executable, "-m", "pathprobe", "serve", "--model", model, "--device", device,
-                "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *extra]
+        args = [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "serve",
+            "--model",
+            model,
+            "--device",
+            device,
+            "--grpc-port",
+            str(self.grpc_port),
+            "--http-port",
+            str(self.http_port),
+            *extra,
+        ]
         self.args = args
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - held for the child's lifetime, closed in stop()
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
@@ -136,8 +168,10 @@ class Serve:
         return self.log_path.read_text(errors="replace")
 
     def startup(self) -> dict[str, float]:
-        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^([a-z_]+|total \(to ready\))\s+([\d.]+)\s*",
-                                                                  self.log(), re.M)}
+        return {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(r"^([a-z_]+|total \(to ready\))\s+([\d.]+)\s*", self.log(), re.M)
+        }
 
     def metrics(self) -> str:
         c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
@@ -147,7 +181,7 @@ class Serve:
     def stop(self) -> None:
         try:
             self.channel.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -273,8 +307,14 @@ def preset(args: argparse.Namespace, name: str) -> str:
 def build_presets(args: argparse.Namespace, names: list[str]) -> dict[str, float]:
     """Build the presets' folders (tokenizer training) in parallel, before anything is timed."""
     t0 = time.monotonic()
-    procs = {n: subprocess.Popen([sys.executable, "-m", "pathprobe", "make-model", "--preset", preset(args, n).split(":", 1)[1]],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in names}
+    procs = {
+        n: subprocess.Popen(
+            [sys.executable, "-m", "pathprobe", "make-model", "--preset", preset(args, n).split(":", 1)[1]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for n in names
+    }
     out = {}
     for n, p in procs.items():
         log = p.communicate()[0].decode(errors="replace")
@@ -291,7 +331,10 @@ def part_table(args: argparse.Namespace) -> None:
         part.res["runs"] = args.runs
         rows = {}
         for name in names:
-            row: dict[str, Any] = {"article_p95_ms": ARTICLE[name][0], "article_tokenizer_share": ARTICLE[name][1] / 100}
+            row: dict[str, Any] = {
+                "article_p95_ms": ARTICLE[name][0],
+                "article_tokenizer_share": ARTICLE[name][1] / 100,
+            }
             for tok in ("fast", "slow"):
                 w = part.window()
                 extra = ["--engine-option", f"tokenizer={tok}", "--max-batch-size", "8", "--max-wait-ms", "0"]
@@ -305,8 +348,14 @@ def part_table(args: argparse.Namespace) -> None:
                 finally:
                     row[tok]["startup_ms"] = part.done(srv)
                     row[tok]["gpu"] = part.gpu_since(w)
-                print(name, tok, json.dumps({k: v for k, v in row[tok].items() if k in ("grpc", "http", "tokenize_ms")},
-                                            default=str)[:600], flush=True)
+                print(
+                    name,
+                    tok,
+                    json.dumps(
+                        {k: v for k, v in row[tok].items() if k in ("grpc", "http", "tokenize_ms")}, default=str
+                    )[:600],
+                    flush=True,
+                )
             rows[name] = row
             part.res["rows"] = rows
             part.save()
@@ -336,11 +385,14 @@ def table_runs(srv: Serve, args: argparse.Namespace, name: str) -> dict[str, Any
     for proto, rs in rec.items():
         e2e = [r["e2e"] for r in rs]
         share = [r.get("srv.tokenize", 0.0) / r["e2e"] for r in rs]
-        out[proto] = {"e2e": stats(e2e), "tokenize": stats([r.get("srv.tokenize", 0.0) for r in rs]),
-                      "prefill": stats([r.get("srv.prefill", 0.0) for r in rs]),
-                      "queue": stats([r.get("srv.queue", 0.0) for r in rs]),
-                      "srv_total": stats([r.get("srv.total", 0.0) for r in rs]),
-                      "tokenizer_share_median": statistics.median(share)}
+        out[proto] = {
+            "e2e": stats(e2e),
+            "tokenize": stats([r.get("srv.tokenize", 0.0) for r in rs]),
+            "prefill": stats([r.get("srv.prefill", 0.0) for r in rs]),
+            "queue": stats([r.get("srv.queue", 0.0) for r in rs]),
+            "srv_total": stats([r.get("srv.total", 0.0) for r in rs]),
+            "tokenizer_share_median": statistics.median(share),
+        }
     return out
 
 
@@ -350,19 +402,28 @@ def streams_run(srv: Serve, prompt_ids: list[int], concurrency: int, tokens: int
     with ThreadPoolExecutor(concurrency) as pool:
         for _ in range(reps):
             t0 = time.perf_counter()
-            futs = [pool.submit(grpc_stream, srv, prompt_token_ids=prompt_ids, max_tokens=tokens, ignore_eos=True)
-                    for _ in range(concurrency)]
+            futs = [
+                pool.submit(grpc_stream, srv, prompt_token_ids=prompt_ids, max_tokens=tokens, ignore_eos=True)
+                for _ in range(concurrency)
+            ]
             got = [f.result() for f in futs]
             walls.append(time.perf_counter() - t0)
             rows.extend(got)
-    server_ttft = [r["entries"].get("srv.queue", 0) + r["entries"].get("srv.tokenize", 0) + r["entries"].get("srv.prefill", 0)
-                   for r in rows]
+    server_ttft = [
+        r["entries"].get("srv.queue", 0) + r["entries"].get("srv.tokenize", 0) + r["entries"].get("srv.prefill", 0)
+        for r in rows
+    ]
     decode = [r["entries"].get("srv.decode_steps", 0) / (r["tokens"] - 1) for r in rows if r["tokens"] > 1]
-    return {"concurrency": concurrency, "tokens": tokens, "ttft": stats([r["ttft"] for r in rows]),
-            "tpot": stats([r["tpot"] for r in rows]), "server_ttft": stats(server_ttft),
-            "server_decode_ms_per_token": stats(decode),
-            "prefill": stats([r["entries"].get("srv.prefill", 0) for r in rows]),
-            "tokens_per_s": statistics.median(concurrency * tokens / w for w in walls)}
+    return {
+        "concurrency": concurrency,
+        "tokens": tokens,
+        "ttft": stats([r["ttft"] for r in rows]),
+        "tpot": stats([r["tpot"] for r in rows]),
+        "server_ttft": stats(server_ttft),
+        "server_decode_ms_per_token": stats(decode),
+        "prefill": stats([r["entries"].get("srv.prefill", 0) for r in rows]),
+        "tokens_per_s": statistics.median(concurrency * tokens / w for w in walls),
+    }
 
 
 def llama(args: argparse.Namespace) -> str:
@@ -400,13 +461,24 @@ def part_streams(args: argparse.Namespace) -> None:
                     row = streams_run(srv, ids, c, 64 if not args.small else 8, args.reps)
                     row.update(variant=variant, gpu=part.gpu_since(w))
                     part.res["rows"].append(row)
-                    print("streams", variant, c, row["ttft"]["p50"], row["server_ttft"]["p50"], row["tpot"]["p50"],
-                          row["server_decode_ms_per_token"]["p50"], row["tokens_per_s"], flush=True)
+                    print(
+                        "streams",
+                        variant,
+                        c,
+                        row["ttft"]["p50"],
+                        row["server_ttft"]["p50"],
+                        row["tpot"]["p50"],
+                        row["server_decode_ms_per_token"]["p50"],
+                        row["tokens_per_s"],
+                        flush=True,
+                    )
                 # one new token through gRPC, 64-token prompt, batch 1 (the engine-speed goal)
                 one = [grpc_unary(srv, prompt_token_ids=ids, max_tokens=1, ignore_eos=True) for _ in range(args.runs)]
                 part.res["one_token_grpc"][variant] = {
-                    "e2e": stats([o[0] for o in one]), "prefill": stats([o[1].get("srv.prefill", 0) for o in one]),
-                    "srv_total": stats([o[1].get("srv.total", 0) for o in one])}
+                    "e2e": stats([o[0] for o in one]),
+                    "prefill": stats([o[1].get("srv.prefill", 0) for o in one]),
+                    "srv_total": stats([o[1].get("srv.total", 0) for o in one]),
+                }
                 print("one token", variant, json.dumps(part.res["one_token_grpc"][variant]["e2e"]), flush=True)
                 part.save()
             finally:
@@ -415,9 +487,22 @@ def part_streams(args: argparse.Namespace) -> None:
 
 def graphs_args(args: argparse.Namespace, batch: int, max_len: int = 2048) -> list[str]:
     if args.device == "cpu":
-        return ["--max-batch-size", str(batch), "--engine-option", "static_cache=1",
-                "--engine-option", f"static_max_len={max_len}"]
-    return ["--max-batch-size", str(batch), "--engine-option", "cuda_graphs=1", "--engine-option", f"static_max_len={max_len}"]
+        return [
+            "--max-batch-size",
+            str(batch),
+            "--engine-option",
+            "static_cache=1",
+            "--engine-option",
+            f"static_max_len={max_len}",
+        ]
+    return [
+        "--max-batch-size",
+        str(batch),
+        "--engine-option",
+        "cuda_graphs=1",
+        "--engine-option",
+        f"static_max_len={max_len}",
+    ]
 
 
 def part_seqlen(args: argparse.Namespace) -> None:
@@ -433,21 +518,42 @@ def part_seqlen(args: argparse.Namespace) -> None:
                     w = part.window()
                     ids = token_prompt(n, seed=n)
                     grpc_stream(srv, prompt_token_ids=ids, max_tokens=4, ignore_eos=True)  # warm this width
-                    rs = [grpc_stream(srv, prompt_token_ids=ids, max_tokens=16, ignore_eos=True) for _ in range(args.reps)]
+                    rs = [
+                        grpc_stream(srv, prompt_token_ids=ids, max_tokens=16, ignore_eos=True) for _ in range(args.reps)
+                    ]
                     g = part.gpu_since(w)
-                    row = {"mode": mode, "prompt_tokens": n, "ttft": stats([r["ttft"] for r in rs]),
-                           "tpot": stats([r["tpot"] for r in rs]),
-                           "prefill": stats([r["entries"].get("srv.prefill", 0) for r in rs]),
-                           "gpu_memory_used_max_mib": (g.get("memory_used_mib") or {}).get("max"), "gpu": g}
+                    row = {
+                        "mode": mode,
+                        "prompt_tokens": n,
+                        "ttft": stats([r["ttft"] for r in rs]),
+                        "tpot": stats([r["tpot"] for r in rs]),
+                        "prefill": stats([r["entries"].get("srv.prefill", 0) for r in rs]),
+                        "gpu_memory_used_max_mib": (g.get("memory_used_mib") or {}).get("max"),
+                        "gpu": g,
+                    }
                     part.res["rows"].append(row)
                     part.save()
-                    print("seqlen", mode, n, row["ttft"]["p50"], row["tpot"]["p50"], row["gpu_memory_used_max_mib"], flush=True)
+                    print(
+                        "seqlen",
+                        mode,
+                        n,
+                        row["ttft"]["p50"],
+                        row["tpot"]["p50"],
+                        row["gpu_memory_used_max_mib"],
+                        flush=True,
+                    )
             finally:
                 part.done(srv)
 
 
-def mixed_load(srv: Serve, clients: int, requests: int, prompt_len: Callable[[random.Random], int],
-               max_tokens: Callable[[random.Random], int], seed: int = 1) -> dict[str, Any]:
+def mixed_load(
+    srv: Serve,
+    clients: int,
+    requests: int,
+    prompt_len: Callable[[random.Random], int],
+    max_tokens: Callable[[random.Random], int],
+    seed: int = 1,
+) -> dict[str, Any]:
     """Closed loop: ``clients`` threads send ``requests`` requests in all (streaming gRPC)."""
     rng = random.Random(seed)
     jobs = [(token_prompt(prompt_len(rng), seed=i), max_tokens(rng)) for i in range(requests)]
@@ -466,11 +572,17 @@ def mixed_load(srv: Serve, clients: int, requests: int, prompt_len: Callable[[ra
         list(pool.map(worker, range(clients)))
     wall = time.perf_counter() - t0
     toks = sum(r["tokens"] for r in out)
-    return {"clients": clients, "requests": requests, "tokens_per_s": toks / wall, "wall_s": wall,
-            "e2e": stats([r["e2e"] for r in out]), "ttft": stats([r["ttft"] for r in out]),
-            "tpot": stats([r["tpot"] for r in out if r["tpot"] == r["tpot"]]),
-            "queue": stats([r["entries"].get("srv.queue", 0) for r in out]),
-            "prefill": stats([r["entries"].get("srv.prefill", 0) for r in out])}
+    return {
+        "clients": clients,
+        "requests": requests,
+        "tokens_per_s": toks / wall,
+        "wall_s": wall,
+        "e2e": stats([r["e2e"] for r in out]),
+        "ttft": stats([r["ttft"] for r in out]),
+        "tpot": stats([r["tpot"] for r in out if r["tpot"] == r["tpot"]]),
+        "queue": stats([r["entries"].get("srv.queue", 0) for r in out]),
+        "prefill": stats([r["entries"].get("srv.prefill", 0) for r in out]),
+    }
 
 
 def part_ablate(args: argparse.Namespace) -> None:
@@ -493,7 +605,15 @@ def part_ablate(args: argparse.Namespace) -> None:
                     row.update(mode=mode, gpu=part.gpu_since(w))
                     res["graphs"].append(row)
                     part.save()
-                    print("ablate graphs", mode, c, row["ttft"]["p50"], row["tpot"]["p50"], row["tokens_per_s"], flush=True)
+                    print(
+                        "ablate graphs",
+                        mode,
+                        c,
+                        row["ttft"]["p50"],
+                        row["tpot"]["p50"],
+                        row["tokens_per_s"],
+                        flush=True,
+                    )
             finally:
                 res["graphs"][-1]["startup_ms"] = part.done(srv)
         # 2. batching: continuous vs dynamic vs static, mixed output lengths, 32 clients
@@ -505,8 +625,13 @@ def part_ablate(args: argparse.Namespace) -> None:
             try:
                 mixed_load(srv, clients, clients, lambda r: 64, lambda r: 8)  # warm-up
                 w = part.window()
-                row = mixed_load(srv, clients, reqs, lambda r: r.randint(32, 256),
-                                 lambda r: r.randint(8, 128) if not small else r.randint(2, 12))
+                row = mixed_load(
+                    srv,
+                    clients,
+                    reqs,
+                    lambda r: r.randint(32, 256),
+                    lambda r: r.randint(8, 128) if not small else r.randint(2, 12),
+                )
                 row.update(mode=mode, gpu=part.gpu_since(w))
                 res["batching"].append(row)
                 part.save()
@@ -519,8 +644,15 @@ def part_ablate(args: argparse.Namespace) -> None:
         for mode in ("longest", "bucket", "fixed:512") if "padding" in sections else ():
             extra = ["--max-batch-size", str(clients), "--engine-option", f"pad={mode}", "--max-wait-ms", "5"]
             if args.padding_engine == "graphs":  # graph decode, batched (padded) eager prefill
-                extra = [*graphs_args(args, clients), "--engine-option", "prefill_max_len=0",
-                         "--engine-option", f"pad={mode}", "--max-wait-ms", "5"]
+                extra = [
+                    *graphs_args(args, clients),
+                    "--engine-option",
+                    "prefill_max_len=0",
+                    "--engine-option",
+                    f"pad={mode}",
+                    "--max-wait-ms",
+                    "5",
+                ]
             srv = part.serve(llama(args), *extra)
             try:
                 mixed_load(srv, clients, clients, lambda r: 64, lambda r: 4)
@@ -529,8 +661,15 @@ def part_ablate(args: argparse.Namespace) -> None:
                 row.update(mode=mode, engine=args.padding_engine, gpu=part.gpu_since(w))
                 res["padding"].append(row)
                 part.save()
-                print("ablate padding", mode, row["tokens_per_s"], row["e2e"]["p50"], row["e2e"]["p95"],
-                      (row["gpu"].get("memory_used_mib") or {}).get("max"), flush=True)
+                print(
+                    "ablate padding",
+                    mode,
+                    row["tokens_per_s"],
+                    row["e2e"]["p50"],
+                    row["e2e"]["p95"],
+                    (row["gpu"].get("memory_used_mib") or {}).get("max"),
+                    flush=True,
+                )
             finally:
                 part.done(srv)
 
@@ -548,8 +687,12 @@ def main() -> int:
     ap.add_argument("--only", default="", help="table: comma-separated presets")
     ap.add_argument("--variants", default="graphs", help=f"streams: comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--sections", default="graphs,batching,padding", help="ablate: which ablations")
-    ap.add_argument("--padding-engine", default="eager", choices=("eager", "graphs"),
-                    help="ablate padding: eager engine, or graph decode with a batched (padded) eager prefill")
+    ap.add_argument(
+        "--padding-engine",
+        default="eager",
+        choices=("eager", "graphs"),
+        help="ablate padding: eager engine, or graph decode with a batched (padded) eager prefill",
+    )
     ap.add_argument("--name", default="", help="result file name suffix (PART-NAME.json)")
     ap.add_argument("--small", action="store_true", help="test scale (@tiny presets), for a CPU check")
     args = ap.parse_args()

@@ -85,9 +85,12 @@ def warning(summary: Mapping[str, Any]) -> str | None:
     if not summary.get("throttled"):
         return None
     names = [n for n in summary.get("reasons_seen", []) if n in {REASONS[b] for b in REASONS if b & THROTTLING}]
-    return (f"GPU clocks throttled in {100 * summary['throttled_share']:.0f}% of samples "
-            f"({', '.join(names)}); SM clock {summary['sm_clock_mhz']['min']:.0f}-{summary['sm_clock_mhz']['max']:.0f} MHz: "
-            "timings from this run are slower than the card's normal speed")
+    return (
+        f"GPU clocks throttled in {100 * summary['throttled_share']:.0f}% of samples "
+        f"({', '.join(names)}); SM clock "
+        f"{summary['sm_clock_mhz']['min']:.0f}-{summary['sm_clock_mhz']['max']:.0f} MHz: "
+        "timings from this run are slower than the card's normal speed"
+    )
 
 
 class GpuSampler:
@@ -135,8 +138,9 @@ class GpuSampler:
         if self._handle is None:
             return None
         nv, h = self._nvml, self._handle
-        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons_fn = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         s = Sample(
             t=time.monotonic() - self._t0,
             temperature_c=float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
@@ -161,7 +165,7 @@ class GpuSampler:
         while not self._stop.is_set():
             try:
                 s = self.sample()
-            except Exception as exc:  # noqa: BLE001 - a failing reading ends sampling, not the run
+            except Exception as exc:
                 self.unavailable = f"NVML sampling stopped: {exc}"
                 return
             if s is not None:
@@ -184,7 +188,7 @@ class GpuSampler:
         if self._nvml is not None:
             try:
                 self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         msg = warning(out)
         if msg:

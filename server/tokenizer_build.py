@@ -35,10 +35,14 @@ from typing import Any, Literal
 from pathprobe.errors import ConfigError
 
 #: published pre-tokenizer regexes (split before byte-level BPE)
-_CL100K = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CL100K = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 PRETOKENIZERS = {"gpt2": _GPT2, "cl100k": _CL100K, "qwen2": _QWEN2}
 
@@ -60,8 +64,34 @@ class TokenizerSpec:
 
 
 # --- corpus --------------------------------------------------------------------------------
-_LETTER_FREQ = (8.2, 1.5, 2.8, 4.3, 12.7, 2.2, 2.0, 6.1, 7.0, 0.2, 0.8, 4.0, 2.4, 6.7, 7.5, 1.9, 0.1, 6.0,
-                6.3, 9.1, 2.8, 1.0, 2.4, 0.2, 2.0, 0.1)
+_LETTER_FREQ = (
+    8.2,
+    1.5,
+    2.8,
+    4.3,
+    12.7,
+    2.2,
+    2.0,
+    6.1,
+    7.0,
+    0.2,
+    0.8,
+    4.0,
+    2.4,
+    6.7,
+    7.5,
+    1.9,
+    0.1,
+    6.0,
+    6.3,
+    9.1,
+    2.8,
+    1.0,
+    2.4,
+    0.2,
+    2.0,
+    0.1,
+)
 
 
 def corpus(english: str, vocab_size: int) -> list[str]:
@@ -92,14 +122,19 @@ def _train_bpe(spec: TokenizerSpec, lines: list[str], specials: list[str]) -> An
     if spec.pretok not in PRETOKENIZERS:
         raise ConfigError(f"tokenizer pretok: unknown {spec.pretok!r} ({', '.join(PRETOKENIZERS)})")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZERS[spec.pretok]), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZERS[spec.pretok]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size + len(specials), min_frequency=1, special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=spec.vocab_size + len(specials),
+        min_frequency=1,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(lines, trainer=trainer)
     return tok
@@ -113,21 +148,45 @@ def _train_sentencepiece(spec: TokenizerSpec, lines: list[str], specials: list[s
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, model_type="bpe", vocab_size=spec.vocab_size,
-        byte_fallback=True, character_coverage=1.0, split_digits=True, allow_whitespace_only_pieces=True,
-        remove_extra_whitespaces=False, normalization_rule_name="identity", add_dummy_prefix=True,
-        unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, num_threads=4, minloglevel=2,
-        max_sentence_length=1 << 16, input_sentence_size=0, shuffle_input_sentence=False, seed_sentencepiece_size=1 << 20,
+        sentence_iterator=iter(lines),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=spec.vocab_size,
+        byte_fallback=True,
+        character_coverage=1.0,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        add_dummy_prefix=True,
+        unk_id=0,
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        num_threads=4,
+        minloglevel=2,
+        max_sentence_length=1 << 16,
+        input_sentence_size=0,
+        shuffle_input_sentence=False,
+        seed_sentencepiece_size=1 << 20,
     )
     (folder / "tokenizer.model").write_bytes(model.getvalue())
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     scores = {p: sp.get_score(i) for p, i in vocab.items()}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=_spm_merges(vocab, scores), unk_token=sp.id_to_piece(0),
-                               byte_fallback=True, fuse_unk=True))
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=_spm_merges(vocab, scores),
+            unk_token=sp.id_to_piece(0),
+            byte_fallback=True,
+            fuse_unk=True,
+        )
+    )
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     tok.add_special_tokens(specials)
     return tok
 
@@ -136,7 +195,7 @@ def _spm_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[s
     """A SentencePiece BPE model's merges, ordered by the merged piece's score (as
     transformers' converter does): for every piece, each split into two known pieces."""
     merges: list[tuple[float, int, int, str, str]] = []
-    for piece, pid in vocab.items():
+    for piece in vocab:
         for i in range(1, len(piece)):
             a, b = piece[:i], piece[i:]
             if a in vocab and b in vocab:
@@ -155,8 +214,13 @@ def build(spec: TokenizerSpec, folder: Path, english: str, specials: list[str]) 
         tok = _train_sentencepiece(spec, lines, specials, folder)
     else:
         raise ConfigError(f"tokenizer kind: unknown {spec.kind!r} (bpe, sentencepiece)")
-    meta = {"kind": spec.kind, "vocab_size": spec.vocab_size, "pretok": spec.pretok, "source": spec.source,
-            "special_tokens": {s: tok.token_to_id(s) for s in specials}}
+    meta = {
+        "kind": spec.kind,
+        "vocab_size": spec.vocab_size,
+        "pretok": spec.pretok,
+        "source": spec.source,
+        "special_tokens": {s: tok.token_to_id(s) for s in specials},
+    }
     (folder / SLOW_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return tok
 

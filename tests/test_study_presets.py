@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
-
 from pathprobe import gputelemetry
 from pathprobe.errors import ConfigError
 from pathprobe.server import models, tokenizer_build
 from pathprobe.server.startup import PHASES, StartupTimer
+
 from tests.support.clients import grpc_generate, http_post
 from tests.support.procs import Server
 
@@ -92,8 +92,11 @@ def test_gpu_telemetry_says_no_gpu_here() -> None:
 def test_gpu_summary_flags_throttling() -> None:
     S = gputelemetry.Sample
     calm = [S(0.0, 40, 1980, 300, 1000, 0), S(0.2, 41, 1980, 310, 1000, 0x1)]
-    assert gputelemetry.summarize(calm)["throttled"] is False and gputelemetry.warning(gputelemetry.summarize(calm)) is None
-    hot = calm + [S(0.4, 88, 1500, 700, 1000, 0x20 | 0x4)]
+    assert (
+        gputelemetry.summarize(calm)["throttled"] is False
+        and gputelemetry.warning(gputelemetry.summarize(calm)) is None
+    )
+    hot = [*calm, S(0.4, 88, 1500, 700, 1000, 0x20 | 0x4)]
     out = gputelemetry.summarize(hot)
     assert out["throttled"] and out["sm_clock_mhz"]["min"] == 1500
     assert set(out["reasons_seen"]) == {"gpu_idle", "sw_power_cap", "sw_thermal_slowdown"}
@@ -108,10 +111,13 @@ def test_serve_reports_startup_and_serves_a_study_preset(tmp_path: Path, cache: 
     models_env = ["--model", _spec("deepseek-v2-lite"), "--device", "cpu"]
     slow = Server(tmp_path, *models_env, "--engine-option", "tokenizer=slow", env=env)
     try:
-        status, _, body = http_post(f"{slow.http_url}/v1/generate",
-                                    {"prompt": "The capital of France is", "max_tokens": 4, "ignore_eos": True})
+        status, _, body = http_post(
+            f"{slow.http_url}/v1/generate", {"prompt": "The capital of France is", "max_tokens": 4, "ignore_eos": True}
+        )
         assert status == 200
-        resp, entries = grpc_generate(slow.grpc_target, prompt="The capital of France is", max_tokens=4, ignore_eos=True)
+        resp, entries = grpc_generate(
+            slow.grpc_target, prompt="The capital of France is", max_tokens=4, ignore_eos=True
+        )
         assert resp.text == json.loads(body)["text"] and entries["srv.tokenize"] > 0
         with __import__("urllib.request").request.urlopen(f"{slow.http_url}/metrics", timeout=10) as r:
             metrics = r.read().decode()
@@ -119,8 +125,16 @@ def test_serve_reports_startup_and_serves_a_study_preset(tmp_path: Path, cache: 
         slow.stop()
     log = slow.log()
     table = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+)\s+([\d.]+)\s", log, re.M)}
-    for phase in ("imports", "model_folder", "tokenizer", "tokenizer_slow", "weights_init", "warmup", "frontends",
-                  "first_request"):
+    for phase in (
+        "imports",
+        "model_folder",
+        "tokenizer",
+        "tokenizer_slow",
+        "weights_init",
+        "warmup",
+        "frontends",
+        "first_request",
+    ):
         assert phase in table, (phase, log)
     assert "weights_read" not in table  # a preset has no weight files: not shown as zero
     gauges = dict(re.findall(r'pathprobe_server_startup_ms\{phase="(\w+)"\} ([\d.e+-]+)', metrics))
@@ -142,16 +156,21 @@ def _engine(**options):
 
 
 def _burst(eng, prompts: list[str], tokens: list[int]):
+    """The first request starts alone; the others arrive once it has produced a token."""
     import asyncio
 
     from pathprobe.server.engine.base import GenParams
 
     async def go():
-        gens = []
-        for p, n in zip(prompts, tokens):
-            gens.append(eng.generate(GenParams(prompt=p, max_tokens=n, ignore_eos=True)))
-            await asyncio.sleep(0.02)  # arrivals while the first request already runs
-        return [(await g.collect())[1] for g in gens], gens
+        first = eng.generate(GenParams(prompt=prompts[0], max_tokens=tokens[0], ignore_eos=True))
+        it = first.__aiter__()
+        head = await it.__anext__()
+        late = [
+            eng.generate(GenParams(prompt=p, max_tokens=n, ignore_eos=True)) for p, n in zip(prompts[1:], tokens[1:])
+        ]
+        rest = [ev async for ev in it]
+        ids = [[t for ev in [head, *rest] for t in ev.token_ids]] + [(await g.collect())[1] for g in late]
+        return ids, [first, *late]
 
     return asyncio.run(go())
 
@@ -176,6 +195,7 @@ def test_batching_and_padding_modes_same_tokens_different_admission() -> None:
     cont, dyn = runs["{}"][1], runs[json.dumps({"batching": "dynamic"})][1]
     # continuous: the late arrivals ran beside the long request; dynamic: they queued behind it
     assert max(g.timing.batch_size for g in cont[1:]) >= 2
+
     def end(g):  # when the long request's last decode step ended
         return g.timing.decode_start + g.timing.decode_steps
 
@@ -187,7 +207,11 @@ def test_engine_options_are_checked() -> None:
     from pathprobe.server.engine.base import EngineConfig
     from pathprobe.server.engine.hf import TransformersEngine
 
-    for opts, msg in (({"batching": "greedy"}, "batching"), ({"pad": "fixed:x"}, "pad"), ({"tokenizer": "medium"}, "tokenizer")):
+    for opts, msg in (
+        ({"batching": "greedy"}, "batching"),
+        ({"pad": "fixed:x"}, "pad"),
+        ({"tokenizer": "medium"}, "tokenizer"),
+    ):
         with pytest.raises(ConfigError, match=msg):
             TransformersEngine(EngineConfig(device="cpu", options=opts))
 
@@ -202,3 +226,26 @@ def test_compare_reads_startup_gauges_from_metrics_page() -> None:
     m = ServerMetrics(SyntheticEngine(EngineConfig(kind="synthetic")))
     m.set_startup_phases({"total": 1234.5, "weights_init": 800.25, "first_request": 12.0})
     assert parse_startup(m.render().decode()) == {"total": 1234.5, "weights_init": 800.25, "first_request": 12.0}
+
+
+def test_engine_startup_splits_weight_read_from_init_for_a_folder_with_weights() -> None:
+    """The tiny model has weight files: read (bytes from disk), init (from_pretrained) and
+    device transfer are separate phases; a preset's folder has none, so no read phase."""
+    import asyncio
+
+    eng = _engine()
+    try:
+        phases = eng.startup.phases
+        assert {
+            "imports",
+            "model_folder",
+            "tokenizer",
+            "weights_read",
+            "weights_init",
+            "device_transfer",
+            "warmup",
+        } <= set(phases)
+        assert "MB in 1 file" in phases["weights_read"].note and phases["weights_init"].ms > 0
+        assert "cuda_graphs" not in phases and "tokenizer_slow" not in phases  # not configured: absent, not zero
+    finally:
+        asyncio.run(eng.stop())
