@@ -361,7 +361,8 @@ def versions() -> dict:
 
     return {"python": platform.python_version(), "grpcio": grpc.__version__, "uvloop": uv,
             "hpack": getattr(hpack, "__version__", "?"), "nginx": out(["nginx", "-v"]),
-            "haproxy": out(["haproxy", "-v"]), "caddy": out(["caddy", "version"]), "h2load": out(["h2load", "--version"])}
+            "haproxy": out(["haproxy", "-v"]), "caddy": out(["caddy", "version"]),
+            "h2load": out(["h2load", "--version"])}
 
 
 def environment(proxy_cpus: set[int], other_cpus: set[int]) -> dict:
@@ -400,7 +401,7 @@ def sweep(paths: list[PathProc], conc: list[int], rounds: int, per_stream: int, 
         base = paths[0]
         for p in paths:
             pooled, bpooled = np.concatenate(p.lat[c]), np.concatenate(base.lat[c])
-            row = {"path": p.name, "calls": int(len(pooled)), "p50_us": pct(pooled, 50), "p99_us": pct(pooled, 99)}
+            row = {"path": p.name, "calls": len(pooled), "p50_us": pct(pooled, 50), "p99_us": pct(pooled, 99)}
             if p is not base:
                 for q in (50, 99):
                     per_round = [pct(a, q) - pct(b, q) for a, b in zip(p.lat[c], base.lat[c])]
@@ -555,7 +556,8 @@ def markdown(r: dict) -> str:
     ]
     for c, lvl in r["sweep"].items():
         lines += [f"## Concurrency {c} ({lvl['requests_per_slice']} calls per slice)", "",
-                  "| path | calls | p50 µs | p99 µs | added p50 µs | added p99 µs | × nginx p50 | × nginx p99 | CPU µs/call |",
+                  "| path | calls | p50 µs | p99 µs | added p50 µs | added p99 µs | × nginx p50 | × nginx p99 "
+                  "| CPU µs/call |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for row in lvl["rows"]:
             def add(q: int, row: dict = row) -> str:
@@ -574,12 +576,14 @@ def markdown(r: dict) -> str:
         lines += ["## Most calls/s on one core", "",
                   f"h2load, 4 connections × 64 streams, {r['max_seconds']:.0f} s per run after 1 s warm-up, runs "
                   "rotated; busy = the gateway's CPU seconds per wall second (1.0 = its core saturated).", "",
-                  "| gateway | calls/s (median) | range | × nginx | CPU µs/call | busy |", "|---|---:|---:|---:|---:|---:|"]
+                  "| gateway | calls/s (median) | range | × nginx | CPU µs/call | busy |",
+                  "|---|---:|---:|---:|---:|---:|"]
         mx = r["max_one_core"]
         ng = mx.get("nginx", {}).get("rps_median")
         for name, s in mx.items():
             lines.append(f"| {name} | {s['rps_median']:,.0f} | {s['rps_min']:,.0f}–{s['rps_max']:,.0f} | "
-                         f"{s['rps_median'] / ng:.2f} | {s['cpu_us_per_call_median']:.0f} | {s['core_busy_median']:.2f} |"
+                         f"{s['rps_median'] / ng:.2f} | {s['cpu_us_per_call_median']:.0f} | "
+                         f"{s['core_busy_median']:.2f} |"
                          if ng else f"| {name} | {s['rps_median']:,.0f} | – | – | {s['cpu_us_per_call_median']:.0f} | "
                          f"{s['core_busy_median']:.2f} |")
         lines.append("")

@@ -37,14 +37,33 @@ from typing import Any
 from urllib.parse import quote
 
 from hpack.exceptions import HPACKError
-
 from pathprobe import telemetry, timing
 from pathprobe.errors import Unavailable
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
-from pathprobe.h2frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, F_PRIORITY, GOAWAY, HEADERS,
-                                NOTHING, PADDED, PATH, PING, PREFACE, RST_STREAM, SETTINGS, STATUS,
-                                WINDOW_UPDATE, BlockReader, fragment, frame, frames, literal, literal_block)
+from pathprobe.h2frames import (
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    F_PRIORITY,
+    GOAWAY,
+    HEADERS,
+    NOTHING,
+    PATH,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    STATUS,
+    WINDOW_UPDATE,
+    BlockReader,
+    fragment,
+    frame,
+    frames,
+    literal,
+    literal_block,
+)
 from pathprobe.timing import now_ms
 
 log = logging.getLogger("pathprobe.gateway")
@@ -248,8 +267,8 @@ class ClientConn(asyncio.Protocol):
         decode_after: list[tuple[int, bytes]] = []
         new_streams: list[Stream] = []
         relay = self.relay
-        end = pos  # what is consumed: up to the end of the last whole frame
-        for pos, end, ftype, flags, sid in frames(buf, pos):
+        start = end = pos  # what is consumed: up to the end of the last whole frame
+        for pos, end, ftype, flags, sid in frames(buf, start):
             if ftype == DATA:
                 length = end - pos - 9
                 st = self.streams.get(sid)
@@ -267,7 +286,7 @@ class ClientConn(asyncio.Protocol):
                     run = end
                     if length and self.transport is not None:  # give the client's window back
                         self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
-            elif ftype == HEADERS or ftype == CONTINUATION:
+            elif ftype in (HEADERS, CONTINUATION):
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
                     if sid not in self.streams and sid > self.max_sid:
@@ -277,7 +296,7 @@ class ClientConn(asyncio.Protocol):
                         new_streams.append(st)
                         if self.upstream is not None:
                             self.upstream.outstanding += 1
-                    prio, frag = fragment(flags, payload)
+                    _prio, frag = fragment(flags, payload)
                     self.c_hdr = (sid, flags, bytearray(frag))
                 else:
                     if self.c_hdr is not None:
@@ -318,8 +337,8 @@ class ClientConn(asyncio.Protocol):
                 self.up.transport.write(payload)
             elif not self.dead:
                 self.pending_up.append(payload)
-        for sid, block in decode_after:
-            self._decode_request(sid, block)
+        for sid, req_block in decode_after:
+            self._decode_request(sid, req_block)
 
     def _decode_request(self, sid: int, block: bytes) -> None:
         """Metrics label of a request: its ``:path`` (the block was forwarded already)."""
@@ -402,7 +421,7 @@ class ClientConn(asyncio.Protocol):
         decode_after: list[tuple[int, bytes, bool]] = []
         end = 0  # what is consumed: up to the end of the last whole frame
         for pos, end, ftype, flags, sid in frames(buf):
-            if ftype == HEADERS or ftype == CONTINUATION:
+            if ftype in (HEADERS, CONTINUATION):
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
                     prio, frag = fragment(flags, payload)
@@ -451,14 +470,14 @@ class ClientConn(asyncio.Protocol):
         codes: dict[int, str] = {}
         sts: dict[int, str] | None = {} if self.relay.tracing else None  # upstream server-timing, for spans
         if self.relay.decode:
-            for sid, block, trailers in decode_after:
+            for sid, resp_block, trailers in decode_after:
                 try:
                     if sts is not None and trailers:  # tracing: the upstream's server-timing too
-                        headers = self.udec.decode_all(block)
+                        headers = self.udec.decode_all(resp_block)
                         sts[sid] = ", ".join(v.decode() for k, v in headers if k == b"server-timing")
                         fields = dict(headers)
                     else:  # keeps the table in step; response headers need nothing else
-                        fields = self.udec.read(block, STATUS if trailers else NOTHING)
+                        fields = self.udec.read(resp_block, STATUS if trailers else NOTHING)
                 except HPACKError:
                     continue
                 if trailers and b"grpc-status" in fields:

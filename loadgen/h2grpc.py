@@ -27,10 +27,28 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from hpack.exceptions import HPACKError
-
-from pathprobe.h2frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PADDED, PING,
-                                PREFACE, RST_STREAM, S_ENABLE_PUSH, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, SETTINGS,
-                                WINDOW_UPDATE, BlockReader, fragment, frame, frames, literal)
+from pathprobe.h2frames import (
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    PADDED,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    S_ENABLE_PUSH,
+    S_INITIAL_WINDOW_SIZE,
+    S_MAX_FRAME_SIZE,
+    SETTINGS,
+    WINDOW_UPDATE,
+    BlockReader,
+    fragment,
+    frame,
+    frames,
+    literal,
+)
 
 STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
@@ -172,12 +190,7 @@ class Channel:
         if left <= 0:
             raise TimeoutError
         sock.settimeout(left)
-        try:
-            data = sock.recv(262144)
-        except TimeoutError:
-            raise
-        except socket.timeout as exc:  # an alias of TimeoutError on 3.10+, kept for gevent's socket
-            raise TimeoutError from exc
+        data = sock.recv(262144)  # TimeoutError (socket.timeout, gevent's too) at the deadline
         t = pc()
         if not data:
             raise ConnectionError("")
@@ -190,13 +203,13 @@ class Channel:
                 length = end - start - 9
                 self.recv_unacked += length
                 if fsid == call.sid:
-                    payload = buf[start + 9:end]
+                    body = bytes(buf[start + 9:end])
                     if flags & PADDED:
-                        payload = payload[1:len(payload) - payload[0]]
-                    call.data(bytes(payload), t)
+                        body = body[1:len(body) - body[0]]
+                    call.data(body, t)
                     if flags & END_STREAM and call.result is None:
                         call.result = CallResult(13, "the server ended the stream without trailers")
-            elif ftype == HEADERS or ftype == CONTINUATION:
+            elif ftype in (HEADERS, CONTINUATION):
                 payload = bytes(buf[start + 9:end])
                 if ftype == HEADERS:
                     call.hdr = (fsid, flags, bytearray(fragment(flags, payload)[1]))

@@ -7,7 +7,6 @@ from hpack import Decoder, Encoder
 from hpack.exceptions import HPACKError
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pathprobe.h2frames import DATA, HEADERS, PATH, STATUS, BlockReader, frame, frames, literal
 
 NAMES = [b":path", b"grpc-status", b"grpc-message", b"server-timing", b"grpc-timeout", b"content-type",

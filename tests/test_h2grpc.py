@@ -10,9 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-
 from pathprobe.loadgen.h2grpc import Channel, _timeout
 from pathprobe.loadgen.targets import CallSpec, GrpcTarget, H2GrpcTarget, make_target
+
 from tests.support.procs import Proc, Server, free_port, wait_grpc
 
 ROOT = Path(__file__).resolve().parent.parent

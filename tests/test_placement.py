@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from pathprobe.analysis.config import CompareConfig
 from pathprobe.analysis.placement import ENV_PLACEMENT, plan
 from pathprobe.analysis.runner import Stack

@@ -12,8 +12,8 @@ import json
 import sys
 import time
 
-from pathprobe.loadgen.users import build_record  # imports Locust: gevent patches the process
 from pathprobe.loadgen.targets import CallSpec, GrpcTarget, H2GrpcTarget, Outcome
+from pathprobe.loadgen.users import build_record  # imports Locust: gevent patches the process
 
 
 def main() -> None:
