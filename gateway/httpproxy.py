@@ -8,6 +8,7 @@ entries appended (its parse and re-dump are the only ``gw.decode`` / ``gw.encode
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -168,6 +169,9 @@ def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
 
     async def factory() -> web.Application:
         p.session = make_session(args.pool_size, p.connects)
+        # a few TCP handshakes to each upstream before serving, off the event loop: gw.connect is
+        # the shortest round trip seen, not one connect that a busy loop stretched
+        await asyncio.gather(*(p.connects.probe(u.target) for u in pool.upstreams))
         app = web.Application(client_max_size=args.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", p.handle)
         return app

@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from pathprobe import rtt
 from pathprobe.address import host_and_port
 from pathprobe.errors import DeadlineExceeded, Unavailable
 from pathprobe.gateway.aio import Spans
@@ -26,6 +27,16 @@ class ConnectTimes:
     def get(self, target: str) -> float | None:
         return self.by_target.get(target)
 
+    def saw(self, target: str, ms: float) -> None:
+        self.by_target[target] = min(ms, self.by_target.get(target, ms))
+
+    async def probe(self, target: str, n: int = 3) -> None:
+        """``n`` TCP handshakes to ``target`` in a worker thread (an unreachable upstream: none)."""
+        host, port = host_and_port(target)
+        ms = await asyncio.get_running_loop().run_in_executor(None, rtt.tcp_handshake_ms, host, port, n, 1.0)
+        if ms is not None:
+            self.saw(target, ms)
+
     def trace_config(self) -> aiohttp.TraceConfig:
         tc = aiohttp.TraceConfig()
 
@@ -38,8 +49,7 @@ class ConnectTimes:
         async def on_create_end(_s: Any, ctx: Any, _p: Any) -> None:
             t0 = getattr(ctx, "connect_t0", None)
             if t0 is not None and getattr(ctx, "target", None):
-                ms = now_ms() - t0
-                self.by_target[ctx.target] = min(ms, self.by_target.get(ctx.target, ms))
+                self.saw(ctx.target, now_ms() - t0)
 
         tc.on_request_start.append(on_request)
         tc.on_connection_create_start.append(on_create_start)

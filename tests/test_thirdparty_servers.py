@@ -67,12 +67,11 @@ def silent(tmp_path_factory) -> Iterator[OpenAIServer]:
     srv.stop()
 
 
-def _load(out: Path, url: str, *extra: str, scheme: str = "openai+") -> list[dict]:
-    run_load(
-        out, "-H", scheme + url, "-u", "1", "-r", "1", "-t", "3s", "--max-tokens", "4", "--tokenizer", "none", *extra
-    )
+def _load(out: Path, url: str, *extra: str, scheme: str = "openai+", seconds: int = 3) -> list[dict]:
+    run_load(out, "-H", scheme + url, "-u", "1", "-r", "1", "-t", f"{seconds}s", "--max-tokens", "4",
+             "--tokenizer", "none", *extra)
     recs = [r for r in load_records(out) if r["ok"]]
-    assert len(recs) >= 10, recs[:2]
+    assert len(recs) >= 5, recs[:2]
     for r in recs:
         sp = r["split"]
         assert sum(sp[k] for k in SEGS) == pytest.approx(r["e2e_ms"], abs=1e-6)
@@ -86,8 +85,11 @@ def _median(recs: list[dict], seg: str) -> float:
 def test_a_server_that_reports_nothing_is_unsplit_and_network_matches_our_server(
     silent, synthetic_server, tmp_path
 ) -> None:
-    theirs = _load(tmp_path / "theirs", silent.url)
-    ours = _load(tmp_path / "ours", synthetic_server.http_url)
+    # alternate short runs, so drift on a shared machine hits both paths alike
+    theirs, ours = [], []
+    for i in range(2):
+        theirs += _load(tmp_path / f"theirs{i}", silent.url, seconds=2)
+        ours += _load(tmp_path / f"ours{i}", synthetic_server.http_url, seconds=2)
     for r in theirs:
         sp = r["split"]
         assert r["entries"] == {} and r["server_report"] is None
@@ -101,9 +103,9 @@ def test_a_server_that_reports_nothing_is_unsplit_and_network_matches_our_server
     for r in ours:
         assert r["split"]["network_estimated"] is False and r["split"]["unsplit"] == 0.0
     # the summary says how many requests' network is an estimate (what labels it in the tables)
-    routes = json.loads((tmp_path / "theirs" / "summary.json").read_text())["routes"]
+    routes = json.loads((tmp_path / "theirs0" / "summary.json").read_text())["routes"]
     assert routes["openai.completions"]["network_estimated"] == routes["openai.completions"]["ok"] > 0
-    routes = json.loads((tmp_path / "ours" / "summary.json").read_text())["routes"]
+    routes = json.loads((tmp_path / "ours0" / "summary.json").read_text())["routes"]
     assert routes["openai.completions"]["network_estimated"] == 0
     net_theirs, net_ours = _median(theirs, "network"), _median(ours, "network")
     assert abs(net_theirs - net_ours) <= 0.5, (net_theirs, net_ours)
@@ -152,7 +154,7 @@ def test_tgi_headers_make_a_server_hop(tmp_path) -> None:
         assert sp["unsplit"] == 0.0 and sp["network_estimated"] is False
         assert [h["label"] for h in sp["hops"]] == ["srv (TGI x-*-time headers)"]
         assert sp["network"] > 0  # TGI rounds its total down to whole ms: never less than the real link
-    assert _median(recs, "network") < 2.0  # the link plus < 1 ms of rounding
+    assert _median(recs, "network") < 3.0  # the link, < 1 ms of rounding, scheduling on a busy box
 
 
 def test_transport_round_trips_are_measured_without_the_application(synthetic_server, silent) -> None:
