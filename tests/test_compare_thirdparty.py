@@ -126,10 +126,14 @@ def test_a_reporting_proxys_upstream_delay_is_network_never_its_own_time(run, wa
     def own(recs):
         return _med(r["split"]["hops"][0]["other"] for r in recs)  # the proxy's own time
 
+    # LiteLLM's own time and its HTTP client's are tens of ms and swing by several ms between
+    # rows on a shared box (the proxies' are sub-ms): for it the bounds are wider, and still
+    # far from what a 2 x D delay landing in the wrong place would show
+    noisy = wan.startswith("litellm")
     grew = link(slow, 1) - link(base, 1)
-    assert 2 * DELAY * 0.8 <= grew <= 2 * DELAY * 1.3, (wan, grew)
-    # LiteLLM's own time is tens of ms and noisy on a shared box; the proxies' is sub-ms
-    tol = 5.0 if wan.startswith("litellm") else 2.0
+    lo, hi = (0.6, 1.6) if noisy else (0.8, 1.3)
+    assert 2 * DELAY * lo <= grew <= 2 * DELAY * hi, (wan, grew)
+    tol = DELAY if noisy else 2.0  # half of what the delay adds
     assert abs(own(slow) - own(base)) < tol, (wan, own(base), own(slow))
     assert abs(link(slow, 0) - link(base, 0)) < tol, (wan, link(base, 0), link(slow, 0))
 
