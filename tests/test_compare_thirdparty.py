@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from pathprobe import proxies
 
 pytestmark = pytest.mark.slow
@@ -28,11 +27,16 @@ DELAY = 10.0  # one-way, ms
 DECODE_MS, MAX_TOKENS = 1.0, 8
 WAN = {"hop": "upstream", "delay_ms": DELAY}
 #: row -> (kind, the hop prefix it reports with a total, or None)
-ROWS = {"direct-grpc": ("direct", None), "passthrough": ("gateway", "gw"), "nginx": ("nginx", "nginx"),
-        "haproxy": ("haproxy", "haproxy"), "caddy": ("caddy", None), "direct-openai": ("direct", None),
-        "litellm": ("litellm", "litellm")}
-WAN_ROWS = {"passthrough-wan": "passthrough", "nginx-wan": "nginx", "haproxy-wan": "haproxy",
-            "litellm-wan": "litellm"}
+ROWS = {
+    "direct-grpc": ("direct", None),
+    "passthrough": ("gateway", "gw"),
+    "nginx": ("nginx", "nginx"),
+    "haproxy": ("haproxy", "haproxy"),
+    "caddy": ("caddy", None),
+    "direct-openai": ("direct", None),
+    "litellm": ("litellm", "litellm"),
+}
+WAN_ROWS = {"passthrough-wan": "passthrough", "nginx-wan": "nginx", "haproxy-wan": "haproxy", "litellm-wan": "litellm"}
 
 
 def _target(name: str, kind: str, **kw) -> dict:
@@ -50,16 +54,32 @@ def run(tmp_path_factory):
     out = tmp / "out"
     targets = [_target(n, k) for n, (k, _) in ROWS.items()]
     targets += [_target(n, ROWS[base][0], network=WAN) for n, base in WAN_ROWS.items()]
-    cfg = {"out": str(out), "bootstrap": 200, "tracing": False,
-           "server": {"engine": "synthetic", "prefill_ms_per_token": 0.05, "decode_ms_per_token": DECODE_MS,
-                      "max_batch_size": 4},
-           "load": {"duration_s": 3, "warmup_s": 1, "rounds": 1, "concurrency": [1], "stream": False,
-                    "prompt_tokens": 32, "max_tokens": MAX_TOKENS},
-           "targets": targets}
+    cfg = {
+        "out": str(out),
+        "bootstrap": 200,
+        "tracing": False,
+        "server": {
+            "engine": "synthetic",
+            "prefill_ms_per_token": 0.05,
+            "decode_ms_per_token": DECODE_MS,
+            "max_batch_size": 4,
+        },
+        "load": {
+            "duration_s": 3,
+            "warmup_s": 1,
+            "rounds": 1,
+            "concurrency": [1],
+            "stream": False,
+            "prompt_tokens": 32,
+            "max_tokens": MAX_TOKENS,
+        },
+        "targets": targets,
+    }
     path = tmp / "thirdparty.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True,
-                         text=True, timeout=1200)
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=1200
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return out, json.loads((out / "report.json").read_text()), res.stdout
 

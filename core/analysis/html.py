@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.report import SEG_COLS, fmt_ms, metric_values
 from pathprobe.analysis.hops import format_path
+from pathprobe.analysis.report import SEG_COLS, fmt_ms, metric_values
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {"network": "#4e79a7", "serialization": "#f28e2b", "queueing": "#e15759",

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,8 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.address import parse_hostport
+from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.errors import ConfigError, PathprobeError
 
 LOOPBACK = "127.0.0.1"
