@@ -16,7 +16,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,6 +215,9 @@ def litellm(
     )
 
 
+BUILDERS: dict[str, Callable[..., Launch]] = {"nginx": nginx, "haproxy": haproxy, "caddy": caddy, "litellm": litellm}
+
+
 def launch(
     proxy: str, prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str, **kw: object
 ) -> Launch:
@@ -224,8 +227,8 @@ def launch(
     exe = executable(proxy)
     if exe is None:
         raise ConfigError(missing_reason(proxy))
-    fn = {"nginx": nginx, "haproxy": haproxy, "caddy": caddy, "litellm": litellm}[proxy]
-    return fn(prefix, listen, upstreams, protocol, exe=exe, **kw)  # type: ignore[operator]
+    fn: Callable[..., Launch] = BUILDERS[proxy]
+    return fn(prefix, listen, upstreams, protocol, exe=exe, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocol", default=None, help="grpc | http (nginx, haproxy, caddy); openai (litellm)")
     a = p.parse_args(argv)
     protocol = a.protocol or PROTOCOLS[a.proxy][0]
-    fn = {"nginx": nginx, "haproxy": haproxy, "caddy": caddy, "litellm": litellm}[a.proxy]
+    fn: Callable[..., Launch] = BUILDERS[a.proxy]
     try:
         lz = fn(a.prefix, a.listen, a.upstream.split(","), protocol)
     except ConfigError as exc:
