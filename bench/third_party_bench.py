@@ -55,12 +55,26 @@ PATHS = {
 
 def config(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return {
-        "out": str(out), "tracing": False, "baseline": "direct-grpc", "bootstrap": 500,
-        "server": {"engine": "synthetic", "model": "tiny", "prefill_ms_per_token": 0.05,
-                   "decode_ms_per_token": args.decode_ms, "max_batch_size": 8},
-        "load": {"duration_s": args.duration, "warmup_s": 2, "rounds": args.rounds,
-                 "concurrency": [int(c) for c in args.concurrency.split(",")], "stream": False,
-                 "max_tokens": args.max_tokens, "prompt_tokens": 64},
+        "out": str(out),
+        "tracing": False,
+        "baseline": "direct-grpc",
+        "bootstrap": 500,
+        "server": {
+            "engine": "synthetic",
+            "model": "tiny",
+            "prefill_ms_per_token": 0.05,
+            "decode_ms_per_token": args.decode_ms,
+            "max_batch_size": 8,
+        },
+        "load": {
+            "duration_s": args.duration,
+            "warmup_s": 2,
+            "rounds": args.rounds,
+            "concurrency": [int(c) for c in args.concurrency.split(",")],
+            "stream": False,
+            "max_tokens": args.max_tokens,
+            "prompt_tokens": 64,
+        },
         "targets": [
             {"name": "direct-grpc", "kind": "direct", "protocol": "grpc"},
             {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
@@ -92,8 +106,11 @@ def records(out: Path, name: str, conc: int) -> list[dict[str, Any]]:
 
 def outside_server_ms(recs: list[dict[str, Any]]) -> float | None:
     """Mean of e2e - client (de)serialization - srv.total: everything not the server."""
-    vals = [r["e2e_ms"] - r["client_encode_ms"] - r["client_decode_ms"] - e["srv.total"]
-            for r in recs if "srv.total" in (e := entries_of(r))]
+    vals = [
+        r["e2e_ms"] - r["client_encode_ms"] - r["client_decode_ms"] - e["srv.total"]
+        for r in recs
+        if "srv.total" in (e := entries_of(r))
+    ]
     return float(np.mean(vals)) if vals else None
 
 
@@ -101,8 +118,11 @@ def self_report(recs: list[dict[str, Any]], prefix: str | None) -> dict[str, Any
     if prefix is None:
         return {}
     out: dict[str, Any] = {}
-    own = [e[f"{prefix}.total"] - e[f"{prefix}.upstream"] for r in recs
-           if f"{prefix}.total" in (e := entries_of(r)) and f"{prefix}.upstream" in e]
+    own = [
+        e[f"{prefix}.total"] - e[f"{prefix}.upstream"]
+        for r in recs
+        if f"{prefix}.total" in (e := entries_of(r)) and f"{prefix}.upstream" in e
+    ]
     if own:
         out["hop_own_mean_ms"] = float(np.mean(own))
         out["hop_own_p50_ms"] = float(np.median(own))
@@ -125,19 +145,33 @@ def summarize(report: dict[str, Any], out: Path) -> list[dict[str, Any]]:
         for name, (base, prefix) in PATHS.items():
             t = report["targets"].get(name)
             if t is None or t["status"] != "ok":
-                rows.append({"path": name, "concurrency": conc, "status": t["status"] if t else "absent",
-                             "reason": t["reason"] if t else ""})
+                rows.append(
+                    {
+                        "path": name,
+                        "concurrency": conc,
+                        "status": t["status"] if t else "absent",
+                        "reason": t["reason"] if t else "",
+                    }
+                )
                 continue
             g = t["by_concurrency"].get(str(conc))
             if not g:
                 continue
             recs = records(out, name, conc)
             base_recs[name] = recs
-            row: dict[str, Any] = {"path": name, "concurrency": conc, "status": "ok", "baseline": base,
-                                   "n": g["ok"], "p50_ms": g["e2e"]["p50"]["value"], "p99_ms": g["e2e"]["p99"]["value"],
-                                   "round_p50s_ms": [v["p50"] for v in g["rounds"].values()],
-                                   "cpu_ms_per_request": (g.get("path_cpu") or {}).get("ms_per_request"),
-                                   "outside_server_mean_ms": outside_server_ms(recs), **self_report(recs, prefix)}
+            row: dict[str, Any] = {
+                "path": name,
+                "concurrency": conc,
+                "status": "ok",
+                "baseline": base,
+                "n": g["ok"],
+                "p50_ms": g["e2e"]["p50"]["value"],
+                "p99_ms": g["e2e"]["p99"]["value"],
+                "round_p50s_ms": [v["p50"] for v in g["rounds"].values()],
+                "cpu_ms_per_request": (g.get("path_cpu") or {}).get("ms_per_request"),
+                "outside_server_mean_ms": outside_server_ms(recs),
+                **self_report(recs, prefix),
+            }
             if base is not None:
                 b = report["targets"][base]["by_concurrency"][str(conc)]
                 row["added_p50_ms"] = row["p50_ms"] - b["e2e"]["p50"]["value"]
@@ -156,34 +190,42 @@ def _f(v: Any, nd: int = 3) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], env: dict[str, Any], cmd: str, wall_s: float) -> str:
-    lines = [f"# Third-party gateways beside ours, {env['date']}", "",
-             f"Machine: {env['cpu']}, {env['cpus']} cores, {env['platform']}; load average {env['load_start']} "
-             f"at start, {env['load_end']} at end (a shared box).",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items()) + ".",
-             f"Run: `{cmd}` ({wall_s:.0f} s) — one `pathprobe compare` in local mode: synthetic engine "
-             "(known time), unary calls, interleaved rounds with the order rotated per round, the same load "
-             "on every path. Added = percentile(path) − percentile(its direct path); per-round p50 differences "
-             "in brackets (min..max). CPU = the path's own processes (proxy and its children; not the shared "
-             "server) per request.", ""]
+    lines = [
+        f"# Third-party gateways beside ours, {env['date']}",
+        "",
+        f"Machine: {env['cpu']}, {env['cpus']} cores, {env['platform']}; load average {env['load_start']} "
+        f"at start, {env['load_end']} at end (a shared box).",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items()) + ".",
+        f"Run: `{cmd}` ({wall_s:.0f} s) — one `pathprobe compare` in local mode: synthetic engine "
+        "(known time), unary calls, interleaved rounds with the order rotated per round, the same load "
+        "on every path. Added = percentile(path) − percentile(its direct path); per-round p50 differences "
+        "in brackets (min..max). CPU = the path's own processes (proxy and its children; not the shared "
+        "server) per request.",
+        "",
+    ]
     for conc in sorted({r["concurrency"] for r in rows}):
-        lines += [f"## Concurrency {conc}", "",
-                  "| path | vs | n | p50 ms | p99 ms | added p50 ms [rounds] | added p99 ms | CPU ms/req | "
-                  "hop's own time, self-reported (mean) | says overhead (mean) | measured tax (mean) |",
-                  "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## Concurrency {conc}",
+            "",
+            "| path | vs | n | p50 ms | p99 ms | added p50 ms [rounds] | added p99 ms | CPU ms/req | "
+            "hop's own time, self-reported (mean) | says overhead (mean) | measured tax (mean) |",
+            "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+        ]
         for r in (x for x in rows if x["concurrency"] == conc):
             if r["status"] != "ok":
                 lines.append(f"| {r['path']} | – | – | {r['status']}: {r['reason']} | | | | | | | |")
                 continue
             rounds = r.get("added_p50_by_round_ms")
             rr = f" [{min(rounds):.3f}..{max(rounds):.3f}]" if rounds else ""
-            own = ("upstream only" if r.get("upstream_only") else _f(r.get("hop_own_mean_ms")))
+            own = "upstream only" if r.get("upstream_only") else _f(r.get("hop_own_mean_ms"))
             share = r.get("hop_reported_share")
             if share is not None and share < 0.999:
                 own += f" ({share:.0%} of requests)"
             lines.append(
                 f"| {r['path']} | {r.get('baseline') or '–'} | {r['n']} | {_f(r['p50_ms'])} | {_f(r['p99_ms'])} | "
                 f"{_f(r.get('added_p50_ms'))}{rr} | {_f(r.get('added_p99_ms'))} | {_f(r.get('cpu_ms_per_request'))} | "
-                f"{own} | {_f(r.get('says_overhead_mean_ms'))} | {_f(r.get('measured_tax_mean_ms'))} |")
+                f"{own} | {_f(r.get('says_overhead_mean_ms'))} | {_f(r.get('measured_tax_mean_ms'))} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -201,20 +243,33 @@ def environment() -> dict[str, Any]:
     from pathprobe import proxies
 
     lite = proxies.executable("litellm")
-    versions = {"Python": platform.python_version(), "pathprobe": metadata.version("pathprobe"),
-                "grpcio": metadata.version("grpcio"), "nginx": out(["nginx", "-v"]).replace("nginx version: ", ""),
-                "HAProxy": out(["haproxy", "-v"]).split(" - ")[0].replace("HAProxy version ", ""),
-                "Caddy": out(["caddy", "version"]),
-                "LiteLLM": out([str(Path(lite).parent / "python"), "-c",
-                                "import importlib.metadata as m; print(m.version('litellm'))"]) if lite else "absent"}
+    versions = {
+        "Python": platform.python_version(),
+        "pathprobe": metadata.version("pathprobe"),
+        "grpcio": metadata.version("grpcio"),
+        "nginx": out(["nginx", "-v"]).replace("nginx version: ", ""),
+        "HAProxy": out(["haproxy", "-v"]).split(" - ")[0].replace("HAProxy version ", ""),
+        "Caddy": out(["caddy", "version"]),
+        "LiteLLM": out(
+            [str(Path(lite).parent / "python"), "-c", "import importlib.metadata as m; print(m.version('litellm'))"]
+        )
+        if lite
+        else "absent",
+    }
     cpu = "?"
     try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"date": dt.date.today().isoformat(), "cpu": cpu, "cpus": os.cpu_count(),
-            "platform": f"Linux {platform.release()}", "versions": versions,
-            "load_start": f"{os.getloadavg()[0]:.2f}"}
+    return {
+        "date": dt.date.today().isoformat(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "platform": f"Linux {platform.release()}",
+        "versions": versions,
+        "load_start": f"{os.getloadavg()[0]:.2f}",
+    }
 
 
 def main() -> None:

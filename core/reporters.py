@@ -69,8 +69,15 @@ def litellm(get: HeaderGetter) -> list[str]:
     inner = get(LITELLM_PROVIDER_TIMING)
     if inner:
         out.append(inner)
-    hop = _hop("litellm", [("upstream", _ms(get(LITELLM_UPSTREAM))), ("overhead", _ms(get(LITELLM_OVERHEAD))),
-                           ("callback", _ms(get(LITELLM_CALLBACK))), ("total", total)])
+    hop = _hop(
+        "litellm",
+        [
+            ("upstream", _ms(get(LITELLM_UPSTREAM))),
+            ("overhead", _ms(get(LITELLM_OVERHEAD))),
+            ("callback", _ms(get(LITELLM_CALLBACK))),
+            ("total", total),
+        ],
+    )
     if hop:
         out.append(hop)
     return out

@@ -36,20 +36,37 @@ def _chain(delay_on: int | None) -> list[dict]:
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("chains")
     out = tmp / "out"
-    targets = [{"name": "chain", "kind": "chain", "chain": _chain(None)},
-               {"name": "chain-d0", "kind": "chain", "chain": _chain(None),
-                "network": {"hop": "client", "delay_ms": DELAY}}]
+    targets = [
+        {"name": "chain", "kind": "chain", "chain": _chain(None)},
+        {"name": "chain-d0", "kind": "chain", "chain": _chain(None), "network": {"hop": "client", "delay_ms": DELAY}},
+    ]
     targets += [{"name": f"chain-d{i}", "kind": "chain", "chain": _chain(i)} for i in (1, 2)]
-    cfg = {"out": str(out), "bootstrap": 200, "tracing": True,
-           "server": {"engine": "synthetic", "prefill_ms_per_token": 0.05, "decode_ms_per_token": 1.0,
-                      "max_batch_size": 4},
-           "load": {"duration_s": 2, "warmup_s": 1, "rounds": 2, "concurrency": [1], "stream": False,
-                    "prompt_tokens": 64, "max_tokens": 8},
-           "targets": targets}
+    cfg = {
+        "out": str(out),
+        "bootstrap": 200,
+        "tracing": True,
+        "server": {
+            "engine": "synthetic",
+            "prefill_ms_per_token": 0.05,
+            "decode_ms_per_token": 1.0,
+            "max_batch_size": 4,
+        },
+        "load": {
+            "duration_s": 2,
+            "warmup_s": 1,
+            "rounds": 2,
+            "concurrency": [1],
+            "stream": False,
+            "prompt_tokens": 64,
+            "max_tokens": 8,
+        },
+        "targets": targets,
+    }
     path = tmp / "chains.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True,
-                         text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=900
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return out, json.loads((out / "report.json").read_text())
 
@@ -109,7 +126,8 @@ def test_every_hops_serialization_is_kept(run):
         for r in recs:  # the segment is the client's plus every hop's, none lost to the merge
             hops = sum(h["serialization"] for h in r["split"]["hops"])
             assert r["split"]["serialization"] == pytest.approx(
-                hops + r["client_encode_ms"] + r["client_decode_ms"], abs=1e-6)
+                hops + r["client_encode_ms"] + r["client_decode_ms"], abs=1e-6
+            )
     base = _records(out, "chain")
     for name in ("chain-d0", "chain-d1", "chain-d2"):
         assert abs(_hop_ser(_records(out, name), 1) - _hop_ser(base, 1)) < 0.3, name

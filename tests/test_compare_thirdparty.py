@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from pathprobe import proxies
 
 pytestmark = pytest.mark.slow
@@ -28,11 +27,16 @@ DELAY = 10.0  # one-way, ms
 DECODE_MS, MAX_TOKENS = 1.0, 8
 WAN = {"hop": "upstream", "delay_ms": DELAY}
 #: row -> (kind, the hop prefix it reports with a total, or None)
-ROWS = {"direct-grpc": ("direct", None), "passthrough": ("gateway", "gw"), "nginx": ("nginx", "nginx"),
-        "haproxy": ("haproxy", "haproxy"), "caddy": ("caddy", None), "direct-openai": ("direct", None),
-        "litellm": ("litellm", "litellm")}
-WAN_ROWS = {"passthrough-wan": "passthrough", "nginx-wan": "nginx", "haproxy-wan": "haproxy",
-            "litellm-wan": "litellm"}
+ROWS = {
+    "direct-grpc": ("direct", None),
+    "passthrough": ("gateway", "gw"),
+    "nginx": ("nginx", "nginx"),
+    "haproxy": ("haproxy", "haproxy"),
+    "caddy": ("caddy", None),
+    "direct-openai": ("direct", None),
+    "litellm": ("litellm", "litellm"),
+}
+WAN_ROWS = {"passthrough-wan": "passthrough", "nginx-wan": "nginx", "haproxy-wan": "haproxy", "litellm-wan": "litellm"}
 
 
 def _target(name: str, kind: str, **kw) -> dict:
@@ -50,16 +54,32 @@ def run(tmp_path_factory):
     out = tmp / "out"
     targets = [_target(n, k) for n, (k, _) in ROWS.items()]
     targets += [_target(n, ROWS[base][0], network=WAN) for n, base in WAN_ROWS.items()]
-    cfg = {"out": str(out), "bootstrap": 200, "tracing": False,
-           "server": {"engine": "synthetic", "prefill_ms_per_token": 0.05, "decode_ms_per_token": DECODE_MS,
-                      "max_batch_size": 4},
-           "load": {"duration_s": 3, "warmup_s": 1, "rounds": 1, "concurrency": [1], "stream": False,
-                    "prompt_tokens": 32, "max_tokens": MAX_TOKENS},
-           "targets": targets}
+    cfg = {
+        "out": str(out),
+        "bootstrap": 200,
+        "tracing": False,
+        "server": {
+            "engine": "synthetic",
+            "prefill_ms_per_token": 0.05,
+            "decode_ms_per_token": DECODE_MS,
+            "max_batch_size": 4,
+        },
+        "load": {
+            "duration_s": 3,
+            "warmup_s": 1,
+            "rounds": 1,
+            "concurrency": [1],
+            "stream": False,
+            "prompt_tokens": 32,
+            "max_tokens": MAX_TOKENS,
+        },
+        "targets": targets,
+    }
     path = tmp / "thirdparty.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True,
-                         text=True, timeout=1200)
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=1200
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return out, json.loads((out / "report.json").read_text()), res.stdout
 
@@ -126,10 +146,14 @@ def test_a_reporting_proxys_upstream_delay_is_network_never_its_own_time(run, wa
     def own(recs):
         return _med(r["split"]["hops"][0]["other"] for r in recs)  # the proxy's own time
 
+    # LiteLLM's own time and its HTTP client's are tens of ms and swing by several ms between
+    # rows on a shared box (the proxies' are sub-ms): for it the bounds are wider, and still
+    # far from what a 2 x D delay landing in the wrong place would show
+    noisy = wan.startswith("litellm")
     grew = link(slow, 1) - link(base, 1)
-    assert 2 * DELAY * 0.8 <= grew <= 2 * DELAY * 1.3, (wan, grew)
-    # LiteLLM's own time is tens of ms and noisy on a shared box; the proxies' is sub-ms
-    tol = 5.0 if wan.startswith("litellm") else 2.0
+    lo, hi = (0.6, 1.6) if noisy else (0.8, 1.3)
+    assert 2 * DELAY * lo <= grew <= 2 * DELAY * hi, (wan, grew)
+    tol = DELAY if noisy else 2.0  # half of what the delay adds
     assert abs(own(slow) - own(base)) < tol, (wan, own(base), own(slow))
     assert abs(link(slow, 0) - link(base, 0)) < tol, (wan, link(base, 0), link(slow, 0))
 

@@ -19,7 +19,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from pathprobe import reporters, timing
 
 DATA = Path(__file__).parent / "data" / "gateways"
@@ -46,8 +45,9 @@ def test_litellm_unary_headers_become_its_hop_after_the_servers_entries():
     assert len(values) == 2  # the server's entries passed back, then LiteLLM's own hop
     assert timing.parse(values[0])["srv.total"] == pytest.approx(26.214)
     hop = timing.parse(values[1])
-    assert hop == pytest.approx({"litellm.upstream": 38.295, "litellm.overhead": 29.471,
-                                 "litellm.callback": 0.0, "litellm.total": 67.766})
+    assert hop == pytest.approx(
+        {"litellm.upstream": 38.295, "litellm.overhead": 29.471, "litellm.callback": 0.0, "litellm.total": 67.766}
+    )
     assert values[1].endswith("litellm.total;dur=67.766;desc=litellm")  # the closing entry
 
 
@@ -80,7 +80,7 @@ class _Replay(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     response_file = ""
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         status, headers, body = recorded(self.server.response_file)  # type: ignore[attr-defined]
         self.send_response(status)
@@ -105,11 +105,18 @@ def replay() -> Iterator[ThreadingHTTPServer]:
     srv.server_close()
 
 
-@pytest.mark.parametrize("name, api, stream, expect", [
-    ("envoy-unary.http", "completions", False, {"srv.total": 7.9, "envoy.upstream": 9.0}),
-    ("litellm-1.108.7-chat.http", "chat", False,
-     {"srv.total": 26.214, "litellm.upstream": 38.295, "litellm.total": 67.766}),
-])
+@pytest.mark.parametrize(
+    "name, api, stream, expect",
+    [
+        ("envoy-unary.http", "completions", False, {"srv.total": 7.9, "envoy.upstream": 9.0}),
+        (
+            "litellm-1.108.7-chat.http",
+            "chat",
+            False,
+            {"srv.total": 26.214, "litellm.upstream": 38.295, "litellm.total": 67.766},
+        ),
+    ],
+)
 def test_load_generator_reads_recorded_gateway_responses(replay, name, api, stream, expect):
     from pathprobe.loadgen.targets import CallSpec, OpenAITarget, Outcome
 
@@ -144,12 +151,15 @@ def test_grpc_response_headers_become_the_outer_hops():
     from pathprobe.loadgen.targets import entries_from_call
 
     srv = "srv.decode;dur=0.010, srv.queue;dur=0.005, srv.decode_steps;dur=7.000, srv.total;dur=7.600"
-    call = _RecordedCall(initial=(("server", "envoy"), ("x-envoy-upstream-service-time", "9")),
-                         trailing=(("server-timing", srv),))
+    call = _RecordedCall(
+        initial=(("server", "envoy"), ("x-envoy-upstream-service-time", "9")), trailing=(("server-timing", srv),)
+    )
     chain = entries_from_call(call)
     assert [h.kind for h in chain.hops] == ["srv", "envoy"]
     assert chain["envoy.upstream"] == 9.0 and chain["srv.total"] == 7.6
     # a proxy that writes Server-Timing into the response headers (HAProxy, Caddy)
-    call = _RecordedCall(initial=(("server-timing", "haproxy.upstream;dur=8.1, haproxy.total;dur=8.2;desc=h"),),
-                         trailing=(("server-timing", srv),))
+    call = _RecordedCall(
+        initial=(("server-timing", "haproxy.upstream;dur=8.1, haproxy.total;dur=8.2;desc=h"),),
+        trailing=(("server-timing", srv),),
+    )
     assert [h.kind for h in entries_from_call(call).hops] == ["srv", "haproxy"]

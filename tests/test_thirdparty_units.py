@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pathprobe.analysis.config import parse_config
 from pathprobe.analysis.selfreport import add_self_reports, claims, outside_server_ms, reference_for
 from pathprobe.errors import ConfigError
@@ -13,8 +12,9 @@ def _target(**kw):
     return parse_config({"targets": [{"name": "t", **kw}]}).targets[0]
 
 
-@pytest.mark.parametrize("kind, protocol", [("nginx", "grpc"), ("haproxy", "grpc"), ("caddy", "grpc"),
-                                            ("litellm", "openai")])
+@pytest.mark.parametrize(
+    "kind, protocol", [("nginx", "grpc"), ("haproxy", "grpc"), ("caddy", "grpc"), ("litellm", "openai")]
+)
 def test_third_party_kinds_default_protocol(kind, protocol):
     assert _target(kind=kind).protocol == protocol
 
@@ -28,12 +28,17 @@ def test_a_protocol_the_proxy_cannot_carry_is_an_error_naming_the_key(kind, bad)
 def test_chain_protocols_must_meet_and_the_first_hop_sets_the_clients_protocol():
     t = _target(kind="chain", chain=[{"kind": "nginx"}, {"kind": "gateway", "mode": "passthrough"}])
     assert t.protocol == "grpc"
-    t = _target(kind="chain", chain=[{"kind": "gateway", "mode": "http-proxy"},
-                                     {"kind": "gateway", "mode": "transcode", "network": {"delay_ms": 3}}])
+    t = _target(
+        kind="chain",
+        chain=[
+            {"kind": "gateway", "mode": "http-proxy"},
+            {"kind": "gateway", "mode": "transcode", "network": {"delay_ms": 3}},
+        ],
+    )
     assert t.protocol == "http" and t.chain[1].network.delay_ms == 3
     with pytest.raises(ConfigError, match=r"chain\[0\] sends grpc upstream but chain\[1\] accepts http"):
         _target(kind="chain", chain=[{"kind": "haproxy"}, {"kind": "gateway", "mode": "transcode"}])
-    with pytest.raises(ConfigError, match="'chain' .* is needed by kind 'chain' and only by it"):
+    with pytest.raises(ConfigError, match=r"'chain' .* is needed by kind 'chain' and only by it"):
         _target(kind="gateway", mode="passthrough", chain=[{"kind": "nginx"}])
     with pytest.raises(ConfigError, match="needs at least one hop"):
         _target(kind="chain", chain=[])
@@ -48,12 +53,15 @@ def _rec(e2e, entries, ok=True):
 
 
 def test_self_report_is_shown_beside_the_measured_tax_never_instead():
-    lite = [_rec(50.0, {"srv.total": 10.0, "litellm.upstream": 15.0, "litellm.overhead": 19.0,
-                        "litellm.total": 34.0}) for _ in range(4)]
+    lite = [
+        _rec(50.0, {"srv.total": 10.0, "litellm.upstream": 15.0, "litellm.overhead": 19.0, "litellm.total": 34.0})
+        for _ in range(4)
+    ]
     direct = [_rec(11.2, {"srv.total": 10.0}) for _ in range(4)]
-    targets = {"direct-openai": {"kind": "direct", "protocol": "openai", "status": "ok",
-                                 "by_concurrency": {"1": {}}},
-               "litellm": {"kind": "litellm", "protocol": "openai", "status": "ok", "by_concurrency": {"1": {}}}}
+    targets = {
+        "direct-openai": {"kind": "direct", "protocol": "openai", "status": "ok", "by_concurrency": {"1": {}}},
+        "litellm": {"kind": "litellm", "protocol": "openai", "status": "ok", "by_concurrency": {"1": {}}},
+    }
     lines = add_self_reports(targets, {"litellm": {1: lite}, "direct-openai": {1: direct}}, "direct-openai")
     sr = targets["litellm"]["by_concurrency"]["1"]["self_report"]
     assert sr["reference"] == "direct-openai"
@@ -65,20 +73,28 @@ def test_self_report_is_shown_beside_the_measured_tax_never_instead():
 
 
 def test_claims_and_outside_server_use_the_hop_list_when_records_have_one():
-    rec = {"ok": True, "e2e_ms": 30.0, "client_encode_ms": 0.0, "client_decode_ms": 0.0,
-           "hops": [{"kind": "srv", "entries": {"srv.total": 10.0}},
-                    {"kind": "litellm", "entries": {"litellm.upstream": 12.0, "litellm.overhead": 5.0,
-                                                    "litellm.total": 17.0}}]}
+    rec = {
+        "ok": True,
+        "e2e_ms": 30.0,
+        "client_encode_ms": 0.0,
+        "client_decode_ms": 0.0,
+        "hops": [
+            {"kind": "srv", "entries": {"srv.total": 10.0}},
+            {"kind": "litellm", "entries": {"litellm.upstream": 12.0, "litellm.overhead": 5.0, "litellm.total": 17.0}},
+        ],
+    }
     assert outside_server_ms([rec]) == pytest.approx(20.0)
     assert claims([rec])["litellm.overhead"]["hop_own_mean_ms"] == pytest.approx(5.0)
     assert claims([_rec(5.0, {"srv.total": 1.0})]) == {}
 
 
 def test_reference_is_a_direct_path_of_the_same_protocol_family_else_the_baseline():
-    targets = {"direct-grpc": {"kind": "direct", "protocol": "grpc", "status": "ok"},
-               "direct-http": {"kind": "direct", "protocol": "http", "status": "ok"},
-               "litellm": {"kind": "litellm", "protocol": "openai", "status": "ok"},
-               "nginx": {"kind": "nginx", "protocol": "grpc", "status": "ok"}}
+    targets = {
+        "direct-grpc": {"kind": "direct", "protocol": "grpc", "status": "ok"},
+        "direct-http": {"kind": "direct", "protocol": "http", "status": "ok"},
+        "litellm": {"kind": "litellm", "protocol": "openai", "status": "ok"},
+        "nginx": {"kind": "nginx", "protocol": "grpc", "status": "ok"},
+    }
     assert reference_for("litellm", targets, "direct-grpc") == "direct-http"
     assert reference_for("nginx", targets, "direct-http") == "direct-grpc"
     del targets["direct-http"]

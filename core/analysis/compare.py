@@ -23,7 +23,6 @@ from pathprobe.analysis.report import (
     metric_values,
     summarize_group,
 )
-from pathprobe.analysis.selfreport import add_self_reports
 from pathprobe.analysis.runner import (
     Path_,
     RunResult,
@@ -42,6 +41,7 @@ from pathprobe.analysis.runner import (
     versions,
     wait_ready,
 )
+from pathprobe.analysis.selfreport import add_self_reports
 from pathprobe.errors import ConfigError
 
 

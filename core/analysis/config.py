@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import re
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from pathprobe.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 GATEWAY_MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 #: what a client speaks to each kind of target, and what the gateway speaks upstream
@@ -239,7 +239,7 @@ class TargetConfig(_Strict):
     def _check_chain(self, chain: list[HopConfig]) -> TargetConfig:
         if not chain:
             raise ValueError("'chain' needs at least one hop")
-        for i, (outer, inner) in enumerate(zip(chain, chain[1:])):
+        for i, (outer, inner) in enumerate(pairwise(chain)):
             if outer.upstream_protocol != inner.client_protocol:
                 raise ValueError(f"chain[{i}] sends {outer.upstream_protocol} upstream but chain[{i + 1}] "
                                  f"accepts {inner.client_protocol}")

@@ -45,24 +45,37 @@ def summarize_hops(records: Sequence[Record], names: Sequence[str] | None = None
     shape, count = shapes.most_common(1)[0]
     labels, n_links = shape
     recs = [r for r in ok if _shape(r) == shape]
-    shown = list(names) if names is not None and len(names) == len(labels) else \
-        ["server" if label == "srv" else label for label in labels]
+    shown = (
+        list(names)
+        if names is not None and len(names) == len(labels)
+        else ["server" if label == "srv" else label for label in labels]
+    )
     hops = []
     for i, label in enumerate(shown):
         parts = [r["split"]["hops"][i] for r in recs]
-        hops.append({"label": label, "reported_as": labels[i],
-                     "total_mean_ms": _mean([p["total"] for p in parts]),
-                     "serialization_mean_ms": _mean([p["serialization"] for p in parts]),
-                     "own_mean_ms": _mean([p["other"] for p in parts])})
+        hops.append(
+            {
+                "label": label,
+                "reported_as": labels[i],
+                "total_mean_ms": _mean([p["total"] for p in parts]),
+                "serialization_mean_ms": _mean([p["serialization"] for p in parts]),
+                "own_mean_ms": _mean([p["other"] for p in parts]),
+            }
+        )
     links = []
     for j in range(n_links):
         outer = "client" if j == 0 else shown[j - 1]
         inner = shown[j] if j < len(shown) else "(reports nothing)"
         vals = [r["split"]["links"][j] for r in recs]
         links.append({"label": f"{outer} → {inner}", "mean_ms": _mean(vals), "p50_ms": _p50(vals)})
-    return {"n": count, "of": len(ok), "hops": hops, "links": links,
-            "other_shapes": len(shapes) - 1,
-            "unsplit_mean_ms": _mean([float(r["split"].get("unsplit") or 0.0) for r in recs])}
+    return {
+        "n": count,
+        "of": len(ok),
+        "hops": hops,
+        "links": links,
+        "other_shapes": len(shapes) - 1,
+        "unsplit_mean_ms": _mean([float(r["split"].get("unsplit") or 0.0) for r in recs]),
+    }
 
 
 def format_path(summary: Mapping[str, Any]) -> str:

@@ -44,8 +44,12 @@ def outside_server_ms(records: Sequence[Record]) -> float | None:
     for r in records:
         e = entries_of(r)
         if r.get("ok") and "srv.total" in e:
-            vals.append(float(r["e2e_ms"]) - float(r.get("client_encode_ms") or 0.0)
-                        - float(r.get("client_decode_ms") or 0.0) - e["srv.total"])
+            vals.append(
+                float(r["e2e_ms"])
+                - float(r.get("client_encode_ms") or 0.0)
+                - float(r.get("client_decode_ms") or 0.0)
+                - e["srv.total"]
+            )
     return _mean(vals)
 
 
@@ -64,8 +68,13 @@ def claims(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
                 if f"{prefix}.total" in e and f"{prefix}.upstream" in e:
                     own.append(e[f"{prefix}.total"] - e[f"{prefix}.upstream"])
         if says:
-            out[name] = {"who": who, "n": len(says), "says_mean_ms": _mean(says),
-                         "hop_own_mean_ms": _mean(own), "of_requests": len(says) / len(ok)}
+            out[name] = {
+                "who": who,
+                "n": len(says),
+                "says_mean_ms": _mean(says),
+                "hop_own_mean_ms": _mean(own),
+                "of_requests": len(says) / len(ok),
+            }
     return out
 
 
@@ -74,14 +83,19 @@ def reference_for(name: str, targets: Mapping[str, Any], baseline: str) -> str |
     proto = targets[name].get("protocol")
     family = {"openai": "http", "http": "http", "grpc": "grpc"}
     for other, t in targets.items():
-        if other != name and t.get("kind") == "direct" and t.get("status") == "ok" \
-                and family.get(t.get("protocol")) == family.get(proto):
+        if (
+            other != name
+            and t.get("kind") == "direct"
+            and t.get("status") == "ok"
+            and family.get(t.get("protocol")) == family.get(proto)
+        ):
             return other
     return baseline if baseline != name else None
 
 
-def add_self_reports(report_targets: dict[str, Any], records: Mapping[str, Mapping[int, Sequence[Record]]],
-                     baseline: str) -> list[dict[str, Any]]:
+def add_self_reports(
+    report_targets: dict[str, Any], records: Mapping[str, Mapping[int, Sequence[Record]]], baseline: str
+) -> list[dict[str, Any]]:
     """Attach ``self_report`` to every concurrency group whose records carry a self-report;
     returns one line per (target, concurrency, claim) for the tables."""
     lines: list[dict[str, Any]] = []
@@ -97,8 +111,13 @@ def add_self_reports(report_targets: dict[str, Any], records: Mapping[str, Mappi
             group = report_targets[name]["by_concurrency"].get(str(conc))
             if group is None:
                 continue
-            group["self_report"] = {"claims": said, "reference": ref, "outside_server_mean_ms": mine,
-                                    "reference_outside_server_mean_ms": theirs, "measured_tax_mean_ms": tax}
+            group["self_report"] = {
+                "claims": said,
+                "reference": ref,
+                "outside_server_mean_ms": mine,
+                "reference_outside_server_mean_ms": theirs,
+                "measured_tax_mean_ms": tax,
+            }
             for entry, c in said.items():
                 text = f"{c['who']} says {c['says_mean_ms']:.1f} ms ({entry}, mean of {c['n']})"
                 if tax is not None:

@@ -16,7 +16,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,8 +26,7 @@ from pathprobe.errors import ConfigError
 
 TEMPLATES = Path(__file__).parent
 PROXIES = ("nginx", "haproxy", "caddy", "litellm")
-PROTOCOLS = {"nginx": ("grpc", "http"), "haproxy": ("grpc", "http"), "caddy": ("grpc", "http"),
-             "litellm": ("openai",)}
+PROTOCOLS = {"nginx": ("grpc", "http"), "haproxy": ("grpc", "http"), "caddy": ("grpc", "http"), "litellm": ("openai",)}
 #: the executable of LiteLLM's proxy (it lives in its own virtual environment: its pins clash)
 ENV_LITELLM = environment.PATHPROBE_LITELLM
 #: where .ci/run installs LiteLLM, relative to the working directory
@@ -86,8 +85,10 @@ def executable(proxy: str) -> str | None:
 
 def missing_reason(proxy: str) -> str:
     if proxy == "litellm":
-        return (f"LiteLLM is not installed (set {ENV_LITELLM} to its `litellm` executable, or "
-                f"`python -m venv {LITELLM_VENV} && {LITELLM_VENV}/bin/pip install 'litellm[proxy]'`)")
+        return (
+            f"LiteLLM is not installed (set {ENV_LITELLM} to its `litellm` executable, or "
+            f"`python -m venv {LITELLM_VENV} && {LITELLM_VENV}/bin/pip install 'litellm[proxy]'`)"
+        )
     return f"{proxy} is not installed (not on PATH)"
 
 
@@ -101,28 +102,56 @@ def _split(listen: str) -> tuple[str, str]:
     return host, str(port)
 
 
-def nginx(prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str = "grpc",
-          workers: int = 1, exe: str = "nginx") -> Launch:
+def nginx(
+    prefix: str | os.PathLike[str],
+    listen: str,
+    upstreams: Sequence[str],
+    protocol: str = "grpc",
+    workers: int = 1,
+    exe: str = "nginx",
+) -> Launch:
     _check("nginx", protocol)
     d = Path(prefix).resolve()
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (d / "tmp" / sub).mkdir(parents=True, exist_ok=True)
     user = "user root;\n" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
-    conf = render(f"nginx-{protocol}.conf.template", d, "nginx.conf", {
-        "USER": user, "WORKERS": str(workers), "PREFIX": str(d), "LISTEN": listen,
-        "UPSTREAMS": "\n        ".join(f"server {u};" for u in upstreams)})
-    return Launch("nginx", [exe, "-p", str(d), "-e", str(d / "error.log"), "-c", str(conf), "-g", "daemon off;"],
-                  conf)
+    conf = render(
+        f"nginx-{protocol}.conf.template",
+        d,
+        "nginx.conf",
+        {
+            "USER": user,
+            "WORKERS": str(workers),
+            "PREFIX": str(d),
+            "LISTEN": listen,
+            "UPSTREAMS": "\n        ".join(f"server {u};" for u in upstreams),
+        },
+    )
+    return Launch("nginx", [exe, "-p", str(d), "-e", str(d / "error.log"), "-c", str(conf), "-g", "daemon off;"], conf)
 
 
-def haproxy(prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str = "grpc",
-            threads: int = 1, exe: str = "haproxy") -> Launch:
+def haproxy(
+    prefix: str | os.PathLike[str],
+    listen: str,
+    upstreams: Sequence[str],
+    protocol: str = "grpc",
+    threads: int = 1,
+    exe: str = "haproxy",
+) -> Launch:
     _check("haproxy", protocol)
     opts = " proto h2" if protocol == "grpc" else ""
-    conf = render("haproxy.cfg.template", prefix, "haproxy.cfg", {
-        "THREADS": str(threads), "LISTEN": listen, "BIND_OPTS": opts.strip(),
-        "STREAM_PATH": "^" + re.escape(GRPC_STREAM_PATH) + "$" if protocol == "grpc" else "^$",
-        "SERVERS": "\n    ".join(f"server s{i} {u}{opts}" for i, u in enumerate(upstreams, 1))})
+    conf = render(
+        "haproxy.cfg.template",
+        prefix,
+        "haproxy.cfg",
+        {
+            "THREADS": str(threads),
+            "LISTEN": listen,
+            "BIND_OPTS": opts.strip(),
+            "STREAM_PATH": "^" + re.escape(GRPC_STREAM_PATH) + "$" if protocol == "grpc" else "^$",
+            "SERVERS": "\n    ".join(f"server s{i} {u}{opts}" for i, u in enumerate(upstreams, 1)),
+        },
+    )
     return Launch("haproxy", [exe, "-f", str(conf), "-db"], conf)
 
 
@@ -133,46 +162,73 @@ CADDY_REPORT = """    @unary not path {stream}
     }}"""
 
 
-def caddy(prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str = "grpc",
-          exe: str = "caddy") -> Launch:
+def caddy(
+    prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str = "grpc", exe: str = "caddy"
+) -> Launch:
     _check("caddy", protocol)
     host, port = _split(listen)
     scheme = "h2c://" if protocol == "grpc" else ""
     report = CADDY_REPORT.format(stream=GRPC_STREAM_PATH) if protocol == "grpc" else ""
-    conf = render("Caddyfile.template", prefix, "Caddyfile", {
-        "HOST": host, "PORT": port, "REPORT": report, "UPSTREAMS": " ".join(scheme + u for u in upstreams)})
+    conf = render(
+        "Caddyfile.template",
+        prefix,
+        "Caddyfile",
+        {"HOST": host, "PORT": port, "REPORT": report, "UPSTREAMS": " ".join(scheme + u for u in upstreams)},
+    )
     d = Path(prefix).resolve()
     # Caddy writes its autosave/data under HOME/XDG folders: keep them in the prefix
     env = {"XDG_DATA_HOME": str(d / "data"), "XDG_CONFIG_HOME": str(d / "config")}
     return Launch("caddy", [exe, "run", "--config", str(conf), "--adapter", "caddyfile"], conf, env)
 
 
-def litellm(prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str = "openai",
-            model: str = "synthetic", master_key: str | None = None, exe: str = "litellm") -> Launch:
+def litellm(
+    prefix: str | os.PathLike[str],
+    listen: str,
+    upstreams: Sequence[str],
+    protocol: str = "openai",
+    model: str = "synthetic",
+    master_key: str | None = None,
+    exe: str = "litellm",
+) -> Launch:
     """LiteLLM proxy in front of the first upstream's OpenAI routes (``HOST:PORT`` of its HTTP port)."""
     _check("litellm", protocol)
     if not upstreams:
         raise ConfigError("litellm: needs the server's HTTP address")
     host, port = _split(listen)
-    conf = render("litellm.yaml.template", prefix, "litellm.yaml",
-                  {"MODEL": model, "API_BASE": f"http://{upstreams[0]}/v1"})
+    conf = render(
+        "litellm.yaml.template", prefix, "litellm.yaml", {"MODEL": model, "API_BASE": f"http://{upstreams[0]}/v1"}
+    )
     key = master_key or "sk-pathprobe-" + secrets.token_hex(8)
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": key, "LITELLM_DETAILED_TIMING": "true",
-           "LITELLM_LOG": "ERROR", "NO_DOCS": "True"}
-    return Launch("litellm", [exe, "--config", str(conf), "--host", host, "--port", port, "--num_workers", "1"],
-                  conf, env, {"Authorization": f"Bearer {key}"})
+    env = {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_MASTER_KEY": key,
+        "LITELLM_DETAILED_TIMING": "true",
+        "LITELLM_LOG": "ERROR",
+        "NO_DOCS": "True",
+    }
+    return Launch(
+        "litellm",
+        [exe, "--config", str(conf), "--host", host, "--port", port, "--num_workers", "1"],
+        conf,
+        env,
+        {"Authorization": f"Bearer {key}"},
+    )
 
 
-def launch(proxy: str, prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str,
-           **kw: object) -> Launch:
+BUILDERS: dict[str, Callable[..., Launch]] = {"nginx": nginx, "haproxy": haproxy, "caddy": caddy, "litellm": litellm}
+
+
+def launch(
+    proxy: str, prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str, **kw: object
+) -> Launch:
     """The :class:`Launch` of ``proxy`` (one of :data:`PROXIES`), with its installed executable."""
     if proxy not in PROXIES:
         raise ConfigError(f"unknown proxy {proxy!r} (one of {', '.join(PROXIES)})")
     exe = executable(proxy)
     if exe is None:
         raise ConfigError(missing_reason(proxy))
-    fn = {"nginx": nginx, "haproxy": haproxy, "caddy": caddy, "litellm": litellm}[proxy]
-    return fn(prefix, listen, upstreams, protocol, exe=exe, **kw)  # type: ignore[operator]
+    fn: Callable[..., Launch] = BUILDERS[proxy]
+    return fn(prefix, listen, upstreams, protocol, exe=exe, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocol", default=None, help="grpc | http (nginx, haproxy, caddy); openai (litellm)")
     a = p.parse_args(argv)
     protocol = a.protocol or PROTOCOLS[a.proxy][0]
-    fn = {"nginx": nginx, "haproxy": haproxy, "caddy": caddy, "litellm": litellm}[a.proxy]
+    fn: Callable[..., Launch] = BUILDERS[a.proxy]
     try:
         lz = fn(a.prefix, a.listen, a.upstream.split(","), protocol)
     except ConfigError as exc:
