@@ -11,6 +11,7 @@ caller. ``--sweep 1,4,16,64`` runs one Locust run per concurrency and writes
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -82,6 +83,13 @@ def _without(args: Sequence[str], *names: str) -> list[str]:
     return out
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def validate(args: Sequence[str]) -> None:
     """Catch the common mistakes before Locust starts (errors name the flag)."""
     from pathprobe.loadgen.targets import parse_host
@@ -90,7 +98,10 @@ def validate(args: Sequence[str]) -> None:
         return
     host = _opt_value(args, "-H", "--host") or environment.get(environment.LOCUST_HOST)
     if host:
-        parse_host(host)
+        kind, _ = parse_host(host)
+        if kind == "openai-sdk" and not _installed("openai"):
+            raise ConfigError(f"host: {host} goes through the official openai SDK, which is not installed "
+                              "(pip install openai, or 'pathprobe[loadgen]'); openai+http:// needs no SDK")
     elif (("--headless" in args or "--autostart" in args)
           and _opt_value(args, "-f", "--locustfile", "--config") is None):
         raise ConfigError("host: give the target with -H/--host: grpc://HOST:PORT, http://HOST:PORT "

@@ -140,6 +140,25 @@ def test_cli_option_helpers_and_validation(tmp_path):
         validate(["--max-tokens", "0"])
 
 
+def test_openai_sdk_target_without_the_sdk_is_a_clear_error():
+    import subprocess
+    import sys
+
+    code = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'openai':
+            raise ImportError('blocked in this test: ' + name)
+sys.meta_path.insert(0, Block())
+from pathprobe.cli import main
+sys.exit(main(['load', '--headless', '-t', '1s', '-H', 'openai-sdk+http://127.0.0.1:9']))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "host:" in proc.stderr and "openai" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():
     from pathprobe.server import models
     from pathprobe.loadgen import prompts

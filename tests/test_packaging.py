@@ -66,7 +66,7 @@ except SystemExit as exc:
     [
         ("gateway", "gateway", {"torch", "transformers", "locust", "gevent", "scipy", "matplotlib"}, set()),
         # locustfile is Locust's entry file and runs Locust's gevent patching on import
-        ("loadgen", "load", {"torch", "scipy", "matplotlib"}, {"locustfile"}),
+        ("loadgen", "load", {"torch", "transformers", "scipy", "matplotlib"}, {"locustfile"}),
     ],
 )
 def test_component_imports_without_heavy_dependencies(component: str, verb: str, blocked: set[str], skip: set[str]) -> None:
@@ -91,4 +91,4 @@ def test_component_extra_resolves_without_torch(extra: str, tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert "pathprobe" in names and "grpcio" in names
-    assert not names & {"torch", "nvidia-cublas-cu12", "scipy"}, sorted(names)
+    assert not names & {"torch", "nvidia-cublas-cu12", "scipy", "transformers"}, sorted(names)
