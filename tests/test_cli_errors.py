@@ -40,6 +40,9 @@ def _rc_and_err(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[in
          "--admin-port"),
         (["gateway", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--workers", "2"], "--workers"),
         (["gateway", "--upstream", "127.0.0.1:1", "--log-level", "LOUD"], "--log-level"),
+        (["analyze", "--jaeger", "127.0.0.1:16686", "--service", "x"], "--jaeger"),
+        (["analyze", "--jaeger", "http://127.0.0.1:9", "--service", "x", "--write-trace", "slowest:x"],
+         "--write-trace"),
     ],
 )
 def test_bad_flag_value_names_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str], flag: str) -> None:
