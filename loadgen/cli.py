@@ -124,6 +124,25 @@ def validate(args: Sequence[str]) -> None:
         v = _opt_value(args, flag)
         if v is not None and (not v.lstrip("-").isdigit() or int(v) <= 0):
             raise ConfigError(f"{flag[2:]}: must be a positive integer, got {v!r}")
+    port = _opt_value(args, "--metrics-port")
+    if port is not None and (not port.isdigit() or int(port) > 65535):
+        raise ConfigError(f"metrics-port: must be a TCP port, 0..65535 (0 = off), got {port!r}")
+    _check_tokenizer(_opt_value(args, "--tokenizer"))
+
+
+def _check_tokenizer(spec: str | None) -> None:
+    """``tiny`` / ``none`` / ``preset:NAME`` / an existing folder (checked here, before Locust starts)."""
+    if spec is None or spec in ("tiny", "none", ""):
+        return
+    from pathprobe.server import models
+
+    if spec.startswith("preset:"):
+        if spec.split(":", 1)[1] not in models.PRESETS:
+            raise ConfigError(f"tokenizer: unknown preset {spec!r}; known: "
+                              + ", ".join(f"preset:{n}" for n in sorted(models.PRESETS)))
+        return
+    if not os.path.isdir(spec):
+        raise ConfigError(f"tokenizer: {spec!r} is not tiny, none, preset:NAME or an existing model folder")
 
 
 def locust_command(args: Sequence[str]) -> list[str]:

@@ -138,6 +138,13 @@ def test_cli_option_helpers_and_validation(tmp_path):
         validate(["--prompt-file", str(tmp_path / "missing.jsonl")])
     with pytest.raises(ConfigError, match="max-tokens"):
         validate(["--max-tokens", "0"])
+    with pytest.raises(ConfigError, match="metrics-port"):
+        validate(["--metrics-port", "99999"])
+    with pytest.raises(ConfigError, match="tokenizer"):
+        validate(["--tokenizer", str(tmp_path / "missing")])
+    with pytest.raises(ConfigError, match="tokenizer"):
+        validate(["--tokenizer", "preset:gpt-9"])
+    validate(["--tokenizer", "preset:llama-3-8b", "--metrics-port", "0"])
 
 
 def test_openai_sdk_target_without_the_sdk_is_a_clear_error():
