@@ -145,8 +145,12 @@ def _check_tokenizer(spec: str | None) -> None:
         raise ConfigError(f"tokenizer: {spec!r} is not tiny, none, preset:NAME or an existing model folder")
 
 
+# ``python -m locust``, named ``pathprobe load`` in Locust's usage and error messages
+_LOCUST_MAIN = "import sys; sys.argv[0] = 'pathprobe load'; from locust.main import main; main()"
+
+
 def locust_command(args: Sequence[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "locust"]
+    cmd = [sys.executable, "-c", _LOCUST_MAIN]
     if _opt_value(args, "-f", "--locustfile") is None:
         cmd += ["-f", LOCUSTFILE]
     return cmd + list(args)
@@ -238,13 +242,13 @@ def run_sweep(args: list[str], sweep: str) -> int:
 
 def format_sweep(levels: Sequence[int], runs: dict[str, Any]) -> str:
     cols = ("e2e", "network", "serialization", "queueing", "inference", "ttft")
-    head = f"{'users':>6}{'route':>24}{'req/s':>9}" + "".join(f"{c + ' p50':>16}" for c in cols) + f"{'e2e p99':>11}"
+    head = f"{'users':>6}{'route':>24}{'req/s':>9}" + "".join(f"{c + ' p50':>19}" for c in cols) + f"{'e2e p99':>11}"
     lines = ["pathprobe load: concurrency sweep (ms)", head]
     for n in levels:
         s = runs.get(str(n)) or {}
         for route, rs in (s.get("routes") or {}).items():
             m = rs.get("metrics", {})
-            cells = "".join(f"{(m.get(c) or {}).get('p50', float('nan')):>16.3f}" for c in cols)
+            cells = "".join(f"{(m.get(c) or {}).get('p50', float('nan')):>19.3f}" for c in cols)
             p99 = (m.get("e2e") or {}).get("p99", float("nan"))
             lines.append(f"{n:>6}{route:>24}{(rs.get('rps') or 0):>9.1f}{cells}{p99:>11.3f}")
         if "error" in s:
