@@ -85,7 +85,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
 
         try:
             return _RawTokenizer(_Tokenizer.from_file(str(path)))
-        except Exception as exc:  # noqa: BLE001 - the library raises its own exception types
+        except Exception as exc:  # the library raises its own exception types
             raise ConfigError(f"tokenizer: cannot read {path}: {exc}") from exc
     try:
         return _HFTokenizer(models.load_tokenizer(spec))

@@ -21,8 +21,8 @@ import json
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pathprobe import environment
@@ -366,9 +366,13 @@ def build_preset(name: str, folder: Path) -> None:
     })
 
 
-def ensure_preset(name: str, folder: Path | None = None) -> Path:
+def ensure_known_preset(name: str) -> None:
     if name not in PRESETS:
         raise ConfigError(f"model: unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+
+
+def ensure_preset(name: str, folder: Path | None = None) -> Path:
+    ensure_known_preset(name)
     final = Path(folder) if folder is not None else preset_dir(name)
     if _complete(final):
         return final
@@ -426,8 +430,8 @@ def resolve_tokenizer(spec: str) -> Path:
     built, else a folder holding only its ``tokenizer.json`` (trained here with
     ``tokenizers``), so a load-generator install can cut exact prompts without the model.
     """
-    if spec.startswith("preset:") and spec.split(":", 1)[1] not in PRESETS:
-        raise ConfigError(f"model: unknown preset {spec.split(':', 1)[1]!r}; known presets: {', '.join(sorted(PRESETS))}")
+    if spec.startswith("preset:"):
+        ensure_known_preset(spec.split(":", 1)[1])
     if not spec or spec == "tiny" or spec.startswith("preset:"):
         if _has_tokenizer_json(tiny_dir()):
             return tiny_dir()

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from pathprobe.cli import main
 
 
@@ -31,18 +30,23 @@ def _rc_and_err(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[in
         (["serve", "--engine", "synthetic", "--max-context", "0"], "--max-context"),
         (["serve", "--engine", "synthetic", "--engine-option", "threads=2"], "--engine-option threads"),
         (["serve", "--engine", "transformers", "--engine-option", "cuda_graph=1"], "--engine-option cuda_graph"),
-        (["gateway", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--health-interval", "-1"],
-         "--health-interval"),
-        (["gateway", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--unhealthy-after", "0"],
-         "--unhealthy-after"),
+        (
+            ["gateway", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--health-interval", "-1"],
+            "--health-interval",
+        ),
+        (
+            ["gateway", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--unhealthy-after", "0"],
+            "--unhealthy-after",
+        ),
         (["gateway", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--timeout", "0"], "--timeout"),
-        (["gateway", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin-port", "70000"],
-         "--admin-port"),
+        (["gateway", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin-port", "70000"], "--admin-port"),
         (["gateway", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--workers", "2"], "--workers"),
         (["gateway", "--upstream", "127.0.0.1:1", "--log-level", "LOUD"], "--log-level"),
         (["analyze", "--jaeger", "127.0.0.1:16686", "--service", "x"], "--jaeger"),
-        (["analyze", "--jaeger", "http://127.0.0.1:9", "--service", "x", "--write-trace", "slowest:x"],
-         "--write-trace"),
+        (
+            ["analyze", "--jaeger", "http://127.0.0.1:9", "--service", "x", "--write-trace", "slowest:x"],
+            "--write-trace",
+        ),
     ],
 )
 def test_bad_flag_value_names_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str], flag: str) -> None:
@@ -60,8 +64,7 @@ def busy_port():
 
 
 @pytest.mark.parametrize("flag", ["--listen", "--admin-port"])
-def test_gateway_on_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[str], busy_port: int,
-                                                 flag: str) -> None:
+def test_gateway_on_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[str], busy_port: int, flag: str) -> None:
     """Without the check, the SO_REUSEPORT listener would silently share a port another process uses."""
     listen = f"127.0.0.1:{busy_port}" if flag == "--listen" else "127.0.0.1:0"
     argv = ["gateway", "--upstream", "127.0.0.1:1", "--listen", listen, "--health-interval", "0"]
@@ -74,9 +77,21 @@ def test_gateway_on_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[s
 
 def test_serve_on_a_busy_grpc_port_exits_2_without_traceback(busy_port: int) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "serve", "--engine", "synthetic", "--grpc-port", str(busy_port),
-         "--http-port", "0"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "serve",
+            "--engine",
+            "synthetic",
+            "--grpc-port",
+            str(busy_port),
+            "--http-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--grpc-port" in proc.stderr and "Traceback" not in proc.stderr
