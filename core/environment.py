@@ -20,6 +20,11 @@ PATHPROBE_ENGINE = "PATHPROBE_ENGINE"
 PATHPROBE_MODEL = "PATHPROBE_MODEL"
 PATHPROBE_HTTP_SERVER = "PATHPROBE_HTTP_SERVER"
 
+#: ``pathprobe load``: serve the live client-side split to Prometheus on this port / address
+#: in every process that runs users (``--metrics-port`` / ``--metrics-host`` win).
+PATHPROBE_LOAD_METRICS_PORT = "PATHPROBE_LOAD_METRICS_PORT"
+PATHPROBE_LOAD_METRICS_HOST = "PATHPROBE_LOAD_METRICS_HOST"
+
 #: Set by ``pathprobe load --sweep`` in the Locust processes it starts (one per level);
 #: not meant to be set by hand.
 PATHPROBE_SWEEP_CHILD = "PATHPROBE_SWEEP_CHILD"

@@ -136,7 +136,10 @@ async def start_grpc(state: ServerState, host: str, port: int) -> tuple[grpc.aio
     reflection.enable_server_reflection(
         (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # newer grpcio raises where older ones returned 0
+        bound = 0
     if bound == 0:
         from pathprobe.errors import ConfigError
 

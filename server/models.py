@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -320,19 +321,19 @@ def _complete(folder: Path) -> bool:
     return (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
 
 
-def _publish(tmp: Path, final: Path) -> None:
+def _publish(tmp: Path, final: Path, complete: Callable[[Path], bool] = _complete) -> None:
     """Move a fully built folder into place; if another process won the race, keep theirs."""
     try:
         os.replace(tmp, final)
     except OSError:
-        if not _complete(final):
+        if not complete(final):
             raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _build_in_temp(final: Path, build) -> Path:
+def _build_in_temp(final: Path, build, complete: Callable[[Path], bool] = _complete) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
@@ -341,7 +342,7 @@ def _build_in_temp(final: Path, build) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _publish(tmp, final)
+    _publish(tmp, final, complete)
     return final
 
 
@@ -560,6 +561,36 @@ def model_display_name(spec: str, folder: Path | None = None) -> str:
     if spec.startswith("preset:"):
         return spec.split(":", 1)[1].replace("@", "-")
     return Path(folder or spec).expanduser().resolve().name
+
+
+def tiny_tokenizer_dir() -> Path:
+    return cache_dir() / f"tiny-v{TINY_VERSION}-tokenizer"
+
+
+def _has_tokenizer_json(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file()
+
+
+def _write_tokenizer_json(folder: Path) -> None:
+    _train_tokenizer().save(str(folder / "tokenizer.json"))
+
+
+def resolve_tokenizer(spec: str) -> Path:
+    """The folder holding ``spec``'s tokenizer, built without torch or transformers.
+
+    ``tiny``: the tiny model's folder when it is built, else a folder holding only its
+    ``tokenizer.json`` (trained here with ``tokenizers``), so a load-generator install can cut
+    exact prompts without the model. A preset: its own folder (config and the tokenizer of its
+    kind and vocabulary size; no weights).
+    """
+    if not spec or spec == "tiny":
+        if _has_tokenizer_json(tiny_dir()):
+            return tiny_dir()
+        final = tiny_tokenizer_dir()
+        if _has_tokenizer_json(final):
+            return final
+        return _build_in_temp(final, _write_tokenizer_json, _has_tokenizer_json)
+    return resolve_model(spec)
 
 
 _TOKENIZERS: dict[str, Any] = {}
