@@ -45,6 +45,9 @@ PATHPROBE_LITELLM = "PATHPROBE_LITELLM"
 #: API key); compare sets it for LiteLLM's master key, so a secret never shows on a command line.
 PATHPROBE_LOAD_HEADERS = "PATHPROBE_LOAD_HEADERS"
 
+#: ``pathprobe compare``'s CPU placement (auto | on | off), over the config's ``placement``.
+PATHPROBE_CPU_PLACEMENT = "PATHPROBE_CPU_PLACEMENT"
+
 #: OpenTelemetry's own: where spans go over OTLP/gRPC (the traces-specific one wins).
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"

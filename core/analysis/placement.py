@@ -22,8 +22,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from pathprobe import environment
+
 #: environment variable that overrides the config's ``placement`` (auto | on | off)
-ENV_PLACEMENT = "PATHPROBE_CPU_PLACEMENT"
+ENV_PLACEMENT = environment.PATHPROBE_CPU_PLACEMENT
 MODES = ("auto", "on", "off")
 MIN_CORES_AUTO = 3
 
