@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
