@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 MODES = ("passthrough", "transcode", "reencode", "http-proxy")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def register(subparsers: Any) -> None:
@@ -51,8 +52,46 @@ def register(subparsers: Any) -> None:
                    help="passthrough: grpcio's older poller does fewer thread hand-offs per call (measured faster)")
     p.add_argument("--pool-size", type=int, default=64, help="HTTP upstream keep-alive connections per upstream")
     p.add_argument("--traces-file", help="also write spans to this OTLP JSON lines file")
-    p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS)
     p.set_defaults(func=run)
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    from pathprobe.errors import ConfigError
+
+    at_least_one = ("max_body_bytes", "workers", "threads", "unhealthy_after", "pool_size")
+    for name in at_least_one:
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
+    for name in ("timeout", "health_timeout"):
+        if not getattr(args, name) > 0:  # also rejects nan
+            raise ConfigError(f"--{name.replace('_', '-')}: must be > 0 seconds, got {getattr(args, name)}")
+    if not args.health_interval >= 0:
+        raise ConfigError(f"--health-interval: must be >= 0 seconds (0 = off), got {args.health_interval}")
+    if not 0 <= args.admin_port <= 65535:
+        raise ConfigError(f"--admin-port: must be a TCP port, 0..65535 (0 = off), got {args.admin_port}")
+
+
+def _check_free(host: str, port: int, flag: str) -> None:
+    """Fail before serving when another process listens on HOST:PORT.
+
+    The listeners set SO_REUSEPORT (for ``--workers``), which would otherwise let this gateway
+    silently share the port with whatever already listens there; a plain bind does not.
+    """
+    import socket
+
+    from pathprobe.errors import ConfigError
+
+    if port == 0:
+        return
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
+        sock.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot bind {host}:{port}: {exc.strerror}") from None
+    finally:
+        sock.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,10 +109,11 @@ def run(args: argparse.Namespace) -> int:
         flag = "--upstream-http or --upstream" if http_upstream else "--upstream"
         raise ConfigError(f"{flag}: required for --mode {args.mode}")
     targets = parse_upstreams(raw, "--upstream-http" if http_upstream and args.upstream_http else "--upstream")
-    if args.max_body_bytes <= 0:
-        raise ConfigError("--max-body-bytes: must be > 0")
-    if args.workers < 1 or args.threads < 1:
-        raise ConfigError("--workers/--threads: must be >= 1")
+    _check_numbers(args)
+    if args.workers > 1 and args.listen_port == 0:
+        raise ConfigError("--workers: the processes share one port; give --listen a fixed port, not 0")
+    if not args.worker_child:
+        _check_free(args.listen_host, args.listen_port, "--listen")
 
     if args.mode == "passthrough" and args.impl == "grpc" and args.grpc_poller == "legacy" and "GRPC_EXPERIMENTS" not in os.environ \
             and "gateway" in sys.argv:
@@ -92,7 +132,11 @@ def run(args: argparse.Namespace) -> int:
     pool = Pool(targets, "http" if http_upstream else "grpc", args.balance)
     metrics = Metrics(args.mode, pool)
     if args.admin_port and not args.worker_child:
-        metrics.serve(args.admin_host or args.listen_host, args.admin_port)
+        admin_host = args.admin_host or args.listen_host
+        try:
+            metrics.serve(admin_host, args.admin_port)
+        except OSError as exc:
+            raise ConfigError(f"--admin-port: cannot bind {admin_host}:{args.admin_port}: {exc.strerror}") from None
     health = HealthChecker(pool, args.health_interval, args.health_timeout, args.unhealthy_after).start()
     try:
         if args.mode == "passthrough" and args.impl == "h2":

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from hdrh.histogram import HdrHistogram
-
 from pathprobe.loadgen import hist
 
 SEGMENT_METRICS = (
@@ -37,6 +36,7 @@ METRICS = (
     "client_encode",
     "client_decode",
     "schedule_lag",
+    "client_wait",
     "ttft",
     "itl",
     "tpot",
@@ -48,7 +48,7 @@ STOPPED = "STOPPED"
 
 
 class RouteAgg:
-    __slots__ = ("requests", "ok", "errors_by_status", "hists", "sums", "first_ts", "last_ts", "estimated")
+    __slots__ = ("errors_by_status", "estimated", "first_ts", "hists", "last_ts", "ok", "requests", "sums")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -95,6 +95,7 @@ class RouteAgg:
             "client_encode": [r["client_encode_ms"] for r in oks],
             "client_decode": [r["client_decode_ms"] for r in oks],
             "schedule_lag": [r["schedule_lag_ms"] for r in oks],
+            "client_wait": [r.get("client_wait_ms", 0.0) for r in oks],
         }
         splits = [r["split"] for r in oks if r.get("split")]
         self.estimated += sum(1 for sp in splits if sp.get("network_estimated"))
@@ -197,7 +198,9 @@ class Aggregator:
     def add_batch(self, batch: list[Record]) -> None:
         by_route: dict[str, list[Record]] = {}
         for rec in batch:
-            by_route.setdefault(rec["route"], []).append(rec)
+            # call-by-call interleaving (--mix): one route per configuration
+            key = f"{rec['config']}/{rec['route']}" if "config" in rec else rec["route"]
+            by_route.setdefault(key, []).append(rec)
         for name, recs in by_route.items():
             self.route(name).add_records(recs)
 
@@ -230,8 +233,13 @@ class Aggregator:
             for st, n in r.errors_by_status.items():
                 by[st] = by.get(st, 0) + n
         stopped = by.pop(STOPPED, 0)
-        return {"requests": req, "ok": ok, "errors": req - ok - stopped, "stopped": stopped,
-                "errors_by_status": dict(sorted(by.items()))}
+        return {
+            "requests": req,
+            "ok": ok,
+            "errors": req - ok - stopped,
+            "stopped": stopped,
+            "errors_by_status": dict(sorted(by.items())),
+        }
 
     def summary(self, meta: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -267,7 +275,7 @@ class JsonlWriter:
     def open_fresh(self) -> None:
         self.close()
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._fh = open(self.path, "w", encoding="utf-8")
+        self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - held across batches, closed in close()
 
     def __call__(self, batch: list[Record]) -> None:
         if self._fh is None:
@@ -282,8 +290,9 @@ class JsonlWriter:
             self._fh = None
 
 
-def write_outputs(out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str = "summary",
-                  client: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_outputs(
+    out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str = "summary", client: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``<name>.json``, ``<name>.csv`` and (for the main summary) ``histograms.json``.
 
     ``client``: the load generator's own health (event-loop lag, CPU, saturated; see
@@ -306,8 +315,19 @@ def write_outputs(out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str
     return summary
 
 
-TABLE_METRICS = ("e2e", "network", "serialization", "queueing", "inference", "other", "unsplit", "ttft", "itl",
-                 "schedule_lag")
+TABLE_METRICS = (
+    "e2e",
+    "network",
+    "serialization",
+    "queueing",
+    "inference",
+    "other",
+    "unsplit",
+    "ttft",
+    "itl",
+    "schedule_lag",
+    "client_wait",
+)
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -316,14 +336,16 @@ def format_table(summary: dict[str, Any]) -> str:
     for route, rs in summary["routes"].items():
         errs = ", ".join(f"{k}={v}" for k, v in rs["errors_by_status"].items()) or "none"
         rps = f"{rs['rps']:.1f} req/s" if rs.get("rps") else "-"
-        lines.append(f"{route}: {rs['requests']} requests, {rs['ok']} ok, errors: {errs}, "
-                     f"{rs['stopped']} stopped in flight, {rps}")
+        lines.append(
+            f"{route}: {rs['requests']} requests, {rs['ok']} ok, errors: {errs}, "
+            f"{rs['stopped']} stopped in flight, {rps}"
+        )
         lines.append(f"  {'metric (ms)':<16}{'p50':>11}{'p95':>11}{'p99':>11}{'max':>11}{'count':>9}")
         for m in TABLE_METRICS:
             st = rs["metrics"].get(m)
             if not st or not st.get("count"):
                 continue
-            if m in ("schedule_lag", "unsplit") and st["max"] == 0:
+            if m in ("schedule_lag", "unsplit", "client_wait") and st["max"] == 0:
                 continue
             label = m
             if m == "network" and rs.get("network_estimated"):
@@ -332,10 +354,13 @@ def format_table(summary: dict[str, Any]) -> str:
                 f"  {label:<16}{st['p50']:>11.3f}{st['p95']:>11.3f}{st['p99']:>11.3f}{st['max']:>11.3f}{st['count']:>9}"
             )
     t = summary["totals"]
-    lines.append(f"total: {t['requests']} requests, {t['ok']} ok, {t['errors']} errors, "
-                 f"{t['stopped']} stopped in flight")
+    lines.append(
+        f"total: {t['requests']} requests, {t['ok']} ok, {t['errors']} errors, {t['stopped']} stopped in flight"
+    )
     if any(rs.get("network_estimated") for rs in summary["routes"].values()):
-        lines.append("network (est.): the link to a server that reports nothing holds its network and its "
-                     "work; only a measured transport round trip (TCP handshake) is booked as network, the "
-                     "rest is unsplit")
+        lines.append(
+            "network (est.): the link to a server that reports nothing holds its network and its "
+            "work; only a measured transport round trip (TCP handshake) is booked as network, the "
+            "rest is unsplit"
+        )
     return "\n".join(lines)

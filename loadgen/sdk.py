@@ -83,13 +83,19 @@ class OpenAISdkTarget(Target):
         self.api = api
         self.clock = _Clock()
         self.http = openai.DefaultHttpxClient(transport=_timed_transport(http, self.clock), timeout=timeout_s)
-        self.client = openai.OpenAI(base_url=base_url.rstrip("/") + "/v1", http_client=self.http, max_retries=0,
-                                    api_key=os.environ.get(OPENAI_API_KEY) or "none", timeout=timeout_s)
+        self.client = openai.OpenAI(
+            base_url=base_url.rstrip("/") + "/v1",
+            http_client=self.http,
+            max_retries=0,
+            api_key=os.environ.get(OPENAI_API_KEY) or "none",
+            timeout=timeout_s,
+        )
         self._openai = openai
         self._model: str | None = None
         parts = urlsplit(base_url)  # the shortest TCP handshake: the network estimate to a silent server
-        self.connect_ms = rtt.tcp_handshake_ms(parts.hostname or "127.0.0.1",
-                                               parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES)
+        self.connect_ms = rtt.tcp_handshake_ms(
+            parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES
+        )
 
     def route(self, stream: bool) -> str:
         base = "openai-sdk.chat" if self.api == "chat" else "openai-sdk.completions"
@@ -99,7 +105,7 @@ class OpenAISdkTarget(Target):
         if self._model is None:
             try:
                 self._model = self.client.models.list().data[0].id
-            except Exception:  # noqa: BLE001 - the server will say if "default" is wrong
+            except Exception:
                 self._model = "default"
         return self._model
 
@@ -107,8 +113,13 @@ class OpenAISdkTarget(Target):
         model = spec.model or self.default_model()
         clock = self.clock
         clock.reset()
-        kwargs: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "temperature": 0.0,
-                                  "stream": spec.stream, "extra_headers": headers or None}
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "max_tokens": spec.max_tokens,
+            "temperature": 0.0,
+            "stream": spec.stream,
+            "extra_headers": headers or None,
+        }
         if spec.ignore_eos:
             kwargs["extra_body"] = {"ignore_eos": True}
         if spec.stream:

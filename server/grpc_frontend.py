@@ -97,7 +97,7 @@ class LLMService:
             async for ev in gen:
                 t0 = now_ms()
                 chunk = llm_pb2.GenerateChunk(text=ev.text, token_ids=ev.token_ids, request_id=req.request_id,
-                                              index=index)
+                                              index=index, emit_ms=round(t0 - scope.t0, 3))
                 if ev.finish_reason:
                     chunk.finish_reason = ev.finish_reason
                     chunk.usage.prompt_tokens = gen.prompt_tokens
@@ -136,7 +136,10 @@ async def start_grpc(state: ServerState, host: str, port: int) -> tuple[grpc.aio
     reflection.enable_server_reflection(
         (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # newer grpcio raises where older ones returned 0
+        bound = 0
     if bound == 0:
         from pathprobe.errors import ConfigError
 

@@ -12,7 +12,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # repository folder -> import path inside the distribution
-LAYOUT = {"core": "pathprobe", "server": "pathprobe/server", "gateway": "pathprobe/gateway", "loadgen": "pathprobe/loadgen"}
+LAYOUT = {
+    "core": "pathprobe",
+    "server": "pathprobe/server",
+    "gateway": "pathprobe/gateway",
+    "loadgen": "pathprobe/loadgen",
+}
 
 
 def _tree_modules() -> set[str]:
@@ -28,7 +33,18 @@ def _tree_modules() -> set[str]:
 @pytest.mark.slow
 def test_wheel_contains_every_module(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
         check=True,
     )
     (wheel,) = tmp_path.glob("pathprobe-*.whl")
@@ -66,10 +82,12 @@ except SystemExit as exc:
     [
         ("gateway", "gateway", {"torch", "transformers", "locust", "gevent", "scipy", "matplotlib"}, set()),
         # locustfile is Locust's entry file and runs Locust's gevent patching on import
-        ("loadgen", "load", {"torch", "scipy", "matplotlib"}, {"locustfile"}),
+        ("loadgen", "load", {"torch", "transformers", "scipy", "matplotlib"}, {"locustfile"}),
     ],
 )
-def test_component_imports_without_heavy_dependencies(component: str, verb: str, blocked: set[str], skip: set[str]) -> None:
+def test_component_imports_without_heavy_dependencies(
+    component: str, verb: str, blocked: set[str], skip: set[str]
+) -> None:
     code = _BLOCK_HEAVY.replace("{BLOCKED}", repr(blocked)).replace("{SKIP}", repr(skip))
     code = code.replace("{component}", component).replace("{verb}", verb)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -82,13 +100,42 @@ def test_component_extra_resolves_without_torch(extra: str, tmp_path: Path) -> N
     """What `pip install 'pathprobe[EXTRA]'` would install into a fresh environment."""
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--no-build-isolation",
-         "--report", str(report), f"{ROOT}[{extra}]"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-build-isolation",
+            "--report",
+            str(report),
+            f"{ROOT}[{extra}]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if proc.returncode != 0 and "Could not find a version" in proc.stderr:
         pytest.skip(f"no package index reachable: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert "pathprobe" in names and "grpcio" in names
-    assert not names & {"torch", "nvidia-cublas-cu12", "scipy"}, sorted(names)
+    assert not names & {"torch", "nvidia-cublas-cu12", "scipy", "transformers"}, sorted(names)
+
+
+def test_every_environment_variable_is_a_documented_constant() -> None:
+    """Each PATHPROBE_* variable the code names is a constant of pathprobe.environment and in the README."""
+    import re
+
+    from pathprobe import environment
+
+    names: set[str] = set()
+    for folder in LAYOUT:
+        for path in (ROOT / folder).rglob("*.py"):
+            names |= set(re.findall(r"\bPATHPROBE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert names, "no PATHPROBE_* variable found: the scan is broken"
+    assert not {n for n in names if getattr(environment, n, None) != n}, "not constants of pathprobe.environment"
+    assert not {n for n in names if f"`{n}`" not in readme}, "not listed in the README"
