@@ -150,20 +150,10 @@ class GrpcTarget(Target):
         )
         self._unary = self.channel.unary_unary("/pathprobe.v1.LLM/Generate")
         self._stream = self.channel.unary_stream("/pathprobe.v1.LLM/GenerateStream")
-        self._ping_ms: float | None = None
-        self._pinged = False
+        self._ping = PingEstimate(address)
 
     def _estimate(self, out: Outcome) -> None:
-        """A server that sent no timing entries reports nothing: its link's network estimate is an
-        HTTP/2 PING round trip (measured once, on a connection of its own, after the first such call)."""
-        if out.entries:
-            return
-        if not self._pinged:
-            self._pinged = True
-            host, _, port = self.address.rpartition(":")
-            if port.isdigit():
-                self._ping_ms = rtt.h2_ping_ms(host.strip("[]") or "127.0.0.1", int(port), HANDSHAKE_PROBES)
-        out.network_estimate_ms = self._ping_ms
+        self._ping.apply(out)
 
     def route(self, stream: bool) -> str:
         return "grpc.GenerateStream" if stream else "grpc.Generate"
@@ -233,6 +223,27 @@ class GrpcTarget(Target):
         self.channel.close()
 
 
+class PingEstimate:
+    """A gRPC server that sent no timing entries reports nothing: its link's network estimate is
+    an HTTP/2 PING round trip (the shortest of a few, on a connection of its own, measured once
+    after the first such call; calls that brought entries need none)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.ms: float | None = None
+        self.done = False
+
+    def apply(self, out: Outcome) -> None:
+        if out.entries:
+            return
+        if not self.done:
+            self.done = True
+            host, _, port = self.address.rpartition(":")
+            if port.isdigit():
+                self.ms = rtt.h2_ping_ms(host.strip("[]") or "127.0.0.1", int(port), HANDSHAKE_PROBES)
+        out.network_estimate_ms = self.ms
+
+
 class H2GrpcTarget(Target):
     """The same calls as :class:`GrpcTarget` over :mod:`pathprobe.loadgen.h2grpc` (one HTTP/2
     connection per user, no grpcio): a fraction of the CPU per call under gevent, same outcome."""
@@ -247,11 +258,17 @@ class H2GrpcTarget(Target):
         self.address = address
         self.timeout_s = timeout_s
         self.channel = Channel(address)
+        self._ping = PingEstimate(address)
 
     def route(self, stream: bool) -> str:
         return "grpc.GenerateStream" if stream else "grpc.Generate"
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
+        self._call(spec, headers, out)
+        if out.ok:
+            self._ping.apply(out)
+
+    def _call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
         pb = self._pb
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         data = pb.GenerateRequest(

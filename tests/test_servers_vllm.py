@@ -102,7 +102,8 @@ def test_vllm_server_direct_split_from_its_reports(vllm_server, tmp_path, stream
     recs = [r for r in load_records(tmp_path) if r["ok"]]
     _check_vllm_split(recs)
     for r in recs:
-        assert r["entries"] == {} and r["split"]["network"] == pytest.approx(r["network_estimate_ms"])
+        sp = r["split"]
+        assert r["entries"] == {} and sp["network"] + sp["client_wait"] == pytest.approx(r["network_estimate_ms"])
         assert r["tokens_out"] == 8
 
 
