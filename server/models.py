@@ -574,11 +574,19 @@ def _save_tokenizer(folder: Path, spec: TokenizerSpec | None = None, max_len: in
     tok.save_pretrained(str(folder))
     return {
         "vocab": len(tok),
-        "bos": tok.convert_tokens_to_ids(BOS),
-        "eos": tok.convert_tokens_to_ids(EOS),
-        "pad": tok.convert_tokens_to_ids(PAD),
-        "eot": tok.convert_tokens_to_ids(EOT),
+        "bos": _token_id(tok, BOS),
+        "eos": _token_id(tok, EOS),
+        "pad": _token_id(tok, PAD),
+        "eot": _token_id(tok, EOT),
     }
+
+
+def _token_id(tok: Any, token: str) -> int:
+    """The id of one special token (``convert_tokens_to_ids`` is typed for lists too)."""
+    i = tok.convert_tokens_to_ids(token)
+    if not isinstance(i, int):
+        raise TypeError(f"tokenizer: no single id for {token!r}: {i!r}")
+    return i
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -601,7 +609,7 @@ def build_tiny(folder: Path) -> None:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
-        model = LlamaForCausalLM(config).to(torch.float32)
+        model = LlamaForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers types .to() through a decorator that loses self
     model.generation_config = GenerationConfig(
         bos_token_id=ids["bos"],
         eos_token_id=[ids["eos"], ids["eot"]],
