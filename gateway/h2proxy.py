@@ -36,65 +36,42 @@ import sys
 from typing import Any
 from urllib.parse import quote
 
-from hpack import Decoder
 from hpack.exceptions import HPACKError
-
 from pathprobe import telemetry, timing
 from pathprobe.errors import Unavailable
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
+from pathprobe.h2frames import (
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    F_PRIORITY,
+    GOAWAY,
+    HEADERS,
+    NOTHING,
+    PATH,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    STATUS,
+    WINDOW_UPDATE,
+    BlockReader,
+    fragment,
+    frame,
+    frames,
+    literal,
+    literal_block,
+)
 from pathprobe.timing import now_ms
 
 log = logging.getLogger("pathprobe.gateway")
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM, END_HEADERS, PADDED, F_PRIORITY = 0x1, 0x4, 0x8, 0x20
 
 CODE_NAMES = {"0": "OK", "1": "CANCELLED", "2": "UNKNOWN", "3": "INVALID_ARGUMENT", "4": "DEADLINE_EXCEEDED",
               "5": "NOT_FOUND", "6": "ALREADY_EXISTS", "7": "PERMISSION_DENIED", "8": "RESOURCE_EXHAUSTED",
               "9": "FAILED_PRECONDITION", "10": "ABORTED", "11": "OUT_OF_RANGE", "12": "UNIMPLEMENTED",
               "13": "INTERNAL", "14": "UNAVAILABLE", "15": "DATA_LOSS", "16": "UNAUTHENTICATED"}
-
-
-# ------------------------------------------------------------------------------ HPACK bits
-def _int(value: int, prefix_bits: int, first: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def literal(name: bytes, value: bytes) -> bytes:
-    """HPACK 'literal header field without indexing, new name', no Huffman: touches no table."""
-    return b"\x00" + _int(len(name), 7, 0) + name + _int(len(value), 7, 0) + value
-
-
-def literal_block(headers: list[tuple[bytes, bytes]]) -> bytes:
-    return b"".join(literal(k, v) for k, v in headers)
-
-
-def frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
-
-
-def fragment(flags: int, payload: bytes) -> tuple[bytes, bytes]:
-    """(priority prefix, header block fragment) of a HEADERS payload, padding removed."""
-    start, end = 0, len(payload)
-    if flags & PADDED:
-        end -= payload[0]
-        start = 1
-    prio = b""
-    if flags & F_PRIORITY:
-        prio = payload[start:start + 5]
-        start += 5
-    return prio, payload[start:end]
 
 
 def grpc_error_block(code: int, message: str, own: dict[str, float], with_status: bool) -> bytes:
@@ -164,9 +141,8 @@ class ClientConn(asyncio.Protocol):
         self.max_sid = 0
         self.pending_up: list[bytes] = []  # client bytes held until the upstream connects
         self.tried: tuple[Upstream, ...] = ()
-        self.cdec = Decoder()
-        self.udec = Decoder()
-        self.cdec.max_allowed_table_size = self.udec.max_allowed_table_size = 1 << 20
+        self.cdec = BlockReader()  # the client's request header blocks
+        self.udec = BlockReader()  # the upstream's response header blocks
         self.c_hdr: tuple[int, int, bytearray] | None = None  # (sid, flags, block) while CONTINUATIONs come
         self.u_hdr: tuple[int, int, bytes, bytearray] | None = None
         self.dead = False
@@ -246,17 +222,12 @@ class ClientConn(asyncio.Protocol):
             self.preface = True
         out = []
         pos = 0
-        n = len(buf)
-        while n - pos >= 9:
-            length = int.from_bytes(buf[pos:pos + 3], "big")
-            if n - pos < 9 + length:
-                break
-            ftype, flags = buf[pos + 3], buf[pos + 4]
-            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+        for start, end, ftype, flags, sid in frames(buf):
+            pos = end
             if ftype == SETTINGS and not flags & 1:
                 out.append(frame(SETTINGS, 1, 0, b""))
             elif ftype == PING and not flags & 1:
-                out.append(frame(PING, 1, 0, bytes(buf[pos + 9:pos + 9 + length])))
+                out.append(frame(PING, 1, 0, bytes(buf[start + 9:end])))
             elif ftype == HEADERS and sid > self.max_sid:
                 self.max_sid = sid
                 block = grpc_error_block(14, self.dead_why, {"gw.decode": 0.0, "gw.upstream": 0.0,
@@ -264,7 +235,6 @@ class ClientConn(asyncio.Protocol):
                 out.append(frame(HEADERS, END_STREAM | END_HEADERS, sid, block))
                 if self.relay.metrics is not None:
                     self.relay.metrics.observe("?", "UNAVAILABLE", 0.0, None, 0.0)
-            pos += 9 + length
         del buf[:pos]
         if out and self.transport is not None:
             answered = self.max_sid > 0
@@ -292,20 +262,15 @@ class ClientConn(asyncio.Protocol):
                 return
             self.preface = True
             pos = 24  # forwarded with the first run of frames
-        n = len(buf)
         out: list[bytes] = []
         run = 0  # start of the run of frames forwarded untouched
         decode_after: list[tuple[int, bytes]] = []
         new_streams: list[Stream] = []
         relay = self.relay
-        while n - pos >= 9:
-            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-            end = pos + 9 + length
-            if end > n:
-                break
-            ftype = buf[pos + 3]
+        start = end = pos  # what is consumed: up to the end of the last whole frame
+        for pos, end, ftype, flags, sid in frames(buf, start):
             if ftype == DATA:
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                length = end - pos - 9
                 st = self.streams.get(sid)
                 if st is not None:
                     st.received += length
@@ -321,9 +286,7 @@ class ClientConn(asyncio.Protocol):
                     run = end
                     if length and self.transport is not None:  # give the client's window back
                         self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
-            elif ftype == HEADERS or ftype == CONTINUATION:
-                flags = buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            elif ftype in (HEADERS, CONTINUATION):
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
                     if sid not in self.streams and sid > self.max_sid:
@@ -333,7 +296,7 @@ class ClientConn(asyncio.Protocol):
                         new_streams.append(st)
                         if self.upstream is not None:
                             self.upstream.outstanding += 1
-                    prio, frag = fragment(flags, payload)
+                    _prio, frag = fragment(flags, payload)
                     self.c_hdr = (sid, flags, bytearray(frag))
                 else:
                     if self.c_hdr is not None:
@@ -355,11 +318,10 @@ class ClientConn(asyncio.Protocol):
                         out.append(bytes(buf[run:pos]))
                     run = end
             elif ftype == RST_STREAM:
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 st = self.streams.get(sid)
                 if st is not None:
                     self._finish(st, "1", "cancelled by the client")
-            pos = end
+        pos = end
         if run < pos:
             out.append(bytes(buf[run:pos]))
         del buf[:pos]
@@ -375,12 +337,23 @@ class ClientConn(asyncio.Protocol):
                 self.up.transport.write(payload)
             elif not self.dead:
                 self.pending_up.append(payload)
-        for sid, block in decode_after:
-            self._decode_request(sid, block)
+        for sid, req_block in decode_after:
+            self._decode_request(sid, req_block)
 
-    def _decode_request(self, sid: int, block: bytes) -> list[tuple[bytes, bytes]]:
+    def _decode_request(self, sid: int, block: bytes) -> None:
+        """Metrics label of a request: its ``:path`` (the block was forwarded already)."""
         try:
-            headers = self.cdec.decode(block, raw=True)
+            path = self.cdec.read(block, PATH).get(b":path")
+        except HPACKError as exc:
+            log.warning("cannot decode a client header block: %s", exc)
+            return
+        st = self.streams.get(sid)
+        if st is not None and path is not None:
+            st.method = path.decode(errors="replace")
+
+    def _decode_request_all(self, sid: int, block: bytes) -> list[tuple[bytes, bytes]]:
+        try:
+            headers = self.cdec.decode_all(block)
         except HPACKError as exc:
             log.warning("cannot decode a client header block: %s", exc)
             return []
@@ -396,7 +369,7 @@ class ClientConn(asyncio.Protocol):
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
-        headers = self._decode_request(sid, block)
+        headers = self._decode_request_all(sid, block)
         st = self.streams.get(sid)
         carrier = {k.decode(): v.decode() for k, v in headers if k in (b"traceparent", b"tracestate")}
         if st is None:
@@ -443,20 +416,12 @@ class ClientConn(asyncio.Protocol):
         t_in = now_ms()
         buf = self.ubuf
         buf += data
-        pos = 0
-        n = len(buf)
         out: list[bytes] = []
         run = 0
         decode_after: list[tuple[int, bytes, bool]] = []
-        while n - pos >= 9:
-            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-            end = pos + 9 + length
-            if end > n:
-                break
-            ftype = buf[pos + 3]
-            if ftype == HEADERS or ftype == CONTINUATION:
-                flags = buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+        end = 0  # what is consumed: up to the end of the last whole frame
+        for pos, end, ftype, flags, sid in frames(buf):
+            if ftype in (HEADERS, CONTINUATION):
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
                     prio, frag = fragment(flags, payload)
@@ -490,12 +455,11 @@ class ClientConn(asyncio.Protocol):
                         st.resp_seen = True
                     decode_after.append((hsid, bytes(u_hdr[3]), False))
             elif ftype == RST_STREAM:
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 st = self.streams.get(sid)
                 if st is not None and not st.ended:
-                    code = int.from_bytes(buf[pos + 9:pos + 13], "big") if length >= 4 else 0
+                    code = int.from_bytes(buf[pos + 9:pos + 13], "big") if end - pos >= 13 else 0
                     self._finish(st, {8: "1", 7: "14"}.get(code, "2"), f"upstream reset the stream (h2 error {code})")
-            pos = end
+        pos = end
         if run < pos:
             out.append(bytes(buf[run:pos]))
         del buf[:pos]
@@ -506,17 +470,18 @@ class ClientConn(asyncio.Protocol):
         codes: dict[int, str] = {}
         sts: dict[int, str] | None = {} if self.relay.tracing else None  # upstream server-timing, for spans
         if self.relay.decode:
-            for sid, block, trailers in decode_after:
+            for sid, resp_block, trailers in decode_after:
                 try:
-                    headers = self.udec.decode(block, raw=True)
+                    if sts is not None and trailers:  # tracing: the upstream's server-timing too
+                        headers = self.udec.decode_all(resp_block)
+                        sts[sid] = ", ".join(v.decode() for k, v in headers if k == b"server-timing")
+                        fields = dict(headers)
+                    else:  # keeps the table in step; response headers need nothing else
+                        fields = self.udec.read(resp_block, STATUS if trailers else NOTHING)
                 except HPACKError:
                     continue
-                if trailers:
-                    for k, v in headers:
-                        if k == b"grpc-status":
-                            codes[sid] = v.decode()
-                    if sts is not None:
-                        sts[sid] = ", ".join(v.decode() for k, v in headers if k == b"server-timing")
+                if trailers and b"grpc-status" in fields:
+                    codes[sid] = fields[b"grpc-status"].decode()
         if finishes:
             self.finishes = []
             for st, own in finishes:

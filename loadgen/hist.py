@@ -77,7 +77,7 @@ def record_many(h: HdrHistogram, values_ms: Sequence[float] | np.ndarray) -> Non
     uniq, counts = np.unique(idx, return_counts=True)
     view = _counts_view(h)
     view[uniq] += counts.astype(view.dtype)
-    h.total_count += int(len(us))
+    h.total_count += len(us)
     h.min_value = min(h.min_value, int(us.min()))
     h.max_value = max(h.max_value, int(us.max()))
 

@@ -90,8 +90,10 @@ def load_tokenizer(spec: str) -> Tokenizer:
     try:
         return _HFTokenizer(models.load_tokenizer(spec))
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"tokenizer: {folder} has no tokenizer.json, and reading its tokenizer needs "
-                          f"{exc.name} (pip install transformers), or use --tokenizer none") from exc
+        raise ConfigError(
+            f"tokenizer: {folder} has no tokenizer.json, and reading its tokenizer needs "
+            f"{exc.name} (pip install transformers), or use --tokenizer none"
+        ) from exc
 
 
 def exact_length(base: str, n: int, tok: Tokenizer) -> Prompt:
@@ -145,7 +147,7 @@ def _tokenizer_digest(spec: str) -> str | None:
 
     try:
         folder = models.resolve_tokenizer(spec)
-    except Exception:  # noqa: BLE001 - no cache then; the load below reports the real problem
+    except Exception:
         return None
     h = hashlib.sha256()
     found = False

@@ -18,9 +18,10 @@ import os
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
-from pathprobe import timing
-from pathprobe.loadgen.targets import CallSpec, Outcome, Target
+from pathprobe import rtt, timing
+from pathprobe.loadgen.targets import HANDSHAKE_PROBES, CallSpec, Outcome, Target, _take_report
 
 pc = time.perf_counter_ns
 #: the API key the SDK sends (the SDK requires one; local servers ignore it)
@@ -82,10 +83,19 @@ class OpenAISdkTarget(Target):
         self.api = api
         self.clock = _Clock()
         self.http = openai.DefaultHttpxClient(transport=_timed_transport(http, self.clock), timeout=timeout_s)
-        self.client = openai.OpenAI(base_url=base_url.rstrip("/") + "/v1", http_client=self.http, max_retries=0,
-                                    api_key=os.environ.get(OPENAI_API_KEY) or "none", timeout=timeout_s)
+        self.client = openai.OpenAI(
+            base_url=base_url.rstrip("/") + "/v1",
+            http_client=self.http,
+            max_retries=0,
+            api_key=os.environ.get(OPENAI_API_KEY) or "none",
+            timeout=timeout_s,
+        )
         self._openai = openai
         self._model: str | None = None
+        parts = urlsplit(base_url)  # the shortest TCP handshake: the network estimate to a silent server
+        self.connect_ms = rtt.tcp_handshake_ms(
+            parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES
+        )
 
     def route(self, stream: bool) -> str:
         base = "openai-sdk.chat" if self.api == "chat" else "openai-sdk.completions"
@@ -95,7 +105,7 @@ class OpenAISdkTarget(Target):
         if self._model is None:
             try:
                 self._model = self.client.models.list().data[0].id
-            except Exception:  # noqa: BLE001 - the server will say if "default" is wrong
+            except Exception:
                 self._model = "default"
         return self._model
 
@@ -103,8 +113,13 @@ class OpenAISdkTarget(Target):
         model = spec.model or self.default_model()
         clock = self.clock
         clock.reset()
-        kwargs: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "temperature": 0.0,
-                                  "stream": spec.stream, "extra_headers": headers or None}
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "max_tokens": spec.max_tokens,
+            "temperature": 0.0,
+            "stream": spec.stream,
+            "extra_headers": headers or None,
+        }
         if spec.ignore_eos:
             kwargs["extra_body"] = {"ignore_eos": True}
         if spec.stream:
@@ -128,6 +143,8 @@ class OpenAISdkTarget(Target):
                 out.t_end = pc()
                 out.decode_ns = out.t_end - t1
                 self._usage(obj, out)
+                _take_report(raw.headers, obj.model_extra or {}, out)  # vLLM's metrics, TGI's headers
+            out.network_estimate_ms = self.connect_ms
             out.ok, out.status = True, "OK"
         except self._openai.APIStatusError as exc:
             out.t_end = pc()
@@ -149,9 +166,12 @@ class OpenAISdkTarget(Target):
             if any((c.delta.content if self.api == "chat" else c.text) for c in choices):
                 out.token_times.append(ta)
             self._usage(ev, out)
-            st = (ev.model_extra or {}).get("server_timing")
+            extra = ev.model_extra or {}
+            st = extra.get("server_timing")
             if st:
                 out.entries = timing.parse_chain(st)
+            if extra.get("metrics"):  # vLLM: its per-request metrics ride on the final usage chunk
+                _take_report(None, extra, out)
         out.t_end = pc()
         out.decode_ns = dec
         if out.tokens_out is None:

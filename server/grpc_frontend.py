@@ -97,7 +97,7 @@ class LLMService:
             async for ev in gen:
                 t0 = now_ms()
                 chunk = llm_pb2.GenerateChunk(text=ev.text, token_ids=ev.token_ids, request_id=req.request_id,
-                                              index=index)
+                                              index=index, emit_ms=round(t0 - scope.t0, 3))
                 if ev.finish_reason:
                     chunk.finish_reason = ev.finish_reason
                     chunk.usage.prompt_tokens = gen.prompt_tokens

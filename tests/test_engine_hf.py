@@ -9,11 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from pathprobe.server import models
-from pathprobe.server.engine.base import EngineConfig, GenParams, Generation
-from pathprobe.server.engine.hf import IncrementalDetokenizer, TransformersEngine, holdback, stop_index
 from pathprobe.errors import InvalidArgument, ResourceExhausted
+from pathprobe.server import models
+from pathprobe.server.engine.base import EngineConfig, Generation, GenParams
+from pathprobe.server.engine.hf import IncrementalDetokenizer, TransformersEngine, holdback, stop_index
 from pathprobe.timing import now_ms
 
 PROMPTS = [
@@ -214,6 +213,7 @@ def test_context_and_token_id_checks(engine: TransformersEngine) -> None:
 def test_queue_full_and_cancel_frees_slots() -> None:
     eng = make_engine(max_batch_size=1, max_queue=2, max_wait_ms=0.0)
     try:
+
         async def go():
             a = eng.generate(GenParams(prompt=PROMPTS[0], max_tokens=400, ignore_eos=True))
             ita = a.__aiter__()
@@ -277,6 +277,7 @@ def test_timing_parts_within_wall_time(engine: TransformersEngine) -> None:
 def test_queue_grows_only_beyond_batch_size() -> None:
     eng = make_engine(max_batch_size=2, max_wait_ms=1.0)
     try:
+
         async def burst(n: int) -> list[Generation]:
             gens = [eng.generate(GenParams(prompt=PROMPTS[i], max_tokens=24, ignore_eos=True)) for i in range(n)]
             await asyncio.gather(*(g.collect() for g in gens))
@@ -325,11 +326,18 @@ def test_detokenizer_and_stop_helpers(engine: TransformersEngine) -> None:
     assert holdback("nothing", ["STOP"]) == 0
 
 
-def test_static_cache_path_matches_dynamic(engine: TransformersEngine) -> None:
-    """static_cache=1 (the CUDA-graph decode path, run eagerly here): same tokens, slots freed."""
-    eng = make_engine(max_batch_size=4, max_wait_ms=2.0, options={"static_cache": "1", "static_max_len": "256"})
+@pytest.mark.parametrize("prefill", ["batched", "static"])
+def test_static_cache_path_matches_dynamic(engine: TransformersEngine, prefill: str) -> None:
+    """static_cache=1 (the CUDA-graph decode path, run eagerly here): same tokens, slots freed.
+    ``static``: newcomers prefill one at a time into bucket-sized static buffers (the path
+    CUDA graphs replay for prefill), KV copied into their slots."""
+    extra = {"prefill_max_len": "128"} if prefill == "static" else {}
+    eng = make_engine(
+        max_batch_size=4, max_wait_ms=2.0, options={"static_cache": "1", "static_max_len": "256", **extra}
+    )
     try:
         assert eng.max_context == 256 and eng._static is not None
+        assert eng._static.p_buckets == ([16, 32, 64, 128] if prefill == "static" else [])
         prompts = [*PROMPTS, PROMPTS[1] * 12]  # ~60 tokens: its decode crosses the 64-column width bucket
         alone = [greedy(engine, p, 16, ignore_eos=True)[:2] for p in prompts]
 
@@ -358,5 +366,6 @@ def test_static_cache_path_matches_dynamic(engine: TransformersEngine) -> None:
             eng.generate(GenParams(prompt_token_ids=[5] * 250, max_tokens=10))
         wait_idle(eng)
         assert sorted(eng._static.free) == [0, 1, 2, 3] and not eng._static.start
+        assert (eng.stats["static_prefills"] > 0) == (prefill == "static")
     finally:
         run(eng.stop())

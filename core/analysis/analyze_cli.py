@@ -63,6 +63,7 @@ def _slowest_count(spec: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from pathprobe.analysis import traces as tr
     from pathprobe.analysis.records import agreement, read_records
+    from pathprobe.analysis.hops import format_path, summarize_hops
     from pathprobe.analysis.report import segment_table
     from pathprobe.analysis.tracesplit import split_trace
 
@@ -96,6 +97,17 @@ def run(args: argparse.Namespace) -> int:
         by_route.setdefault(s.route or "?", []).append(s.split.as_dict())  # type: ignore[union-attr]
     print()
     print(segment_table(by_route))
+    by_shape: dict[tuple[str, int, int], list[dict[str, object]]] = {}
+    for route, sps in by_route.items():  # one line per route and chain shape (paths differ in length)
+        for sp in sps:
+            by_shape.setdefault((route, len(sp["hops"]), len(sp["links"])), []).append({"ok": True, "split": sp})
+    if by_shape:
+        print()
+        print("hop by hop (means, ms: each link's network, each reporting hop's own time and serialization):")
+        for (route, _, _), recs in sorted(by_shape.items()):
+            summary = summarize_hops(recs)
+            if summary:
+                print(f"  {route} ({len(recs)}): {format_path(summary)}")
     if args.per_trace:
         print()
         for s in sorted(good, key=lambda s: -s.split.e2e):  # type: ignore[union-attr]

@@ -217,7 +217,9 @@ def judge(
     for comp, name, p_adj in zip(comparisons, names, adjusted):
         comp.p_adjusted = p_adj
         comp.significant = (
-            not math.isnan(p_adj) and p_adj < alpha and not math.isnan(comp.cliffs_delta)
+            not math.isnan(p_adj)
+            and p_adj < alpha
+            and not math.isnan(comp.cliffs_delta)
             and abs(comp.cliffs_delta) >= min_effect
         )
         if comp.significant:

