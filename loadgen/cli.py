@@ -139,11 +139,10 @@ def _check_tokenizer(spec: str | None) -> None:
     from pathprobe.server import models
 
     if spec.startswith("preset:"):
-        if spec.split(":", 1)[1] not in models.PRESETS:
-            raise ConfigError(
-                f"tokenizer: unknown preset {spec!r}; known: "
-                + ", ".join(f"preset:{n}" for n in sorted(models.PRESETS))
-            )
+        try:
+            models.split_preset(spec.split(":", 1)[1])
+        except ConfigError as exc:
+            raise ConfigError(f"tokenizer: {exc.message}") from None
         return
     if not os.path.isdir(spec):
         raise ConfigError(f"tokenizer: {spec!r} is not tiny, none, preset:NAME or an existing model folder")

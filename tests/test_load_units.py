@@ -173,6 +173,7 @@ def test_cli_option_helpers_and_validation(tmp_path):
     with pytest.raises(ConfigError, match="tokenizer"):
         validate(["--tokenizer", "preset:gpt-9"])
     validate(["--tokenizer", "preset:llama-3-8b", "--metrics-port", "0"])
+    validate(["--tokenizer", "preset:llama-3-8b@tiny"])
 
 
 def test_openai_sdk_target_without_the_sdk_is_a_clear_error():
