@@ -15,9 +15,22 @@ import pytest
 @pytest.mark.parametrize("front_end", ["aiohttp", "fastapi"])
 def test_serve_on_port_zero_reports_the_bound_ports(front_end: str) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pathprobe", "serve", "--engine", "synthetic", "--grpc-port", "0", "--http-port", "0",
-         "--http-server", front_end],
-        stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "serve",
+            "--engine",
+            "synthetic",
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+            "--http-server",
+            front_end,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 120

@@ -195,6 +195,36 @@ sys.exit(main(['load', '--headless', '-t', '1s', '-H', 'openai-sdk+http://127.0.
     assert "host:" in proc.stderr and "openai" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_preset_tokenizer_without_transformers_is_a_clear_error(tmp_path):
+    """A [loadgen] install cannot build a preset's tokenizer: exit 2 naming --tokenizer, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'transformers':  # as if not installed
+            raise ModuleNotFoundError('No module named ' + repr(name), name=name)
+sys.meta_path.insert(0, Block())
+from pathprobe.cli import main
+from pathprobe.errors import ConfigError
+from pathprobe.loadgen import prompts
+try:
+    prompts.load_tokenizer('preset:llama-3-8b')
+except ConfigError as exc:
+    assert exc.message.startswith('tokenizer:'), exc.message
+else:
+    raise AssertionError('no error')
+sys.exit(main(['load', '--headless', '-t', '1s', '-H', 'grpc://127.0.0.1:9', '--tokenizer', 'preset:llama-3-8b']))
+"""
+    env = {**os.environ, "PATHPROBE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "tokenizer:" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():
     from pathprobe.loadgen import prompts
     from pathprobe.server import models
