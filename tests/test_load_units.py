@@ -225,6 +225,25 @@ sys.exit(main(['load', '--headless', '-t', '1s', '-H', 'grpc://127.0.0.1:9', '--
     assert "tokenizer:" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("kind", ["http", "openai"])
+def test_http_target_to_a_closed_port_reports_the_connection_error(kind):
+    """Nothing listening: the call fails with the connection's own error (was an AttributeError, since the
+    request headers were only set once a TCP handshake had succeeded)."""
+    import socket
+
+    from pathprobe.loadgen.targets import CallSpec, Outcome, make_target
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends
+    target = make_target(f"{'openai+' if kind == 'openai' else ''}http://127.0.0.1:{port}", 5)
+    try:
+        with pytest.raises(OSError):
+            target.call(CallSpec(prompt="hello", max_tokens=2, stream=False), {}, Outcome())
+    finally:
+        target.close()
+
+
 def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():
     from pathprobe.loadgen import prompts
     from pathprobe.server import models
