@@ -186,6 +186,8 @@ def run(ns: argparse.Namespace) -> int:
     args = list(ns.locust_args or [])
     if args and args[0] == "--":
         args = args[1:]
+    if not _installed("locust"):
+        raise ModuleNotFoundError("No module named 'locust'", name="locust")  # named by the CLI, with its extra
     if any(a in ("-h", "--help") for a in args):
         rc = _run_child(locust_command(args))
         print_pathprobe_help()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -95,3 +96,29 @@ def test_serve_on_a_busy_grpc_port_exits_2_without_traceback(busy_port: int) -> 
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--grpc-port" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "blocked", "extra"),
+    [
+        (["serve", "--engine", "synthetic", "--grpc-port", "0", "--http-port", "0"], "torch", "server"),
+        (["load", "--headless", "-t", "1s", "-H", "grpc://127.0.0.1:9"], "locust", "loadgen"),
+        (["make-model", "--out", "{tmp}/m"], "torch", "server"),
+    ],
+)
+def test_a_verb_without_its_extra_names_the_extra(argv: list[str], blocked: str, extra: str, tmp_path) -> None:
+    """What a component install sees when it runs another component's verb: exit 2, the pip command."""
+    code = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == {blocked!r}:  # as if not installed
+            raise ModuleNotFoundError('No module named ' + repr(name), name=name)
+sys.meta_path.insert(0, Block())
+from pathprobe.cli import main
+sys.exit(main({[a.replace("{tmp}", str(tmp_path)) for a in argv]!r}))
+"""
+    env = {**os.environ, "PATHPROBE_CACHE": str(tmp_path / "cache")}  # nothing built yet
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"pathprobe[{extra}]" in proc.stderr and blocked in proc.stderr and "Traceback" not in proc.stderr
