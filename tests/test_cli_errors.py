@@ -122,3 +122,23 @@ sys.exit(main({[a.replace("{tmp}", str(tmp_path)) for a in argv]!r}))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"pathprobe[{extra}]" in proc.stderr and blocked in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_engine_option_keys_match_what_the_engines_read() -> None:
+    """The up-front --engine-option check knows every key the transformers engine reads (and no other)."""
+    import re
+    from pathlib import Path
+
+    from pathprobe.server.cli import ENGINE_OPTIONS
+
+    src = (Path(__file__).resolve().parent.parent / "server" / "engine" / "hf.py").read_text(encoding="utf-8")
+    read = set(re.findall(r"(?:opts|options)\.get\(\"([a-z_]+)\"", src))
+    assert read and read == ENGINE_OPTIONS["transformers"]
+    engines = Path(__file__).resolve().parent.parent / "server" / "engine"
+    others = [
+        f.name
+        for f in engines.glob("*.py")
+        if f.name not in ("hf.py", "vllm_engine.py")
+        and re.search(r"(?:opts|options)\.get\(", f.read_text(encoding="utf-8"))
+    ]
+    assert not others, f"engines reading options the CLI does not know of: {others}"
