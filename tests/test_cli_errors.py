@@ -76,6 +76,7 @@ def test_gateway_on_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[s
     assert flag in err and str(busy_port) in err
 
 
+@pytest.mark.slow
 def test_serve_on_a_busy_grpc_port_exits_2_without_traceback(busy_port: int) -> None:
     proc = subprocess.run(
         [
