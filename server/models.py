@@ -328,25 +328,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "attention_bias": False,
     },
-    # meta-llama/Meta-Llama-3-8B-Instruct (the Llama-3-8B architecture)
-    "llama-3-8b-instruct": {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 8192,
-        "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
-    },
 }
+# meta-llama/Meta-Llama-3-8B-Instruct: the Llama-3-8B architecture, config for config
+PRESETS["llama-3-8b-instruct"] = dict(PRESETS["llama-3-8b"])
 
 #: The published tokenizer each of the study's presets imitates (kind, regular vocabulary,
 #: pre-tokenizer). Presets not named here use the tiny tokenizer.
