@@ -139,11 +139,14 @@ def _check_tokenizer(spec: str | None) -> None:
     from pathprobe.server import models
 
     if spec.startswith("preset:"):
-        if spec.split(":", 1)[1] not in models.PRESETS:
-            raise ConfigError(
-                f"tokenizer: unknown preset {spec!r}; known: "
-                + ", ".join(f"preset:{n}" for n in sorted(models.PRESETS))
-            )
+        name = spec.split(":", 1)[1]
+        try:
+            built = (models.preset_dir(name) / "tokenizer.json").is_file()
+        except ConfigError as exc:
+            raise ConfigError(f"tokenizer: {exc.message}") from None
+        if not built and not _installed("transformers"):
+            raise ConfigError(f"tokenizer: building {spec}'s tokenizer needs transformers "
+                              "(pip install 'pathprobe[server]'), or use --tokenizer tiny or none")
         return
     if not os.path.isdir(spec):
         raise ConfigError(f"tokenizer: {spec!r} is not tiny, none, preset:NAME or an existing model folder")
@@ -183,6 +186,8 @@ def run(ns: argparse.Namespace) -> int:
     args = list(ns.locust_args or [])
     if args and args[0] == "--":
         args = args[1:]
+    if not _installed("locust"):
+        raise ModuleNotFoundError("No module named 'locust'", name="locust")  # named by the CLI, with its extra
     if any(a in ("-h", "--help") for a in args):
         rc = _run_child(locust_command(args))
         print_pathprobe_help()

@@ -78,7 +78,13 @@ def load_tokenizer(spec: str) -> Tokenizer:
         return _WordTokenizer()
     from pathprobe.server import models
 
-    folder = models.resolve_tokenizer(spec)
+    try:
+        folder = models.resolve_tokenizer(spec)
+    except ModuleNotFoundError as exc:  # a preset's tokenizer is built with transformers (the server's extra)
+        raise ConfigError(
+            f"tokenizer: building {spec}'s tokenizer needs {exc.name} (pip install 'pathprobe[server]'), "
+            "or use --tokenizer tiny or none"
+        ) from None
     path = folder / "tokenizer.json"
     if path.is_file():
         from tokenizers import Tokenizer as _Tokenizer

@@ -13,7 +13,7 @@ import csv
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from hdrh.histogram import HdrHistogram
 from pathprobe.loadgen import hist
@@ -270,7 +270,7 @@ class JsonlWriter:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fh = None
+        self._fh: TextIO | None = None
 
     def open_fresh(self) -> None:
         self.close()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,7 +48,7 @@ class _Clock:
 def _timed_transport(http: Any, clock: _Clock) -> Any:
     """A transport of the SDK's HTTP library that stamps the request and body chunks."""
 
-    class TimedStream(http.SyncByteStream):  # type: ignore[misc,name-defined]
+    class TimedStream(http.SyncByteStream):
         def __init__(self, inner: Any) -> None:
             self.inner = inner
 
@@ -60,7 +60,7 @@ def _timed_transport(http: Any, clock: _Clock) -> Any:
         def close(self) -> None:
             self.inner.close()
 
-    class TimedTransport(http.HTTPTransport):  # type: ignore[misc,name-defined]
+    class TimedTransport(http.HTTPTransport):
         def handle_request(self, request: Any) -> Any:
             clock.sent = pc()
             resp = super().handle_request(request)
@@ -78,7 +78,8 @@ class OpenAISdkTarget(Target):
         import openai
         from openai import _base_client
 
-        http = _base_client.httpx2 if hasattr(_base_client, "httpx2") else _base_client.httpx  # the SDK's own
+        sdk_client: Any = _base_client  # which HTTP library it imports depends on the SDK's version
+        http = sdk_client.httpx2 if hasattr(sdk_client, "httpx2") else sdk_client.httpx  # the SDK's own
         self.address = base_url
         self.api = api
         self.clock = _Clock()
@@ -124,6 +125,7 @@ class OpenAISdkTarget(Target):
             kwargs["extra_body"] = {"ignore_eos": True}
         if spec.stream:
             kwargs["stream_options"] = {"include_usage": True}
+        create: Callable[..., Any]
         if self.api == "chat":
             create = self.client.chat.completions.with_raw_response.create
             kwargs["messages"] = [{"role": "user", "content": spec.prompt}]

@@ -60,6 +60,7 @@ class _HttpFrontEnd:
                 self._runner = web.AppRunner(build_app(self.state, self.max_body_bytes), access_log=None)
                 await self._runner.setup()
                 await web.TCPSite(self._runner, self.host, self.port).start()
+                self.port = self._runner.addresses[0][1]  # the bound port (port 0 picks a free one)
         except OSError as exc:
             raise ConfigError(f"HTTP port ({self.kind}): cannot bind {self.host}:{self.port}: {exc.strerror}") from None
 
@@ -76,6 +77,7 @@ class _HttpFrontEnd:
         # without it each response waits ~40 ms for the client's delayed ACK (Nagle)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.port))  # bind here, so a busy port is a clear error before serving
+        self.port = sock.getsockname()[1]
         cfg = uvicorn.Config(build_fastapi(self.state, self.max_body_bytes), log_level="warning", access_log=False,
                              lifespan="off", http="httptools", loop="none", timeout_graceful_shutdown=1)
         self._uvicorn = uvicorn.Server(cfg)
@@ -135,7 +137,7 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         ready_ms = now_ms() - t0
         report_startup(startup, state, t0, ready_ms)
         log.warning("pathprobe serve: engine=%s model=%s grpc=%s:%d http=http://%s:%d (%s)", config.engine.kind,
-                    engine.model_name, config.host, grpc_port, config.host, config.http_port, config.http_server)
+                    engine.model_name, config.host, grpc_port, config.host, fronts[0].port, config.http_server)
         if gpu is not None and not gpu.available:
             log.warning("GPU telemetry: %s", gpu.unavailable)
         stop = stop or asyncio.Event()

@@ -328,25 +328,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "attention_bias": False,
     },
-    # meta-llama/Meta-Llama-3-8B-Instruct (the Llama-3-8B architecture)
-    "llama-3-8b-instruct": {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 8192,
-        "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
-    },
 }
+# meta-llama/Meta-Llama-3-8B-Instruct: the Llama-3-8B architecture, config for config
+PRESETS["llama-3-8b-instruct"] = dict(PRESETS["llama-3-8b"])
 
 #: The published tokenizer each of the study's presets imitates (kind, regular vocabulary,
 #: pre-tokenizer). Presets not named here use the tiny tokenizer.
@@ -574,11 +558,19 @@ def _save_tokenizer(folder: Path, spec: TokenizerSpec | None = None, max_len: in
     tok.save_pretrained(str(folder))
     return {
         "vocab": len(tok),
-        "bos": tok.convert_tokens_to_ids(BOS),
-        "eos": tok.convert_tokens_to_ids(EOS),
-        "pad": tok.convert_tokens_to_ids(PAD),
-        "eot": tok.convert_tokens_to_ids(EOT),
+        "bos": _token_id(tok, BOS),
+        "eos": _token_id(tok, EOS),
+        "pad": _token_id(tok, PAD),
+        "eot": _token_id(tok, EOT),
     }
+
+
+def _token_id(tok: Any, token: str) -> int:
+    """The id of one special token (``convert_tokens_to_ids`` is typed for lists too)."""
+    i = tok.convert_tokens_to_ids(token)
+    if not isinstance(i, int):
+        raise TypeError(f"tokenizer: no single id for {token!r}: {i!r}")
+    return i
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -601,7 +593,7 @@ def build_tiny(folder: Path) -> None:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
-        model = LlamaForCausalLM(config).to(torch.float32)
+        model = LlamaForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers types .to() through a decorator that loses self
     model.generation_config = GenerationConfig(
         bos_token_id=ids["bos"],
         eos_token_id=[ids["eos"], ids["eot"]],

@@ -114,14 +114,17 @@ async def completions(request: HttpRequest) -> Reply | StreamReply:
         obj = await read_json(request, scope)
         t0 = now_ms()
         body = _validate(CompletionRequest, obj)
-        prompt, ids = body.prompt, None
-        if isinstance(prompt, list):
-            if prompt and isinstance(prompt[0], int):
-                prompt, ids = None, list(prompt)  # token ids
-            elif len(prompt) == 1:
-                prompt = prompt[0]
-            else:
-                raise InvalidArgument("prompt", "a batch of prompts is not supported; send one prompt per request")
+        raw = body.prompt
+        prompt: str | None = None
+        ids: list[int] | None = None
+        if isinstance(raw, str):
+            prompt = raw
+        elif raw and isinstance(raw[0], int):
+            ids = [int(t) for t in raw]  # token ids (validated: all ints)
+        elif len(raw) == 1 and isinstance(raw[0], str):
+            prompt = raw[0]
+        else:
+            raise InvalidArgument("prompt", "a batch of prompts is not supported; send one prompt per request")
         params = _params(body, body.max_tokens, prompt, ids)
         scope.decoded(now_ms() - t0)
         return await _respond(request, scope, params, body, chat=False)

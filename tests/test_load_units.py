@@ -173,6 +173,7 @@ def test_cli_option_helpers_and_validation(tmp_path):
     with pytest.raises(ConfigError, match="tokenizer"):
         validate(["--tokenizer", "preset:gpt-9"])
     validate(["--tokenizer", "preset:llama-3-8b", "--metrics-port", "0"])
+    validate(["--tokenizer", "preset:llama-3-8b@tiny"])
 
 
 def test_openai_sdk_target_without_the_sdk_is_a_clear_error():
@@ -192,6 +193,55 @@ sys.exit(main(['load', '--headless', '-t', '1s', '-H', 'openai-sdk+http://127.0.
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "host:" in proc.stderr and "openai" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_preset_tokenizer_without_transformers_is_a_clear_error(tmp_path):
+    """A [loadgen] install cannot build a preset's tokenizer: exit 2 naming --tokenizer, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'transformers':  # as if not installed
+            raise ModuleNotFoundError('No module named ' + repr(name), name=name)
+sys.meta_path.insert(0, Block())
+from pathprobe.cli import main
+from pathprobe.errors import ConfigError
+from pathprobe.loadgen import prompts
+try:
+    prompts.load_tokenizer('preset:llama-3-8b')
+except ConfigError as exc:
+    assert exc.message.startswith('tokenizer:'), exc.message
+else:
+    raise AssertionError('no error')
+sys.exit(main(['load', '--headless', '-t', '1s', '-H', 'grpc://127.0.0.1:9', '--tokenizer', 'preset:llama-3-8b']))
+"""
+    env = {**os.environ, "PATHPROBE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "tokenizer:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["http", "openai"])
+def test_http_target_to_a_closed_port_reports_the_connection_error(kind):
+    """Nothing listening: the call fails with the connection's own error (was an AttributeError, since the
+    request headers were only set once a TCP handshake had succeeded)."""
+    import socket
+
+    from pathprobe.loadgen.targets import CallSpec, Outcome, make_target
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends
+    target = make_target(f"{'openai+' if kind == 'openai' else ''}http://127.0.0.1:{port}", 5)
+    try:
+        with pytest.raises(OSError):
+            target.call(CallSpec(prompt="hello", max_tokens=2, stream=False), {}, Outcome())
+    finally:
+        target.close()
 
 
 def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():

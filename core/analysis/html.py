@@ -127,8 +127,8 @@ def plot_waterfalls(
     from pathprobe.analysis.waterfall import bars, representative
 
     conc = max(report["concurrency"])
-    picked = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]
-    picked = [(n, r) for n, r in picked if r is not None]
+    reps = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]
+    picked = [(n, r) for n, r in reps if r is not None]
     if not picked:
         return None
     heights = [len({b.row for b in bars(r)}) for _, r in picked]
@@ -222,8 +222,8 @@ def plot_hops(report: Mapping[str, Any]) -> str | None:
     ]
     if not rows:
         return None
+    link_colors = ("#4e79a7", "#a0cbe8")  # alternating, link by link
     colors = {
-        "link": ("#4e79a7", "#a0cbe8"),
         "serialization": "#f28e2b",
         "own": "#9c755f",
         "server": "#59a14f",
@@ -234,7 +234,7 @@ def plot_hops(report: Mapping[str, Any]) -> str | None:
         left = 0.0
         pieces: list[tuple[float, str, str | None]] = []
         for j, link in enumerate(path["links"]):
-            pieces.append((link["mean_ms"], colors["link"][j % 2], f"{j + 1}"))
+            pieces.append((link["mean_ms"], link_colors[j % 2], f"{j + 1}"))
             if j < len(path["hops"]):
                 h = path["hops"][j]
                 pieces.append((h["serialization_mean_ms"], colors["serialization"], None))
@@ -256,7 +256,7 @@ def plot_hops(report: Mapping[str, Any]) -> str | None:
 
     ax.legend(
         handles=[
-            Patch(color=colors["link"][0], label="network, link by link (numbered from the client)"),
+            Patch(color=link_colors[0], label="network, link by link (numbered from the client)"),
             Patch(color=colors["serialization"], label="a hop's serialization"),
             Patch(color=colors["own"], label="a hop's own time"),
             Patch(color=colors["server"], label="server: queue + inference"),

@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 PERCENTILES = (50.0, 95.0, 99.0)
 #: Cliff's delta magnitude thresholds (Romano et al. 2006).
@@ -38,7 +41,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def bootstrap_percentiles(
-    values: Sequence[float],
+    values: Sequence[float] | npt.NDArray[Any],
     qs: Sequence[float] = PERCENTILES,
     *,
     n_boot: int = 1000,

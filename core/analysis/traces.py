@@ -128,7 +128,7 @@ def spans_from_otlp(doc: dict[str, Any]) -> Iterator[Span]:
 
 
 def _jaeger_tag(tag: dict[str, Any]) -> Any:
-    v = tag.get("value")
+    v: Any = tag.get("value")
     t = str(tag.get("type", "string")).lower()
     if t in ("int64", "int"):
         return int(v)

@@ -265,18 +265,14 @@ def witness_request(
     e = rec.get("entries") or {}
     ms = 1e-6
     links: list[dict[str, Any]] = []
-    edges = []  # per link: (enter_req, arrive_req, leave_resp, exit_resp)
+    edges: list[tuple[int, int, int, int]] = []  # per link: (enter_req, arrive_req, leave_resp, exit_resp)
     for link in path.links:
         entry, inner = link.ports[0], link.ports[-1]
-        edge = (
-            _first(pkts, entry, peers),
-            _first(pkts, inner, peers),
-            _last(pkts, inner, peers),
-            _last(pkts, entry, peers),
-        )
-        if any(v is None for v in edge):
+        enter_req, arrive_req = _first(pkts, entry, peers), _first(pkts, inner, peers)
+        leave_resp, exit_resp = _last(pkts, inner, peers), _last(pkts, entry, peers)
+        if enter_req is None or arrive_req is None or leave_resp is None or exit_resp is None:
             return None
-        edges.append(edge)
+        edges.append((enter_req, arrive_req, leave_resp, exit_resp))
     for i, (link, edge) in enumerate(zip(path.links, edges)):
         enter_req, arrive_req, leave_resp, exit_resp = edge
         wire = ((arrive_req - enter_req) + (exit_resp - leave_resp)) * ms

@@ -106,7 +106,7 @@ class VLLMEngine(Engine):
         from transformers import AutoConfig
 
         mcfg = AutoConfig.from_pretrained(str(self._folder), local_files_only=True)
-        self.max_context = int(config.max_context or getattr(mcfg, "max_position_embeddings", 2048))
+        self.max_context = config.max_context or int(getattr(mcfg, "max_position_embeddings", 2048))
         self._vocab = min(len(self.tokenizer), int(mcfg.vocab_size))
         eos = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         try:
@@ -186,7 +186,11 @@ class VLLMEngine(Engine):
         task = asyncio.get_running_loop().create_task(self._run(gen, ids))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        gen.on_close = task.cancel  # front end gone: vLLM aborts the request
+
+        def abort() -> None:  # front end gone: vLLM aborts the request
+            task.cancel()
+
+        gen.on_close = abort
         return gen
 
     def _sampling(self, p: GenParams) -> Any:
