@@ -41,6 +41,7 @@ from hpack.exceptions import HPACKError
 
 from pathprobe import telemetry, timing
 from pathprobe.errors import Unavailable
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
@@ -582,19 +583,19 @@ class ClientConn(asyncio.Protocol):
             self.up.transport.close()
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
     children: list[subprocess.Popen] = []
-    if args.workers > 1 and not args.worker_child:
-        for _ in range(1, args.workers):
+    if cfg.workers > 1 and not cfg.worker_child:
+        for _ in range(1, cfg.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *sys.argv[1:], "--worker-child"]))
-    relay = Relay(pool, metrics, tracing, args.max_body_bytes, decode=not args.no_decode_metadata)
+    relay = Relay(pool, metrics, tracing, cfg.max_body_bytes, decode=cfg.decode_metadata)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: ClientConn(relay), args.listen_host, args.listen_port,
+        server = await loop.create_server(lambda: ClientConn(relay), cfg.listen_host, cfg.listen_port,
                                           reuse_port=True, backlog=1024)
         bound = server.sockets[0].getsockname()[1]
-        print(f"pathprobe gateway: passthrough (HTTP/2 frame relay) listening on {args.listen_host}:{bound} -> "
+        print(f"pathprobe gateway: passthrough (HTTP/2 frame relay) listening on {cfg.listen_host}:{bound} -> "
               f"{pool.names()}", flush=True)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -606,7 +607,7 @@ def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
                 c.transport.close()
 
     try:
-        loop = getattr(args, "loop", "asyncio")
+        loop = cfg.loop
         if loop == "auto":
             try:
                 import uvloop

@@ -21,6 +21,7 @@ from pathprobe.gateway import httpup
 from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries
 from pathprobe.gateway.httpup import body_error, make_session
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
@@ -31,8 +32,8 @@ def _req_headers(h: Any) -> dict[str, str]:
 
 
 class HttpProxy:
-    def __init__(self, args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> None:
-        self.args = args
+    def __init__(self, cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.tracing = tracing
@@ -44,18 +45,18 @@ class HttpProxy:
         route = f"{request.method} {request.path}"
         spans = Spans(self.tracing, route, request.headers,
                       {"http.request.method": request.method, "url.path": request.path,
-                       "network.protocol.name": "http", "server.port": self.args.listen_port,
+                       "network.protocol.name": "http", "server.port": self.cfg.listen_port,
                        "pathprobe.gateway.mode": "http-proxy"}, t0)
         up = None
         status = 0
         try:
-            if request.content_length is not None and request.content_length > self.args.max_body_bytes:
+            if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
-                                      f"{self.args.max_body_bytes}")
+                                      f"{self.cfg.max_body_bytes}")
             try:
                 body = await request.read() if request.body_exists else None
             except web.HTTPRequestEntityTooLarge:
-                raise PayloadTooLarge(f"body: over the limit of {self.args.max_body_bytes} bytes") from None
+                raise PayloadTooLarge(f"body: over the limit of {self.cfg.max_body_bytes} bytes") from None
             up = await request_(self, request, body, spans)
             resp = up.resp
             status = resp.status
@@ -67,7 +68,7 @@ class HttpProxy:
             try:
                 data = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
-                raise body_error(up.upstream, exc, self.args.timeout) from None
+                raise body_error(up.upstream, exc, self.cfg.timeout) from None
             ent.upstream = now_ms() - up.t0
             Spans.end_client(up.cspan, {"http.response.status_code": status}, None, up.t0, ent.upstream)
             ent.total = now_ms() - t0
@@ -107,7 +108,7 @@ class HttpProxy:
                         data = self._rewrite(data, up, t0, ent, spans)
                     await out.write(data)
             except (TimeoutError, aiohttp.ClientError) as exc:
-                err = body_error(up.upstream, exc, self.args.timeout)
+                err = body_error(up.upstream, exc, self.cfg.timeout)
                 code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)
                 from pathprobe.gateway.common import error_json
 
@@ -151,15 +152,15 @@ class HttpProxy:
 
 async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, spans: Spans) -> Any:
     return await httpup.request(proxy.session, proxy.pool, request.method, request.path_qs,
-                         _req_headers(request.headers), body, proxy.args.timeout, spans)
+                         _req_headers(request.headers), body, proxy.cfg.timeout, spans)
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
-    p = HttpProxy(args, pool, metrics, tracing)
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> int:
+    p = HttpProxy(cfg, pool, metrics, tracing)
 
     async def factory() -> web.Application:
-        p.session = make_session(args.pool_size)
-        app = web.Application(client_max_size=args.max_body_bytes)
+        p.session = make_session(cfg.pool_size)
+        app = web.Application(client_max_size=cfg.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", p.handle)
         return app
 
@@ -167,4 +168,4 @@ def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
         if p.session is not None:
             await p.session.close()
 
-    return run_aiohttp(factory, args.listen_host, args.listen_port, f"http-proxy -> HTTP {pool.names()}", cleanup)
+    return run_aiohttp(factory, cfg.listen_host, cfg.listen_port, f"http-proxy -> HTTP {pool.names()}", cleanup)

@@ -31,6 +31,7 @@ import grpc.experimental
 from pathprobe import telemetry, timing
 from pathprobe.errors import Unavailable
 from pathprobe.gateway.common import forward_metadata, grpc_timeout
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
@@ -347,19 +348,19 @@ class Passthrough(grpc.GenericRpcHandler):
         return handler
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
     """Run the passthrough server until SIGTERM/SIGINT."""
-    host, port = args.listen_host, args.listen_port
+    host, port = cfg.listen_host, cfg.listen_port
     children: list[subprocess.Popen] = []
-    if args.workers > 1 and not args.worker_child:
+    if cfg.workers > 1 and not cfg.worker_child:
         # Extra processes bind the same port (SO_REUSEPORT, grpc's default on Linux).
         argv = [a for a in sys.argv[1:]]
-        for i in range(1, args.workers):
+        for i in range(1, cfg.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *argv, "--worker-child"]))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=args.threads, thread_name_prefix="gw"),
+        futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="gw"),
         handlers=(Passthrough(pool, metrics, tracing),),
-        options=[("grpc.max_receive_message_length", args.max_body_bytes),
+        options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
                  ("grpc.max_send_message_length", -1),
                  ("grpc.so_reuseport", 1)],
     )
@@ -388,5 +389,5 @@ def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
     return 0
 
 
-def want_legacy_poller(args: Any) -> bool:
-    return args.grpc_poller == "legacy" and os.environ.get("GRPC_EXPERIMENTS") is None
+def want_legacy_poller(cfg: GatewayConfig) -> bool:
+    return cfg.grpc_poller == "legacy" and os.environ.get("GRPC_EXPERIMENTS") is None

@@ -31,6 +31,7 @@ from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout
 from pathprobe.gateway.httpup import body_error, make_session, request
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
@@ -72,8 +73,8 @@ def _error_of(status: int, body: bytes, target: str) -> _Abort:
 
 
 class Reencoder:
-    def __init__(self, args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> None:
-        self.args = args
+    def __init__(self, cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.tracing = tracing
@@ -82,7 +83,7 @@ class Reencoder:
     def _spans(self, method: str, ctx: grpc.aio.ServicerContext, md: list, t0: float) -> Spans:
         return Spans(self.tracing, method.lstrip("/"), {k: v for k, v in md if isinstance(v, str)},
                      {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
-                      "server.port": self.args.listen_port, "pathprobe.gateway.mode": "reencode"}, t0)
+                      "server.port": self.cfg.listen_port, "pathprobe.gateway.mode": "reencode"}, t0)
 
     def _decode(self, raw: bytes, ent: Entries, spans: Spans, stream: bool) -> bytes:
         td = now_ms()
@@ -125,7 +126,7 @@ class Reencoder:
         ent = Entries()
         md = forward_metadata(ctx.invocation_metadata())
         spans = self._spans(GENERATE, ctx, md, t0)
-        timeout = grpc_timeout(ctx.time_remaining()) or self.args.timeout
+        timeout = grpc_timeout(ctx.time_remaining()) or self.cfg.timeout
         up = None
         upstream_st = None
         try:
@@ -174,7 +175,7 @@ class Reencoder:
         ent = Entries()
         md = forward_metadata(ctx.invocation_metadata())
         spans = self._spans(GENERATE_STREAM, ctx, md, t0)
-        timeout = grpc_timeout(ctx.time_remaining()) or self.args.timeout
+        timeout = grpc_timeout(ctx.time_remaining()) or self.cfg.timeout
         up = None
         upstream_st = None
         ok = False
@@ -276,19 +277,19 @@ class _Handler(grpc.GenericRpcHandler):
         return self.handlers.get(details.method)  # None -> UNIMPLEMENTED
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
-    r = Reencoder(args, pool, metrics, tracing)
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> int:
+    r = Reencoder(cfg, pool, metrics, tracing)
 
     async def main() -> None:
-        r.session = make_session(args.pool_size)
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", args.max_body_bytes),
+        r.session = make_session(cfg.pool_size)
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
                                           ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 1)])
         server.add_generic_rpc_handlers((_Handler(r),))
-        bound = server.add_insecure_port(f"{args.listen_host}:{args.listen_port}")
+        bound = server.add_insecure_port(f"{cfg.listen_host}:{cfg.listen_port}")
         if not bound:
-            raise Unavailable(f"--listen: cannot bind {args.listen}")
+            raise Unavailable(f"--listen: cannot bind {cfg.listen}")
         await server.start()
-        print(f"pathprobe gateway: reencode listening on {args.listen_host}:{bound} -> HTTP {pool.names()}",
+        print(f"pathprobe gateway: reencode listening on {cfg.listen_host}:{bound} -> HTTP {pool.names()}",
               flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -28,6 +28,7 @@ from pathprobe import jsoncodec, timing
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge, Unavailable
 from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
 from pathprobe.gateway.common import Entries, exc_json
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.passthrough import connect_failure
 from pathprobe.gateway.upstreams import Pool, Upstream
@@ -57,8 +58,8 @@ def _upstream_timing(md: Any) -> str | None:
 
 
 class Transcoder:
-    def __init__(self, args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> None:
-        self.args = args
+    def __init__(self, cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.tracing = tracing
@@ -88,16 +89,16 @@ class Transcoder:
         ent = Entries()
         spans = Spans(self.tracing, "POST /v1/generate", request.headers,
                       {"http.request.method": "POST", "url.path": request.path, "http.route": "/v1/generate",
-                       "network.protocol.name": "http", "server.port": self.args.listen_port,
+                       "network.protocol.name": "http", "server.port": self.cfg.listen_port,
                        "pathprobe.gateway.mode": "transcode"}, t0)
         try:
-            if request.content_length is not None and request.content_length > self.args.max_body_bytes:
+            if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
-                                      f"{self.args.max_body_bytes}")
+                                      f"{self.cfg.max_body_bytes}")
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
-                raise PayloadTooLarge(f"body: over the limit of {self.args.max_body_bytes} bytes") from None
+                raise PayloadTooLarge(f"body: over the limit of {self.cfg.max_body_bytes} bytes") from None
             td = now_ms()
             obj = jsoncodec.loads_object(body)
             req = jsoncodec.request_from_dict(obj)
@@ -132,7 +133,7 @@ class Transcoder:
             t_up0 = now_ms()
             cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
             mc = u.client.stream if kind == "stream" else u.client.unary
-            call = mc(payload, timeout=self.args.timeout, metadata=tuple(carrier.items()) or None)
+            call = mc(payload, timeout=self.cfg.timeout, metadata=tuple(carrier.items()) or None)
             if len(self.pool.upstreams) > 1:
                 try:
                     await call.initial_metadata()
@@ -294,18 +295,18 @@ class Transcoder:
         return resp
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
-    tc = Transcoder(args, pool, metrics, tracing)
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> int:
+    tc = Transcoder(cfg, pool, metrics, tracing)
 
     async def factory() -> web.Application:
         tc.start_clients()
-        app = web.Application(client_max_size=args.max_body_bytes)
+        app = web.Application(client_max_size=cfg.max_body_bytes)
         app.router.add_post("/v1/generate", tc.generate)
         app.router.add_get("/healthz", tc.healthz)
         app.router.add_route("*", "/{tail:.*}", tc.not_found)
         return app
 
-    return run_aiohttp(factory, args.listen_host, args.listen_port, f"transcode -> gRPC {pool.names()}",
+    return run_aiohttp(factory, cfg.listen_host, cfg.listen_port, f"transcode -> gRPC {pool.names()}",
                        tc.close)
 
 

@@ -1,0 +1,143 @@
+"""The gateway's configuration: one typed object, built once, handed to every mode.
+
+Precedence: a value given to the constructor (a command-line flag) > the environment
+variable named in :data:`ENV` > the field's default. Every mode reads this object; none
+sees the raw command line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from pathprobe.errors import ConfigError
+
+MODES = ("passthrough", "transcode", "reencode", "http-proxy")
+BALANCE = ("round-robin", "least-outstanding")
+IMPLS = ("h2", "grpc")
+LOOPS = ("auto", "asyncio", "uvloop")
+POLLERS = ("legacy", "default")
+
+#: field -> environment variable read when the flag is not given
+ENV: dict[str, str] = {
+    "mode": "PATHPROBE_GATEWAY_MODE",
+    "listen": "PATHPROBE_GATEWAY_LISTEN",
+    "upstream": "PATHPROBE_GATEWAY_UPSTREAM",
+    "upstream_http": "PATHPROBE_GATEWAY_UPSTREAM_HTTP",
+    "balance": "PATHPROBE_GATEWAY_BALANCE",
+    "health_interval": "PATHPROBE_GATEWAY_HEALTH_INTERVAL",
+    "health_timeout": "PATHPROBE_GATEWAY_HEALTH_TIMEOUT",
+    "unhealthy_after": "PATHPROBE_GATEWAY_UNHEALTHY_AFTER",
+    "timeout": "PATHPROBE_GATEWAY_TIMEOUT",
+    "max_body_bytes": "PATHPROBE_GATEWAY_MAX_BODY_BYTES",
+    "admin_port": "PATHPROBE_GATEWAY_ADMIN_PORT",
+    "admin_host": "PATHPROBE_GATEWAY_ADMIN_HOST",
+    "threads": "PATHPROBE_GATEWAY_THREADS",
+    "workers": "PATHPROBE_GATEWAY_WORKERS",
+    "impl": "PATHPROBE_GATEWAY_IMPL",
+    "loop": "PATHPROBE_GATEWAY_LOOP",
+    "decode_metadata": "PATHPROBE_GATEWAY_DECODE_METADATA",
+    "grpc_poller": "PATHPROBE_GATEWAY_GRPC_POLLER",
+    "pool_size": "PATHPROBE_GATEWAY_POOL_SIZE",
+    "traces_file": "PATHPROBE_GATEWAY_TRACES_FILE",
+    "log_level": "PATHPROBE_GATEWAY_LOG_LEVEL",
+}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _convert(name: str, raw: str, kind: Any) -> Any:
+    """An environment string as the field's type; a bad value names the variable."""
+    var = ENV[name]
+    try:
+        if kind is bool or kind == "bool":
+            low = raw.strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError(raw)
+        if kind in (int, "int"):
+            return int(raw)
+        if kind in (float, "float"):
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"{var}: expected {getattr(kind, '__name__', kind)}, got {raw!r}") from None
+    return raw
+
+
+@dataclass(slots=True)
+class GatewayConfig:
+    mode: str = "passthrough"
+    listen: str = "127.0.0.1:8600"
+    upstream: str | None = None
+    upstream_http: str | None = None
+    balance: str = "round-robin"
+    health_interval: float = 1.0
+    health_timeout: float = 1.0
+    unhealthy_after: int = 2
+    timeout: float = 600.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    admin_port: int = 0
+    admin_host: str | None = None
+    threads: int = 64
+    workers: int = 1
+    worker_child: bool = False
+    impl: str = "h2"
+    loop: str = "auto"
+    decode_metadata: bool = True
+    grpc_poller: str = "legacy"
+    pool_size: int = 64
+    traces_file: str | None = None
+    log_level: str = "WARNING"
+    # derived in __post_init__
+    listen_host: str = field(init=False, default="")
+    listen_port: int = field(init=False, default=0)
+    targets: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        from pathprobe.gateway.common import parse_hostport, parse_upstreams
+
+        self._check_choices()
+        self.listen_host, self.listen_port = parse_hostport(self.listen, "--listen")
+        raw = (self.upstream_http or self.upstream) if self.http_upstream else self.upstream
+        if not raw:
+            flag = "--upstream-http or --upstream" if self.http_upstream else "--upstream"
+            raise ConfigError(f"{flag}: required for --mode {self.mode}")
+        self.targets = parse_upstreams(raw, "--upstream-http" if self.http_upstream and self.upstream_http
+                                       else "--upstream")
+        if self.max_body_bytes <= 0:
+            raise ConfigError("--max-body-bytes: must be > 0")
+        if self.workers < 1 or self.threads < 1:
+            raise ConfigError("--workers/--threads: must be >= 1")
+
+    def _check_choices(self) -> None:
+        for name, allowed in (("mode", MODES), ("balance", BALANCE), ("impl", IMPLS), ("loop", LOOPS),
+                              ("grpc_poller", POLLERS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(f"--{name.replace('_', '-')}: expected one of {', '.join(allowed)}, "
+                                  f"got {value!r}")
+
+    @property
+    def http_upstream(self) -> bool:
+        """reencode and http-proxy call the servers' HTTP port; the others their gRPC port."""
+        return self.mode in ("reencode", "http-proxy")
+
+    @classmethod
+    def from_values(cls, given: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> GatewayConfig:
+        """``given`` (flags; None = not given) > ``environ`` (default ``os.environ``) > defaults."""
+        env = os.environ if environ is None else environ
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            if not f.init:
+                continue
+            value = given.get(f.name)
+            if value is None and f.name in ENV and ENV[f.name] in env:
+                value = _convert(f.name, env[ENV[f.name]], f.type)
+            if value is not None:
+                kwargs[f.name] = value
+        return cls(**kwargs)
