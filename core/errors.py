@@ -6,6 +6,8 @@ gateway and the load generator report the same failure the same way.
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 
@@ -18,6 +20,27 @@ class PathprobeError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+    def to_json(self) -> dict[str, Any]:
+        return error_json(self.http_status, self.grpc_code, self.message, getattr(self, "field", None))
+
+
+def error_json(status: int, code: grpc.StatusCode, message: str, param: str | None = None) -> dict[str, Any]:
+    """The one JSON error shape of every HTTP answer (server and gateway, bodies and SSE events).
+
+    OpenAI-compatible (``message``, ``type``, ``code``, ``param``) plus the gRPC ``status``
+    name; ``type`` is ``invalid_request_error`` for a 400, else the gRPC status in lower case.
+    """
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status == 400 else code.name.lower(),
+            "code": status,
+            "status": code.name,
+            "param": param,
+        }
+    }
 
 
 class InvalidArgument(PathprobeError):

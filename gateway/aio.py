@@ -29,10 +29,16 @@ def param_of(message: str) -> str | None:
 
 def json_error(code: grpc.StatusCode, message: str, entries: Mapping[str, float] | None = None,
                upstream_timing: str | None = None, status: int | None = None,
-               param: str | None = None) -> web.Response:
+               param: str | None = None, server_timing: str | None = None) -> web.Response:
+    """Every HTTP error answer of the gateway (the body is :func:`pathprobe.errors.error_json`).
+
+    ``server_timing``: the Server-Timing value already made; else upstream's + ``entries``.
+    """
     status = status or http_status_of(code)
     headers = {}
-    if entries is not None or upstream_timing:
+    if server_timing is not None:
+        headers[timing.HTTP_HEADER] = server_timing
+    elif entries is not None or upstream_timing:
         headers[timing.HTTP_HEADER] = timing.append(upstream_timing, entries or {})
     body = error_json(status, code, message, param if param is not None else param_of(message))
     return web.Response(status=status, body=dumps(body), content_type="application/json", headers=headers)

@@ -19,7 +19,7 @@ from pathprobe import timing
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
 from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
-from pathprobe.gateway.common import HOP_BY_HOP, Entries
+from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event
 from pathprobe.gateway.httpup import body_error, make_session
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
@@ -110,10 +110,7 @@ class HttpProxy:
             except (TimeoutError, aiohttp.ClientError) as exc:
                 err = body_error(up.upstream, exc, self.cfg.timeout)
                 code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)
-                from pathprobe.gateway.common import error_json
-
-                ev = error_json(getattr(err, "http_status", 503), code, str(err))
-                await out.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                await out.write(error_event(code, str(err), getattr(err, "http_status", 503)))
                 status = getattr(err, "http_status", 503)
             if event:
                 await out.write(b"".join(event))

@@ -27,7 +27,7 @@ from aiohttp import web
 from pathprobe import jsoncodec, timing
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge, Unavailable
 from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
-from pathprobe.gateway.common import Entries, exc_json
+from pathprobe.gateway.common import Entries, error_event
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.passthrough import connect_failure
@@ -114,8 +114,8 @@ class Transcoder:
             self.metrics.observe("POST /v1/generate", str(exc.http_status), ent.total, None, 0)
             sent = timing.format_entries(ent.as_dict())
             spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total, sent)
-            return web.Response(status=exc.http_status, body=jsoncodec.dumps(exc_json(exc)),
-                                content_type="application/json", headers={timing.HTTP_HEADER: sent})
+            return json_error(exc.grpc_code, exc.message, status=exc.http_status, param=getattr(exc, "field", None),
+                              server_timing=sent)
         if stream:
             return await self._stream(request, payload, t0, ent, spans, te, enc)
         return await self._unary(payload, t0, ent, spans, te, enc)
@@ -267,11 +267,8 @@ class Transcoder:
                     status = r.status
                     ent.sent = r.headers.get(timing.HTTP_HEADER)
                     return r
-                from pathprobe.gateway.common import error_json, http_status_of
-
                 ent.sent = timing.append(upstream_st, ent.as_dict())
-                ev = {**error_json(http_status_of(code), code, details), "server_timing": ent.sent}
-                await resp.write(b"data: " + jsoncodec.dumps(ev) + b"\n\n")
+                await resp.write(error_event(code, details, server_timing=ent.sent))
             except ConnectionResetError:
                 status = 499  # the client went away: the upstream stream is cancelled below
             except asyncio.CancelledError:

@@ -16,16 +16,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 
 
 def error_body(exc: PathprobeError) -> dict[str, Any]:
-    kind = "invalid_request_error" if exc.http_status == 400 else type(exc).__name__
-    return {
-        "error": {
-            "message": exc.message,
-            "type": kind,
-            "code": exc.http_status,
-            "status": exc.grpc_code.name,
-            "param": getattr(exc, "field", None),
-        }
-    }
+    return exc.to_json()
 
 
 def error_response(exc: PathprobeError, entries: dict[str, float] | None = None) -> web.Response:
