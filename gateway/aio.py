@@ -121,15 +121,17 @@ class Spans:
         self.end_client(self.server, attrs, error, self.t0 if total_ms is not None else None, total_ms)
 
 
-def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], host: str, port: int, label: str,
+def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], cfg: Any, label: str,
                 on_cleanup: Callable[[], Awaitable[None]] | None = None) -> int:
-    """Serve an aiohttp app until SIGTERM/SIGINT."""
+    """Serve an aiohttp app on ``cfg.listen`` (TLS with ``cfg.tls``) until SIGTERM/SIGINT."""
+    host, port = cfg.listen_host, cfg.listen_port
 
     async def main() -> None:
         app = await app_factory()
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_port=True)
+        ssl_ctx = cfg.tls.server_context(alpn=("http/1.1",)) if cfg.tls else None
+        site = web.TCPSite(runner, host, port, reuse_port=True, ssl_context=ssl_ctx)
         await site.start()
         bound = site._server.sockets[0].getsockname()[1] if site._server else port  # type: ignore[union-attr]
         print(f"pathprobe gateway: {label} listening on {host}:{bound}", flush=True)

@@ -59,6 +59,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pool-size", type=int, help="HTTP upstream keep-alive connections per upstream (default 64)")
     p.add_argument("--traces-file", help="also write spans to this OTLP JSON lines file")
     p.add_argument("--log-level", help="default WARNING")
+    t = p.add_argument_group("TLS")
+    t.add_argument("--tls-cert", help="serve TLS to clients with this certificate chain (PEM)")
+    t.add_argument("--tls-key", help="its private key (PEM)")
+    t.add_argument("--tls-ca", help="require client certificates signed by this CA (mTLS)")
+    t.add_argument("--upstream-tls", action="store_const", const=True,
+                   help="call the upstreams over TLS (verified against --upstream-ca, else the system CAs)")
+    t.add_argument("--upstream-ca", help="CA that signs the upstreams' certificates (implies --upstream-tls)")
+    t.add_argument("--upstream-cert", help="client certificate for upstreams that want mTLS")
+    t.add_argument("--upstream-key", help="its private key")
+    t.add_argument("--upstream-server-name", help="name expected in the upstreams' certificates (default: the host)")
     p.set_defaults(func=run)
 
 
@@ -92,7 +102,8 @@ def serve(cfg: Any) -> int:
     metrics = Metrics(cfg.mode, pool)
     if cfg.admin_port and not cfg.worker_child:
         metrics.serve(cfg.admin_host or cfg.listen_host, cfg.admin_port)
-    health = HealthChecker(pool, cfg.health_interval, cfg.health_timeout, cfg.unhealthy_after).start()
+    health = HealthChecker(pool, cfg.health_interval, cfg.health_timeout, cfg.unhealthy_after,
+                           cfg.upstream_tls_files).start()
     tracing = provider is not None
     try:
         if cfg.mode == "passthrough" and cfg.impl == "h2":

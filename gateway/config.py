@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pathprobe.errors import ConfigError
+from pathprobe.tls import TlsFiles
 
 MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 BALANCE = ("round-robin", "least-outstanding")
@@ -43,6 +44,14 @@ ENV: dict[str, str] = {
     "pool_size": "PATHPROBE_GATEWAY_POOL_SIZE",
     "traces_file": "PATHPROBE_GATEWAY_TRACES_FILE",
     "log_level": "PATHPROBE_GATEWAY_LOG_LEVEL",
+    "tls_cert": "PATHPROBE_GATEWAY_TLS_CERT",
+    "tls_key": "PATHPROBE_GATEWAY_TLS_KEY",
+    "tls_ca": "PATHPROBE_GATEWAY_TLS_CA",
+    "upstream_tls": "PATHPROBE_GATEWAY_UPSTREAM_TLS",
+    "upstream_ca": "PATHPROBE_GATEWAY_UPSTREAM_CA",
+    "upstream_cert": "PATHPROBE_GATEWAY_UPSTREAM_CERT",
+    "upstream_key": "PATHPROBE_GATEWAY_UPSTREAM_KEY",
+    "upstream_server_name": "PATHPROBE_GATEWAY_UPSTREAM_SERVER_NAME",
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -93,10 +102,22 @@ class GatewayConfig:
     pool_size: int = 64
     traces_file: str | None = None
     log_level: str = "WARNING"
+    # TLS to clients (tls_ca: require client certificates, mTLS)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    # TLS to upstreams (on when upstream_tls or any upstream_* file is set)
+    upstream_tls: bool = False
+    upstream_ca: str | None = None
+    upstream_cert: str | None = None
+    upstream_key: str | None = None
+    upstream_server_name: str | None = None
     # derived in __post_init__
     listen_host: str = field(init=False, default="")
     listen_port: int = field(init=False, default=0)
     targets: list[str] = field(init=False, default_factory=list)
+    tls: TlsFiles | None = field(init=False, default=None)
+    upstream_tls_files: TlsFiles | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         from pathprobe.gateway.common import parse_hostport, parse_upstreams
@@ -113,6 +134,16 @@ class GatewayConfig:
             raise ConfigError("--max-body-bytes: must be > 0")
         if self.workers < 1 or self.threads < 1:
             raise ConfigError("--workers/--threads: must be >= 1")
+        self._tls()
+
+    def _tls(self) -> None:
+        if self.tls_cert or self.tls_key or self.tls_ca:
+            self.tls = TlsFiles(self.tls_cert, self.tls_key, self.tls_ca, flag="--tls")
+            if not self.tls.serving:
+                raise ConfigError("--tls-cert/--tls-key: needed to serve TLS (--tls-ca alone only verifies clients)")
+        if self.upstream_tls or self.upstream_ca or self.upstream_cert or self.upstream_server_name:
+            self.upstream_tls_files = TlsFiles(self.upstream_cert, self.upstream_key, self.upstream_ca,
+                                               self.upstream_server_name, flag="--upstream")
 
     def _check_choices(self) -> None:
         for name, allowed in (("mode", MODES), ("balance", BALANCE), ("impl", IMPLS), ("loop", LOOPS),
@@ -121,6 +152,11 @@ class GatewayConfig:
             if value not in allowed:
                 raise ConfigError(f"--{name.replace('_', '-')}: expected one of {', '.join(allowed)}, "
                                   f"got {value!r}")
+
+    @property
+    def upstream_scheme(self) -> str:
+        """URL scheme of the HTTP upstreams."""
+        return "https" if self.upstream_tls_files else "http"
 
     @property
     def http_upstream(self) -> bool:

@@ -45,6 +45,7 @@ from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -123,8 +124,11 @@ class Stream:
 
 class Relay:
     def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, max_body: int,
-                 decode: bool = True) -> None:
+                 decode: bool = True, upstream_tls: TlsFiles | None = None) -> None:
         self.pool = pool
+        #: TLS to the upstreams (ALPN h2), and the name their certificates must carry
+        self.upstream_ssl = upstream_tls.client_context(alpn=("h2",)) if upstream_tls is not None else None
+        self.upstream_server_name = upstream_tls.server_name if upstream_tls is not None else None
         self.metrics = metrics
         self.tracing = tracing
         self.decode = decode or tracing
@@ -197,7 +201,12 @@ class ClientConn(asyncio.Protocol):
     async def _open(self, u: Upstream, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.create_connection(lambda: UpstreamProto(self), host, port)
+            ssl_ctx = self.relay.upstream_ssl
+            if ssl_ctx is None:
+                await loop.create_connection(lambda: UpstreamProto(self), host, port)
+            else:
+                await loop.create_connection(lambda: UpstreamProto(self), host, port, ssl=ssl_ctx,
+                                             server_hostname=self.relay.upstream_server_name or host)
         except OSError as exc:
             why = f"upstream {u.target}: connect failed: {exc.strerror or exc}"
             u.mark(False, why)
@@ -588,12 +597,14 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
     if cfg.workers > 1 and not cfg.worker_child:
         for _ in range(1, cfg.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *sys.argv[1:], "--worker-child"]))
-    relay = Relay(pool, metrics, tracing, cfg.max_body_bytes, decode=cfg.decode_metadata)
+    relay = Relay(pool, metrics, tracing, cfg.max_body_bytes, decode=cfg.decode_metadata,
+                  upstream_tls=cfg.upstream_tls_files)
+    ssl_ctx = cfg.tls.server_context(alpn=("h2",)) if cfg.tls else None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(lambda: ClientConn(relay), cfg.listen_host, cfg.listen_port,
-                                          reuse_port=True, backlog=1024)
+                                          reuse_port=True, backlog=1024, ssl=ssl_ctx)
         bound = server.sockets[0].getsockname()[1]
         print(f"pathprobe gateway: passthrough (HTTP/2 frame relay) listening on {cfg.listen_host}:{bound} -> "
               f"{pool.names()}", flush=True)

@@ -149,14 +149,15 @@ class HttpProxy:
 
 async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, spans: Spans) -> Any:
     return await httpup.request(proxy.session, proxy.pool, request.method, request.path_qs,
-                         _req_headers(request.headers), body, proxy.cfg.timeout, spans)
+                         _req_headers(request.headers), body, proxy.cfg.timeout, spans,
+                                proxy.cfg.upstream_scheme)
 
 
 def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> int:
     p = HttpProxy(cfg, pool, metrics, tracing)
 
     async def factory() -> web.Application:
-        p.session = make_session(cfg.pool_size)
+        p.session = make_session(cfg.pool_size, cfg.upstream_tls_files)
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", p.handle)
         return app
@@ -165,4 +166,4 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
         if p.session is not None:
             await p.session.close()
 
-    return run_aiohttp(factory, cfg.listen_host, cfg.listen_port, f"http-proxy -> HTTP {pool.names()}", cleanup)
+    return run_aiohttp(factory, cfg, f"http-proxy -> {cfg.upstream_scheme.upper()} {pool.names()}", cleanup)

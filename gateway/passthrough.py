@@ -35,6 +35,7 @@ from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles, add_port, grpc_channel
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -79,14 +80,14 @@ class _Abort(Exception):
 
 
 class Passthrough(grpc.GenericRpcHandler):
-    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool) -> None:
+    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, upstream_tls: TlsFiles | None = None) -> None:
         self.pool = pool
         self.metrics = metrics
         self.tracing = tracing
         self.tracer = telemetry.get_tracer("pathprobe.gateway") if tracing else None
         self._handlers: dict[str, Any] = {}
         for u in pool.upstreams:
-            u.client = grpc.insecure_channel(u.target, options=CHANNEL_OPTIONS)
+            u.client = grpc_channel(u.target, upstream_tls, CHANNEL_OPTIONS)
 
     # -------------------------------------------------------------- handler lookup
     def service(self, details: grpc.HandlerCallDetails) -> Any:
@@ -359,12 +360,12 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *argv, "--worker-child"]))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="gw"),
-        handlers=(Passthrough(pool, metrics, tracing),),
+        handlers=(Passthrough(pool, metrics, tracing, cfg.upstream_tls_files),),
         options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
                  ("grpc.max_send_message_length", -1),
                  ("grpc.so_reuseport", 1)],
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_port(server, f"{host}:{port}", cfg.tls)
     if not bound:
         raise Unavailable(f"--listen: cannot bind {host}:{port}")
     server.start()

@@ -35,6 +35,7 @@ from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
+from pathprobe.tls import add_port
 from pathprobe.v1 import llm_pb2
 
 log = logging.getLogger("pathprobe.gateway")
@@ -132,7 +133,7 @@ class Reencoder:
         try:
             body = self._decode(raw, ent, spans, False)
             up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
-                               timeout, spans)
+                               timeout, spans, self.cfg.upstream_scheme)
             try:
                 data = await up.resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -184,7 +185,7 @@ class Reencoder:
         try:
             body = self._decode(raw, ent, spans, True)
             up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
-                               timeout, spans)
+                               timeout, spans, self.cfg.upstream_scheme)
             if up.resp.status != 200:
                 data = await up.resp.read()
                 ent.upstream = now_ms() - up.t0
@@ -281,15 +282,15 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
     r = Reencoder(cfg, pool, metrics, tracing)
 
     async def main() -> None:
-        r.session = make_session(cfg.pool_size)
+        r.session = make_session(cfg.pool_size, cfg.upstream_tls_files)
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
                                           ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 1)])
         server.add_generic_rpc_handlers((_Handler(r),))
-        bound = server.add_insecure_port(f"{cfg.listen_host}:{cfg.listen_port}")
+        bound = add_port(server, f"{cfg.listen_host}:{cfg.listen_port}", cfg.tls)
         if not bound:
             raise Unavailable(f"--listen: cannot bind {cfg.listen}")
         await server.start()
-        print(f"pathprobe gateway: reencode listening on {cfg.listen_host}:{bound} -> HTTP {pool.names()}",
+        print(f"pathprobe gateway: reencode listening on {cfg.listen_host}:{bound} -> {cfg.upstream_scheme.upper()} {pool.names()}",
               flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

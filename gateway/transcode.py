@@ -33,6 +33,7 @@ from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.passthrough import connect_failure
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles, grpc_channel
 from pathprobe.v1 import llm_pb2
 
 log = logging.getLogger("pathprobe.gateway")
@@ -46,8 +47,8 @@ SSE_DONE = b"data: [DONE]\n\n"
 class _Clients:
     __slots__ = ("channel", "stream", "unary")
 
-    def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])
+    def __init__(self, target: str, tls: TlsFiles | None = None) -> None:
+        self.channel = grpc_channel(target, tls, [("grpc.max_receive_message_length", -1)], aio=True)
         self.unary = self.channel.unary_unary(GENERATE)
         self.stream = self.channel.unary_stream(GENERATE_STREAM)
 
@@ -66,7 +67,7 @@ class Transcoder:
 
     def start_clients(self) -> None:
         for u in self.pool.upstreams:
-            u.client = _Clients(u.target)
+            u.client = _Clients(u.target, self.cfg.upstream_tls_files)
 
     async def close(self) -> None:
         for u in self.pool.upstreams:
@@ -303,7 +304,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
         app.router.add_route("*", "/{tail:.*}", tc.not_found)
         return app
 
-    return run_aiohttp(factory, cfg.listen_host, cfg.listen_port, f"transcode -> gRPC {pool.names()}",
+    return run_aiohttp(factory, cfg, f"transcode -> gRPC{'s' if cfg.upstream_tls_files else ''} {pool.names()}",
                        tc.close)
 
 

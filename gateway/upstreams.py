@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pathprobe.errors import Unavailable
+from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -106,13 +107,15 @@ class Pool:
 # ---------------------------------------------------------------------------------- health
 
 
-def check_grpc(target: str, channels: dict[str, Any], timeout: float) -> tuple[bool, str]:
+def check_grpc(target: str, channels: dict[str, Any], timeout: float, tls: TlsFiles | None = None) -> tuple[bool, str]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from pathprobe.tls import grpc_channel
+
     ch = channels.get(target)
     if ch is None:
-        ch = channels[target] = grpc.insecure_channel(target)
+        ch = channels[target] = grpc_channel(target, tls)
     try:
         resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
     except grpc.RpcError as exc:
@@ -121,9 +124,10 @@ def check_grpc(target: str, channels: dict[str, Any], timeout: float) -> tuple[b
     return ok, "" if ok else f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}"
 
 
-def check_http(target: str, timeout: float, path: str = "/healthz") -> tuple[bool, str]:
+def check_http(target: str, timeout: float, path: str = "/healthz", ssl_ctx: Any = None) -> tuple[bool, str]:
     host, _, port = target.rpartition(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    conn = (http.client.HTTPSConnection(host, int(port), timeout=timeout, context=ssl_ctx) if ssl_ctx is not None
+            else http.client.HTTPConnection(host, int(port), timeout=timeout))
     try:
         conn.request("GET", path)
         resp = conn.getresponse()
@@ -138,8 +142,11 @@ def check_http(target: str, timeout: float, path: str = "/healthz") -> tuple[boo
 class HealthChecker:
     """Checks every upstream every ``interval`` seconds on a daemon thread."""
 
-    def __init__(self, pool: Pool, interval: float = 1.0, timeout: float = 1.0, fall: int = 1) -> None:
+    def __init__(self, pool: Pool, interval: float = 1.0, timeout: float = 1.0, fall: int = 1,
+                 tls: TlsFiles | None = None) -> None:
         self.pool = pool
+        self.tls = tls
+        self._ssl_ctx = tls.client_context() if tls is not None else None
         self.interval = interval
         self.timeout = timeout
         self.fall = max(1, fall)
@@ -150,9 +157,9 @@ class HealthChecker:
     def check_once(self) -> None:
         for u in self.pool.upstreams:
             if u.kind == "grpc":
-                ok, why = check_grpc(u.target, self._channels, self.timeout)
+                ok, why = check_grpc(u.target, self._channels, self.timeout, self.tls)
             else:
-                ok, why = check_http(u.target, self.timeout)
+                ok, why = check_http(u.target, self.timeout, ssl_ctx=self._ssl_ctx)
             if ok:
                 u.mark(True)
             else:

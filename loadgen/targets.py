@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from pathprobe import timing
 from pathprobe.errors import ConfigError
+from pathprobe.tls import TlsFiles
 
 pc = time.perf_counter_ns
 
@@ -97,17 +98,21 @@ class Target:
 class GrpcTarget(Target):
     kind = "grpc"
 
-    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 60.0, tls: TlsFiles | None = None,
+                 api_key: str = "") -> None:
+        """``tls``: a grpcs:// target (TlsFiles() verifies against the system CAs)."""
         import grpc
 
+        from pathprobe.tls import grpc_channel
         from pathprobe.v1 import llm_pb2
 
         self._grpc = grpc
         self._pb = llm_pb2
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)]
+        self._auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self.channel = grpc_channel(
+            address, tls, [("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)]
         )
         self._unary = self.channel.unary_unary("/pathprobe.v1.LLM/Generate")
         self._stream = self.channel.unary_stream("/pathprobe.v1.LLM/GenerateStream")
@@ -123,7 +128,7 @@ class GrpcTarget(Target):
             request_id=spec.request_id, model=spec.model,
         ).SerializeToString()
         out.encode_ns = pc() - t0
-        md = tuple(headers.items()) if headers else None
+        md = (tuple(headers.items()) + self._auth if headers else self._auth) or None
         try:
             if spec.stream:
                 self._call_stream(data, md, out)
@@ -179,7 +184,8 @@ class GrpcTarget(Target):
 
 # --- HTTP (native and OpenAI) --------------------------------------------------------------
 class _HttpBase(Target):
-    def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None,
+                 api_key: str = "") -> None:
         from geventhttpclient import HTTPClient
         from geventhttpclient.url import URL
 
@@ -189,10 +195,14 @@ class _HttpBase(Target):
         self.address = base_url
         self.prefix = parts.path.rstrip("/")
         self.timeout_s = timeout_s
+        ssl_kw: dict[str, Any] = {}
+        if parts.scheme == "https" and tls is not None:
+            ssl_kw["ssl_options"] = tls.gevent_ssl_options()
         self.client = HTTPClient.from_url(
             URL(f"{parts.scheme}://{parts.netloc}/"), concurrency=1,
-            connection_timeout=timeout_s, network_timeout=timeout_s,
+            connection_timeout=timeout_s, network_timeout=timeout_s, **ssl_kw,
         )
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
 
@@ -200,7 +210,7 @@ class _HttpBase(Target):
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         body = self._dumps(body_obj).encode()
         out.encode_ns = pc() - t0
-        hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream", **self._auth}
         if headers:
             hdrs.update(headers)
         return self.client.post(self.prefix + path, body=body, headers=hdrs)
@@ -321,8 +331,9 @@ class OpenAITarget(_HttpBase):
 
     kind = "openai"
 
-    def __init__(self, base_url: str, timeout_s: float = 60.0, api: str = "completions") -> None:
-        super().__init__(base_url, timeout_s)
+    def __init__(self, base_url: str, timeout_s: float = 60.0, api: str = "completions",
+                 tls: TlsFiles | None = None, api_key: str = "") -> None:
+        super().__init__(base_url, timeout_s, tls, api_key)
         if api not in ("completions", "chat"):
             raise ConfigError(f"openai-api: expected completions or chat, got {api!r}")
         self.api = api
@@ -337,7 +348,7 @@ class OpenAITarget(_HttpBase):
         if self._model is None:
             self._model = "default"
             try:
-                resp = self.client.get(self.prefix + "/v1/models")
+                resp = self.client.get(self.prefix + "/v1/models", headers=self._auth)
                 body = resp.read()
                 if resp.status_code == 200:
                     data = json.loads(body).get("data") or []
@@ -418,30 +429,31 @@ def _finish_stream(out: Outcome, err: Any) -> None:
 
 # --- host URL -> target ------------------------------------------------------------------
 def parse_host(host: str) -> tuple[str, str]:
-    """``grpc://h:p`` -> ("grpc", "h:p"); ``http://h:p`` -> ("http", url);
-    ``openai+http://h:p`` -> ("openai", "http://h:p")."""
+    """``grpc://h:p`` -> ("grpc", "h:p"); ``grpcs://h:p`` -> ("grpc", "h:p") (TLS); ``http(s)://h:p`` ->
+    ("http", url); ``openai+http(s)://h:p`` -> ("openai", "http(s)://h:p")."""
     if not host:
         raise ConfigError("host: give the target with -H/--host (grpc://, http://, openai+http://)")
     parts = urlsplit(host)
     scheme = parts.scheme.lower()
     if scheme in ("grpc", "grpcs"):
-        if scheme == "grpcs":
-            raise ConfigError("host: grpcs:// (TLS) is not supported yet; use grpc://HOST:PORT")
         if not parts.netloc:
-            raise ConfigError(f"host: expected grpc://HOST:PORT, got {host!r}")
+            raise ConfigError(f"host: expected {scheme}://HOST:PORT, got {host!r}")
         return "grpc", parts.netloc
     if scheme in ("http", "https"):
         return "http", host.rstrip("/")
     if scheme in ("openai+http", "openai+https", "openai"):
         inner = scheme.split("+", 1)[1] if "+" in scheme else "http"
         return "openai", f"{inner}://{parts.netloc}{parts.path}".rstrip("/")
-    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc://, http:// or openai+http://")
+    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc(s)://, http(s):// or openai+http(s)://")
 
 
-def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions") -> Target:
+def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions", tls: TlsFiles | None = None,
+                api_key: str = "") -> Target:
+    """``tls``: CA / client certificate for grpcs:// and https:// (unset: the system CAs)."""
     kind, addr = parse_host(host)
     if kind == "grpc":
-        return GrpcTarget(addr, timeout_s)
+        secure = urlsplit(host).scheme.lower() == "grpcs"
+        return GrpcTarget(addr, timeout_s, (tls or TlsFiles()) if secure else None, api_key)
     if kind == "http":
-        return NativeHttpTarget(addr, timeout_s)
-    return OpenAITarget(addr, timeout_s, openai_api)
+        return NativeHttpTarget(addr, timeout_s, tls, api_key)
+    return OpenAITarget(addr, timeout_s, openai_api, tls, api_key)

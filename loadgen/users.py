@@ -60,7 +60,8 @@ class _LLMMixin:
 
             raise ConfigError(f"host: {type(self).__name__} needs a {self.target_kind} target, got {host!r}")
         self._host = host
-        self.target: Target = make_target(host, self._rt.cfg.timeout_s, self._rt.cfg.openai_api)
+        cfg = self._rt.cfg
+        self.target: Target = make_target(host, cfg.timeout_s, cfg.openai_api, tls=cfg.tls, api_key=cfg.api_key)
 
     def _pp_stop(self) -> None:
         target = getattr(self, "target", None)

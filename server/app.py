@@ -17,6 +17,7 @@ from pathprobe.server.core import ServerState
 from pathprobe.server.grpc_frontend import start_grpc
 from pathprobe.server.http_app import DEFAULT_MAX_BODY, build_app
 from pathprobe.server.metrics import ServerMetrics
+from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.server")
 
@@ -29,6 +30,7 @@ class ServeConfig:
     http_port: int = 8000
     max_body_bytes: int = DEFAULT_MAX_BODY
     traces_file: str | None = None
+    tls: TlsFiles | None = None  # TLS (and mTLS when it has a CA) on both ports
 
 
 async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
@@ -39,14 +41,17 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
     runner = web.AppRunner(build_app(state, config.max_body_bytes), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.http_port)
+        ssl_ctx = config.tls.server_context(alpn=("http/1.1",)) if config.tls else None
+        site = web.TCPSite(runner, config.host, config.http_port, ssl_context=ssl_ctx)
         try:
             await site.start()
         except OSError as exc:
             raise ConfigError(f"--http-port: cannot bind {config.host}:{config.http_port}: {exc.strerror}") from None
-        grpc_server, grpc_port = await start_grpc(state, config.host, config.grpc_port)
-        log.warning("pathprobe serve: engine=%s model=%s grpc=%s:%d http=http://%s:%d", config.engine.kind,
-                    engine.model_name, config.host, grpc_port, config.host, config.http_port)
+        grpc_server, grpc_port = await start_grpc(state, config.host, config.grpc_port, config.tls)
+        scheme = ("grpcs", "https") if config.tls else ("grpc", "http")
+        log.warning("pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d%s", config.engine.kind,
+                    engine.model_name, scheme[0], config.host, grpc_port, scheme[1], config.host, config.http_port,
+                    " (mTLS)" if config.tls and config.tls.mutual else "")
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

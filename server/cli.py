@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="engine-specific option (repeatable), e.g. cuda_graphs=1")
     p.add_argument("--traces-file", default=None, help="also write spans as OTLP JSON lines to this file")
+    t = p.add_argument_group("TLS (both ports; env PATHPROBE_SERVE_TLS_CERT / _KEY / _CA)")
+    t.add_argument("--tls-cert", help="serve gRPC and HTTPS with this certificate chain (PEM)")
+    t.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    t.add_argument("--tls-ca", help="also require client certificates signed by this CA (mTLS)")
     p.set_defaults(func=run)
 
 
@@ -53,6 +57,14 @@ def run(args: argparse.Namespace) -> int:
         decode_ms_per_token=args.decode_ms_per_token, options=options,
     )
     config = ServeConfig(engine=engine, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-                         max_body_bytes=args.max_body_bytes, traces_file=args.traces_file)
+                         max_body_bytes=args.max_body_bytes, traces_file=args.traces_file,
+                         tls=_tls(args))
     asyncio.run(serve(config))
     return 0
+
+
+def _tls(args: argparse.Namespace):  # noqa: ANN202
+    from pathprobe.tls import TlsFiles
+
+    tls = TlsFiles.from_env("PATHPROBE_SERVE_TLS", {"cert": args.tls_cert, "key": args.tls_key, "ca": args.tls_ca})
+    return tls if tls.serving else None

@@ -20,6 +20,7 @@ from pathprobe import timing
 from pathprobe.errors import InvalidArgument, PathprobeError
 from pathprobe.server.core import RequestScope, ServerState, params_from_proto
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles, add_port
 from pathprobe.v1 import llm_pb2
 
 SERVICE = "pathprobe.v1.LLM"
@@ -128,7 +129,8 @@ class LLMService:
         )
 
 
-async def start_grpc(state: ServerState, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+async def start_grpc(state: ServerState, host: str, port: int,
+                     tls: TlsFiles | None = None) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((LLMService(state).handler(),))
     health_servicer = health.aio.HealthServicer()
@@ -136,7 +138,7 @@ async def start_grpc(state: ServerState, host: str, port: int) -> tuple[grpc.aio
     reflection.enable_server_reflection(
         (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_port(server, f"{host}:{port}", tls)
     if bound == 0:
         from pathprobe.errors import ConfigError
 

@@ -261,6 +261,7 @@ def build_report(
             "mode": t.mode,
             "url": p.url,
             "notes": p.notes,
+            "tls_handshake": p.tls_handshake,
             "network": _network_info(cfg.network_for(t)),
             "by_concurrency": {},
         }
@@ -420,6 +421,7 @@ def rerender(out: Path, *, baseline: str | None = None, alpha: float | None = No
         prev = old["targets"].get(t.name, {})
         p = Path_(t, url=prev.get("url", ""), status=prev.get("status", "failed"), reason=prev.get("reason", ""))
         p.notes = prev.get("notes", [])
+        p.tls_handshake = prev.get("tls_handshake")
         p.probe_ms = (prev.get("cold_start") or {}).get("probe_ms")
         paths[t.name] = p
         runs = []

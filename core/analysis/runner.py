@@ -68,9 +68,9 @@ def split_hostport(address: str) -> tuple[str, int]:
     return host.strip("[]") or LOOPBACK, int(port)
 
 
-def url_for(protocol: str, hostport: str) -> str:
-    scheme = {"grpc": "grpc://", "http": "http://", "openai": "openai+http://"}[protocol]
-    return scheme + hostport
+def url_for(protocol: str, hostport: str, tls: bool = False) -> str:
+    scheme = {"grpc": "grpc", "http": "http", "openai": "openai+http"}[protocol]
+    return f"{scheme}{'s' if tls else ''}://{hostport}"
 
 
 def normalize_address(address: str, protocol: str) -> str:
@@ -144,15 +144,20 @@ def _py(*args: str) -> list[str]:
 # ------------------------------------------------------------------ probes
 
 
-def probe_once(url: str, model: str | None = None, timeout: float = 10.0) -> float:
-    """One real 1-token request over ``url``; returns its latency in ms or raises."""
-    t0 = time.perf_counter()
-    if url.startswith("grpc://"):
-        import grpc
+def probe_once(url: str, model: str | None = None, timeout: float = 10.0, tls: Any = None) -> float:
+    """One real 1-token request over ``url``; returns its latency in ms or raises.
+    ``tls``: the client's TlsFiles for grpcs:// / https:// (None: the environment's, else system CAs)."""
+    from pathprobe.tls import TlsFiles, grpc_channel
 
+    secure = url.split("://", 1)[0].endswith("s")
+    if secure and tls is None:
+        tls = TlsFiles.from_env("PATHPROBE_LOAD_TLS", flag="--target")
+    ssl_ctx = tls.client_context() if secure else None
+    t0 = time.perf_counter()
+    if url.startswith(("grpc://", "grpcs://")):
         from pathprobe.v1 import llm_pb2, llm_pb2_grpc
 
-        with grpc.insecure_channel(url[len("grpc://"):]) as ch:
+        with grpc_channel(url.split("://", 1)[1], tls if secure else None) as ch:
             stub = llm_pb2_grpc.LLMStub(ch)
             stub.Generate(llm_pb2.GenerateRequest(prompt="Hello", max_tokens=1, model=model or ""), timeout=timeout)
     else:
@@ -162,7 +167,7 @@ def probe_once(url: str, model: str | None = None, timeout: float = 10.0) -> flo
             base = url[len("openai+"):].rstrip("/")
             path, body = "/v1/completions", {"prompt": "Hello", "max_tokens": 1, "model": model or ""}
             if not model:
-                with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
+                with urllib.request.urlopen(base + "/v1/models", timeout=timeout, context=ssl_ctx) as resp:
                     models = json.loads(resp.read()).get("data") or [{}]
                 body["model"] = models[0].get("id", "")
         else:
@@ -170,12 +175,32 @@ def probe_once(url: str, model: str | None = None, timeout: float = 10.0) -> flo
             path, body = "/v1/generate", {"prompt": "Hello", "max_tokens": 1}
         req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=ssl_ctx) as resp:
             resp.read()
     return (time.perf_counter() - t0) * 1e3
 
 
-def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None) -> float:
+def handshake_ms(hostport: str, tls: Any, n: int = 20) -> tuple[float, float]:
+    """Median TCP connect and TCP connect + TLS handshake times (ms) over ``n`` fresh connections:
+    what a new connection costs, apart from the measured (keep-alive, steady state) requests."""
+    import socket
+    import statistics
+
+    host, port = split_hostport(hostport)
+    ctx = tls.client_context(alpn=("h2", "http/1.1"))
+    tcp, both = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with socket.create_connection((host, port), timeout=5) as sock:
+            t1 = time.perf_counter()
+            with ctx.wrap_socket(sock, server_hostname=host):
+                t2 = time.perf_counter()
+        tcp.append((t1 - t0) * 1e3)
+        both.append((t2 - t0) * 1e3)
+    return statistics.median(tcp), statistics.median(both)
+
+
+def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None, tls: Any = None) -> float:
     """Probe until the path answers a real request; raise with the reason on timeout or exit."""
     deadline = time.monotonic() + timeout
     last = "no answer"
@@ -185,7 +210,7 @@ def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None
             if code is not None:
                 raise PathprobeError(f"{p.name} exited with code {code} while starting: {p.tail()}")
         try:
-            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
+            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())), tls=tls)
         except Exception as exc:  # any failure means: not ready yet
             details = exc.details() if callable(getattr(exc, "details", None)) else None
             text = str(details or exc).strip()
@@ -208,6 +233,8 @@ class Path_:
     reason: str = ""
     probe_ms: float | None = None
     notes: list[str] = field(default_factory=list)
+    tls_handshake: dict[str, float] | None = None
+    tls_ca: str = ""  # the CA the load generator verifies this path's TLS with
 
     @property
     def name(self) -> str:
@@ -236,6 +263,20 @@ class Stack:
         self.server_http = ""
         self.server: Managed | None = None
         self.traces_dir = out / "traces"
+        self._pki: Any = None
+
+    def pki(self) -> Any:
+        """The run's throw-away CA and loopback certificates (made on first use, in the output folder)."""
+        if self._pki is None:
+            from pathprobe.pki import make_pki
+
+            self._pki = make_pki(self.out / "tls", "compare")
+        return self._pki
+
+    def client_tls(self) -> Any:
+        from pathprobe.tls import TlsFiles
+
+        return TlsFiles(ca=str(self.pki().ca))
 
     def _start(self, m: Managed) -> Managed:
         self.procs.append(m.start())
@@ -334,6 +375,9 @@ class Stack:
                                "--upstream", upstream)
                     if self.cfg.tracing:
                         args += ["--traces-file", str(self.traces_dir / f"gateway-{t.name}.jsonl")]
+                    if t.tls:
+                        pki = self.pki()
+                        args += ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
                     args += t.gateway_args
                     p.procs.append(self._start(Managed(t.name, args, self.out / "logs" / f"{t.name}.log")))
                 else:
@@ -346,8 +390,17 @@ class Stack:
                 if net and net.hop == "client":
                     front, m = self.relay(f"{t.name}-client", front, net)
                     p.procs.append(m)
-                p.url = url_for(t.protocol or "grpc", front)
-            p.probe_ms = wait_ready(p.url, 60, [*p.procs, *([self.server] if self.server else [])], t.model)
+                p.url = url_for(t.protocol or "grpc", front, t.tls)
+            client_tls = self.client_tls() if t.tls else None
+            p.probe_ms = wait_ready(p.url, 60, [*p.procs, *([self.server] if self.server else [])], t.model,
+                                    client_tls)
+            if client_tls is not None:
+                p.tls_ca = client_tls.ca or ""
+                tcp, tls_ms = handshake_ms(p.url.split("://", 1)[1], client_tls)
+                p.tls_handshake = {"tcp_connect_ms": tcp, "tcp_plus_tls_ms": tls_ms, "n": 20}
+                p.notes.append(f"TLS on the client hop: a new connection costs {tls_ms:.2f} ms (TCP connect + "
+                               f"handshake, median of 20) vs {tcp:.2f} ms plaintext; measured requests reuse "
+                               "their connections (steady state)")
             p.status = "ok"
         except ConfigError:
             raise
@@ -464,6 +517,8 @@ def run_load(
         args += ["--arrival", L.arrival, "--rate", str(L.rate)]
     if p.target.model:
         args += ["--model", p.target.model]
+    if p.tls_ca:
+        args += ["--target-ca", p.tls_ca]
     if traces_file is not None:
         args += ["--traces-file", str(traces_file)]
     args += L.extra_args
