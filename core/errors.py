@@ -90,6 +90,13 @@ class Cancelled(PathprobeError):
     http_status = 499
 
 
+class Unauthenticated(PathprobeError):
+    """No credential, or one that does not match (the message never echoes it)."""
+
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 401
+
+
 class ConfigError(PathprobeError):
     """A command-line flag or config file is wrong; the message names the key."""
 

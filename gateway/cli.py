@@ -59,6 +59,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pool-size", type=int, help="HTTP upstream keep-alive connections per upstream (default 64)")
     p.add_argument("--traces-file", help="also write spans to this OTLP JSON lines file")
     p.add_argument("--log-level", help="default WARNING")
+    a = p.add_argument_group("auth")
+    a.add_argument("--api-key", metavar="KEY[,KEY...]",
+                   help="require 'authorization: Bearer KEY' (or 'x-api-key') from clients (401 / UNAUTHENTICATED)")
+    a.add_argument("--upstream-api-key", metavar="KEY",
+                   help="send 'authorization: Bearer KEY' upstream instead of the client's credential "
+                        "(default: the client's goes upstream unchanged)")
     t = p.add_argument_group("TLS")
     t.add_argument("--tls-cert", help="serve TLS to clients with this certificate chain (PEM)")
     t.add_argument("--tls-key", help="its private key (PEM)")

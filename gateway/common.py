@@ -48,6 +48,26 @@ def forward_metadata(invocation: Any) -> list[tuple[str, str | bytes]]:
     return [(k, v) for k, v in (invocation or ()) if k[0] != ":" and k not in _DROP_METADATA]
 
 
+_CREDENTIALS = ("authorization", "x-api-key")
+
+
+def upstream_credentials(items: list[tuple[str, Any]], replacement: str | None) -> list[tuple[str, Any]]:
+    """Metadata/headers for the upstream: the client's credential, or ``replacement`` in its place."""
+    if replacement is None:
+        return items
+    return [(k, v) for k, v in items if k.lower() not in _CREDENTIALS] + [("authorization", replacement)]
+
+
+def client_credentials(headers: Any) -> list[tuple[str, str]]:
+    """The credential headers a client sent (to forward upstream unchanged)."""
+    out = []
+    for k in _CREDENTIALS:
+        v = headers.get(k)
+        if v:
+            out.append((k, v))
+    return out
+
+
 def grpc_timeout(time_remaining: float | None) -> float | None:
     """The sync server reports 'no deadline' as ~9.2e18 s; the channel wants None."""
     if time_remaining is None or time_remaining > 1e8:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pathprobe.auth import ApiKeys, bearer, parse_keys
 from pathprobe.errors import ConfigError
 from pathprobe.tls import TlsFiles
 
@@ -52,6 +53,8 @@ ENV: dict[str, str] = {
     "upstream_cert": "PATHPROBE_GATEWAY_UPSTREAM_CERT",
     "upstream_key": "PATHPROBE_GATEWAY_UPSTREAM_KEY",
     "upstream_server_name": "PATHPROBE_GATEWAY_UPSTREAM_SERVER_NAME",
+    "api_key": "PATHPROBE_GATEWAY_API_KEY",
+    "upstream_api_key": "PATHPROBE_GATEWAY_UPSTREAM_API_KEY",
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -112,12 +115,17 @@ class GatewayConfig:
     upstream_cert: str | None = None
     upstream_key: str | None = None
     upstream_server_name: str | None = None
+    # auth: keys clients must present (KEY[,KEY...]); the key sent upstream instead of the client's
+    # (unset: the client's authorization / x-api-key goes upstream unchanged)
+    api_key: str | None = None
+    upstream_api_key: str | None = None
     # derived in __post_init__
     listen_host: str = field(init=False, default="")
     listen_port: int = field(init=False, default=0)
     targets: list[str] = field(init=False, default_factory=list)
     tls: TlsFiles | None = field(init=False, default=None)
     upstream_tls_files: TlsFiles | None = field(init=False, default=None)
+    auth: ApiKeys = field(init=False, default_factory=ApiKeys)
 
     def __post_init__(self) -> None:
         from pathprobe.gateway.common import parse_hostport, parse_upstreams
@@ -135,6 +143,9 @@ class GatewayConfig:
         if self.workers < 1 or self.threads < 1:
             raise ConfigError("--workers/--threads: must be >= 1")
         self._tls()
+        self.auth = ApiKeys(parse_keys(self.api_key, "--api-key"))
+        if self.upstream_api_key is not None and not self.upstream_api_key.strip():
+            raise ConfigError("--upstream-api-key: empty key")
 
     def _tls(self) -> None:
         if self.tls_cert or self.tls_key or self.tls_ca:
@@ -152,6 +163,14 @@ class GatewayConfig:
             if value not in allowed:
                 raise ConfigError(f"--{name.replace('_', '-')}: expected one of {', '.join(allowed)}, "
                                   f"got {value!r}")
+
+    @property
+    def upstream_authorization(self) -> str | None:
+        """The ``authorization`` value sent upstream in place of the client's, if configured."""
+        return bearer(self.upstream_api_key.strip()) if self.upstream_api_key else None
+
+    def __repr__(self) -> str:  # never print keys
+        return f"GatewayConfig(mode={self.mode!r}, listen={self.listen!r}, targets={self.targets!r})"
 
     @property
     def upstream_scheme(self) -> str:

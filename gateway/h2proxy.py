@@ -40,7 +40,8 @@ from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from pathprobe import telemetry, timing
-from pathprobe.errors import Unavailable
+from pathprobe.auth import ApiKeys
+from pathprobe.errors import PathprobeError, Unavailable
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
@@ -124,14 +125,19 @@ class Stream:
 
 class Relay:
     def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, max_body: int,
-                 decode: bool = True, upstream_tls: TlsFiles | None = None) -> None:
+                 decode: bool = True, upstream_tls: TlsFiles | None = None, auth: ApiKeys | None = None,
+                 upstream_authorization: str | None = None) -> None:
         self.pool = pool
+        self.auth = auth or ApiKeys()
+        self.upstream_authorization = upstream_authorization.encode() if upstream_authorization else None
         #: TLS to the upstreams (ALPN h2), and the name their certificates must carry
         self.upstream_ssl = upstream_tls.client_context(alpn=("h2",)) if upstream_tls is not None else None
         self.upstream_server_name = upstream_tls.server_name if upstream_tls is not None else None
         self.metrics = metrics
         self.tracing = tracing
-        self.decode = decode or tracing
+        #: request header blocks decoded and re-encoded (as literals: no HPACK table moves) before forwarding
+        self.rewrite = tracing or bool(self.auth) or self.upstream_authorization is not None
+        self.decode = decode or self.rewrite
         self.tracer = telemetry.get_tracer("pathprobe.gateway") if tracing else None
         self.max_body = max_body
         self.clients: set[ClientConn] = set()
@@ -177,6 +183,7 @@ class ClientConn(asyncio.Protocol):
         self.dead = False
         self.dead_why = ""
         self.dropped_sids: set[int] = set()
+        self.unforwarded: set[int] = set()  # streams refused before the upstream saw them: none of their frames go
         self.finishes: list[tuple[Stream, dict[str, float]]] = []  # acting as a minimal HTTP/2 server that refuses every call
 
     # ---------------------------------------------------------------- connection set-up
@@ -314,6 +321,16 @@ class ClientConn(asyncio.Protocol):
             if end > n:
                 break
             ftype = buf[pos + 3]
+            if self.unforwarded and ftype not in (HEADERS, CONTINUATION) \
+                    and int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF in self.unforwarded:
+                # the upstream never saw this stream: RST_STREAM / WINDOW_UPDATE on it would be a connection error
+                if run < pos:
+                    out.append(bytes(buf[run:pos]))
+                run = end
+                if ftype == DATA and length and self.transport is not None:  # give the client's window back
+                    self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
+                pos = end
+                continue
             if ftype == DATA:
                 sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 st = self.streams.get(sid)
@@ -351,16 +368,18 @@ class ClientConn(asyncio.Protocol):
                 if flags & END_HEADERS and self.c_hdr is not None:
                     hsid, hflags, block = self.c_hdr
                     self.c_hdr = None
-                    if relay.tracing:
-                        # rewrite the whole block (decoded now) with the CLIENT span's traceparent
+                    if relay.rewrite:
+                        # rewrite the whole block (decoded now): key checked, credential replaced,
+                        # the CLIENT span's traceparent
                         if run < pos:
                             out.append(bytes(buf[run:pos]))
                         run = end
-                        out.append(frame(HEADERS, (hflags & END_STREAM) | END_HEADERS, hsid,
-                                         self._traced_block(hsid, bytes(block))))
+                        new = self._rewrite_block(hsid, bytes(block))
+                        if new is not None:
+                            out.append(frame(HEADERS, (hflags & END_STREAM) | END_HEADERS, hsid, new))
                     elif relay.decode:
                         decode_after.append((hsid, bytes(block)))
-                elif relay.tracing:
+                elif relay.rewrite:
                     if run < pos:
                         out.append(bytes(buf[run:pos]))
                     run = end
@@ -402,11 +421,34 @@ class ClientConn(asyncio.Protocol):
                     break
         return headers
 
-    def _traced_block(self, sid: int, block: bytes) -> bytes:
+    def _rewrite_block(self, sid: int, block: bytes) -> bytes | None:
+        """A request header block to forward, or None when the caller's key is refused (the
+        client then gets a trailers-only UNAUTHENTICATED and the upstream never sees the stream)."""
+        relay = self.relay
+        headers = self._decode_request(sid, block)
+        st = self.streams.get(sid)
+        if relay.auth and st is not None:
+            try:
+                relay.auth.check_mapping({k.decode(errors="replace"): v.decode(errors="replace") for k, v in headers})
+            except PathprobeError as exc:
+                self.unforwarded.add(sid)
+                own = self._own(st)
+                if self.transport is not None:
+                    self.transport.write(frame(HEADERS, END_STREAM | END_HEADERS, sid,
+                                               grpc_error_block(16, exc.message, own, True)))
+                self._finish(st, "16", exc.message, own, None, True)
+                return None
+        if relay.upstream_authorization is not None:
+            headers = [(k, v) for k, v in headers if k not in (b"authorization", b"x-api-key")]
+            headers.append((b"authorization", relay.upstream_authorization))
+        if relay.tracing:
+            return self._traced_block(sid, headers)
+        return literal_block(headers)
+
+    def _traced_block(self, sid: int, headers: list[tuple[bytes, bytes]]) -> bytes:
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
-        headers = self._decode_request(sid, block)
         st = self.streams.get(sid)
         carrier = {k.decode(): v.decode() for k, v in headers if k in (b"traceparent", b"tracestate")}
         if st is None:
@@ -598,7 +640,8 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
         for _ in range(1, cfg.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *sys.argv[1:], "--worker-child"]))
     relay = Relay(pool, metrics, tracing, cfg.max_body_bytes, decode=cfg.decode_metadata,
-                  upstream_tls=cfg.upstream_tls_files)
+                  upstream_tls=cfg.upstream_tls_files, auth=cfg.auth,
+                  upstream_authorization=cfg.upstream_authorization)
     ssl_ctx = cfg.tls.server_context(alpn=("h2",)) if cfg.tls else None
 
     async def main() -> None:

@@ -19,12 +19,16 @@ from pathprobe import timing
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
 from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
-from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event
+from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
 from pathprobe.gateway.httpup import body_error, make_session
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
+
+
+#: paths any caller may read through the proxy (the upstream's probes and metrics)
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 
 
 def _req_headers(h: Any) -> dict[str, str]:
@@ -50,6 +54,8 @@ class HttpProxy:
         up = None
         status = 0
         try:
+            if request.path not in OPEN_PATHS:
+                self.cfg.auth.check_mapping(request.headers)
             if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
                                       f"{self.cfg.max_body_bytes}")
@@ -148,8 +154,9 @@ class HttpProxy:
 
 
 async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, spans: Spans) -> Any:
+    headers = dict(upstream_credentials(list(_req_headers(request.headers).items()), proxy.cfg.upstream_authorization))
     return await httpup.request(proxy.session, proxy.pool, request.method, request.path_qs,
-                         _req_headers(request.headers), body, proxy.cfg.timeout, spans,
+                         headers, body, proxy.cfg.timeout, spans,
                                 proxy.cfg.upstream_scheme)
 
 

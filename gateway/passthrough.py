@@ -29,8 +29,9 @@ import grpc
 import grpc.experimental
 
 from pathprobe import telemetry, timing
-from pathprobe.errors import Unavailable
-from pathprobe.gateway.common import forward_metadata, grpc_timeout
+from pathprobe.auth import ApiKeys
+from pathprobe.errors import PathprobeError, Unavailable
+from pathprobe.gateway.common import forward_metadata, grpc_timeout, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
@@ -80,8 +81,11 @@ class _Abort(Exception):
 
 
 class Passthrough(grpc.GenericRpcHandler):
-    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, upstream_tls: TlsFiles | None = None) -> None:
+    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, upstream_tls: TlsFiles | None = None,
+                 auth: ApiKeys | None = None, upstream_authorization: str | None = None) -> None:
         self.pool = pool
+        self.auth = auth or ApiKeys()
+        self.upstream_authorization = upstream_authorization
         self.metrics = metrics
         self.tracing = tracing
         self.tracer = telemetry.get_tracer("pathprobe.gateway") if tracing else None
@@ -115,6 +119,12 @@ class Passthrough(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(self._unary_handler(method, upstream_call))
 
     # -------------------------------------------------------------- shared pieces
+    def _credentials(self, md: list) -> list:
+        """Check the caller's key (raises Unauthenticated); the metadata to send upstream."""
+        if self.auth:
+            self.auth.check_mapping({k: v for k, v in md if isinstance(v, str)})
+        return upstream_credentials(md, self.upstream_authorization)
+
     def _start(self, method: str, ctx: grpc.ServicerContext, md: list, t0: float) -> Any:
         if not self.tracing:
             return None
@@ -249,8 +259,9 @@ class Passthrough(grpc.GenericRpcHandler):
             tr = self._start(method, ctx, md, t0)
             timeout = grpc_timeout(ctx.time_remaining())
             try:
+                md = self._credentials(md)
                 u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
-            except Unavailable as exc:
+            except PathprobeError as exc:
                 return self._fail(ctx, None, exc, None, t0, 0.0, method, tr, None)  # type: ignore[arg-type]
             try:
                 resp = None
@@ -287,8 +298,9 @@ class Passthrough(grpc.GenericRpcHandler):
             tr = self._start(method, ctx, md, t0)
             timeout = grpc_timeout(ctx.time_remaining())
             try:
+                md = self._credentials(md)
                 u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
-            except Unavailable as exc:
+            except PathprobeError as exc:
                 self._fail(ctx, None, exc, None, t0, 0.0, method, tr, None)  # type: ignore[arg-type]
                 return
             try:
@@ -327,7 +339,12 @@ class Passthrough(grpc.GenericRpcHandler):
         def handler(request_iterator: Any, ctx: grpc.ServicerContext) -> Any:
             t0 = now_ms()
             md = forward_metadata(ctx.invocation_metadata())
-            u = pool.acquire()
+            try:
+                md = self._credentials(md)
+                u = pool.acquire()
+            except PathprobeError as exc:
+                self._fail(ctx, None, exc, None, t0, 0.0, method, None, None)  # type: ignore[arg-type]
+                return
             mc = callables.get(u.index)
             if mc is None:
                 mc = callables[u.index] = u.client.stream_stream(method)
@@ -360,7 +377,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *argv, "--worker-child"]))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="gw"),
-        handlers=(Passthrough(pool, metrics, tracing, cfg.upstream_tls_files),),
+        handlers=(Passthrough(pool, metrics, tracing, cfg.upstream_tls_files, cfg.auth, cfg.upstream_authorization),),
         options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
                  ("grpc.max_send_message_length", -1),
                  ("grpc.so_reuseport", 1)],

@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 from pathprobe import timing
 from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http_to_grpc
 from pathprobe.gateway.aio import Spans
-from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout
+from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, upstream_credentials
 from pathprobe.gateway.httpup import body_error, make_session, request
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
@@ -106,8 +106,8 @@ class Reencoder:
 
     def _headers(self, md: list) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
-        for k, v in md:
-            if isinstance(v, str) and (k in ("traceparent", "tracestate") or k.startswith("x-")):
+        for k, v in upstream_credentials(md, self.cfg.upstream_authorization):
+            if isinstance(v, str) and (k in ("traceparent", "tracestate", "authorization") or k.startswith("x-")):
                 h[k] = v
         return h
 
@@ -131,6 +131,7 @@ class Reencoder:
         up = None
         upstream_st = None
         try:
+            self.cfg.auth.check_mapping(dict(md))
             body = self._decode(raw, ent, spans, False)
             up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
                                timeout, spans, self.cfg.upstream_scheme)
@@ -183,6 +184,7 @@ class Reencoder:
         c_dec = c_enc = c_first = 0.0
         n_chunks = 0
         try:
+            self.cfg.auth.check_mapping(dict(md))
             body = self._decode(raw, ent, spans, True)
             up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
                                timeout, spans, self.cfg.upstream_scheme)

@@ -27,7 +27,7 @@ from aiohttp import web
 from pathprobe import jsoncodec, timing
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge, Unavailable
 from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
-from pathprobe.gateway.common import Entries, error_event
+from pathprobe.gateway.common import Entries, client_credentials, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.passthrough import connect_failure
@@ -93,6 +93,8 @@ class Transcoder:
                        "network.protocol.name": "http", "server.port": self.cfg.listen_port,
                        "pathprobe.gateway.mode": "transcode"}, t0)
         try:
+            self.cfg.auth.check_mapping(request.headers)
+            creds = upstream_credentials(client_credentials(request.headers), self.cfg.upstream_authorization)
             if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
                                       f"{self.cfg.max_body_bytes}")
@@ -118,11 +120,12 @@ class Transcoder:
             return json_error(exc.grpc_code, exc.message, status=exc.http_status, param=getattr(exc, "field", None),
                               server_timing=sent)
         if stream:
-            return await self._stream(request, payload, t0, ent, spans, te, enc)
-        return await self._unary(payload, t0, ent, spans, te, enc)
+            return await self._stream(request, payload, t0, ent, spans, te, enc, creds)
+        return await self._unary(payload, t0, ent, spans, te, enc, creds)
 
     # ---------------------------------------------------------------- upstream
-    async def _call(self, kind: str, payload: bytes, spans: Spans) -> tuple[Upstream, Any, Any, float, Any]:
+    async def _call(self, kind: str, payload: bytes, spans: Spans,
+                    creds: list[tuple[str, str]]) -> tuple[Upstream, Any, Any, float, Any]:
         """Start the call; a refused connection fails over to another upstream."""
         tried: tuple[Upstream, ...] = ()
         while True:
@@ -134,7 +137,7 @@ class Transcoder:
             t_up0 = now_ms()
             cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
             mc = u.client.stream if kind == "stream" else u.client.unary
-            call = mc(payload, timeout=self.cfg.timeout, metadata=tuple(carrier.items()) or None)
+            call = mc(payload, timeout=self.cfg.timeout, metadata=(*carrier.items(), *creds) or None)
             if len(self.pool.upstreams) > 1:
                 try:
                     await call.initial_metadata()
@@ -160,9 +163,9 @@ class Transcoder:
         return code, details
 
     async def _unary(self, payload: bytes, t0: float, ent: Entries, spans: Spans, te: float,
-                     enc: float) -> web.Response:
+                     enc: float, creds: list[tuple[str, str]]) -> web.Response:
         try:
-            u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans)
+            u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans, creds)
         except Unavailable as exc:
             return _unavailable(exc, t0, ent, spans)
         spans.child("gw.encode", te, enc)
@@ -202,9 +205,9 @@ class Transcoder:
         return web.Response(body=body, content_type="application/json", headers={timing.HTTP_HEADER: sent})
 
     async def _stream(self, request: web.Request, payload: bytes, t0: float, ent: Entries, spans: Spans,
-                      te: float, enc: float) -> web.StreamResponse:
+                      te: float, enc: float, creds: list[tuple[str, str]]) -> web.StreamResponse:
         try:
-            u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans)
+            u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans, creds)
         except Unavailable as exc:
             return _unavailable(exc, t0, ent, spans)
         spans.child("gw.encode", te, enc)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from pathprobe import telemetry
+from pathprobe.auth import ApiKeys
 from pathprobe.server.engine import EngineConfig, create_engine
 from pathprobe.errors import ConfigError
 from pathprobe.server.core import ServerState
@@ -31,13 +32,14 @@ class ServeConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY
     traces_file: str | None = None
     tls: TlsFiles | None = None  # TLS (and mTLS when it has a CA) on both ports
+    api_keys: tuple[bytes, ...] = ()  # accepted keys; empty: no authentication
 
 
 async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
     provider = telemetry.setup_tracing("pathprobe-server", traces_file=config.traces_file)
     engine = create_engine(config.engine)
     await engine.start()
-    state = ServerState(engine=engine, metrics=ServerMetrics(engine))
+    state = ServerState(engine=engine, metrics=ServerMetrics(engine), auth=ApiKeys(config.api_keys))
     runner = web.AppRunner(build_app(state, config.max_body_bytes), access_log=None)
     await runner.setup()
     try:

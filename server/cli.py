@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="engine-specific option (repeatable), e.g. cuda_graphs=1")
     p.add_argument("--traces-file", default=None, help="also write spans as OTLP JSON lines to this file")
+    p.add_argument("--api-key", default=None, metavar="KEY[,KEY...]",
+                   help="require 'authorization: Bearer KEY' (or 'x-api-key') on every call but health and metrics "
+                        "(401 / UNAUTHENTICATED otherwise; default: $PATHPROBE_SERVE_API_KEY, else none)")
     t = p.add_argument_group("TLS (both ports; env PATHPROBE_SERVE_TLS_CERT / _KEY / _CA)")
     t.add_argument("--tls-cert", help="serve gRPC and HTTPS with this certificate chain (PEM)")
     t.add_argument("--tls-key", help="the certificate's private key (PEM)")
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config = ServeConfig(engine=engine, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                          max_body_bytes=args.max_body_bytes, traces_file=args.traces_file,
-                         tls=_tls(args))
+                         tls=_tls(args), api_keys=_keys(args))
     asyncio.run(serve(config))
     return 0
 
@@ -68,3 +71,14 @@ def _tls(args: argparse.Namespace):  # noqa: ANN202
 
     tls = TlsFiles.from_env("PATHPROBE_SERVE_TLS", {"cert": args.tls_cert, "key": args.tls_key, "ca": args.tls_ca})
     return tls if tls.serving else None
+
+
+ENV_API_KEY = "PATHPROBE_SERVE_API_KEY"
+
+
+def _keys(args: argparse.Namespace) -> tuple[bytes, ...]:
+    import os
+
+    from pathprobe.auth import parse_keys
+
+    return parse_keys(args.api_key if args.api_key is not None else os.environ.get(ENV_API_KEY), "--api-key")

@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pathprobe import telemetry
+from pathprobe.auth import ApiKeys
 from pathprobe.server.engine.base import Engine, GenParams, Generation
 from pathprobe.errors import PathprobeError
 from pathprobe.server.metrics import ServerMetrics
@@ -36,6 +37,7 @@ _ENGINE_SPANS = (
 class ServerState:
     engine: Engine
     metrics: ServerMetrics
+    auth: ApiKeys = field(default_factory=ApiKeys)  # empty: no authentication
 
 
 def params_from_proto(req: llm_pb2.GenerateRequest) -> GenParams:

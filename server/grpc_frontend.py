@@ -65,6 +65,7 @@ class LLMService:
     async def generate(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         scope = self._scope("Generate", context)
         try:
+            self.state.auth.check_mapping(scope.carrier)
             req, ms = _decode(data)
             scope.decoded(ms)
             gen = scope.start(params_from_proto(req))
@@ -91,6 +92,7 @@ class LLMService:
         scope = self._scope("GenerateStream", context)
         gen = None
         try:
+            self.state.auth.check_mapping(scope.carrier)
             req, ms = _decode(data)
             scope.decoded(ms)
             gen = scope.start(params_from_proto(req))

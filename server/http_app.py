@@ -24,9 +24,23 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
+#: paths any caller may read (probes and scrapers carry no key)
+OPEN_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler):  # noqa: ANN001
-    """Unknown paths and wrong methods answer JSON errors like every other failure."""
+    """Unknown paths and wrong methods answer JSON errors like every other failure; with API keys
+    set, every other path needs one (401, counted under route ``http.auth``)."""
+    state = request.app[STATE_KEY]
+    if state.auth and request.path not in OPEN_PATHS:
+        try:
+            state.auth.check_mapping(request.headers)
+        except PathprobeError as exc:
+            state.metrics.observe("http.auth", str(exc.http_status), {})
+            resp = error_response(exc)
+            resp.headers["WWW-Authenticate"] = "Bearer"
+            return resp
     try:
         return await handler(request)
     except web.HTTPNotFound:
@@ -37,7 +51,7 @@ async def json_errors(request: web.Request, handler):  # noqa: ANN001
         return error_response(err)
 
 
-def build_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY) -> web.Application:
+def build_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY) -> web.Application:  # noqa: D103
     app = web.Application(client_max_size=max_body_bytes, middlewares=[json_errors])
     app[STATE_KEY] = state
     app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
