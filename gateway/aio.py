@@ -121,14 +121,15 @@ class Spans:
         self.end_client(self.server, attrs, error, self.t0 if total_ms is not None else None, total_ms)
 
 
-def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], cfg: Any, label: str,
+def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], cfg: Any, pool: Any, label: str,
                 on_cleanup: Callable[[], Awaitable[None]] | None = None) -> int:
-    """Serve an aiohttp app on ``cfg.listen`` (TLS with ``cfg.tls``) until SIGTERM/SIGINT."""
+    """Serve an aiohttp app on ``cfg.listen`` (TLS with ``cfg.tls``) until SIGTERM/SIGINT, then drain:
+    health 503 for ``cfg.drain_delay_s``, listener closed, in-flight calls get ``cfg.drain_grace_s``."""
     host, port = cfg.listen_host, cfg.listen_port
 
     async def main() -> None:
         app = await app_factory()
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=cfg.drain_grace_s)
         await runner.setup()
         ssl_ctx = cfg.tls.server_context(alpn=("http/1.1",)) if cfg.tls else None
         site = web.TCPSite(runner, host, port, reuse_port=True, ssl_context=ssl_ctx)
@@ -140,6 +141,11 @@ def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], cfg: Any,
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        pool.draining = True
+        log.warning("draining: health 503; listener closes in %.1f s, in-flight calls get %.1f s",
+                    cfg.drain_delay_s, cfg.drain_grace_s)
+        if cfg.drain_delay_s > 0:
+            await asyncio.sleep(cfg.drain_delay_s)
         await runner.cleanup()
         if on_cleanup is not None:
             await on_cleanup()

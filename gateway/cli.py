@@ -59,6 +59,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pool-size", type=int, help="HTTP upstream keep-alive connections per upstream (default 64)")
     p.add_argument("--traces-file", help="also write spans to this OTLP JSON lines file")
     p.add_argument("--log-level", help="default WARNING")
+    p.add_argument("--drain-delay-s", type=float, metavar="S",
+                   help="on SIGTERM: seconds health says NOT_SERVING before new calls are refused (default 0)")
+    p.add_argument("--drain-grace-s", type=float, metavar="S",
+                   help="on SIGTERM: seconds in-flight calls get to finish (default 30)")
     a = p.add_argument_group("auth")
     a.add_argument("--api-key", metavar="KEY[,KEY...]",
                    help="require 'authorization: Bearer KEY' (or 'x-api-key') from clients (401 / UNAUTHENTICATED)")

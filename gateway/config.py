@@ -53,6 +53,8 @@ ENV: dict[str, str] = {
     "upstream_cert": "PATHPROBE_GATEWAY_UPSTREAM_CERT",
     "upstream_key": "PATHPROBE_GATEWAY_UPSTREAM_KEY",
     "upstream_server_name": "PATHPROBE_GATEWAY_UPSTREAM_SERVER_NAME",
+    "drain_delay_s": "PATHPROBE_GATEWAY_DRAIN_DELAY_S",
+    "drain_grace_s": "PATHPROBE_GATEWAY_DRAIN_GRACE_S",
     "api_key": "PATHPROBE_GATEWAY_API_KEY",
     "upstream_api_key": "PATHPROBE_GATEWAY_UPSTREAM_API_KEY",
 }
@@ -115,6 +117,10 @@ class GatewayConfig:
     upstream_cert: str | None = None
     upstream_key: str | None = None
     upstream_server_name: str | None = None
+    # SIGTERM: seconds health says NOT_SERVING before the listener closes, then seconds in-flight
+    # calls get to finish
+    drain_delay_s: float = 0.0
+    drain_grace_s: float = 30.0
     # auth: keys clients must present (KEY[,KEY...]); the key sent upstream instead of the client's
     # (unset: the client's authorization / x-api-key goes upstream unchanged)
     api_key: str | None = None
@@ -142,6 +148,8 @@ class GatewayConfig:
             raise ConfigError("--max-body-bytes: must be > 0")
         if self.workers < 1 or self.threads < 1:
             raise ConfigError("--workers/--threads: must be >= 1")
+        if self.drain_delay_s < 0 or self.drain_grace_s < 0:
+            raise ConfigError("--drain-delay-s/--drain-grace-s: must be >= 0")
         self._tls()
         self.auth = ApiKeys(parse_keys(self.api_key, "--api-key"))
         if self.upstream_api_key is not None and not self.upstream_api_key.strip():

@@ -608,6 +608,16 @@ class ClientConn(asyncio.Protocol):
                     s.set_status(Status(StatusCode.ERROR, error or f"grpc-status {code}"))
                 s.end(end_time=telemetry.mono_ms_to_wall_ns(end))
 
+    def goaway(self) -> None:
+        """Tell the client no stream after the ones it opened will be served (graceful drain)."""
+        if self.u_hdr is not None:  # never between the frames of one header block
+            asyncio.get_running_loop().call_later(0.005, self.goaway)
+            return
+        if self.transport is not None and self.preface:
+            self.transport.write(frame(GOAWAY, 0, 0, self.max_sid.to_bytes(4, "big") + (0).to_bytes(4, "big")))
+        if not self.streams and self.transport is not None:
+            self.transport.close()
+
     def upstream_lost(self, exc: Exception | None) -> None:
         """The upstream went away: fail what was in flight, GOAWAY the client, close."""
         u = self.upstream
@@ -634,6 +644,26 @@ class ClientConn(asyncio.Protocol):
             self.up.transport.close()
 
 
+async def drain(relay: Relay, server: asyncio.Server, delay_s: float, grace_s: float) -> None:
+    """SIGTERM: listener closed (after ``delay_s``), GOAWAY to every client naming the last stream
+    it opened (the client sends later calls elsewhere), in-flight streams get ``grace_s``."""
+    relay.pool.draining = True
+    if delay_s > 0:
+        await asyncio.sleep(delay_s)
+    server.close()
+    for c in list(relay.clients):
+        c.goaway()
+    deadline = asyncio.get_running_loop().time() + grace_s
+    while any(c.streams for c in relay.clients) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+    left = sum(len(c.streams) for c in relay.clients)
+    if left:
+        log.warning("drain: %d stream(s) still open after %.1f s; closing", left, grace_s)
+    for c in list(relay.clients):
+        if c.transport is not None:
+            c.transport.close()
+
+
 def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
     children: list[subprocess.Popen] = []
     if cfg.workers > 1 and not cfg.worker_child:
@@ -655,10 +685,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        server.close()
-        for c in list(relay.clients):
-            if c.transport is not None:
-                c.transport.close()
+        await drain(relay, server, cfg.drain_delay_s, cfg.drain_grace_s)
 
     try:
         loop = cfg.loop

@@ -173,4 +173,4 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
         if p.session is not None:
             await p.session.close()
 
-    return run_aiohttp(factory, cfg, f"http-proxy -> {cfg.upstream_scheme.upper()} {pool.names()}", cleanup)
+    return run_aiohttp(factory, cfg, pool, f"http-proxy -> {cfg.upstream_scheme.upper()} {pool.names()}", cleanup)

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent import futures
 from typing import Any
 
@@ -396,9 +397,12 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     done.wait()
+    pool.draining = True
     for c in children:
         c.send_signal(signal.SIGTERM)
-    server.stop(grace=1).wait()
+    if cfg.drain_delay_s > 0:
+        time.sleep(cfg.drain_delay_s)
+    server.stop(grace=cfg.drain_grace_s).wait()  # new calls refused, in-flight ones waited for
     for c in children:
         try:
             c.wait(5)

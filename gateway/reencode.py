@@ -263,7 +263,7 @@ class Reencoder:
     async def health(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         from grpc_health.v1 import health_pb2
 
-        status = (health_pb2.HealthCheckResponse.SERVING if self.pool.any_healthy()
+        status = (health_pb2.HealthCheckResponse.SERVING if self.pool.any_healthy() and not self.pool.draining
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         return health_pb2.HealthCheckResponse(status=status).SerializeToString()
 
@@ -299,7 +299,10 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await server.stop(1)
+        pool.draining = True
+        if cfg.drain_delay_s > 0:
+            await asyncio.sleep(cfg.drain_delay_s)
+        await server.stop(cfg.drain_grace_s)  # new calls refused, in-flight ones waited for
         await r.session.close()
 
     asyncio.run(main())

@@ -76,8 +76,8 @@ class Transcoder:
 
     # ---------------------------------------------------------------- routes
     async def healthz(self, request: web.Request) -> web.Response:
-        ok = self.pool.any_healthy()
-        return web.json_response({"status": "ok" if ok else "unavailable",
+        ok = self.pool.any_healthy() and not self.pool.draining
+        return web.json_response({"status": "draining" if self.pool.draining else "ok" if ok else "unavailable",
                                   "upstreams": {u.target: u.healthy for u in self.pool.upstreams}},
                                  status=200 if ok else 503)
 
@@ -307,7 +307,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
         app.router.add_route("*", "/{tail:.*}", tc.not_found)
         return app
 
-    return run_aiohttp(factory, cfg, f"transcode -> gRPC{'s' if cfg.upstream_tls_files else ''} {pool.names()}",
+    return run_aiohttp(factory, cfg, pool, f"transcode -> gRPC{'s' if cfg.upstream_tls_files else ''} {pool.names()}",
                        tc.close)
 
 

@@ -58,6 +58,8 @@ class Pool:
         self._lock = threading.Lock()
         self._rr = 0
         self._single = self.upstreams[0] if len(self.upstreams) == 1 else None
+        #: the gateway got SIGTERM: its own health answers NOT_SERVING / 503 from now on
+        self.draining = False
 
     def set_on_change(self, fn: Callable[[Upstream], None]) -> None:
         for u in self.upstreams:

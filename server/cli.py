@@ -28,6 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None, metavar="KEY[,KEY...]",
                    help="require 'authorization: Bearer KEY' (or 'x-api-key') on every call but health and metrics "
                         "(401 / UNAUTHENTICATED otherwise; default: $PATHPROBE_SERVE_API_KEY, else none)")
+    p.add_argument("--drain-delay-s", type=float, default=0.0,
+                   help="on SIGTERM: seconds health says NOT_SERVING (and /healthz 503) while new requests are "
+                        "still served, so balancers take the server out first")
+    p.add_argument("--drain-grace-s", type=float, default=30.0,
+                   help="on SIGTERM: seconds in-flight requests get to finish once new ones are refused")
     t = p.add_argument_group("TLS (both ports; env PATHPROBE_SERVE_TLS_CERT / _KEY / _CA)")
     t.add_argument("--tls-cert", help="serve gRPC and HTTPS with this certificate chain (PEM)")
     t.add_argument("--tls-key", help="the certificate's private key (PEM)")
@@ -50,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         if not sep:
             raise ConfigError(f"--engine-option: expected KEY=VALUE, got {item!r}")
         options[key] = value
+    for flag in ("drain_delay_s", "drain_grace_s"):
+        if getattr(args, flag) < 0:
+            raise ConfigError(f"--{flag.replace('_', '-')}: must be >= 0")
     for flag in ("max_batch_size", "max_queue"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be at least 1")
@@ -61,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     )
     config = ServeConfig(engine=engine, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                          max_body_bytes=args.max_body_bytes, traces_file=args.traces_file,
-                         tls=_tls(args), api_keys=_keys(args))
+                         tls=_tls(args), api_keys=_keys(args),
+                         drain_delay_s=args.drain_delay_s, drain_grace_s=args.drain_grace_s)
     asyncio.run(serve(config))
     return 0
 

@@ -38,6 +38,7 @@ class ServerState:
     engine: Engine
     metrics: ServerMetrics
     auth: ApiKeys = field(default_factory=ApiKeys)  # empty: no authentication
+    draining: bool = False  # SIGTERM seen: health says NOT_SERVING, in-flight requests finish
 
 
 def params_from_proto(req: llm_pb2.GenerateRequest) -> GenParams:

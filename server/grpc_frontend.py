@@ -132,7 +132,7 @@ class LLMService:
 
 
 async def start_grpc(state: ServerState, host: str, port: int,
-                     tls: TlsFiles | None = None) -> tuple[grpc.aio.Server, int]:
+                     tls: TlsFiles | None = None) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((LLMService(state).handler(),))
     health_servicer = health.aio.HealthServicer()
@@ -148,4 +148,4 @@ async def start_grpc(state: ServerState, host: str, port: int,
     await server.start()
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, bound
+    return server, bound, health_servicer

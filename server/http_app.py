@@ -14,9 +14,12 @@ DEFAULT_MAX_BODY = 4 * 1024 * 1024
 
 
 async def healthz(request: web.Request) -> web.Response:
-    engine = request.app[STATE_KEY].engine
-    return web.json_response({"status": "ok", "model": engine.model_name, "queue_depth": engine.queue_depth(),
-                              "running": engine.running()})
+    """200 while serving; 503 ``draining`` once SIGTERM is seen (balancers take the server out)."""
+    state = request.app[STATE_KEY]
+    engine = state.engine
+    return web.json_response({"status": "draining" if state.draining else "ok", "model": engine.model_name,
+                              "queue_depth": engine.queue_depth(), "running": engine.running()},
+                             status=503 if state.draining else 200)
 
 
 async def metrics(request: web.Request) -> web.Response:
