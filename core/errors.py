@@ -65,10 +65,18 @@ class Unimplemented(PathprobeError):
 
 
 class ResourceExhausted(PathprobeError):
-    """The engine queue is full (or a body is over the size limit)."""
+    """The engine queue is full (or a body is over the size limit).
+
+    ``retry_after_ms``: when the caller may try again (sent as ``Retry-After`` /
+    ``grpc-retry-pushback-ms``); None for a request that will never fit.
+    """
 
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     http_status = 429
+
+    def __init__(self, message: str, retry_after_ms: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 class PayloadTooLarge(ResourceExhausted):

@@ -13,6 +13,7 @@ import grpc
 from aiohttp import web
 
 from pathprobe import telemetry, timing
+from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, retry_after_header
 from pathprobe.gateway.common import dumps, error_json, http_status_of
 from pathprobe.timing import now_ms
 
@@ -29,10 +30,12 @@ def param_of(message: str) -> str | None:
 
 def json_error(code: grpc.StatusCode, message: str, entries: Mapping[str, float] | None = None,
                upstream_timing: str | None = None, status: int | None = None,
-               param: str | None = None, server_timing: str | None = None) -> web.Response:
+               param: str | None = None, server_timing: str | None = None,
+               retry_after: str | None = None) -> web.Response:
     """Every HTTP error answer of the gateway (the body is :func:`pathprobe.errors.error_json`).
 
     ``server_timing``: the Server-Timing value already made; else upstream's + ``entries``.
+    ``retry_after``: the ``Retry-After`` value (an overload refusal's, ours or the upstream's).
     """
     status = status or http_status_of(code)
     headers = {}
@@ -40,6 +43,8 @@ def json_error(code: grpc.StatusCode, message: str, entries: Mapping[str, float]
         headers[timing.HTTP_HEADER] = server_timing
     elif entries is not None or upstream_timing:
         headers[timing.HTTP_HEADER] = timing.append(upstream_timing, entries or {})
+    if retry_after:
+        headers[RETRY_AFTER] = retry_after
     body = error_json(status, code, message, param if param is not None else param_of(message))
     return web.Response(status=status, body=dumps(body), content_type="application/json", headers=headers)
 
@@ -156,3 +161,16 @@ def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], cfg: Any,
 
 def elapsed(t0: float) -> float:
     return now_ms() - t0
+
+
+def retry_after_of(exc: Any = None, metadata: Any = None) -> str | None:
+    """``Retry-After`` from our own refusal (``retry_after_ms``) or an upstream's gRPC pushback."""
+    ms = getattr(exc, "retry_after_ms", None)
+    if ms is None:
+        for k, v in metadata or ():
+            if k == PUSHBACK_KEY:
+                try:
+                    ms = float(v)
+                except (TypeError, ValueError):
+                    ms = None
+    return retry_after_header(ms) if ms is not None else None

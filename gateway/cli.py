@@ -59,6 +59,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pool-size", type=int, help="HTTP upstream keep-alive connections per upstream (default 64)")
     p.add_argument("--traces-file", help="also write spans to this OTLP JSON lines file")
     p.add_argument("--log-level", help="default WARNING")
+    p.add_argument("--max-inflight", type=int, metavar="N",
+                   help="calls in flight per upstream at most; past it 429 / RESOURCE_EXHAUSTED at once (0 = no cap)")
+    p.add_argument("--retry-after-ms", type=float, metavar="MS",
+                   help="retry hint of such a refusal (Retry-After / grpc-retry-pushback-ms; default 1000)")
     p.add_argument("--drain-delay-s", type=float, metavar="S",
                    help="on SIGTERM: seconds health says NOT_SERVING before new calls are refused (default 0)")
     p.add_argument("--drain-grace-s", type=float, metavar="S",
@@ -108,7 +112,8 @@ def serve(cfg: Any) -> int:
 
     provider = telemetry.setup_tracing("pathprobe-gateway", traces_file=cfg.traces_file,
                                        attributes={"pathprobe.gateway.mode": cfg.mode})
-    pool = Pool(cfg.targets, "http" if cfg.http_upstream else "grpc", cfg.balance)
+    pool = Pool(cfg.targets, "http" if cfg.http_upstream else "grpc", cfg.balance, cfg.max_inflight,
+                cfg.retry_after_ms)
     metrics = Metrics(cfg.mode, pool)
     if cfg.admin_port and not cfg.worker_child:
         metrics.serve(cfg.admin_host or cfg.listen_host, cfg.admin_port)

@@ -53,6 +53,8 @@ ENV: dict[str, str] = {
     "upstream_cert": "PATHPROBE_GATEWAY_UPSTREAM_CERT",
     "upstream_key": "PATHPROBE_GATEWAY_UPSTREAM_KEY",
     "upstream_server_name": "PATHPROBE_GATEWAY_UPSTREAM_SERVER_NAME",
+    "max_inflight": "PATHPROBE_GATEWAY_MAX_INFLIGHT",
+    "retry_after_ms": "PATHPROBE_GATEWAY_RETRY_AFTER_MS",
     "drain_delay_s": "PATHPROBE_GATEWAY_DRAIN_DELAY_S",
     "drain_grace_s": "PATHPROBE_GATEWAY_DRAIN_GRACE_S",
     "api_key": "PATHPROBE_GATEWAY_API_KEY",
@@ -117,6 +119,9 @@ class GatewayConfig:
     upstream_cert: str | None = None
     upstream_key: str | None = None
     upstream_server_name: str | None = None
+    # overload: calls in flight per upstream at most (0: no cap), and the retry hint of a refusal
+    max_inflight: int = 0
+    retry_after_ms: float = 1000.0
     # SIGTERM: seconds health says NOT_SERVING before the listener closes, then seconds in-flight
     # calls get to finish
     drain_delay_s: float = 0.0
@@ -148,6 +153,8 @@ class GatewayConfig:
             raise ConfigError("--max-body-bytes: must be > 0")
         if self.workers < 1 or self.threads < 1:
             raise ConfigError("--workers/--threads: must be >= 1")
+        if self.max_inflight < 0 or self.retry_after_ms < 0:
+            raise ConfigError("--max-inflight/--retry-after-ms: must be >= 0")
         if self.drain_delay_s < 0 or self.drain_grace_s < 0:
             raise ConfigError("--drain-delay-s/--drain-grace-s: must be >= 0")
         self._tls()

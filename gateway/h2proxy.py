@@ -41,6 +41,7 @@ from hpack.exceptions import HPACKError
 
 from pathprobe import telemetry, timing
 from pathprobe.auth import ApiKeys
+from pathprobe.deadline import PUSHBACK_KEY
 from pathprobe.errors import PathprobeError, Unavailable
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
@@ -100,8 +101,10 @@ def fragment(flags: int, payload: bytes) -> tuple[bytes, bytes]:
     return prio, payload[start:end]
 
 
-def grpc_error_block(code: int, message: str, own: dict[str, float], with_status: bool) -> bytes:
+def grpc_error_block(code: int, message: str, own: dict[str, float], with_status: bool,
+                     extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
     h = [(b":status", b"200"), (b"content-type", b"application/grpc")] if with_status else []
+    h += extra or []
     h += [(b"grpc-status", str(code).encode()), (b"grpc-message", quote(message, safe=" :/()=,.;'-_").encode()),
           (timing.METADATA_KEY.encode(), timing.format_entries(own).encode())]
     return literal_block(h)
@@ -136,7 +139,7 @@ class Relay:
         self.metrics = metrics
         self.tracing = tracing
         #: request header blocks decoded and re-encoded (as literals: no HPACK table moves) before forwarding
-        self.rewrite = tracing or bool(self.auth) or self.upstream_authorization is not None
+        self.rewrite = tracing or bool(self.auth) or self.upstream_authorization is not None or bool(pool.max_inflight)
         self.decode = decode or self.rewrite
         self.tracer = telemetry.get_tracer("pathprobe.gateway") if tracing else None
         self.max_body = max_body
@@ -427,16 +430,15 @@ class ClientConn(asyncio.Protocol):
         relay = self.relay
         headers = self._decode_request(sid, block)
         st = self.streams.get(sid)
-        if relay.auth and st is not None:
+        if st is not None:
             try:
-                relay.auth.check_mapping({k.decode(errors="replace"): v.decode(errors="replace") for k, v in headers})
+                if relay.auth:
+                    relay.auth.check_mapping({k.decode(errors="replace"): v.decode(errors="replace")
+                                              for k, v in headers})
+                if self.upstream is not None and relay.pool.over_cap(self.upstream):
+                    raise relay.pool.full()
             except PathprobeError as exc:
-                self.unforwarded.add(sid)
-                own = self._own(st)
-                if self.transport is not None:
-                    self.transport.write(frame(HEADERS, END_STREAM | END_HEADERS, sid,
-                                               grpc_error_block(16, exc.message, own, True)))
-                self._finish(st, "16", exc.message, own, None, True)
+                self._refuse(st, exc)
                 return None
         if relay.upstream_authorization is not None:
             headers = [(k, v) for k, v in headers if k not in (b"authorization", b"x-api-key")]
@@ -444,6 +446,19 @@ class ClientConn(asyncio.Protocol):
         if relay.tracing:
             return self._traced_block(sid, headers)
         return literal_block(headers)
+
+    def _refuse(self, st: Stream, exc: PathprobeError) -> None:
+        """Answer a stream trailers-only (with the retry hint of an overload refusal); the
+        upstream never sees it."""
+        self.unforwarded.add(st.sid)
+        own = self._own(st)
+        code = exc.grpc_code.value[0]
+        retry = getattr(exc, "retry_after_ms", None)
+        extra = [(PUSHBACK_KEY.encode(), str(int(retry)).encode())] if retry is not None else []
+        if self.transport is not None:
+            self.transport.write(frame(HEADERS, END_STREAM | END_HEADERS, st.sid,
+                                       grpc_error_block(code, exc.message, own, True, extra)))
+        self._finish(st, str(code), exc.message, own, None, True)
 
     def _traced_block(self, sid: int, headers: list[tuple[bytes, bytes]]) -> bytes:
         from opentelemetry import trace

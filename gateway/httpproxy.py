@@ -18,7 +18,8 @@ from aiohttp import web
 from pathprobe import timing
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
-from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
+from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
+from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
 from pathprobe.gateway.httpup import body_error, make_session
 from pathprobe.gateway.config import GatewayConfig
@@ -87,7 +88,7 @@ class HttpProxy:
             self.metrics.observe(route, str(exc.http_status), ent.total, up.upstream.target if up else None,
                                  ent.upstream)
             r = json_error(exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status,
-                           param=getattr(exc, "field", None))
+                           param=getattr(exc, "field", None), retry_after=retry_after_of(exc))
             spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total,
                       r.headers.get(timing.HTTP_HEADER))
             return r
@@ -155,8 +156,10 @@ class HttpProxy:
 
 async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, spans: Spans) -> Any:
     headers = dict(upstream_credentials(list(_req_headers(request.headers).items()), proxy.cfg.upstream_authorization))
+    caller = parse_timeout(request.headers.get(TIMEOUT_HEADER))  # forwarded as is; also bounds our wait
+    timeout = min(caller, proxy.cfg.timeout) if caller else proxy.cfg.timeout
     return await httpup.request(proxy.session, proxy.pool, request.method, request.path_qs,
-                         headers, body, proxy.cfg.timeout, spans,
+                         headers, body, timeout, spans,
                                 proxy.cfg.upstream_scheme)
 
 

@@ -31,6 +31,7 @@ import grpc.experimental
 
 from pathprobe import telemetry, timing
 from pathprobe.auth import ApiKeys
+from pathprobe.deadline import PUSHBACK_KEY
 from pathprobe.errors import PathprobeError, Unavailable
 from pathprobe.gateway.common import forward_metadata, grpc_timeout, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
@@ -213,6 +214,9 @@ class Passthrough(grpc.GenericRpcHandler):
         else:
             own = {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}
             md = [(timing.METADATA_KEY, timing.format_entries(own))]
+            retry = getattr(err, "retry_after_ms", None)
+            if retry is not None:  # our own refusal (--max-inflight): the retry hint goes first
+                md.insert(0, (PUSHBACK_KEY, str(int(retry))))
         ctx.set_trailing_metadata(md)
         if self.metrics is not None:
             self.metrics.observe(method, code.name, now_ms() - t0, u.target if u else None, t_up)

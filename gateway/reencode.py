@@ -27,6 +27,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from pathprobe import timing
+from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http_to_grpc
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, upstream_credentials
@@ -54,13 +55,22 @@ def request_to_json(req: llm_pb2.GenerateRequest) -> dict[str, Any]:
 
 
 class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, retry_after_ms: float | None = None) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        self.retry_after_ms = retry_after_ms
 
 
-def _error_of(status: int, body: bytes, target: str) -> _Abort:
+def _retry_ms(value: str | None) -> float | None:
+    """``Retry-After`` seconds (the delay form) as ms; an HTTP date is not used."""
+    try:
+        return float(value) * 1000.0 if value else None
+    except ValueError:
+        return None
+
+
+def _error_of(status: int, body: bytes, target: str, retry_after: str | None = None) -> _Abort:
     try:
         err = json.loads(body)["error"]
         message = err.get("message") or f"HTTP {status}"
@@ -70,7 +80,7 @@ def _error_of(status: int, body: bytes, target: str) -> _Abort:
     code = code or http_to_grpc(status)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         message = f"upstream {target}: {message}"
-    return _Abort(code, message)
+    return _Abort(code, message, _retry_ms(retry_after))
 
 
 class Reencoder:
@@ -104,22 +114,28 @@ class Reencoder:
         spans.child("gw.encode", t1, t2 - t1)
         return body
 
-    def _headers(self, md: list) -> dict[str, str]:
+    def _headers(self, md: list, caller_timeout: float | None = None) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
+        if caller_timeout is not None:  # the caller's remaining time, on to the server (and its engine)
+            h[TIMEOUT_HEADER] = format_timeout(caller_timeout)
         for k, v in upstream_credentials(md, self.cfg.upstream_authorization):
             if isinstance(v, str) and (k in ("traceparent", "tracestate", "authorization") or k.startswith("x-")):
                 h[k] = v
         return h
 
     async def _finish_error(self, ctx: Any, ent: Entries, t0: float, spans: Spans, code: grpc.StatusCode,
-                            details: str, upstream_st: str | None, method: str, target: str | None) -> None:
+                            details: str, upstream_st: str | None, method: str, target: str | None,
+                            retry_after_ms: float | None = None) -> None:
         ent.total = now_ms() - t0
         sent = timing.append(upstream_st, ent.as_dict())
         self.metrics.observe(method, code.name, ent.total, target, ent.upstream)
         if target and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             self.metrics.upstream_error(target, code.name)
         spans.end({"rpc.grpc.status_code": code.value[0]}, details, ent.total, sent)
-        await ctx.abort(code, details, trailing_metadata=((timing.METADATA_KEY, sent),))
+        md: tuple[tuple[str, str], ...] = ((timing.METADATA_KEY, sent),)
+        if retry_after_ms is not None:
+            md += ((PUSHBACK_KEY, str(int(retry_after_ms))),)
+        await ctx.abort(code, details, trailing_metadata=md)
 
     # -------------------------------------------------------------- unary
     async def generate(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
@@ -133,7 +149,8 @@ class Reencoder:
         try:
             self.cfg.auth.check_mapping(dict(md))
             body = self._decode(raw, ent, spans, False)
-            up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
+            up = await request(self.session, self.pool, "POST", "/v1/generate",
+                               self._headers(md, grpc_timeout(ctx.time_remaining())), body,
                                timeout, spans, self.cfg.upstream_scheme)
             try:
                 data = await up.resp.read()
@@ -143,7 +160,7 @@ class Reencoder:
             upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
             Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, None, up.t0, ent.upstream)
             if up.resp.status != 200:
-                raise _error_of(up.resp.status, data, up.upstream.target)
+                raise _error_of(up.resp.status, data, up.upstream.target, up.resp.headers.get(RETRY_AFTER))
             td = now_ms()
             msg = llm_pb2.GenerateResponse()
             json_format.ParseDict(json.loads(data), msg, ignore_unknown_fields=True)
@@ -156,10 +173,10 @@ class Reencoder:
             spans.child("gw.encode", t1, t2 - t1)
         except _Abort as exc:
             await self._finish_error(ctx, ent, t0, spans, exc.code, exc.details, upstream_st, GENERATE,
-                                     up.upstream.target if up else None)
+                                     up.upstream.target if up else None, exc.retry_after_ms)
         except PathprobeError as exc:
             await self._finish_error(ctx, ent, t0, spans, exc.grpc_code, exc.message, upstream_st, GENERATE,
-                                     up.upstream.target if up else None)
+                                     up.upstream.target if up else None, getattr(exc, "retry_after_ms", None))
         finally:
             if up is not None:
                 up.resp.release()
@@ -186,7 +203,8 @@ class Reencoder:
         try:
             self.cfg.auth.check_mapping(dict(md))
             body = self._decode(raw, ent, spans, True)
-            up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
+            up = await request(self.session, self.pool, "POST", "/v1/generate",
+                               self._headers(md, grpc_timeout(ctx.time_remaining())), body,
                                timeout, spans, self.cfg.upstream_scheme)
             if up.resp.status != 200:
                 data = await up.resp.read()
@@ -194,7 +212,7 @@ class Reencoder:
                 upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
                 Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, "error", up.t0,
                                  ent.upstream)
-                raise _error_of(up.resp.status, data, up.upstream.target)
+                raise _error_of(up.resp.status, data, up.upstream.target, up.resp.headers.get(RETRY_AFTER))
             try:
                 async for line in up.resp.content:
                     if not line.startswith(b"data:"):
@@ -235,10 +253,11 @@ class Reencoder:
             ok = True
         except _Abort as exc:
             await self._finish_error(ctx, ent, t0, spans, exc.code, exc.details, upstream_st, GENERATE_STREAM,
-                                     up.upstream.target if up else None)
+                                     up.upstream.target if up else None, exc.retry_after_ms)
         except PathprobeError as exc:
             await self._finish_error(ctx, ent, t0, spans, exc.grpc_code, exc.message, upstream_st,
-                                     GENERATE_STREAM, up.upstream.target if up else None)
+                                     GENERATE_STREAM, up.upstream.target if up else None,
+                                     getattr(exc, "retry_after_ms", None))
         finally:
             if up is not None:
                 if ok:

@@ -25,8 +25,9 @@ import grpc.aio
 from aiohttp import web
 
 from pathprobe import jsoncodec, timing
-from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge, Unavailable
-from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
+from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
+from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
+from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import Entries, client_credentials, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
@@ -95,6 +96,9 @@ class Transcoder:
         try:
             self.cfg.auth.check_mapping(request.headers)
             creds = upstream_credentials(client_credentials(request.headers), self.cfg.upstream_authorization)
+            # the caller's deadline (grpc-timeout header) becomes the upstream call's, capped by --timeout
+            caller = parse_timeout(request.headers.get(TIMEOUT_HEADER))
+            timeout = min(caller, self.cfg.timeout) if caller else self.cfg.timeout
             if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
                                       f"{self.cfg.max_body_bytes}")
@@ -120,12 +124,23 @@ class Transcoder:
             return json_error(exc.grpc_code, exc.message, status=exc.http_status, param=getattr(exc, "field", None),
                               server_timing=sent)
         if stream:
-            return await self._stream(request, payload, t0, ent, spans, te, enc, creds)
-        return await self._unary(payload, t0, ent, spans, te, enc, creds)
+            return await self._stream(request, payload, t0, ent, spans, te, enc, creds, timeout)
+        return await self._unary(payload, t0, ent, spans, te, enc, creds, timeout)
+
+    def _refused(self, exc: PathprobeError, route: str, t0: float, ent: Entries, spans: Spans) -> web.Response:
+        """No upstream taken (none healthy: 503; all at the in-flight cap: 429 + Retry-After), with
+        the gateway's own timing so far; counted like every other answer."""
+        ent.total = now_ms() - t0
+        r = json_error(exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status,
+                       retry_after=retry_after_of(exc))
+        self.metrics.observe(route, str(exc.http_status), ent.total, None, 0)
+        spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total,
+                  r.headers.get(timing.HTTP_HEADER))
+        return r
 
     # ---------------------------------------------------------------- upstream
-    async def _call(self, kind: str, payload: bytes, spans: Spans,
-                    creds: list[tuple[str, str]]) -> tuple[Upstream, Any, Any, float, Any]:
+    async def _call(self, kind: str, payload: bytes, spans: Spans, creds: list[tuple[str, str]],
+                    timeout: float) -> tuple[Upstream, Any, Any, float, Any]:
         """Start the call; a refused connection fails over to another upstream."""
         tried: tuple[Upstream, ...] = ()
         while True:
@@ -137,7 +152,7 @@ class Transcoder:
             t_up0 = now_ms()
             cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
             mc = u.client.stream if kind == "stream" else u.client.unary
-            call = mc(payload, timeout=self.cfg.timeout, metadata=(*carrier.items(), *creds) or None)
+            call = mc(payload, timeout=timeout, metadata=(*carrier.items(), *creds) or None)
             if len(self.pool.upstreams) > 1:
                 try:
                     await call.initial_metadata()
@@ -163,11 +178,11 @@ class Transcoder:
         return code, details
 
     async def _unary(self, payload: bytes, t0: float, ent: Entries, spans: Spans, te: float,
-                     enc: float, creds: list[tuple[str, str]]) -> web.Response:
+                     enc: float, creds: list[tuple[str, str]], timeout: float) -> web.Response:
         try:
-            u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans, creds)
-        except Unavailable as exc:
-            return _unavailable(exc, t0, ent, spans)
+            u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans, creds, timeout)
+        except PathprobeError as exc:  # no healthy upstream, or every one at --max-inflight
+            return self._refused(exc, "POST /v1/generate", t0, ent, spans)
         spans.child("gw.encode", te, enc)
         try:
             try:
@@ -177,7 +192,8 @@ class Transcoder:
                 code, details = self._error(err, u)
                 Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details, t_up0, ent.upstream)
                 ent.total = now_ms() - t0
-                status = json_error(code, details, ent.as_dict(), _upstream_timing(err.trailing_metadata()))
+                status = json_error(code, details, ent.as_dict(), _upstream_timing(err.trailing_metadata()),
+                                    retry_after=retry_after_of(metadata=err.trailing_metadata()))
                 self.metrics.observe("POST /v1/generate", str(status.status), ent.total, u.target, ent.upstream)
                 spans.end({"http.response.status_code": status.status}, details, ent.total,
                           status.headers.get(timing.HTTP_HEADER))
@@ -205,11 +221,11 @@ class Transcoder:
         return web.Response(body=body, content_type="application/json", headers={timing.HTTP_HEADER: sent})
 
     async def _stream(self, request: web.Request, payload: bytes, t0: float, ent: Entries, spans: Spans,
-                      te: float, enc: float, creds: list[tuple[str, str]]) -> web.StreamResponse:
+                      te: float, enc: float, creds: list[tuple[str, str]], timeout: float) -> web.StreamResponse:
         try:
-            u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans, creds)
-        except Unavailable as exc:
-            return _unavailable(exc, t0, ent, spans)
+            u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans, creds, timeout)
+        except PathprobeError as exc:  # no healthy upstream, or every one at --max-inflight
+            return self._refused(exc, "POST /v1/generate stream", t0, ent, spans)
         spans.child("gw.encode", te, enc)
         resp: web.StreamResponse | None = None
         held: dict[str, Any] | None = None
@@ -267,7 +283,8 @@ class Transcoder:
                 upstream_st = _upstream_timing(err.trailing_metadata())
                 status = 200 if resp is not None else 0
                 if resp is None:  # nothing sent yet: a real HTTP error status
-                    r = json_error(code, details, ent.as_dict(), upstream_st)
+                    r = json_error(code, details, ent.as_dict(), upstream_st,
+                                   retry_after=retry_after_of(metadata=err.trailing_metadata()))
                     status = r.status
                     ent.sent = r.headers.get(timing.HTTP_HEADER)
                     return r
@@ -314,9 +331,3 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
 __all__ = ["InvalidArgument", "Transcoder", "serve"]
 
 
-def _unavailable(exc: Unavailable, t0: float, ent: Entries, spans: Spans) -> web.Response:
-    """No healthy upstream: 503 naming it, with the gateway's own timing so far."""
-    ent.total = now_ms() - t0
-    r = json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
-    spans.end({"http.response.status_code": 503}, exc.message, ent.total, r.headers.get(timing.HTTP_HEADER))
-    return r

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pathprobe.errors import Unavailable
+from pathprobe.errors import ResourceExhausted, Unavailable
 from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.gateway")
@@ -51,8 +51,12 @@ class Upstream:
 class Pool:
     """Picks an upstream per call; tracks outstanding calls per upstream."""
 
-    def __init__(self, targets: Iterable[str], kind: str, balance: str = "round-robin") -> None:
+    def __init__(self, targets: Iterable[str], kind: str, balance: str = "round-robin", max_inflight: int = 0,
+                 retry_after_ms: float = 1000.0) -> None:
         self.upstreams = [Upstream(t, kind, i) for i, t in enumerate(targets)]
+        #: calls in flight per upstream at most (0: no cap); past it a call is refused at once
+        self.max_inflight = max_inflight
+        self.retry_after_ms = retry_after_ms
         self.kind = kind
         self.balance = balance
         self._lock = threading.Lock()
@@ -75,12 +79,20 @@ class Pool:
         """Pick an upstream and count the call as outstanding on it (call :meth:`release`)."""
         with self._lock:
             single = self._single
+            cap = self.max_inflight
             if single is not None:
                 if exclude:
                     raise Unavailable(f"upstream {single.target}: unavailable (no other upstream to try)")
+                if cap and single.outstanding >= cap:
+                    raise self.full()
                 single.outstanding += 1
                 return single
             ups = [u for u in self.upstreams if u.healthy and u not in exclude]
+            if cap:
+                open_ = [u for u in ups if u.outstanding < cap]
+                if ups and not open_:
+                    raise self.full()
+                ups = open_
             if not ups:
                 # Health data may be stale: try the others anyway rather than refuse outright.
                 ups = [u for u in self.upstreams if u not in exclude]
@@ -100,6 +112,14 @@ class Pool:
                 u = ups[self._rr % n]
             u.outstanding += 1
             return u
+
+    def full(self) -> ResourceExhausted:
+        return ResourceExhausted(f"every upstream has {self.max_inflight} calls in flight (--max-inflight); "
+                                 "retry later", retry_after_ms=self.retry_after_ms)
+
+    def over_cap(self, u: Upstream) -> bool:
+        """For callers that count first (the h2 relay): is ``u`` past the cap now?"""
+        return bool(self.max_inflight) and u.outstanding > self.max_inflight
 
     def release(self, u: Upstream) -> None:
         with self._lock:

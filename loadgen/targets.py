@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pathprobe import timing
+from pathprobe.deadline import TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import ConfigError
 from pathprobe.tls import TlsFiles
 
@@ -287,6 +288,12 @@ class NativeHttpTarget(_HttpBase):
     """``POST /v1/generate`` (SSE when streaming)."""
 
     kind = "http"
+
+    def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None,
+                 api_key: str = "") -> None:
+        super().__init__(base_url, timeout_s, tls, api_key)
+        # the request's deadline travels with it (as a gRPC client's would): gateway -> server -> engine
+        self._auth = {**self._auth, TIMEOUT_HEADER: format_timeout(timeout_s)}
 
     def route(self, stream: bool) -> str:
         return "http.generate.stream" if stream else "http.generate"

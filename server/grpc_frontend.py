@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pathprobe import timing
+from pathprobe.deadline import PUSHBACK_KEY, deadline_in
 from pathprobe.errors import InvalidArgument, PathprobeError
 from pathprobe.server.core import RequestScope, ServerState, params_from_proto
 from pathprobe.timing import now_ms
@@ -54,13 +55,18 @@ class LLMService:
         self.state = state
 
     def _scope(self, method: str, context: grpc.aio.ServicerContext) -> RequestScope:
-        return RequestScope(self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}",
-                            _attributes(method, context))
+        scope = RequestScope(self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}",
+                             _attributes(method, context))
+        scope.deadline_ms = deadline_in(context.time_remaining())
+        return scope
 
     async def _abort(self, scope: RequestScope, context: grpc.aio.ServicerContext, exc: PathprobeError) -> None:
         entries = scope.finish(exc.grpc_code.name, error=exc)
-        await context.abort(exc.grpc_code, exc.message,
-                            trailing_metadata=((timing.METADATA_KEY, timing.format_entries(entries)),))
+        md: tuple[tuple[str, str], ...] = ((timing.METADATA_KEY, timing.format_entries(entries)),)
+        retry = getattr(exc, "retry_after_ms", None)
+        if retry is not None:
+            md += ((PUSHBACK_KEY, str(int(retry))),)
+        await context.abort(exc.grpc_code, exc.message, trailing_metadata=md)
 
     async def generate(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         scope = self._scope("Generate", context)

@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from pathprobe import jsoncodec, timing
+from pathprobe.deadline import RETRY_AFTER, TIMEOUT_HEADER, retry_after_header
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import RequestScope, ServerState
 from pathprobe.timing import now_ms
@@ -20,7 +21,10 @@ def error_body(exc: PathprobeError) -> dict[str, Any]:
 
 
 def error_response(exc: PathprobeError, entries: dict[str, float] | None = None) -> web.Response:
-    headers = {timing.HTTP_HEADER: timing.format_entries(entries)} if entries else None
+    headers = {timing.HTTP_HEADER: timing.format_entries(entries)} if entries else {}
+    retry = getattr(exc, "retry_after_ms", None)
+    if retry is not None:
+        headers[RETRY_AFTER] = retry_after_header(retry)
     return web.Response(status=exc.http_status, body=jsoncodec.dumps(error_body(exc)),
                         content_type="application/json", headers=headers)
 
@@ -30,6 +34,7 @@ def scope_for(request: web.Request, route: str) -> RequestScope:
         request.app[STATE_KEY], route, dict(request.headers), f"{request.method} {request.path}",
         {"http.request.method": request.method, "url.path": request.path, "network.protocol.name": "http",
          "server.port": request.url.port or 0},
+        timeout_header=request.headers.get(TIMEOUT_HEADER),
     )
 
 
