@@ -576,7 +576,12 @@ class ClientConn(asyncio.Protocol):
             for sid, block, trailers in decode_after:
                 try:
                     headers = self.udec.decode(block, raw=True)
-                except HPACKError:
+                except HPACKError as exc:  # the status stays unknown: counted and logged, not guessed
+                    target = self.upstream.target if self.upstream else "?"
+                    log.warning("upstream %s: cannot decode a %s block of stream %d: %s", target,
+                                "trailer" if trailers else "header", sid, exc)
+                    if self.relay.metrics is not None:
+                        self.relay.metrics.trailer_error(target, type(exc).__name__)
                     continue
                 if trailers:
                     for k, v in headers:

@@ -181,15 +181,23 @@ class Passthrough(grpc.GenericRpcHandler):
             else:
                 span.end()
 
-    def _trailing(self, call: Any, t0: float, t_up: float) -> tuple[list, dict[str, float]]:
-        """Upstream trailing metadata with ``gw.*`` appended to ``server-timing`` (the last item)."""
+    def _trailing(self, call: Any, t0: float, t_up: float, u: Upstream | None = None) -> tuple[list, dict[str, float]]:
+        """Upstream trailing metadata with ``gw.*`` appended to ``server-timing`` (the last item).
+
+        A failure to read the upstream's trailers is logged and counted
+        (``pathprobe_gateway_trailer_errors_total``); the call still gets the gateway's own entries.
+        """
         own = {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}
         out = []
         upstream_st = None
         try:
             tm = call.trailing_metadata() or ()
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - counted and logged, never silent
             tm = ()
+            target = u.target if u is not None else "?"
+            log.warning("upstream %s: cannot read the trailing metadata: %s: %s", target, type(exc).__name__, exc)
+            if self.metrics is not None:
+                self.metrics.trailer_error(target, type(exc).__name__)
         for k, v in tm:
             if k == timing.METADATA_KEY:
                 upstream_st = v if upstream_st is None else f"{upstream_st}, {v}"
@@ -210,7 +218,7 @@ class Passthrough(grpc.GenericRpcHandler):
         if u is not None and code is grpc.StatusCode.UNAVAILABLE and self.metrics is not None:
             self.metrics.upstream_error(u.target, code.name)
         if call is not None:
-            md, own = self._trailing(call, t0, t_up)
+            md, own = self._trailing(call, t0, t_up, u)
         else:
             own = {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}
             md = [(timing.METADATA_KEY, timing.format_entries(own))]
@@ -282,7 +290,7 @@ class Passthrough(grpc.GenericRpcHandler):
                 im = call.initial_metadata()
                 if im:
                     ctx.send_initial_metadata(im)
-                tm, own = self._trailing(call, t0, t_up)
+                tm, own = self._trailing(call, t0, t_up, u)
                 ctx.set_trailing_metadata(tm)
             finally:
                 pool.release(u)
@@ -324,7 +332,7 @@ class Passthrough(grpc.GenericRpcHandler):
                         u.mark(False, err.details() or "")
                     self._fail(ctx, u, err, call, t0, t_up, method, tr, cspan)
                 t_up = now_ms() - t_up0
-                tm, own = self._trailing(call, t0, t_up)
+                tm, own = self._trailing(call, t0, t_up, u)
                 ctx.set_trailing_metadata(tm)
             finally:
                 # a client that went away closes this generator: the upstream call goes too
@@ -362,7 +370,7 @@ class Passthrough(grpc.GenericRpcHandler):
                     yield from call
                 except grpc.RpcError as err:
                     self._fail(ctx, u, err, call, t0, now_ms() - t_up0, method, None, None)
-                tm, _ = self._trailing(call, t0, now_ms() - t_up0)
+                tm, _ = self._trailing(call, t0, now_ms() - t_up0, u)
                 ctx.set_trailing_metadata(tm)
             finally:
                 call.cancel()
