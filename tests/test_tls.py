@@ -193,19 +193,26 @@ targets:
   - {name: passthrough, kind: gateway, mode: passthrough}
   - {name: passthrough-tls, kind: gateway, mode: passthrough, tls: true}
   - {name: transcode-tls, kind: gateway, mode: transcode, tls: true}
+  - {name: direct, kind: direct, protocol: http}
 """)
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(cfg), "--out", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
-    for name, scheme in (("passthrough", "grpc://"), ("passthrough-tls", "grpcs://"), ("transcode-tls", "https://")):
+    for name, scheme in (("passthrough", "grpc://"), ("passthrough-tls", "grpcs://"), ("transcode-tls", "https://"),
+                         ("direct", "http://")):
         t = report["targets"][name]
         assert t["status"] == "ok" and t["url"].startswith(scheme), t
         g = t["by_concurrency"]["2"]
         assert g["ok"] > 0 and g["errors"] == 0
+        # accounting: the server (and the gateway) counted every request the client sent, by status
+        acct = g["accounting"]
+        assert acct["lost"] == 0 and acct["unexplained"] == 0, acct
+        sent = acct["client"]["OK"]
+        assert acct["server"]["OK"] >= sent and ("gateway" in acct) == (name != "direct")
         hs = t["tls_handshake"]
-        if name == "passthrough":
+        if name in ("passthrough", "direct"):
             assert hs is None
         else:
             assert hs["tcp_plus_tls_ms"] > hs["tcp_connect_ms"] > 0 and hs["n"] == 20

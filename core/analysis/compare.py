@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pathprobe.analysis.accounting import merge as accounting_merge
 from pathprobe.analysis.config import CompareConfig
 from pathprobe.analysis.report import (
     add_comparisons,
@@ -30,6 +31,7 @@ from pathprobe.analysis.runner import (
     now_iso,
     prepare_prompts,
     reachable,
+    read_accounting,
     read_client,
     run_load,
     split_hostport,
@@ -187,8 +189,10 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                                  f"{dead.tail()}")
                         continue
                     tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
-                    res = run_load(cfg, p, conc, rnd, cfg.load.duration_s,
-                                   out / "runs" / p.name / f"c{conc}" / f"r{rnd}", tf, prompt_file)
+                    run_dir = out / "runs" / p.name / f"c{conc}" / f"r{rnd}"
+                    before = _scrape(stack, p)
+                    res = run_load(cfg, p, conc, rnd, cfg.load.duration_s, run_dir, tf, prompt_file)
+                    res.accounting = _account(stack, p, before, res, run_dir)
                     results[p.name].append(res)
                     ok = [r for r in res.records if r.get("ok")]
                     failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
@@ -209,7 +213,9 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                         f"{len(failed)} err, p50 {p50}"
                         + (f"  FAILED: {p.reason}" if p.status == "failed" else "")
                         + (f"  CLIENT SATURATED: {res.client.get('reason')}"
-                           if res.client and res.client.get("saturated") else ""))
+                           if res.client and res.client.get("saturated") else "")
+                        + (f"  ACCOUNTING: {res.accounting['unexplained']} unexplained difference(s)"
+                           if res.accounting and res.accounting["unexplained"] else ""))
         if cfg.tracing:
             time.sleep(1.5)  # servers and gateways export spans every 0.5 s
     finally:
@@ -223,6 +229,46 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
             log(f"traces: {report['traces_error']}")
     write_reports(report, results, out, html, primary)
     return report
+
+
+def _metrics_urls(stack: Any, p: Path_) -> dict[str, str]:
+    urls = {}
+    if stack.server_http and p.target.kind != "external":
+        urls["server"] = f"http://{stack.server_http}/metrics"
+    if p.gateway_metrics:
+        urls["gateway"] = p.gateway_metrics
+    return urls
+
+
+def _scrape(stack: Any, p: Path_) -> dict[str, Any]:
+    from pathprobe.analysis import accounting
+
+    return {kind: accounting.scrape(url, kind) for kind, url in _metrics_urls(stack, p).items()}
+
+
+def _account(stack: Any, p: Path_, before: dict[str, Any], res: RunResult, run_dir: Path) -> dict[str, Any] | None:
+    """The run's requests as the server and gateway counted them, set against the records."""
+    from pathprobe.analysis import accounting
+
+    urls = _metrics_urls(stack, p)
+    if not urls:
+        return None
+    if "gateway" in urls:
+        accounting.settle(urls["gateway"], ["pathprobe_gateway_upstream_outstanding"])
+    if "server" in urls:
+        accounting.settle(urls["server"], ["pathprobe_server_running", "pathprobe_server_queue_depth"])
+    after = _scrape(stack, p)
+    delta = {}
+    for kind in urls:
+        if before.get(kind) is None or after.get(kind) is None:
+            return {"error": f"{kind} /metrics unreachable", "unexplained": 0, "differences": []}
+        d = after[kind].copy()
+        d.subtract(before[kind])
+        delta[kind] = +d  # drop zero counts
+    block = accounting.reconcile(res.records, delta.get("server"), delta.get("gateway"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "accounting.json").write_text(json.dumps(block, indent=1), encoding="utf-8")
+    return block
 
 
 def _first_error(records: list[dict[str, Any]]) -> str:
@@ -289,6 +335,9 @@ def build_report(
             client = client_summary({r.round: r.client for r in runs})
             if client is not None:
                 g["client"] = client
+            acct = accounting_merge(r.accounting for r in runs)
+            if acct is not None:
+                g["accounting"] = acct
             entry["by_concurrency"][str(conc)] = g
             if entry["status"] == "ok":
                 samples[t.name][conc] = metric_values([r for r in recs if r.get("ok") and r.get("split")], primary)
@@ -435,7 +484,8 @@ def rerender(out: Path, *, baseline: str | None = None, alpha: float | None = No
                     dur = prev.get("by_concurrency", {}).get(str(conc), {}).get("duration_s")
                     per_run = (dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
                                if dur else cfg.load.duration_s)
-                    runs.append(RunResult(t.name, conc, rnd, d, recs, per_run, client=read_client(d)))
+                    runs.append(RunResult(t.name, conc, rnd, d, recs, per_run, client=read_client(d),
+                                          accounting=read_accounting(d)))
         results[t.name] = runs
     report = build_report(cfg, paths, results, {}, primary, old["meta"].get("started", ""), time.monotonic())
     for name, t in report["targets"].items():  # kept from the run: cold starts, traces, trace checks

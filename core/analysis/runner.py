@@ -235,6 +235,7 @@ class Path_:
     notes: list[str] = field(default_factory=list)
     tls_handshake: dict[str, float] | None = None
     tls_ca: str = ""  # the CA the load generator verifies this path's TLS with
+    gateway_metrics: str = ""  # the gateway's /metrics URL (local mode), for accounting
 
     @property
     def name(self) -> str:
@@ -375,6 +376,10 @@ class Stack:
                                "--upstream", upstream)
                     if self.cfg.tracing:
                         args += ["--traces-file", str(self.traces_dir / f"gateway-{t.name}.jsonl")]
+                    if "--admin-port" not in t.gateway_args:  # its /metrics, for accounting
+                        admin = free_port()
+                        args += ["--admin-port", str(admin), "--admin-host", LOOPBACK]
+                        p.gateway_metrics = f"http://{LOOPBACK}:{admin}/metrics"
                     if t.tls:
                         pki = self.pki()
                         args += ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
@@ -452,6 +457,15 @@ class RunResult:
     #: the load generator's own health in this run (summary.json's ``client`` block): event-loop
     #: lag, CPU, saturated; None for runs written before it existed
     client: dict[str, Any] | None = None
+    #: the run's requests counted at the client, the gateway and the server (accounting.json)
+    accounting: dict[str, Any] | None = None
+
+
+def read_accounting(out_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((out_dir / "accounting.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def read_client(out_dir: Path) -> dict[str, Any] | None:
