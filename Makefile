@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast install stubs bench clean
+.PHONY: demo test test-fast lint install stubs bench clean
 
 # CPU torch first (a plain `torch` requirement would pull a multi-GB CUDA build).
 $(STAMP): pyproject.toml
@@ -24,6 +24,14 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# ruff (lint + format check) and mypy (strict on the core modules; see pyproject.toml).
+# mypy reads a laid-out package tree, since the repository maps folders onto pathprobe.*.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	rm -rf .lint && bench/pkgtree.sh .lint >/dev/null
+	cd .lint && ../$(PY) -m mypy --config-file ../pyproject.toml -p pathprobe
 
 stubs: $(STAMP)
 	rm -rf .stubs && mkdir -p .stubs

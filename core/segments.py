@@ -1,8 +1,20 @@
-"""The segment model: split one request's end-to-end time into five parts.
+"""The segment model: split one request's end-to-end time into six parts.
 
-network + serialization + queueing + inference + other == e2e, exactly, for every
-request. See docs/design.md (the segment model); this module is its only implementation,
-used by the load generator and by trace analysis alike.
+network + serialization + queueing + inference + other + unsplit == e2e, exactly, for
+every request. See docs/design.md (the segment model); this module is its only
+implementation, used by the load generator and by trace analysis alike.
+
+The path is a chain of hops (:class:`pathprobe.timing.Chain`), innermost first: a model
+server (``srv.*``) and any number of forwarding hops (a pathprobe gateway ``gw.*``, or a
+third-party proxy that reports its own prefix). The client measures e2e and its own
+encode/decode; every link between two neighbours is measured as what the outer one saw
+its upstream take minus what the inner one reports as its total.
+
+Nothing is guessed: when the innermost component reports nothing (a third-party server,
+or a forwarder whose upstream is silent), the innermost link's time holds both network
+and that component's work and cannot be split. It is booked as **unsplit**, except a
+transport round trip measured without the application (``network_estimate_ms``: an
+HTTP/2 PING, a TCP connect), which is booked as network and flagged ``network_estimated``.
 """
 
 from __future__ import annotations
@@ -10,8 +22,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-SEGMENTS = ("network", "serialization", "queueing", "inference", "other")
-INFERENCE_PARTS = ("srv.tokenize", "srv.prefill", "srv.decode_steps", "srv.detokenize")
+from pathprobe.timing import SERVER_KIND, Chain, Hop, chain_of
+
+SEGMENTS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
+#: parts of a server's total that are the model's own work (``srv.inference``: a server
+#: that reports one figure for the whole of it, e.g. TGI's ``x-inference-time``)
+INFERENCE_PARTS = ("srv.tokenize", "srv.prefill", "srv.decode_steps", "srv.detokenize", "srv.inference")
+SERIALIZATION_PARTS = ("decode", "encode")
+
+
+@dataclass(frozen=True, slots=True)
+class HopPart:
+    """One reporting hop's own share of the request (ms)."""
+
+    label: str
+    total: float
+    serialization: float
+    other: float  # its time outside serialization, its upstream and (server) queue/inference
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,11 +49,42 @@ class Split:
     queueing: float
     inference: float
     other: float
+    unsplit: float  # time inside a component that reports nothing (never guessed)
     network_hop1: float  # client <-> first hop (gateway, or server when direct)
-    network_hop2: float  # gateway <-> server (0 when direct)
+    network_hop2: float  # every link behind the first hop (0 when direct)
+    links: tuple[float, ...] = ()  # network per link, outermost first (client <-> first hop, ...)
+    hops: tuple[HopPart, ...] = ()  # each reporting hop's own share, outermost first
+    network_estimated: bool = False  # the innermost link's network is a transport round trip
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def _serialization(hop: Hop) -> float:
+    return sum(hop.get(part) for part in SERIALIZATION_PARTS)
+
+
+def _server_part(hop: Hop) -> tuple[HopPart, float, float]:
+    """A server's share and its (queueing, inference)."""
+    queue = hop.get("queue")
+    inference = sum(hop.entries.get(name, 0.0) for name in INFERENCE_PARTS)
+    ser = _serialization(hop)
+    total = hop.get("total")
+    return HopPart(hop.label, total, ser, total - ser - queue - inference), queue, inference
+
+
+def _forwarder_part(hop: Hop) -> HopPart:
+    ser = _serialization(hop)
+    total = hop.get("total")
+    return HopPart(hop.label, total, ser, total - hop.get("upstream") - ser)
+
+
+def _inner_link(time_ms: float, estimate_ms: float | None) -> tuple[float, float]:
+    """(network, unsplit) of a link whose far end reports nothing."""
+    if estimate_ms is None:
+        return 0.0, time_ms
+    net = min(max(estimate_ms, 0.0), max(time_ms, 0.0))
+    return net, time_ms - net
 
 
 def split(
@@ -34,38 +92,66 @@ def split(
     entries: Mapping[str, float],
     client_encode_ms: float = 0.0,
     client_decode_ms: float = 0.0,
+    *,
+    network_estimate_ms: float | None = None,
 ) -> Split:
-    """Split ``e2e_ms`` using the hops' in-band entries (``srv.*``, ``gw.*``).
+    """Split ``e2e_ms`` using the hops' in-band entries.
 
-    Without ``gw.total`` the path is taken as direct (client -> server); a proxy that
-    reports nothing (nginx) then counts as network, which is what it looks like
-    from the client.
+    ``entries`` is a :class:`~pathprobe.timing.Chain` (every hop apart) or a merged
+    ``{name: dur}`` mapping (one server and at most one hop of each other kind).
+    ``network_estimate_ms``: a transport round trip measured on the innermost link, used
+    only where that link ends in a component that reports nothing.
     """
-    g = entries.get
-    srv_total = g("srv.total", 0.0)
-    srv_ser = g("srv.decode", 0.0) + g("srv.encode", 0.0)
-    queue = g("srv.queue", 0.0)
-    inference = sum(g(name, 0.0) for name in INFERENCE_PARTS)
+    chain: Chain = chain_of(entries)
+    hops = [h for h in chain.hops if h.has("total")]
     client_ser = client_encode_ms + client_decode_ms
-    if "gw.total" in entries:
-        gw_total = entries["gw.total"]
-        gw_ser = g("gw.decode", 0.0) + g("gw.encode", 0.0)
-        hop1 = e2e_ms - client_ser - gw_total
-        hop2 = g("gw.upstream", 0.0) - srv_total
-        gw_other = gw_total - g("gw.upstream", 0.0) - gw_ser
+    serialization = client_ser
+    queueing = inference = other = unsplit = 0.0
+    parts: list[HopPart] = []
+    links: list[float] = []
+    estimated = False
+
+    outer_time = e2e_ms - client_ser  # what the client saw its upstream take
+    for i in range(len(hops) - 1, -1, -1):  # outermost first
+        hop = hops[i]
+        links.append(outer_time - hop.get("total"))
+        if hop.kind == SERVER_KIND and i == 0:
+            part, queueing, inference = _server_part(hop)
+            parts.append(part)
+            serialization += part.serialization
+            other += part.other
+            outer_time = 0.0
+            break
+        part = _forwarder_part(hop)
+        parts.append(part)
+        serialization += part.serialization
+        other += part.other
+        if not hop.has("upstream"):  # reports its total only: what it forwarded to is inside it
+            other -= part.other
+            unsplit += part.other
+            parts[-1] = HopPart(part.label, part.total, part.serialization, 0.0)
+            outer_time = 0.0
+            break
+        outer_time = hop.get("upstream")
     else:
-        gw_ser = 0.0
-        hop1 = e2e_ms - client_ser - srv_total
-        hop2 = 0.0
-        gw_other = 0.0
-    srv_other = srv_total - srv_ser - queue - inference
+        # the innermost component reports nothing: the last link is network + its work
+        net, rest = _inner_link(outer_time, network_estimate_ms)
+        estimated = network_estimate_ms is not None
+        links.append(net)
+        unsplit += rest
+
+    network = sum(links)
     return Split(
         e2e=e2e_ms,
-        network=hop1 + hop2,
-        serialization=client_ser + gw_ser + srv_ser,
-        queueing=queue,
+        network=network,
+        serialization=serialization,
+        queueing=queueing,
         inference=inference,
-        other=gw_other + srv_other,
-        network_hop1=hop1,
-        network_hop2=hop2,
+        other=other,
+        unsplit=unsplit,
+        network_hop1=links[0] if links else 0.0,
+        network_hop2=sum(links[1:], 0.0),
+        links=tuple(links),
+        hops=tuple(parts),
+        network_estimated=estimated,
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 #: gRPC trailing-metadata key and HTTP header that carry the entries.
 METADATA_KEY = "server-timing"
@@ -25,6 +27,10 @@ SERVER_ENTRIES = (
     "srv.total",
 )
 GATEWAY_ENTRIES = ("gw.decode", "gw.upstream", "gw.encode", "gw.total")
+#: the entry prefix of a model server's hop
+SERVER_KIND = "srv"
+#: the entry prefix of a pathprobe gateway's hop
+GATEWAY_KIND = "gw"
 
 
 def now_ms() -> float:
@@ -37,30 +43,48 @@ def format_entries(entries: Mapping[str, float]) -> str:
     return ", ".join(f"{name};dur={dur:.3f}" for name, dur in entries.items())
 
 
-def parse(value: str | None) -> dict[str, float]:
-    """Parse a ``Server-Timing`` string; unknown parameters are ignored.
+def _items(value: str | None) -> Iterable[tuple[str, float, str | None]]:
+    """``(name, dur, desc)`` for each entry of a ``Server-Timing`` string, in order.
 
-    Entries without ``dur`` are kept with duration 0. A repeated name keeps the
-    last value (a hop never repeats its own names; forwarding only appends).
+    Entries without ``dur`` (or with an unreadable one) have duration 0; other
+    parameters are ignored. Plain ``name;dur=x`` items take a fast path (2-3x cheaper).
     """
-    out: dict[str, float] = {}
     if not value:
-        return out
+        return
     for item in value.split(","):
+        name, sep, raw = item.partition(";dur=")
+        if sep and ";" not in raw and ";" not in name:
+            try:
+                yield name.strip(), float(raw), None
+                continue
+            except ValueError:
+                pass
         parts = [p.strip() for p in item.split(";")]
         name = parts[0]
         if not name:
             continue
         dur = 0.0
+        desc: str | None = None
         for param in parts[1:]:
-            key, _, raw = param.partition("=")
-            if key.strip().lower() == "dur":
+            key, _, val = param.partition("=")
+            key = key.strip().lower()
+            if key == "dur":
                 try:
-                    dur = float(raw.strip().strip('"'))
+                    dur = float(val.strip().strip('"'))
                 except ValueError:
                     dur = 0.0
-        out[name] = dur
-    return out
+            elif key == "desc":
+                desc = val.strip().strip('"')
+        yield name, dur, desc
+
+
+def parse(value: str | None) -> dict[str, float]:
+    """Parse a ``Server-Timing`` string into ``{name: dur}``.
+
+    A repeated name keeps the last value: for a chain of hops use :func:`parse_chain`,
+    which keeps every hop apart.
+    """
+    return {name: dur for name, dur, _ in _items(value)}
 
 
 def parse_all(values: Iterable[str]) -> dict[str, float]:
@@ -79,13 +103,111 @@ def append(upstream: str | None, own: Mapping[str, float]) -> str:
     return f"{upstream}, {mine}" if mine else upstream
 
 
-def from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, float]:
-    """Entries from gRPC (trailing) metadata."""
+def from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> Chain:
+    """Entries from gRPC (trailing) metadata, hop by hop."""
     values: list[str] = []
     for key, value in metadata or ():
         if key == METADATA_KEY:
             values.append(value.decode() if isinstance(value, bytes) else value)
-    return parse_all(values)
+    return parse_chain(values)
+
+
+def kind_of(name: str) -> str:
+    """``"gw.total"`` -> ``"gw"``: the prefix that names the hop an entry belongs to."""
+    return name.partition(".")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """One reporting hop's entries (full names, e.g. ``gw.upstream``).
+
+    Contract of a reporting hop: ``<kind>.total`` is the time from receiving the request
+    to sending the end of the response; a hop that forwards also reports
+    ``<kind>.upstream`` (the time its upstream took, seen from it); ``<kind>.decode`` and
+    ``<kind>.encode`` are its serialization; the rest of its total is its own overhead.
+    """
+
+    kind: str
+    entries: dict[str, float] = field(default_factory=dict)
+    desc: str | None = None
+
+    def get(self, part: str, default: float = 0.0) -> float:
+        return self.entries.get(f"{self.kind}.{part}", default)
+
+    def has(self, part: str) -> bool:
+        return f"{self.kind}.{part}" in self.entries
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} ({self.desc})" if self.desc else self.kind
+
+    def as_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "desc": self.desc, "entries": dict(self.entries)}
+
+
+class Chain(dict[str, float]):
+    """Every hop's entries merged by name (a repeated name keeps the last hop's value, as
+    :func:`parse` does), plus :attr:`hops`: each hop apart, innermost (the server) first,
+    in the order the hops appended them."""
+
+    __slots__ = ("hops",)
+
+    def __init__(self, hops: Iterable[Hop] = ()) -> None:
+        self.hops: tuple[Hop, ...] = tuple(hops)
+        super().__init__()
+        for hop in self.hops:
+            self.update(hop.entries)
+
+
+def parse_chain(values: str | Iterable[str] | None) -> Chain:
+    """Parse ``Server-Timing`` value(s) that hops appended one after another.
+
+    Consecutive entries with the same prefix form one hop, and ``<prefix>.total`` closes
+    its hop, so two gateways of the same kind (both ``gw.*``) stay apart. A ``desc`` on
+    any of a hop's entries becomes the hop's label.
+    """
+    if values is None:
+        return Chain()
+    if isinstance(values, str):
+        values = (values,)
+    hops: list[Hop] = []
+    cur: dict[str, float] = {}
+    kind = ""
+    desc: str | None = None
+    for value in values:
+        for name, dur, d in _items(value):
+            k = kind_of(name)
+            if cur and k != kind:
+                hops.append(Hop(kind, cur, desc))
+                cur, desc = {}, None
+            kind = k
+            cur[name] = dur
+            desc = d or desc
+            if name.endswith(".total"):
+                hops.append(Hop(kind, cur, desc))
+                cur, desc = {}, None
+    if cur:
+        hops.append(Hop(kind, cur, desc))
+    return Chain(hops)
+
+
+def chain_of(entries: Mapping[str, float]) -> Chain:
+    """``entries`` as a chain: itself when it is one, else grouped by prefix (a merged dict
+    of one server and at most one hop of each other kind, as records before chains were)."""
+    if isinstance(entries, Chain):
+        return entries
+    groups: dict[str, dict[str, float]] = {}
+    for name, dur in entries.items():
+        groups.setdefault(kind_of(name), {})[name] = dur
+    order = sorted(groups, key=lambda k: (k != SERVER_KIND, k == GATEWAY_KIND))
+    return Chain(Hop(k, groups[k]) for k in order)
+
+
+def chain_from_record(hops: Iterable[Mapping[str, Any]] | None, entries: Mapping[str, float]) -> Chain:
+    """A record's chain: its ``hops`` list when it has one, else its merged entries."""
+    if hops:
+        return Chain(Hop(str(h["kind"]), dict(h["entries"]), h.get("desc")) for h in hops)
+    return chain_of(entries)
 
 
 class Stopwatch:

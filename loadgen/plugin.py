@@ -259,7 +259,8 @@ class Tracing:
             span.set_attribute("pathprobe.schedule_lag_ms", round(rec["schedule_lag_ms"], 4))
         if rec["split"]:
             for k, v in rec["split"].items():
-                span.set_attribute(f"pathprobe.split.{k}_ms", round(v, 4))
+                if isinstance(v, float):  # the segments; per-link and per-hop lists stay in the record
+                    span.set_attribute(f"pathprobe.split.{k}_ms", round(v, 4))
         if rec["ttft_ms"] is not None:
             span.set_attribute("pathprobe.ttft_ms", round(rec["ttft_ms"], 4))
         if not rec["ok"]:

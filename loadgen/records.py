@@ -25,6 +25,7 @@ SEGMENT_METRICS = (
     "queueing",
     "inference",
     "other",
+    "unsplit",
     "network_hop1",
     "network_hop2",
 )

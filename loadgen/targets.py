@@ -28,30 +28,13 @@ from pathprobe.tls import TlsFiles
 pc = time.perf_counter_ns
 
 
-def parse_timing(value: str | None) -> dict[str, float]:
-    """``timing.parse`` with a fast path for the plain ``name;dur=x`` items (2-3x cheaper);
-    any other item goes through ``timing.parse`` itself."""
-    out: dict[str, float] = {}
-    if not value:
-        return out
-    for item in value.split(","):
-        name, sep, dur = item.partition(";dur=")
-        if sep and ";" not in dur and ";" not in name:
-            try:
-                out[name.strip()] = float(dur)
-                continue
-            except ValueError:
-                pass
-        out.update(timing.parse(item))
-    return out
+def parse_timing(value: str | None) -> timing.Chain:
+    """Server-Timing entries, hop by hop (:func:`pathprobe.timing.parse_chain`)."""
+    return timing.parse_chain(value)
 
 
-def entries_from_metadata(md: Any) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, value in md or ():
-        if key == timing.METADATA_KEY:
-            out.update(parse_timing(value.decode() if isinstance(value, bytes) else value))
-    return out
+def entries_from_metadata(md: Any) -> timing.Chain:
+    return timing.from_metadata(md)
 
 
 @dataclass(slots=True)
@@ -77,7 +60,7 @@ class Outcome:
     ok: bool = False
     status: str = ""
     error: str | None = None
-    entries: dict[str, float] = field(default_factory=dict)
+    entries: dict[str, float] = field(default_factory=timing.Chain)  # a timing.Chain once filled
     response_bytes: int = 0
 
 
@@ -216,16 +199,9 @@ class _HttpBase(Target):
             hdrs.update(headers)
         return self.client.post(self.prefix + path, body=body, headers=hdrs)
 
-    def _entries_from_header(self, resp: Any) -> dict[str, float]:
+    def _entries_from_header(self, resp: Any) -> timing.Chain:
         value = resp.get("server-timing") if hasattr(resp, "get") else None
-        if value is None:
-            return {}
-        if isinstance(value, list):
-            out: dict[str, float] = {}
-            for v in value:
-                out.update(parse_timing(v))
-            return out
-        return parse_timing(value)
+        return timing.parse_chain(value)  # a str, the header's repeated values, or None
 
     def _error(self, resp: Any, out: Outcome) -> None:
         body = resp.read()

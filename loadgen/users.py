@@ -26,7 +26,7 @@ import gevent  # noqa: E402
 from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 
-from pathprobe import segments  # noqa: E402
+from pathprobe import segments, timing  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
 from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
@@ -165,6 +165,9 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         s = segments.split(e2e, out.entries, enc, dec)
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
+        sp["links"] = list(s.links)
+        sp["hops"] = [{"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other}
+                      for h in s.hops]
     else:
         sp = None
     return {
@@ -185,6 +188,7 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         "tokens_out": out.tokens_out,
         "schedule_lag_ms": lag,
         "entries": out.entries,
+        "hops": [hop.as_dict() for hop in out.entries.hops] if isinstance(out.entries, timing.Chain) else None,
         "split": sp,
         "trace_id": None,
         "user": user,

@@ -10,8 +10,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from aiohttp import web
 
 from pathprobe import telemetry
@@ -27,6 +25,7 @@ from pathprobe.tls import TlsFiles
 log = logging.getLogger("pathprobe.server")
 
 
+
 @dataclass(slots=True)
 class ServeConfig:
     engine: EngineConfig
@@ -35,7 +34,10 @@ class ServeConfig:
     http_port: int = 8000
     max_body_bytes: int = DEFAULT_MAX_BODY
     traces_file: str | None = None
-    tls: TlsFiles | None = None  # TLS (and mTLS when it has a CA) on both ports
+    http_server: str = "aiohttp"  # the HTTP front end: aiohttp or fastapi (FastAPI on uvicorn)
+    #: more HTTP front ends over the same engine: (kind, port), e.g. (("fastapi", 8001),)
+    extra_http: tuple[tuple[str, int], ...] = ()
+    tls: TlsFiles | None = None  # TLS (and mTLS when it has a CA) on every port
     api_keys: tuple[bytes, ...] = ()  # accepted keys; empty: no authentication
     #: on SIGTERM: seconds health says NOT_SERVING while new requests are still taken (so balancers
     #: take the server out first), then seconds in-flight requests get to finish before they are cut
@@ -43,26 +45,90 @@ class ServeConfig:
     drain_grace_s: float = 30.0
 
 
+class _HttpFrontEnd:
+    """Start/stop of the HTTP front end chosen by ``ServeConfig.http_server``."""
+
+    def __init__(self, kind: str, host: str, port: int, max_body_bytes: int, state: ServerState,
+                 tls: TlsFiles | None = None, grace_s: float = 30.0) -> None:
+        self.kind, self.host, self.port, self.max_body_bytes = kind, host, port, max_body_bytes
+        self.state = state
+        self.tls = tls
+        self.grace_s = grace_s
+        self._runner: web.AppRunner | None = None
+        self._uvicorn: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            if self.kind == "fastapi":
+                await self._start_fastapi()
+            else:
+                # cleanup() closes the listener, then waits up to grace_s for in-flight handlers
+                self._runner = web.AppRunner(build_app(self.state, self.max_body_bytes), access_log=None,
+                                             shutdown_timeout=self.grace_s)
+                await self._runner.setup()
+                ssl_ctx = self.tls.server_context(alpn=("http/1.1",)) if self.tls else None
+                await web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_ctx).start()
+        except OSError as exc:
+            raise ConfigError(f"HTTP port ({self.kind}): cannot bind {self.host}:{self.port}: {exc.strerror}") from None
+
+    async def _start_fastapi(self) -> None:
+        import socket
+
+        import uvicorn
+
+        from pathprobe.server.fastapi_app import build_app as build_fastapi
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit it: uvicorn writes a response's head and body apart, and
+        # without it each response waits ~40 ms for the client's delayed ACK (Nagle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((self.host, self.port))  # bind here, so a busy port is a clear error before serving
+        tls = self.tls
+        ssl_kw: dict[str, Any] = {}
+        if tls is not None:
+            import ssl
+
+            ssl_kw = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
+            if tls.ca:
+                ssl_kw.update(ssl_ca_certs=tls.ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+        cfg = uvicorn.Config(build_fastapi(self.state, self.max_body_bytes), log_level="warning", access_log=False,
+                             lifespan="off", http="httptools", loop="none", timeout_graceful_shutdown=self.grace_s,
+                             **ssl_kw)
+        self._uvicorn = uvicorn.Server(cfg)
+        self._uvicorn.install_signal_handlers = lambda: None  # serve() owns SIGINT/SIGTERM
+        self._task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
+        while not self._uvicorn.started:
+            if self._task.done():
+                self._task.result()
+                raise ConfigError("--http-server fastapi: uvicorn stopped before serving")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._uvicorn is not None and self._task is not None:
+            self._uvicorn.should_exit = True
+            with contextlib.suppress(Exception):
+                await self._task
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
 async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
     provider = telemetry.setup_tracing("pathprobe-server", traces_file=config.traces_file)
     engine = create_engine(config.engine)
     await engine.start()
     state = ServerState(engine=engine, metrics=ServerMetrics(engine), auth=ApiKeys(config.api_keys))
-    runner = web.AppRunner(build_app(state, config.max_body_bytes), access_log=None,
-                           shutdown_timeout=config.drain_grace_s)
-    await runner.setup()
+    fronts = [_HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state, config.tls, config.drain_grace_s)
+              for kind, port in ((config.http_server, config.http_port), *config.extra_http)]
     try:
-        ssl_ctx = config.tls.server_context(alpn=("http/1.1",)) if config.tls else None
-        site = web.TCPSite(runner, config.host, config.http_port, ssl_context=ssl_ctx)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise ConfigError(f"--http-port: cannot bind {config.host}:{config.http_port}: {exc.strerror}") from None
+        for front in fronts:
+            await front.start()
         grpc_server, grpc_port, health = await start_grpc(state, config.host, config.grpc_port, config.tls)
         scheme = ("grpcs", "https") if config.tls else ("grpc", "http")
-        log.warning("pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d%s", config.engine.kind,
+        log.warning("pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d (%s)%s", config.engine.kind,
                     engine.model_name, scheme[0], config.host, grpc_port, scheme[1], config.host, config.http_port,
-                    " (mTLS)" if config.tls and config.tls.mutual else "")
+                    config.http_server, " (mTLS)" if config.tls and config.tls.mutual else "")
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -71,26 +137,27 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         if ready is not None:
             ready.set()
         await stop.wait()
-        await drain(config, state, grpc_server, health, runner)
+        await drain(config, state, grpc_server, health, fronts)
     finally:
-        await runner.cleanup()
+        for front in fronts:
+            await front.stop()
         await engine.stop()
         telemetry.shutdown(provider)
 
 
-async def drain(config: ServeConfig, state: ServerState, grpc_server: grpc.aio.Server, health: Any,
-                runner: web.AppRunner) -> None:
+async def drain(config: ServeConfig, state: ServerState, grpc_server: Any, health: Any,
+                fronts: list[_HttpFrontEnd]) -> None:
     """Graceful stop: NOT_SERVING / 503 first, then no new requests, then in-flight ones finish
-    (up to ``drain_grace_s``; what is left after that is cancelled and counted)."""
+    (up to ``drain_grace_s``; what is left after that is cancelled, and counted as such)."""
     t0 = time.monotonic()
     state.draining = True
     await health.enter_graceful_shutdown()  # every service NOT_SERVING, and it stays so
-    running = state.engine.running() + state.engine.queue_depth()
     log.warning("draining: health NOT_SERVING, %d request(s) in the engine; new requests stop in %.1f s, "
-                "in-flight ones get %.1f s", running, config.drain_delay_s, config.drain_grace_s)
+                "in-flight ones get %.1f s", state.engine.running() + state.engine.queue_depth(),
+                config.drain_delay_s, config.drain_grace_s)
     if config.drain_delay_s > 0:
         await asyncio.sleep(config.drain_delay_s)
-    # grpc: new calls refused at once, in-flight ones waited for; aiohttp: listener closed, handlers waited for
-    await asyncio.gather(grpc_server.stop(grace=config.drain_grace_s), runner.cleanup())
-    left = state.engine.running() + state.engine.queue_depth()
-    log.warning("drained in %.2f s (%d request(s) still in the engine)", time.monotonic() - t0, left)
+    # gRPC: new calls refused at once, in-flight ones waited for; HTTP: listeners closed, handlers waited for
+    await asyncio.gather(grpc_server.stop(grace=config.drain_grace_s), *(f.stop() for f in fronts))
+    log.warning("drained in %.2f s (%d request(s) still in the engine)", time.monotonic() - t0,
+                state.engine.running() + state.engine.queue_depth())

@@ -13,6 +13,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--http-server", choices=("aiohttp", "fastapi"), default="aiohttp",
+                   help="HTTP front end: aiohttp (default) or FastAPI on uvicorn; same routes, errors and timing")
+    p.add_argument("--extra-http-server", action="append", default=[], metavar="KIND:PORT",
+                   help="also serve the HTTP API with front end KIND (aiohttp|fastapi) on PORT, over the same "
+                        "engine (repeatable): compare both frameworks side by side")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto")
     p.add_argument("--max-batch-size", type=int, default=8)
@@ -26,14 +31,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="engine-specific option (repeatable), e.g. cuda_graphs=1")
     p.add_argument("--traces-file", default=None, help="also write spans as OTLP JSON lines to this file")
     p.add_argument("--api-key", default=None, metavar="KEY[,KEY...]",
-                   help="require 'authorization: Bearer KEY' (or 'x-api-key') on every call but health and metrics "
-                        "(401 / UNAUTHENTICATED otherwise; default: $PATHPROBE_SERVE_API_KEY, else none)")
+                   help="require 'authorization: Bearer KEY' (or 'x-api-key') on every call but health, metrics "
+                        "and the OpenAPI document (401 / UNAUTHENTICATED otherwise; default: "
+                        "$PATHPROBE_SERVE_API_KEY, else none)")
     p.add_argument("--drain-delay-s", type=float, default=0.0,
                    help="on SIGTERM: seconds health says NOT_SERVING (and /healthz 503) while new requests are "
                         "still served, so balancers take the server out first")
     p.add_argument("--drain-grace-s", type=float, default=30.0,
                    help="on SIGTERM: seconds in-flight requests get to finish once new ones are refused")
-    t = p.add_argument_group("TLS (both ports; env PATHPROBE_SERVE_TLS_CERT / _KEY / _CA)")
+    t = p.add_argument_group("TLS (every port; env PATHPROBE_SERVE_TLS_CERT / _KEY / _CA)")
     t.add_argument("--tls-cert", help="serve gRPC and HTTPS with this certificate chain (PEM)")
     t.add_argument("--tls-key", help="the certificate's private key (PEM)")
     t.add_argument("--tls-ca", help="also require client certificates signed by this CA (mTLS)")
@@ -67,12 +73,21 @@ def run(args: argparse.Namespace) -> int:
         max_context=args.max_context, prefill_ms_per_token=args.prefill_ms_per_token,
         decode_ms_per_token=args.decode_ms_per_token, options=options,
     )
+    extra = []
+    for item in args.extra_http_server:
+        kind, sep, port = item.partition(":")
+        if not sep or kind not in ("aiohttp", "fastapi") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--extra-http-server: expected aiohttp:PORT or fastapi:PORT, got {item!r}")
+        extra.append((kind, int(port)))
     config = ServeConfig(engine=engine, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                          max_body_bytes=args.max_body_bytes, traces_file=args.traces_file,
-                         tls=_tls(args), api_keys=_keys(args),
-                         drain_delay_s=args.drain_delay_s, drain_grace_s=args.drain_grace_s)
+                         http_server=args.http_server, extra_http=tuple(extra), tls=_tls(args),
+                         api_keys=_keys(args), drain_delay_s=args.drain_delay_s, drain_grace_s=args.drain_grace_s)
     asyncio.run(serve(config))
     return 0
+
+
+ENV_API_KEY = "PATHPROBE_SERVE_API_KEY"
 
 
 def _tls(args: argparse.Namespace):  # noqa: ANN202
@@ -80,9 +95,6 @@ def _tls(args: argparse.Namespace):  # noqa: ANN202
 
     tls = TlsFiles.from_env("PATHPROBE_SERVE_TLS", {"cert": args.tls_cert, "key": args.tls_key, "ca": args.tls_ca})
     return tls if tls.serving else None
-
-
-ENV_API_KEY = "PATHPROBE_SERVE_API_KEY"
 
 
 def _keys(args: argparse.Namespace) -> tuple[bytes, ...]:

@@ -1,63 +1,77 @@
-"""The server's HTTP application: native + OpenAI routes, /healthz, /metrics."""
+"""The aiohttp front end (the default): the route table served by aiohttp."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
-from pathprobe.errors import NotFound, PathprobeError
-from pathprobe.server import http_native, openai_api
+from pathprobe.errors import NotFound, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import ServerState
-from pathprobe.server.http_common import STATE_KEY, error_response
-from pathprobe.server.metrics import CONTENT_TYPE
+from pathprobe.server.http_common import SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
+from pathprobe.server.routes import ROUTES, Route, call
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
+STATE_KEY: web.AppKey[ServerState] = web.AppKey("state", ServerState)
 
 
-async def healthz(request: web.Request) -> web.Response:
-    """200 while serving; 503 ``draining`` once SIGTERM is seen (balancers take the server out)."""
-    state = request.app[STATE_KEY]
-    engine = state.engine
-    return web.json_response({"status": "draining" if state.draining else "ok", "model": engine.model_name,
-                              "queue_depth": engine.queue_depth(), "running": engine.running()},
-                             status=503 if state.draining else 200)
+def _response(reply: Reply) -> web.Response:
+    return web.Response(status=reply.status, body=reply.body, headers=reply.headers,
+                        content_type=reply.content_type.split(";")[0], charset=None)
 
 
-async def metrics(request: web.Request) -> web.Response:
-    body = request.app[STATE_KEY].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+async def _read(request: web.Request) -> bytes:
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        size = request.content_length
+        raise PayloadTooLarge(f"body: {size or 'the'} bytes exceed the server's limit (--max-body-bytes)") from None
 
 
-#: paths any caller may read (probes and scrapers carry no key)
-OPEN_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})
+async def _stream(request: web.Request, reply: StreamReply) -> web.StreamResponse:
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    try:
+        async for event in reply.events:
+            await resp.write(event)
+    except (ConnectionResetError, OSError):
+        await reply.events.aclose()  # type: ignore[attr-defined]  (an async generator)
+    return resp
+
+
+def _view(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def view(request: web.Request) -> web.StreamResponse:
+        req = HttpRequest(request.app[STATE_KEY], request.method, request.path, request.headers,
+                          request.url.port or 0, lambda: _read(request))
+        reply = await call(route, req)
+        return await _stream(request, reply) if isinstance(reply, StreamReply) else _response(reply)
+
+    return view
+
+
+async def openapi(request: web.Request) -> web.Response:
+    from pathprobe.server.openapi import document
+
+    return web.json_response(document())
 
 
 @web.middleware
 async def json_errors(request: web.Request, handler):  # noqa: ANN001
-    """Unknown paths and wrong methods answer JSON errors like every other failure; with API keys
-    set, every other path needs one (401, counted under route ``http.auth``)."""
-    state = request.app[STATE_KEY]
-    if state.auth and request.path not in OPEN_PATHS:
-        try:
-            state.auth.check_mapping(request.headers)
-        except PathprobeError as exc:
-            state.metrics.observe("http.auth", str(exc.http_status), {})
-            resp = error_response(exc)
-            resp.headers["WWW-Authenticate"] = "Bearer"
-            return resp
+    """Unknown paths and wrong methods answer JSON errors like every other failure."""
     try:
         return await handler(request)
     except web.HTTPNotFound:
-        return error_response(NotFound(f"path: no route {request.path}"))
+        return _response(error_reply(NotFound(f"path: no route {request.path}")))
     except web.HTTPMethodNotAllowed as exc:
         err = PathprobeError(f"method: {request.method} not allowed on {request.path} (use {', '.join(exc.allowed_methods)})")
         err.http_status = 405
-        return error_response(err)
+        return _response(error_reply(err))
 
 
-def build_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY) -> web.Application:  # noqa: D103
+def build_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes, middlewares=[json_errors])
     app[STATE_KEY] = state
-    app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
-    app.add_routes(http_native.routes())
-    app.add_routes(openai_api.routes())
+    app.add_routes([web.get(r.path, _view(r)) if r.method == "GET" else web.route(r.method, r.path, _view(r))
+                    for r in ROUTES])
+    app.add_routes([web.get("/openapi.json", openapi)])
     return app

@@ -1,50 +1,96 @@
-"""Helpers shared by the native and OpenAI-compatible HTTP routes."""
+"""The HTTP routes' contract with a web framework, and helpers shared by the routes.
+
+Routes (``http_native``, ``openai_api``) never see a framework: they take an
+:class:`HttpRequest` and return a :class:`Reply` (one body) or a :class:`StreamReply`
+(Server-Sent Events). ``http_app`` (aiohttp) and ``fastapi_app`` (FastAPI) adapt them,
+so both front ends answer with the same bodies, errors and timing entries.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
-
-from aiohttp import web
 
 from pathprobe import jsoncodec, timing
 from pathprobe.deadline import RETRY_AFTER, TIMEOUT_HEADER, retry_after_header
-from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
+from pathprobe.errors import PathprobeError
 from pathprobe.server.core import RequestScope, ServerState
 from pathprobe.timing import now_ms
 
-STATE_KEY: web.AppKey[ServerState] = web.AppKey("state", ServerState)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+SSE_DONE = b"data: [DONE]\n\n"
+JSON = "application/json"
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    """What a route needs of an HTTP request, whatever framework received it.
+
+    ``read`` returns the whole body and raises :class:`~pathprobe.errors.PayloadTooLarge`
+    past the server's limit.
+    """
+
+    state: ServerState
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    port: int
+    read: Callable[[], Awaitable[bytes]]
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = JSON
+
+
+@dataclass(slots=True)
+class StreamReply:
+    """An SSE stream. The adapter writes each event; when the client goes away it closes
+    ``events`` (the route then books the request as 499 and frees the engine)."""
+
+    events: AsyncIterator[bytes]
+
+
+Handler = Callable[[HttpRequest], Awaitable["Reply | StreamReply"]]
 
 
 def error_body(exc: PathprobeError) -> dict[str, Any]:
     return exc.to_json()
 
 
-def error_response(exc: PathprobeError, entries: dict[str, float] | None = None) -> web.Response:
-    headers = {timing.HTTP_HEADER: timing.format_entries(entries)} if entries else {}
+def timing_headers(entries: Mapping[str, float] | None) -> dict[str, str]:
+    return {timing.HTTP_HEADER: timing.format_entries(entries)} if entries else {}
+
+
+def error_reply(exc: PathprobeError, entries: Mapping[str, float] | None = None) -> Reply:
+    """The JSON error answer; an overload refusal carries its retry hint (``Retry-After``)."""
+    headers = timing_headers(entries)
     retry = getattr(exc, "retry_after_ms", None)
     if retry is not None:
         headers[RETRY_AFTER] = retry_after_header(retry)
-    return web.Response(status=exc.http_status, body=jsoncodec.dumps(error_body(exc)),
-                        content_type="application/json", headers=headers)
+    return Reply(exc.http_status, jsoncodec.dumps(error_body(exc)), headers)
 
 
-def scope_for(request: web.Request, route: str) -> RequestScope:
+def json_reply(body: bytes, entries: Mapping[str, float]) -> Reply:
+    return Reply(200, body, timing_headers(entries))
+
+
+def scope_for(request: HttpRequest, route: str) -> RequestScope:
     return RequestScope(
-        request.app[STATE_KEY], route, dict(request.headers), f"{request.method} {request.path}",
+        request.state, route, dict(request.headers), f"{request.method} {request.path}",
         {"http.request.method": request.method, "url.path": request.path, "network.protocol.name": "http",
-         "server.port": request.url.port or 0},
+         "server.port": request.port},
         timeout_header=request.headers.get(TIMEOUT_HEADER),
     )
 
 
-async def read_json(request: web.Request, scope: RequestScope) -> dict[str, Any]:
+async def read_json(request: HttpRequest, scope: RequestScope) -> dict[str, Any]:
     """Read and parse the body as a JSON object; the parse time is srv.decode."""
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        size = request.content_length
-        raise PayloadTooLarge(f"body: {size or 'the'} bytes exceed the server's limit (--max-body-bytes)") from None
+    body = await request.read()
     t0 = now_ms()
     obj = jsoncodec.loads_object(body)
     scope.decoded(now_ms() - t0)
@@ -63,13 +109,3 @@ def sse_event(scope: RequestScope, obj: Any) -> bytes:
     out = b"data: " + jsoncodec.dumps(obj) + b"\n\n"
     scope.encoded(now_ms() - t0)
     return out
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-def require_type(obj: dict[str, Any], key: str, types: tuple[type, ...], what: str) -> Any:
-    value = obj.get(key)
-    if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
-        raise InvalidArgument(key, f"must be {what}, got {type(value).__name__}")
-    return value

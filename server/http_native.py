@@ -1,18 +1,21 @@
-"""Native HTTP/JSON routes: ``POST /v1/generate`` (SSE with ``stream: true``)."""
+"""Native HTTP/JSON route: ``POST /v1/generate`` (SSE with ``stream: true``)."""
 
 from __future__ import annotations
 
-from aiohttp import web
+from collections.abc import AsyncIterator
 
 from pathprobe import jsoncodec, timing
 from pathprobe.errors import PathprobeError
-from pathprobe.server.core import params_from_proto
+from pathprobe.server.core import RequestScope, params_from_proto
+from pathprobe.server.engine.base import Generation
 from pathprobe.server.http_common import (
     SSE_DONE,
-    SSE_HEADERS,
-    STATE_KEY,
+    HttpRequest,
+    Reply,
+    StreamReply,
     error_body,
-    error_response,
+    error_reply,
+    json_reply,
     read_json,
     scope_for,
     sse_event,
@@ -21,7 +24,7 @@ from pathprobe.timing import now_ms
 from pathprobe.v1 import llm_pb2
 
 
-async def generate(request: web.Request) -> web.StreamResponse:
+async def generate(request: HttpRequest) -> Reply | StreamReply:
     scope = scope_for(request, "http.generate")
     try:
         obj = await read_json(request, scope)
@@ -33,26 +36,22 @@ async def generate(request: web.Request) -> web.StreamResponse:
             scope.route = "http.generate.stream"
         gen = scope.start(params_from_proto(req))
         if stream:
-            return await _stream(request, scope, gen, req)
+            return StreamReply(_events(scope, gen, req))
         text, ids = await gen.collect()
         t0 = now_ms()
         resp = llm_pb2.GenerateResponse(
             text=text, token_ids=ids, finish_reason=gen.finish_reason or "",
             usage=llm_pb2.Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens),
-            request_id=req.request_id, model=request.app[STATE_KEY].engine.model_name,
+            request_id=req.request_id, model=request.state.engine.model_name,
         )
         body = jsoncodec.dumps(jsoncodec.to_dict(resp))
         scope.encoded(now_ms() - t0)
     except PathprobeError as exc:
-        return error_response(exc, scope.finish(str(exc.http_status), error=exc))
-    entries = scope.finish("200")
-    return web.Response(body=body, content_type="application/json",
-                        headers={timing.HTTP_HEADER: timing.format_entries(entries)})
+        return error_reply(exc, scope.finish(str(exc.http_status), error=exc))
+    return json_reply(body, scope.finish("200"))
 
 
-async def _stream(request, scope, gen, req) -> web.StreamResponse:  # noqa: ANN001
-    resp = web.StreamResponse(headers=SSE_HEADERS)
-    await resp.prepare(request)
+async def _events(scope: RequestScope, gen: Generation, req: llm_pb2.GenerateRequest) -> AsyncIterator[bytes]:
     index = 0
     try:
         async for ev in gen:
@@ -63,21 +62,17 @@ async def _stream(request, scope, gen, req) -> web.StreamResponse:  # noqa: ANN0
                 chunk["usage"] = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens}
                 entries = scope.entries()
                 chunk["server_timing"] = timing.format_entries(entries)
-                await resp.write(sse_event(scope, chunk))
+                yield sse_event(scope, chunk)
                 scope.finish("200", entries)
             else:
-                await resp.write(sse_event(scope, chunk))
-        await resp.write(SSE_DONE)
+                yield sse_event(scope, chunk)
+        yield SSE_DONE
     except PathprobeError as exc:
         entries = scope.finish(str(exc.http_status), error=exc)
         err = {**error_body(exc), "server_timing": timing.format_entries(entries)}
-        await resp.write(b"data: " + jsoncodec.dumps(err) + b"\n\n")
-    except (ConnectionResetError, OSError):
-        scope.finish("499")  # client went away
+        yield b"data: " + jsoncodec.dumps(err) + b"\n\n"
+    except GeneratorExit:
+        scope.finish("499")  # the client went away
+        raise
     finally:
         gen.close()
-    return resp
-
-
-def routes() -> list[web.RouteDef]:
-    return [web.post("/v1/generate", generate)]

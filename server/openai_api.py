@@ -10,22 +10,25 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from pathprobe import timing
+from pathprobe import jsoncodec, timing
 from pathprobe.server.engine.base import GenParams
 from pathprobe.errors import InvalidArgument, PathprobeError
 from pathprobe.server.core import RequestScope
+from pathprobe.server.engine.base import Generation
 from pathprobe.server.http_common import (
     SSE_DONE,
-    SSE_HEADERS,
-    STATE_KEY,
+    HttpRequest,
+    Reply,
+    StreamReply,
     encode_json,
     error_body,
-    error_response,
+    error_reply,
+    json_reply,
     read_json,
     scope_for,
     sse_event,
@@ -100,7 +103,7 @@ def _text_of(content: str | list[dict[str, Any]]) -> str:
     return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
+async def completions(request: HttpRequest) -> Reply | StreamReply:
     scope = scope_for(request, "openai.completions")
     try:
         obj = await read_json(request, scope)
@@ -118,35 +121,35 @@ async def completions(request: web.Request) -> web.StreamResponse:
         scope.decoded(now_ms() - t0)
         return await _respond(request, scope, params, body, chat=False)
     except PathprobeError as exc:
-        return error_response(exc, scope.finish(str(exc.http_status), error=exc))
+        return error_reply(exc, scope.finish(str(exc.http_status), error=exc))
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+async def chat_completions(request: HttpRequest) -> Reply | StreamReply:
     scope = scope_for(request, "openai.chat")
     try:
         obj = await read_json(request, scope)
         t0 = now_ms()
         body = _validate(ChatRequest, obj)
         messages = [{"role": m.role, "content": _text_of(m.content)} for m in body.messages]
-        tokenizer = request.app[STATE_KEY].engine.tokenizer
+        tokenizer = request.state.engine.tokenizer
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         params = _params(body, body.max_completion_tokens or body.max_tokens, prompt, None)
         scope.decoded(now_ms() - t0)
         return await _respond(request, scope, params, body, chat=True)
     except PathprobeError as exc:
-        return error_response(exc, scope.finish(str(exc.http_status), error=exc))
+        return error_reply(exc, scope.finish(str(exc.http_status), error=exc))
 
 
-async def _respond(request: web.Request, scope: RequestScope, params: GenParams, body: _Common,
-                   chat: bool) -> web.StreamResponse:
-    model = request.app[STATE_KEY].engine.model_name
+async def _respond(request: HttpRequest, scope: RequestScope, params: GenParams, body: _Common,
+                   chat: bool) -> Reply | StreamReply:
+    model = request.state.engine.model_name
     if body.stream:
         scope.route += ".stream"
     gen = scope.start(params)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     if body.stream:
-        return await _stream(request, scope, gen, body, rid, created, model, chat)
+        return StreamReply(_events(scope, gen, body, rid, created, model, chat))
     text, _ = await gen.collect()
     usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
              "total_tokens": gen.prompt_tokens + gen.completion_tokens}
@@ -160,14 +163,11 @@ async def _respond(request: web.Request, scope: RequestScope, params: GenParams,
         obj = {"id": rid, "object": "text_completion", "created": created, "model": model,
                "choices": [choice], "usage": usage}
     out = encode_json(scope, obj)
-    entries = scope.finish("200")
-    return web.Response(body=out, content_type="application/json",
-                        headers={timing.HTTP_HEADER: timing.format_entries(entries)})
+    return json_reply(out, scope.finish("200"))
 
 
-async def _stream(request, scope, gen, body, rid, created, model, chat) -> web.StreamResponse:  # noqa: ANN001, PLR0913
-    resp = web.StreamResponse(headers=SSE_HEADERS)
-    await resp.prepare(request)
+async def _events(scope: RequestScope, gen: Generation, body: _Common, rid: str, created: int, model: str,  # noqa: PLR0913
+                  chat: bool) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk" if chat else "text_completion"
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     first = True
@@ -186,38 +186,30 @@ async def _stream(request, scope, gen, body, rid, created, model, chat) -> web.S
             if ev.finish_reason and not include_usage:
                 entries = scope.entries()
                 chunk["server_timing"] = timing.format_entries(entries)
-                await resp.write(sse_event(scope, chunk))
+                yield sse_event(scope, chunk)
                 scope.finish("200", entries)
             else:
-                await resp.write(sse_event(scope, chunk))
+                yield sse_event(scope, chunk)
         if include_usage:
             usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
                      "total_tokens": gen.prompt_tokens + gen.completion_tokens}
             entries = scope.entries()
             chunk = {"id": rid, "object": kind, "created": created, "model": model, "choices": [],
                      "usage": usage, "server_timing": timing.format_entries(entries)}
-            await resp.write(sse_event(scope, chunk))
+            yield sse_event(scope, chunk)
             scope.finish("200", entries)
-        await resp.write(SSE_DONE)
+        yield SSE_DONE
     except PathprobeError as exc:
         entries = scope.finish(str(exc.http_status), error=exc)
-        await resp.write(sse_event(scope, {**error_body(exc), "server_timing": timing.format_entries(entries)}))
-    except (ConnectionResetError, OSError):
-        scope.finish("499")
+        yield sse_event(scope, {**error_body(exc), "server_timing": timing.format_entries(entries)})
+    except GeneratorExit:
+        scope.finish("499")  # the client went away
+        raise
     finally:
         gen.close()
-    return resp
 
 
-async def models(request: web.Request) -> web.Response:
-    name = request.app[STATE_KEY].engine.model_name
-    return web.json_response({"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "pathprobe"}]})
-
-
-def routes() -> list[web.RouteDef]:
-    return [
-        web.post("/v1/completions", completions),
-        web.post("/v1/chat/completions", chat_completions),
-        web.get("/v1/models", models),
-    ]
+async def models(request: HttpRequest) -> Reply:
+    name = request.state.engine.model_name
+    return Reply(200, jsoncodec.dumps({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "pathprobe"}]}))

@@ -17,9 +17,11 @@ import pytest
 from pathprobe.analysis import traces as tr
 from pathprobe.analysis.records import agreement, read_records, within
 from pathprobe.analysis.tracesplit import split_trace
+from pathprobe.segments import SEGMENTS
 from tests.support.procs import Proc, Server, free_port, wait_grpc
 
 SERVER_SIDE = ("serialization", "queueing", "inference")
+SEGMENTS_AND_HOPS = ("e2e", *SEGMENTS, "network_hop1", "network_hop2")
 
 
 def _load(tmp: Path, host: str, name: str) -> Path:
@@ -140,8 +142,9 @@ def test_written_trace_opens_as_jaeger_json_and_reads_back(run, tmp_path):
     for f in written:
         (back,) = tr.group_traces(tr.read_spans([f])).values()
         a, b = split_trace(back).split.as_dict(), split_trace(original[back.trace_id]).split.as_dict()
-        for k in a:
+        for k in SEGMENTS_AND_HOPS:
             assert abs(a[k] - b[k]) < 0.01, k
+        assert a["links"] == pytest.approx(b["links"], abs=0.01)
     # OTLP output too, readable by the same reader
     res = _analyze(*files, "--write-trace", "slowest:1", "--out", str(tmp_path / "o"), "--format", "otlp")
     (f,) = (tmp_path / "o").glob("*.json")

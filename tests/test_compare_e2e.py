@@ -17,7 +17,7 @@ from tests.support.procs import Server
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-ALL = ("direct-grpc", "direct-http", "passthrough", "transcode", "reencode", "http-proxy", "nginx")
+ALL = ("direct-grpc", "direct-http", "direct-http-fastapi", "passthrough", "transcode", "reencode", "http-proxy", "nginx")
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ def _records(rng, n, base_ms, stream, rnd, conc, fail=0):
             "itl_ms": list(rng.gamma(4, 0.25, 15)) if stream else [], "tpot_ms": 0.3 if stream else None,
             "tokens_in": 64, "tokens_out": 16, "schedule_lag_ms": 0.0, "entries": {},
             "split": {"e2e": e2e, "network": net, "serialization": ser, "queueing": q, "inference": inf,
-                      "other": other, "network_hop1": net, "network_hop2": 0.0} if ok else None,
+                      "other": other, "unsplit": 0.0, "network_hop1": net, "network_hop2": 0.0} if ok else None,
             "trace_id": f"{rnd:04x}{conc:04x}{i:024x}", "_round": rnd, "_concurrency": conc,
         })
     return out

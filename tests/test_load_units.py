@@ -56,7 +56,7 @@ def test_recycled_histogram_is_as_good_as_a_fresh_one():
 
 def _rec(route: str, ok: bool, e2e: float, status: str = "OK") -> dict:
     split = {"e2e": e2e, "network": e2e / 2, "serialization": 0.1, "queueing": 0.0,
-             "inference": e2e / 2 - 0.1, "other": 0.0, "network_hop1": e2e / 2, "network_hop2": 0.0}
+             "inference": e2e / 2 - 0.1, "other": 0.0, "unsplit": 0.0, "network_hop1": e2e / 2, "network_hop2": 0.0}
     return {"ts": 1.0, "route": route, "ok": ok, "status": status, "e2e_ms": e2e, "latency_ms": e2e,
             "client_encode_ms": 0.01, "client_decode_ms": 0.02, "schedule_lag_ms": 0.0,
             "split": split if ok else None, "ttft_ms": None, "itl_ms": [], "tpot_ms": None}

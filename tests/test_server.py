@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,7 +46,8 @@ def test_grpc_stream_matches_unary(synthetic_server: Server) -> None:
     assert_complete_split(entries)
 
 
-def test_http_native_unary_and_sse(synthetic_server: Server) -> None:
+def test_http_native_unary_and_sse(http_server: Server) -> None:
+    synthetic_server = http_server
     url = f"{synthetic_server.http_url}/v1/generate"
     status, headers, body = http_post(url, {"prompt": "hello", "max_tokens": 6})
     assert status == 200
@@ -65,7 +67,8 @@ def test_http_native_unary_and_sse(synthetic_server: Server) -> None:
     assert_complete_split(timing.parse(chunks[-1]["server_timing"]))
 
 
-def test_openai_client_completions_and_chat(synthetic_server: Server) -> None:
+def test_openai_client_completions_and_chat(http_server: Server) -> None:
+    synthetic_server = http_server
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{synthetic_server.http_url}/v1", api_key="none")
     models = client.models.list()
@@ -184,7 +187,8 @@ BAD_HTTP = [
 
 
 @pytest.mark.parametrize(("path", "raw", "field"), BAD_HTTP)
-def test_http_bad_input(synthetic_server: Server, path: str, raw: bytes, field: str) -> None:
+def test_http_bad_input(http_server: Server, path: str, raw: bytes, field: str) -> None:
+    synthetic_server = http_server
     status, _, body = http_post(synthetic_server.http_url + path, None, raw=raw)
     assert status == 400, body
     err = json.loads(body)["error"]
@@ -194,21 +198,25 @@ def test_http_bad_input(synthetic_server: Server, path: str, raw: bytes, field: 
     assert status == 200
 
 
-def test_http_unknown_path_and_too_large(tmp_path) -> None:
-    srv = Server(tmp_path, "--engine", "synthetic", "--max-body-bytes", "1000")
+def test_http_unknown_path_and_too_large(tmp_path, http_front_end: str) -> None:
+    srv = Server(tmp_path, "--engine", "synthetic", "--max-body-bytes", "1000", "--http-server", http_front_end)
     try:
         status, _, body = http_post(srv.http_url + "/v1/nope", {"a": 1})
         assert status == 404 and "path" in json.loads(body)["error"]["message"]
         status, _, body = http_post(srv.http_url + "/v1/generate", {"prompt": "x" * 5000, "max_tokens": 1})
         assert status == 413 and json.loads(body)["error"]["status"] == "RESOURCE_EXHAUSTED"
         assert http_post(srv.http_url + "/v1/generate", {"prompt": "ok", "max_tokens": 1})[0] == 200
+        req = urllib.request.Request(srv.http_url + "/v1/generate", method="GET")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+        assert info.value.code == 405 and "method" in json.loads(info.value.read())["error"]["message"]
     finally:
         srv.stop()
 
 
-def test_full_queue_is_resource_exhausted_and_disconnect_frees_slot(tmp_path) -> None:
+def test_full_queue_is_resource_exhausted_and_disconnect_frees_slot(tmp_path, http_front_end: str) -> None:
     srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "20", "--max-batch-size", "1",
-                 "--max-queue", "1")
+                 "--max-queue", "1", "--http-server", http_front_end)
     try:
         results: list[object] = []
 
@@ -253,7 +261,8 @@ def test_full_queue_is_resource_exhausted_and_disconnect_frees_slot(tmp_path) ->
         srv.stop()
 
 
-def test_metrics_exposed(synthetic_server: Server) -> None:
+def test_metrics_exposed(http_server: Server) -> None:
+    synthetic_server = http_server
     grpc_generate(synthetic_server.grpc_target, prompt="hi", max_tokens=2)
     text = urllib.request.urlopen(f"{synthetic_server.http_url}/metrics").read().decode()
     assert 'pathprobe_server_requests_total{code="OK",route="grpc.Generate"}' in text
@@ -298,3 +307,29 @@ def test_sub_millisecond_tokens_are_paced_not_bunched(tmp_path) -> None:
         assert 0.25 < statistics.median(medians) < 0.9, medians
     finally:
         srv.stop()
+
+
+def test_openapi_document_lists_every_route_with_its_body_schema(http_server: Server) -> None:
+    doc = json.loads(urllib.request.urlopen(f"{http_server.http_url}/openapi.json", timeout=10).read())
+    assert doc["openapi"].startswith("3.")
+    ops = {(path, method) for path, item in doc["paths"].items() for method in item}
+    assert {("/v1/generate", "post"), ("/v1/completions", "post"), ("/v1/chat/completions", "post"),
+            ("/v1/models", "get"), ("/healthz", "get"), ("/metrics", "get")} <= ops
+    native = doc["paths"]["/v1/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"prompt", "max_tokens", "prompt_token_ids", "stream"} <= set(native["properties"])
+    chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "messages" in chat["properties"] and "messages" in chat["required"]
+
+
+def test_no_delayed_ack_stall_on_either_front_end(http_server: Server) -> None:
+    """A response written as head + body without TCP_NODELAY waits ~40 ms for the client's
+    delayed ACK on every request (seen with uvicorn on a socket it did not create)."""
+    import statistics
+
+    took = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        status, _, _ = http_post(f"{http_server.http_url}/v1/generate", {"prompt": "hi", "max_tokens": 1})
+        took.append((time.perf_counter() - t0) * 1e3)
+        assert status == 200
+    assert statistics.median(took) < 30.0, took

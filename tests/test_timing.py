@@ -42,3 +42,55 @@ def test_split_adds_up_to_e2e(via_gateway: bool) -> None:
     else:
         assert s.network_hop2 == 0.0
         assert s.network == pytest.approx(35.0 - 0.12 - 29.0)
+
+
+SRV = "srv.decode;dur=0.100, srv.queue;dur=2.000, srv.prefill;dur=5.000, srv.encode;dur=0.200, srv.total;dur=10.000"
+
+
+def test_parse_chain_keeps_every_hop_apart_in_append_order() -> None:
+    inner = timing.append(SRV, {"gw.decode": 0.3, "gw.upstream": 11.0, "gw.encode": 0.4, "gw.total": 12.5})
+    outer = timing.append(inner, {"gw.decode": 0.05, "gw.upstream": 13.0, "gw.encode": 0.06, "gw.total": 13.5})
+    chain = timing.parse_chain(outer + ', nginx.upstream;dur=14.2, nginx.total;dur=14.4;desc="edge"')
+    assert [h.kind for h in chain.hops] == ["srv", "gw", "gw", "nginx"]
+    assert [h.get("total") for h in chain.hops] == [10.0, 12.5, 13.5, 14.4]
+    assert chain.hops[1].get("decode") == 0.3 and chain.hops[2].get("decode") == 0.05
+    assert chain.hops[3].desc == "edge" and chain.hops[3].label == "nginx (edge)"
+    # the merged view is what parse() gives: a repeated name keeps the last hop's value
+    assert dict(chain) == timing.parse(outer + ', nginx.upstream;dur=14.2, nginx.total;dur=14.4;desc="edge"')
+    # repeated header values are read in order too
+    assert timing.parse_chain([SRV, "gw.upstream;dur=11, gw.total;dur=12"]).hops[1].get("upstream") == 11.0
+
+
+def test_split_of_a_chain_books_each_link_and_keeps_each_hops_serialization() -> None:
+    st = timing.append(SRV, {"gw.decode": 0.3, "gw.upstream": 11.0, "gw.encode": 0.4, "gw.total": 12.5})
+    st = timing.append(st, {"gw.decode": 0.05, "gw.upstream": 13.0, "gw.encode": 0.06, "gw.total": 13.5})
+    s = split(15.0, timing.parse_chain(st), client_encode_ms=0.1, client_decode_ms=0.2)
+    assert s.links == pytest.approx((15.0 - 0.3 - 13.5, 13.0 - 12.5, 11.0 - 10.0))
+    assert s.network == pytest.approx(sum(s.links))
+    assert s.network_hop1 == pytest.approx(1.2) and s.network_hop2 == pytest.approx(1.5)
+    assert s.serialization == pytest.approx(0.3 + 0.11 + 0.7 + 0.3)
+    assert [h.other for h in s.hops] == pytest.approx([13.5 - 13.0 - 0.11, 12.5 - 11.0 - 0.7, 10.0 - 0.3 - 2.0 - 5.0])
+    assert s.unsplit == 0.0 and not s.network_estimated
+    assert sum(getattr(s, name) for name in SEGMENTS) == pytest.approx(15.0)
+
+
+def test_silent_server_is_unsplit_never_network() -> None:
+    # direct to a server that reports nothing: nothing is guessed
+    s = split(21.0, {}, client_encode_ms=0.4, client_decode_ms=0.6)
+    assert s.network == 0.0 and s.unsplit == pytest.approx(20.0) and s.links == (0.0,)
+    # with a measured transport round trip, that much is network, labelled as estimated
+    s = split(21.0, {}, 0.4, 0.6, network_estimate_ms=0.25)
+    assert s.network == pytest.approx(0.25) and s.unsplit == pytest.approx(19.75) and s.network_estimated
+    # behind a reporting gateway: its upstream time holds the silent server and the last link
+    s = split(21.0, timing.parse_chain("gw.decode;dur=0.2, gw.upstream;dur=18.0, gw.total;dur=19.0"), 0.4, 0.6)
+    assert s.links == pytest.approx((1.0, 0.0)) and s.unsplit == pytest.approx(18.0)
+    assert s.other == pytest.approx(0.8) and s.serialization == pytest.approx(1.2)
+    for sp in (s, split(5.0, {}, network_estimate_ms=9.0)):
+        assert sum(getattr(sp, name) for name in SEGMENTS) == pytest.approx(sp.e2e)
+        assert sp.unsplit >= 0.0
+
+
+def test_hop_that_reports_only_its_total_keeps_what_it_forwarded_unsplit() -> None:
+    # e.g. a proxy that reports how long it took, but not its upstream's share
+    s = split(30.0, timing.parse_chain("litellm.total;dur=25.0"), 0.5, 0.5)
+    assert s.links == pytest.approx((4.0,)) and s.unsplit == pytest.approx(25.0) and s.other == 0.0

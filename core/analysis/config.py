@@ -64,6 +64,9 @@ class ServerConfig(_Strict):
     grpc_port: int | None = Field(None, ge=1, le=65535)
     http_port: int | None = Field(None, ge=1, le=65535)
     startup_timeout_s: float = Field(180.0, gt=0)
+    #: the HTTP front end of the server's own port; a direct target may ask for the other
+    #: one (``front_end``), which the same server process then serves on a port of its own
+    http_server: Literal["aiohttp", "fastapi"] = "aiohttp"
 
 
 class LoadConfig(_Strict):
@@ -113,6 +116,9 @@ class TargetConfig(_Strict):
     #: external OpenAI-compatible targets: the model name to ask for
     model: str | None = None
     gateway_args: list[str] = Field(default_factory=list)
+    #: direct HTTP/OpenAI targets: which of the server's HTTP front ends to call
+    #: (default: server.http_server), so both frameworks run side by side over one engine
+    front_end: Literal["aiohttp", "fastapi"] | None = None
     #: a network condition for this configuration only (overrides the top-level one), so the
     #: same path with and without a WAN-like hop can run side by side in one interleaved run
     network: NetworkConfig | None = None
@@ -130,6 +136,8 @@ class TargetConfig(_Strict):
             raise ValueError(f"kind 'gateway' needs 'mode' (one of {', '.join(GATEWAY_MODES)})")
         if self.kind != "gateway" and self.mode is not None:
             raise ValueError(f"'mode' only applies to kind 'gateway', not '{self.kind}'")
+        if self.front_end is not None and (self.kind != "direct" or (self.protocol or "grpc") == "grpc"):
+            raise ValueError("'front_end' only applies to kind 'direct' with protocol http or openai")
         if self.kind == "external" and not self.address:
             raise ValueError("kind 'external' needs 'address'")
         if self.kind == "direct" and self.protocol is None:
@@ -162,6 +170,7 @@ def _default_targets() -> list[TargetConfig]:
     return [
         TargetConfig(name="direct-grpc", kind="direct", protocol="grpc"),
         TargetConfig(name="direct-http", kind="direct", protocol="http"),
+        TargetConfig(name="direct-http-fastapi", kind="direct", protocol="http", front_end="fastapi"),
         TargetConfig(name="passthrough", kind="gateway", mode="passthrough"),
         TargetConfig(name="transcode", kind="gateway", mode="transcode"),
         TargetConfig(name="reencode", kind="gateway", mode="reencode"),

@@ -15,7 +15,7 @@ from pathprobe.analysis.report import SEG_COLS, fmt_ms, metric_values
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {"network": "#4e79a7", "serialization": "#f28e2b", "queueing": "#e15759",
-              "inference": "#59a14f", "other": "#9c755f"}
+              "inference": "#59a14f", "other": "#9c755f", "unsplit": "#bab0ac"}
 
 
 def _png(fig: Any) -> str:

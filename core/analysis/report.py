@@ -138,9 +138,9 @@ def _pcts(values: Sequence[float]) -> dict[str, float]:
 
 def segment_table(by_route: Mapping[str, Sequence[Mapping[str, float]]]) -> str:
     """A Markdown table of p50/p95/p99 per segment per route (analyze's output)."""
-    lines = ["| route | n | metric | e2e | network | serialization | queueing | inference | other | hop1 | hop2 |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     cols = ("e2e", *SEGMENTS, "network_hop1", "network_hop2")
+    heads = [c.replace("network_", "") for c in cols]
+    lines = ["| route | n | metric | " + " | ".join(heads) + " |", "|---|---:|---|" + "---:|" * len(cols)]
     for route, splits in sorted(by_route.items()):
         per = {c: _pcts([s[c] for s in splits]) for c in cols}
         for metric in ("mean", "p50", "p95", "p99"):
@@ -259,16 +259,16 @@ def markdown(report: Mapping[str, Any]) -> str:
         stream = bool(report["method"].get("stream"))
         extra_h = " TTFT p50 | ITL p50 |" if stream else ""
         lines.append(f"| config | ok | err | req/s | {primary} p50 [95% CI] ms | p95 | p99 | network | serial. | "
-                     f"queue | infer. | other | Δp50 vs base | p (Welch, Holm) | Cliff's δ |{extra_h}")
-        lines.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                     f"queue | infer. | other | unsplit | Δp50 vs base | p (Welch, Holm) | Cliff's δ |{extra_h}")
+        lines.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
                      + ("---:|---:|" if stream else ""))
         for name, t in targets.items():
             if t["status"] in ("skipped", "failed") and key not in t.get("by_concurrency", {}):
-                lines.append(f"| {name} | {t['status']}: {_cell(t.get('reason', ''))} |" + " |" * 13)
+                lines.append(f"| {name} | {t['status']}: {_cell(t.get('reason', ''))} |" + " |" * 14)
                 continue
             g = t["by_concurrency"].get(key)
             if g is None:
-                lines.append(f"| {name} | (no run at this concurrency) |" + " |" * 13)
+                lines.append(f"| {name} | (no run at this concurrency) |" + " |" * 14)
                 continue
             p = g.get(primary, {})
             seg = g["segments"]

@@ -262,6 +262,7 @@ class Stack:
         self.procs: list[Managed] = []
         self.server_grpc = ""
         self.server_http = ""
+        self.front_ends: dict[str, str] = {}  # HTTP front end -> the server's address for it
         self.server: Managed | None = None
         self.traces_dir = out / "traces"
         self._pki: Any = None
@@ -304,7 +305,13 @@ class Stack:
         s = self.cfg.server
         gport, hport = s.grpc_port or free_port(), s.http_port or free_port()
         args = _py("serve", "--engine", s.engine, "--model", s.model, "--host", LOOPBACK,
-                   "--grpc-port", str(gport), "--http-port", str(hport), "--max-batch-size", str(s.max_batch_size))
+                   "--grpc-port", str(gport), "--http-port", str(hport), "--max-batch-size", str(s.max_batch_size),
+                   "--http-server", s.http_server)
+        self.front_ends = {s.http_server: f"{LOOPBACK}:{hport}"}
+        for fe in sorted({t.front_end for t in self.cfg.targets if t.enabled and t.front_end} - {s.http_server}):
+            port = free_port()
+            args += ["--extra-http-server", f"{fe}:{port}"]
+            self.front_ends[fe] = f"{LOOPBACK}:{port}"
         for flag, value in (("--max-wait-ms", s.max_wait_ms), ("--max-queue", s.max_queue),
                             ("--prefill-ms-per-token", s.prefill_ms_per_token),
                             ("--decode-ms-per-token", s.decode_ms_per_token)):
@@ -319,6 +326,8 @@ class Stack:
         t0 = time.monotonic()
         wait_ready(url_for("http", self.server_http), s.startup_timeout_s, [self.server])
         wait_ready(url_for("grpc", self.server_grpc), 30, [self.server])
+        for fe, addr in self.front_ends.items():
+            wait_ready(url_for("http", addr), 30, [self.server])
         self.log(f"server ready after {time.monotonic() - t0:.1f} s")
 
     def relay(self, name: str, upstream: str, net: NetworkConfig) -> tuple[str, Managed]:
@@ -357,7 +366,8 @@ class Stack:
                     p.procs.append(m)
                 p.url = url_for(t.protocol or "openai", front)
             elif t.kind == "direct":
-                upstream = self.server_grpc if t.protocol == "grpc" else self.server_http
+                upstream = self.server_grpc if t.protocol == "grpc" else self.front_ends.get(
+                    t.front_end or self.cfg.server.http_server, self.server_http)
                 if net:
                     if net.hop == "upstream":
                         p.notes.append("direct path: no gateway, the condition is on the client <-> server link")

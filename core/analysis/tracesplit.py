@@ -184,8 +184,9 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         if client is not None:
             st = _first(client.attributes, TIMING_KEYS)
             if isinstance(st, str):
-                received = timing.parse(st)
-                entries.update(received)
+                # what the client received is the whole chain, every hop apart
+                received = timing.parse_chain(st)
+                entries = timing.Chain((*received.hops,)) if received.hops else entries
     enc = dec = 0.0
     route = ""
     if client is not None:
@@ -212,7 +213,7 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         e2e, e2e_source = outer.duration_ms, "outermost server span"
         problem = problem or "no client span: network hop 1 is not measured (e2e = outermost server span)"
     if srv is None:
-        problem = problem or "no server span (a server that exports no traces?): its time counts as network"
+        problem = problem or "no server span (a server that exports no traces?): its time is unsplit"
     if client is not None:
         status = client.status.get("code") if client.status else None
         ok = status not in (2, "STATUS_CODE_ERROR")

@@ -31,15 +31,16 @@ def grpc_stream(target: str, metadata: tuple = (), timeout: float = 30, **fields
 
 
 def http_post(url: str, body: Any, headers: dict[str, str] | None = None, raw: bytes | None = None,
-              timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+              timeout: float = 30) -> tuple[int, Any, bytes]:
+    """(status, headers (case-insensitive, as HTTP has them), body)."""
     data = raw if raw is not None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method="POST",
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, dict(resp.headers), resp.read()
+            return resp.status, resp.headers, resp.read()
     except urllib.error.HTTPError as err:
-        return err.code, dict(err.headers), err.read()
+        return err.code, err.headers, err.read()
 
 
 def sse_events(body: bytes) -> list[Any]:

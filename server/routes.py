@@ -1,0 +1,99 @@
+"""The server's HTTP routes, one table for every front end (aiohttp, FastAPI).
+
+Each :class:`Route` names its handler and the JSON schema of its request body, which is
+what the published OpenAPI document shows: the body itself is read and validated by the
+handler (so the decode time is ``srv.decode`` and a wrong field gets our 400, not a
+framework's 422).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from pathprobe import jsoncodec
+from pathprobe.server import http_native, openai_api
+from pathprobe.errors import PathprobeError
+from pathprobe.server.http_common import HttpRequest, Reply, StreamReply, error_reply
+from pathprobe.server.metrics import CONTENT_TYPE
+from pathprobe.v1 import llm_pb2
+
+
+async def healthz(request: HttpRequest) -> Reply:
+    """200 while serving; 503 ``draining`` once SIGTERM is seen (balancers take the server out)."""
+    state = request.state
+    engine = state.engine
+    return Reply(503 if state.draining else 200,
+                 jsoncodec.dumps({"status": "draining" if state.draining else "ok", "model": engine.model_name,
+                                  "queue_depth": engine.queue_depth(), "running": engine.running()}))
+
+
+async def metrics(request: HttpRequest) -> Reply:
+    return Reply(200, request.state.metrics.render(), content_type=CONTENT_TYPE)
+
+
+_JSON_TYPES = {
+    FieldDescriptor.TYPE_STRING: "string",
+    FieldDescriptor.TYPE_BOOL: "boolean",
+    FieldDescriptor.TYPE_FLOAT: "number",
+    FieldDescriptor.TYPE_DOUBLE: "number",
+}
+
+
+def proto_schema(desc: Descriptor) -> dict[str, Any]:
+    """JSON schema of a flat protobuf message as the native routes read it (proto field names)."""
+    props: dict[str, Any] = {}
+    for fd in desc.fields:
+        item = {"type": _JSON_TYPES.get(fd.type, "integer")}
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        props[fd.name] = {"type": "array", "items": item} if repeated else item
+    return {"type": "object", "properties": props, "additionalProperties": False, "title": desc.name}
+
+
+def _native_schema() -> dict[str, Any]:
+    schema = proto_schema(llm_pb2.GenerateRequest.DESCRIPTOR)
+    schema["properties"]["stream"] = {"type": "boolean", "description": "answer as Server-Sent Events"}
+    return schema
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str
+    handler: Any  # http_common.Handler
+    summary: str
+    request_schema: Any = None  # () -> JSON schema of the body, or None
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/healthz", healthz, "Health: engine, queue depth, running requests"),
+    Route("GET", "/metrics", metrics, "Prometheus metrics"),
+    Route("POST", "/v1/generate", http_native.generate, "Generate (native JSON; SSE with stream=true)",
+          _native_schema),
+    Route("POST", "/v1/completions", openai_api.completions, "OpenAI-compatible completions",
+          openai_api.CompletionRequest.model_json_schema),
+    Route("POST", "/v1/chat/completions", openai_api.chat_completions, "OpenAI-compatible chat completions",
+          openai_api.ChatRequest.model_json_schema),
+    Route("GET", "/v1/models", openai_api.models, "Models served"),
+)
+
+
+#: paths any caller may read without a key (probes, scrapers, the API's description)
+OPEN_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json", "/docs"})
+
+
+async def call(route: Route, request: HttpRequest) -> Reply | StreamReply:
+    """Run ``route`` for ``request`` (every front end calls routes through this): with API keys
+    set, every path but :data:`OPEN_PATHS` needs one (401, counted under route ``http.auth``)."""
+    state = request.state
+    if state.auth and route.path not in OPEN_PATHS:
+        try:
+            state.auth.check_mapping(request.headers)
+        except PathprobeError as exc:
+            state.metrics.observe("http.auth", str(exc.http_status), {})
+            reply = error_reply(exc)
+            reply.headers["WWW-Authenticate"] = "Bearer"
+            return reply
+    return await route.handler(request)
