@@ -111,9 +111,10 @@ def check_nothing_admitted_was_lost(calls: list[Call], t_sig: float) -> int:
     return sum(1 for c in admitted if c.t0 < t_sig < c.t_end)
 
 
-def test_server_drains_under_load(tmp_path) -> None:
+@pytest.mark.parametrize("front", ["aiohttp", "fastapi"])
+def test_server_drains_under_load(tmp_path, front) -> None:
     srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "20", "--max-batch-size", "16",
-                 "--drain-delay-s", "0.6", "--drain-grace-s", "10")
+                 "--drain-delay-s", "0.6", "--drain-grace-s", "10", "--http-server", front)
     try:
         with GrpcLoad(srv.grpc_target, 4) as g, SseLoad(srv.http_url, 3) as h:
             time.sleep(1.0)

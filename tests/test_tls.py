@@ -216,3 +216,20 @@ targets:
             assert hs is None
         else:
             assert hs["tcp_plus_tls_ms"] > hs["tcp_connect_ms"] > 0 and hs["n"] == 20
+
+
+def test_fastapi_front_end_tls_and_key(tmp_path, pki, client_tls) -> None:
+    """The FastAPI front end gets the same TLS (mTLS) and the same key check as aiohttp."""
+    srv = Server(tmp_path, "--engine", "synthetic", "--http-server", "fastapi", "--api-key", "k1",
+                 "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-ca", str(pki.ca),
+                 client_tls=client_tls)
+    try:
+        url = f"{srv.http_url}/v1/generate"
+        status, _, body = https_post(url, client_tls, REQ)
+        assert status == 401 and json.loads(body)["error"]["status"] == "UNAUTHENTICATED"
+        status, headers, body = https_post(url, client_tls, REQ, {"Authorization": "Bearer k1"})
+        assert status == 200 and "srv.total" in timing.parse(headers["server-timing"])
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            https_post(url, TlsFiles(ca=str(pki.ca)), REQ, {"Authorization": "Bearer k1"})
+    finally:
+        srv.stop()
