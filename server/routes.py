@@ -52,8 +52,20 @@ def proto_schema(desc: Descriptor) -> dict[str, Any]:
     return {"type": "object", "properties": props, "additionalProperties": False, "title": desc.name}
 
 
+#: the limits the engine checks, in the document too (a schema-driven client then sends
+#: requests the server can accept, and one that breaks them is answered 400)
+_NATIVE_LIMITS: dict[str, dict[str, Any]] = {
+    "prompt": {"minLength": 1},
+    "max_tokens": {"minimum": 1, "maximum": 8192},
+    "temperature": {"minimum": 0, "maximum": 2},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+}
+
+
 def _native_schema() -> dict[str, Any]:
     schema = proto_schema(llm_pb2.GenerateRequest.DESCRIPTOR)
+    for name, limits in _NATIVE_LIMITS.items():
+        schema["properties"][name].update(limits)
     schema["properties"]["stream"] = {"type": "boolean", "description": "answer as Server-Sent Events"}
     return schema
 
