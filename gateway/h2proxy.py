@@ -88,16 +88,30 @@ def frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
 
 
+class FrameError(Exception):
+    """A frame the relay cannot pass on (RFC 9113 connection error); ``code`` is the h2 error code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:  # 1 = PROTOCOL_ERROR
+        super().__init__(message)
+        self.code = code
+
+
 def fragment(flags: int, payload: bytes) -> tuple[bytes, bytes]:
-    """(priority prefix, header block fragment) of a HEADERS payload, padding removed."""
+    """(priority prefix, header block fragment) of a HEADERS payload, padding removed.
+
+    Raises FrameError for a pad length or priority block the frame does not hold."""
     start, end = 0, len(payload)
     if flags & PADDED:
+        if not payload:
+            raise FrameError("HEADERS: PADDED without a pad length")
         end -= payload[0]
         start = 1
     prio = b""
     if flags & F_PRIORITY:
         prio = payload[start:start + 5]
         start += 5
+    if start > end:
+        raise FrameError("HEADERS: padding or priority longer than the frame")
     return prio, payload[start:end]
 
 
@@ -363,7 +377,11 @@ class ClientConn(asyncio.Protocol):
                         new_streams.append(st)
                         if self.upstream is not None:
                             self.upstream.outstanding += 1
-                    prio, frag = fragment(flags, payload)
+                    try:
+                        prio, frag = fragment(flags, payload)
+                    except FrameError as exc:
+                        self.connection_error(exc)
+                        return
                     self.c_hdr = (sid, flags, bytearray(frag))
                 else:
                     if self.c_hdr is not None:
@@ -378,6 +396,8 @@ class ClientConn(asyncio.Protocol):
                             out.append(bytes(buf[run:pos]))
                         run = end
                         new = self._rewrite_block(hsid, bytes(block))
+                        if self.dead:  # a connection error: nothing more goes anywhere
+                            return
                         if new is not None:
                             out.append(frame(HEADERS, (hflags & END_STREAM) | END_HEADERS, hsid, new))
                     elif relay.decode:
@@ -416,19 +436,41 @@ class ClientConn(asyncio.Protocol):
         except HPACKError as exc:
             log.warning("cannot decode a client header block: %s", exc)
             return []
+        self._label(sid, headers)
+        return headers
+
+    def connection_error(self, exc: FrameError) -> None:
+        """The client broke the protocol: GOAWAY with the error, its streams end, both connections close."""
+        log.info("client connection error (h2 error %d): %s", exc.code, exc)
+        if self.transport is not None:
+            self.transport.write(frame(GOAWAY, 0, 0, self.max_sid.to_bytes(4, "big") + exc.code.to_bytes(4, "big")
+                                       + str(exc).encode()[:200]))
+            self.transport.close()
+        for st in list(self.streams.values()):
+            self._finish(st, "1", f"client connection error: {exc}")
+        self.dead = True
+        self.dead_why = str(exc)
+        if self.up is not None and self.up.transport is not None:
+            self.up.transport.close()
+
+    def _label(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
         st = self.streams.get(sid)
         if st is not None:
             for k, v in headers:
                 if k == b":path":
                     st.method = v.decode(errors="replace")
                     break
-        return headers
 
     def _rewrite_block(self, sid: int, block: bytes) -> bytes | None:
         """A request header block to forward, or None when the caller's key is refused (the
         client then gets a trailers-only UNAUTHENTICATED and the upstream never sees the stream)."""
         relay = self.relay
-        headers = self._decode_request(sid, block)
+        try:
+            headers = self.cdec.decode(block, raw=True)
+        except HPACKError as exc:  # the header table is out of step now: the connection cannot go on
+            self.connection_error(FrameError(f"cannot decode a header block: {exc}", 9))  # COMPRESSION_ERROR
+            return None
+        self._label(sid, headers)
         st = self.streams.get(sid)
         if st is not None:
             try:
@@ -526,7 +568,13 @@ class ClientConn(asyncio.Protocol):
                 sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
-                    prio, frag = fragment(flags, payload)
+                    try:
+                        prio, frag = fragment(flags, payload)
+                    except FrameError as exc:  # the upstream broke the protocol: as if it went away
+                        if self.up is not None and self.up.transport is not None:
+                            self.up.transport.close()
+                        self.upstream_lost(exc)
+                        return
                     self.u_hdr = (sid, flags, prio, bytearray(frag))
                 elif self.u_hdr is not None:
                     self.u_hdr[3].extend(payload)
