@@ -44,3 +44,8 @@ def test_gateway_refusals_never_reach_the_server() -> None:
     assert a["unexplained"] == 1
     m = merge([a, reconcile(recs(OK=1), Counter(OK=1))])
     assert m["runs"] == 2 and m["client"] == {"OK": 6} and m["unexplained"] == 1
+
+
+def test_cancelled_before_the_next_hop_is_explained_by_stopped() -> None:
+    a = reconcile(recs(OK=5, STOPPED=3), Counter(OK=6, CANCELLED=1), Counter(OK=6, CANCELLED=2))
+    assert a["unexplained"] == 0, a["differences"]

@@ -95,6 +95,8 @@ def compare_hop(expected: Counter[str], got: Counter[str], stopped: int, hop: st
         if status in STOPPED_OUTCOMES and 0 < g - e <= slack:
             slack -= g - e
             why = f"{g - e} request(s) stopped in flight at the client ended as {status} at the {hop}"
+        elif status == "CANCELLED" and 0 < e - g <= stopped:
+            why = f"{e - g} request(s) stopped in flight were cancelled before they reached the {hop}"
         elif status in own and g < e:
             why = f"{e - g} answered by the {upstream_of} itself"
         diffs.append({"hop": hop, "status": status, upstream_of: e, hop: g, "explained": why is not None,
