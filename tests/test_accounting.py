@@ -21,7 +21,7 @@ def test_everything_counted_is_clean() -> None:
     assert a["lost"] == 0 and a["unexplained"] == 0 and a["differences"] == []
 
 
-def test_stopped_in_flight_explains_only_ok_or_cancelled() -> None:
+def test_stopped_in_flight_explains_at_most_as_many_differences() -> None:
     a = reconcile(recs(OK=10, STOPPED=2), Counter(OK=11, CANCELLED=1))
     assert a["unexplained"] == 0 and len(a["differences"]) == 2 and all(d["explained"] for d in a["differences"])
     a = reconcile(recs(OK=10, STOPPED=1), Counter(OK=12))  # one more than can be explained
