@@ -311,7 +311,8 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
         if not bound:
             raise Unavailable(f"--listen: cannot bind {cfg.listen}")
         await server.start()
-        print(f"pathprobe gateway: reencode listening on {cfg.listen_host}:{bound} -> {cfg.upstream_scheme.upper()} {pool.names()}",
+        print(f"pathprobe gateway: reencode listening on {cfg.listen_host}:{bound} -> "
+              f"{cfg.upstream_scheme.upper()} {pool.names()}",
               flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

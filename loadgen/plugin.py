@@ -77,7 +77,8 @@ def add_arguments(parser: Any) -> None:
     g.add_argument("--api-key", default="", include_in_web_ui=False,
                    help=f"sent as 'Authorization: Bearer KEY' (default: ${ENV_API_KEY})")
     g.add_argument("--target-ca", default="", include_in_web_ui=False,
-                   help=f"grpcs:// / https://: CA that signs the target's certificate (default: system CAs; ${ENV_TLS}_CA)")
+                   help=f"grpcs:// / https://: CA that signs the target's certificate "
+                        f"(default: system CAs; ${ENV_TLS}_CA)")
     g.add_argument("--target-cert", default="", include_in_web_ui=False,
                    help=f"client certificate for targets that want mTLS (${ENV_TLS}_CERT)")
     g.add_argument("--target-key", default="", include_in_web_ui=False, help=f"its private key (${ENV_TLS}_KEY)")

@@ -9,8 +9,8 @@ import urllib.request
 
 import grpc
 import pytest
-
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
 from tests.support.clients import http_post
 from tests.support.procs import Server
 

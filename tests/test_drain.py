@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
 from tests.support.procs import Server
 
 pytestmark = pytest.mark.slow

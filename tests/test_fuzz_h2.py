@@ -23,8 +23,8 @@ from hyperframe.frame import (
     SettingsFrame,
     WindowUpdateFrame,
 )
-
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
 from tests.support.procs import Server
 
 pytestmark = pytest.mark.slow
@@ -98,14 +98,14 @@ def grpc_status_of(raw: bytes) -> list[str]:
     out, pos = [], 0
     while pos + 9 <= len(raw):
         length = int.from_bytes(raw[pos:pos + 3], "big")
-        ftype, flags = raw[pos + 3], raw[pos + 4]
+        ftype = raw[pos + 3]
         payload = raw[pos + 9:pos + 9 + length]
         if ftype == 1:  # HEADERS (no padding/priority from these servers)
             try:
                 for k, v in dec.decode(payload):
                     if k == "grpc-status":
                         out.append(v)
-            except Exception:  # noqa: BLE001 - a block split over CONTINUATION: skip
+            except Exception:
                 pass
         pos += 9 + length
     return out
@@ -194,7 +194,7 @@ def test_random_frames(relay) -> None:
     """A few hundred random frames (type, flags, stream, payload), after a valid request on stream 1."""
     rnd = random.Random(12)
     enc = Encoder()
-    for conn in range(12):
+    for _conn in range(12):
         frames = [HeadersFrame(1, enc.encode(request_headers(relay)), flags=["END_HEADERS"]).serialize()]
         for _ in range(25):
             ftype = rnd.choice([0, 1, 2, 3, 4, 6, 8, 9, rnd.randrange(256)])

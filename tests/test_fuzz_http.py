@@ -8,9 +8,9 @@ import urllib.request
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from pathprobe.server.openapi import document
 from schemathesis.checks import not_a_server_error
 
-from pathprobe.server.openapi import document
 from tests.support.procs import Server
 
 pytestmark = pytest.mark.slow

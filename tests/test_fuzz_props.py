@@ -9,7 +9,6 @@ import math
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
 from pathprobe import jsoncodec, timing
 from pathprobe.errors import InvalidArgument
 from pathprobe.v1 import llm_pb2

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pathprobe.errors import ConfigError
 from pathprobe.gateway.config import ENV, GatewayConfig
 

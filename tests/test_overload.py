@@ -11,8 +11,8 @@ import urllib.request
 
 import grpc
 import pytest
-
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
 from tests.support.clients import http_post
 from tests.support.procs import Server
 
@@ -99,7 +99,7 @@ def test_deadline_in_the_queue_leaves_without_generating(one_slot) -> None:
     holder.start()
     time.sleep(0.1)
     t0 = time.monotonic()
-    status, headers, body = http_post(url, {"prompt": "hi", "max_tokens": 8}, {"grpc-timeout": "200m"})
+    status, _, body = http_post(url, {"prompt": "hi", "max_tokens": 8}, {"grpc-timeout": "200m"})
     took = time.monotonic() - t0
     holder.join()
     err = json.loads(body)["error"]
@@ -110,7 +110,7 @@ def test_deadline_in_the_queue_leaves_without_generating(one_slot) -> None:
     with grpc.insecure_channel(one_slot.grpc_target) as ch, pytest.raises(grpc.RpcError) as ei:
         llm_pb2_grpc.LLMStub(ch).Generate(llm_pb2.GenerateRequest(prompt="hi", max_tokens=50), timeout=0.3)
     assert ei.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-    status, headers, _ = http_post(url, {"prompt": "hi", "max_tokens": 1})
+    status, _, _ = http_post(url, {"prompt": "hi", "max_tokens": 1})
     assert status == 200
     # a malformed deadline is a 400 naming the header
     status, _, body = http_post(url, {"prompt": "hi", "max_tokens": 1}, {"grpc-timeout": "soon"})

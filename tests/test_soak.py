@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from pathprobe.analysis.accounting import reconcile, scrape
+
 from tests.support.procs import Server
 
 pytestmark = pytest.mark.slow

@@ -8,15 +8,14 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import grpc
 import pytest
-
 from pathprobe import timing
+from pathprobe.pki import make_pki
 from pathprobe.tls import TlsFiles, grpc_channel
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
-from pathprobe.pki import make_pki
+
 from tests.support.procs import Server
 
 REQ = {"prompt": "The capital of France is", "max_tokens": 4}
