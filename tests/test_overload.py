@@ -191,3 +191,19 @@ def test_gateway_inflight_cap(tmp_path, mode, extra) -> None:
     assert all(r[1] == hint for r in res if r[0] == refused), res
     assert 2 <= sum(r[0] == ok for r in res) <= 6
     assert peak[0] <= 2, peak
+
+
+def test_transformers_engine_drops_expired_requests(tiny_server) -> None:
+    """The real (tiny, CPU) engine: a request whose deadline passes leaves its batch at the next step."""
+    url = f"{tiny_server.http_url}/v1/generate"
+    t0 = time.monotonic()
+    status, _, body = http_post(url, {"prompt": "hi", "max_tokens": 400, "ignore_eos": True},
+                                {"grpc-timeout": "40m"})
+    took = time.monotonic() - t0
+    assert status == 504 and json.loads(body)["error"]["status"] == "DEADLINE_EXCEEDED", body
+    assert took < 2.0, took
+    deadline = time.monotonic() + 3
+    while metric(tiny_server.http_url, "pathprobe_server_running") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert metric(tiny_server.http_url, "pathprobe_server_running") == 0
+    assert http_post(url, {"prompt": "hi", "max_tokens": 2})[0] == 200
