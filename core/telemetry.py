@@ -23,11 +23,13 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, SpanKind, Tracer
 
+from pathprobe import environment
+
 #: env var naming an OTLP JSON lines file to write spans to (ours; the OTLP
 #: endpoint vars are the standard OTEL_* ones).
-ENV_TRACES_FILE = "PATHPROBE_TRACES_FILE"
-ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
-ENV_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENV_TRACES_FILE = environment.PATHPROBE_TRACES_FILE
+ENV_OTLP_ENDPOINT = environment.OTEL_EXPORTER_OTLP_ENDPOINT
+ENV_OTLP_TRACES_ENDPOINT = environment.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 
 # offset that turns perf_counter_ns() into time.time_ns(), taken once per process
 _WALL_OFFSET_NS = time.time_ns() - time.perf_counter_ns()

@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 
-from pathprobe import jsoncodec
+from pathprobe import address, jsoncodec
 from pathprobe.errors import GRPC_TO_HTTP, ConfigError, PathprobeError, error_json
 
 MODES = ("passthrough", "transcode", "reencode", "http-proxy")
@@ -22,10 +22,10 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "t
 
 
 def parse_hostport(value: str, flag: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{flag}: expected HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
+    host, port = address.parse_hostport(value, flag)
+    if port == 0 and flag != "--listen":
+        raise ConfigError(f"{flag}: port 0 is not an address to connect to ({value!r})")
+    return host, port
 
 
 def parse_upstreams(value: str, flag: str = "--upstream") -> list[str]:
@@ -34,8 +34,6 @@ def parse_upstreams(value: str, flag: str = "--upstream") -> list[str]:
         item = item.strip()
         if not item:
             continue
-        if "://" in item:  # tolerate http://host:port for the HTTP upstream flag
-            item = item.split("://", 1)[1].rstrip("/")
         host, port = parse_hostport(item, flag)
         out.append(f"{host}:{port}")
     if not out:

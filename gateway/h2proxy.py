@@ -33,7 +33,6 @@ import logging
 import signal
 import subprocess
 import sys
-from typing import Any
 from urllib.parse import quote
 
 from hpack import Decoder

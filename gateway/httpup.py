@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from pathprobe.address import host_and_port
 from pathprobe.errors import DeadlineExceeded, Unavailable
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.upstreams import Pool, Upstream
@@ -46,10 +47,10 @@ async def request(session: aiohttp.ClientSession, pool: Pool, method: str, path:
     client_timeout = aiohttp.ClientTimeout(total=timeout) if timeout else aiohttp.ClientTimeout(total=None)
     while True:
         u = pool.acquire(tried)
-        host, _, port = u.target.rpartition(":")
+        host, port = host_and_port(u.target)
         t0 = now_ms()  # gw.upstream starts here; the CLIENT span with it
         cspan, carrier = spans.client(f"{method} {path.split('?', 1)[0]}", {
-            "http.request.method": method, "server.address": host, "server.port": int(port),
+            "http.request.method": method, "server.address": host, "server.port": port,
             "url.full": f"{scheme}://{u.target}{path}"}, t0)
         hdrs = dict(headers)
         if carrier:

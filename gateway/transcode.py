@@ -25,8 +25,9 @@ import grpc.aio
 from aiohttp import web
 
 from pathprobe import jsoncodec, timing
-from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
+from pathprobe.address import host_and_port
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
+from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
 from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import Entries, client_credentials, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
@@ -146,9 +147,9 @@ class Transcoder:
         while True:
             u = self.pool.acquire(tried)
             method = GENERATE_STREAM if kind == "stream" else GENERATE
-            host, _, port = u.target.rpartition(":")
+            host, port = host_and_port(u.target)
             cattrs = {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
-                      "server.address": host, "server.port": int(port)}
+                      "server.address": host, "server.port": port}
             t_up0 = now_ms()
             cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
             mc = u.client.stream if kind == "stream" else u.client.unary

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pathprobe.address import host_and_port
 from pathprobe.errors import ResourceExhausted, Unavailable
 from pathprobe.tls import TlsFiles
 
@@ -147,9 +148,9 @@ def check_grpc(target: str, channels: dict[str, Any], timeout: float, tls: TlsFi
 
 
 def check_http(target: str, timeout: float, path: str = "/healthz", ssl_ctx: Any = None) -> tuple[bool, str]:
-    host, _, port = target.rpartition(":")
-    conn = (http.client.HTTPSConnection(host, int(port), timeout=timeout, context=ssl_ctx) if ssl_ctx is not None
-            else http.client.HTTPConnection(host, int(port), timeout=timeout))
+    host, port = host_and_port(target)
+    conn = (http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl_ctx) if ssl_ctx is not None
+            else http.client.HTTPConnection(host, port, timeout=timeout))
     try:
         conn.request("GET", path)
         resp = conn.getresponse()

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pathprobe import environment
 from pathprobe.errors import ConfigError
 
 LOCUSTFILE = str(Path(__file__).with_name("locustfile.py"))
@@ -87,7 +88,7 @@ def validate(args: Sequence[str]) -> None:
 
     if any(a in ("-h", "--help", "-V", "--version", "--worker", "-l", "--list") for a in args):
         return
-    host = _opt_value(args, "-H", "--host") or os.environ.get("LOCUST_HOST")
+    host = _opt_value(args, "-H", "--host") or environment.get(environment.LOCUST_HOST)
     if host:
         parse_host(host)
     elif (("--headless" in args or "--autostart" in args)
@@ -182,7 +183,7 @@ def run_sweep(args: list[str], sweep: str) -> int:
         args = [*args, "--headless"]
     out = _opt_value(args, "--out") or "pathprobe-load"
     base = _without(args, "--sweep", "-u", "--users", "-r", "--spawn-rate", "--out")
-    env = {**os.environ, "PATHPROBE_SWEEP_CHILD": "1"}
+    env = {**os.environ, environment.PATHPROBE_SWEEP_CHILD: "1"}
     runs: dict[str, Any] = {}
     worst = 0
     for n in levels:

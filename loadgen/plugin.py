@@ -27,7 +27,9 @@ import gevent
 from locust import events
 from locust.runners import STATE_MISSING, LocalRunner, MasterRunner, WorkerRunner
 
+from pathprobe import environment
 from pathprobe.errors import ConfigError
+from pathprobe.loadgen import metrics as metrics_mod
 from pathprobe.tls import TlsFiles
 from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
@@ -94,6 +96,11 @@ def add_arguments(parser: Any) -> None:
                    include_in_web_ui=False,
                    help="the load generator counts as saturated when its event-loop lag p99 reaches this "
                         "(or its loop CPU mean reaches 90%% of a core); see summary.json 'client'")
+    g.add_argument("--metrics-port", type=int, default=0, include_in_web_ui=False,
+                   help="serve Prometheus /metrics (the client-side split, live) on this port from each "
+                        "process that runs users (default: $PATHPROBE_LOAD_METRICS_PORT, else off)")
+    g.add_argument("--metrics-host", default="", include_in_web_ui=False,
+                   help="address for --metrics-port (default: $PATHPROBE_LOAD_METRICS_HOST, else 127.0.0.1)")
     g.add_argument("--pathprobe-busy-ms", type=float, default=0.0, include_in_web_ui=False,
                    help="TEST HOOK: each user burns this many ms of CPU before each request (outside "
                         "the timed part), to make the load generator saturate on purpose")
@@ -299,6 +306,7 @@ class Runtime:
         self.last_summary: dict[str, Any] | None = None
         self.monitor: monitor_mod.LoopMonitor | None = None
         self.client_wires: dict[str, dict[str, Any]] = {}  # master: each worker's monitor data
+        self.metrics: metrics_mod.LoadMetrics | None = None  # Prometheus export (processes that run users)
         self.client: dict[str, Any] | None = None
         self._prompts_key: tuple[Any, ...] | None = None
 
@@ -330,6 +338,8 @@ class Runtime:
         self.final_sent = False
         self.start_wall = time.time()
         self.started = False
+        if self.metrics is not None:
+            self.metrics.label = self.cfg.label
         if self.role != "worker":
             if self.writer is not None:
                 self.writer.close()
@@ -378,7 +388,26 @@ class Runtime:
     def _flush_loop(self) -> None:
         while True:
             gevent.sleep(LOCAL_FLUSH_S)
-            self.agg.flush(self.writer)
+            self.flush_local()
+
+    def flush_local(self) -> None:
+        batch = self.agg.flush(self.writer)
+        if self.metrics is not None and batch:
+            self.metrics.observe(batch)
+
+    def serve_metrics(self) -> None:
+        """Start the Prometheus endpoint when a port is given (flag or env); once per process."""
+        o = self.env.parsed_options
+        port = metrics_mod.port_from(getattr(o, "metrics_port", 0))
+        if not port or self.metrics is not None:
+            return
+        host = metrics_mod.host_from(getattr(o, "metrics_host", ""))
+        self.metrics = metrics_mod.LoadMetrics(self.cfg.label)
+        try:
+            self.metrics.serve(host, port)
+        except OSError as exc:
+            raise ConfigError(f"metrics-port: cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+        log.info("pathprobe: Prometheus metrics on http://%s:%d/metrics", host, port)
 
     def meta(self) -> dict[str, Any]:
         from pathprobe import __version__
@@ -434,7 +463,7 @@ class Runtime:
         wire = self.stop_monitor()
         if wire is not None:
             self.client_wires = {"local": wire}
-        self.agg.flush(self.writer)
+        self.flush_local()
         self.end_wall = time.time()
         self._write()
 
@@ -451,6 +480,8 @@ class Runtime:
         batch = self.agg.take_pending()
         if not batch:
             return None
+        if self.metrics is not None:
+            self.metrics.observe(batch)
         delta = Aggregator()
         delta.add_batch(batch)
         self.worker_agg.merge(delta)
@@ -498,12 +529,16 @@ def runtime(environment: Any) -> Runtime:
 
 # --- Locust events -------------------------------------------------------------------------
 def on_init(environment: Any, **_kw: Any) -> None:
-    if getattr(environment.parsed_options, "sweep", "") and not os.environ.get("PATHPROBE_SWEEP_CHILD"):
+    if getattr(environment.parsed_options, "sweep", "") and not environment.get(environment.PATHPROBE_SWEEP_CHILD):
         log.warning("pathprobe: --sweep is handled by `pathprobe load`; ignored here")
     rt = runtime(environment)
     runner = environment.runner
     if not isinstance(runner, MasterRunner):
         rt.prepare()  # tokenizer + prompts now, not inside the timed run
+        rt.serve_metrics()
+    elif metrics_mod.port_from(getattr(environment.parsed_options, "metrics_port", 0)):
+        log.warning("pathprobe: --metrics-port is served by the processes that run users (the workers); "
+                    "the master serves none")
     if isinstance(runner, MasterRunner):
         def on_final(environment: Any, msg: Any, **_: Any) -> None:
             rt.merge_from_worker(msg.data)

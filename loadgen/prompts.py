@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pathprobe import jsonl
 from pathprobe.errors import ConfigError
 
 DEFAULT_PROMPT = "The capital of France is"
@@ -93,28 +94,16 @@ def exact_length(base: str, n: int, tok: Tokenizer) -> Prompt:
 def from_file(path: str, tok: Tokenizer | None) -> list[Prompt]:
     """JSONL: one ``{"prompt": str, "max_tokens": int?}`` per line (a bare JSON string also works)."""
     out: list[Prompt] = []
-    try:
-        fh = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"prompt-file: cannot read {path}: {exc.strerror}") from None
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise ConfigError(f"prompt-file: {path}:{lineno}: malformed JSON: {exc}") from None
-            if isinstance(obj, str):
-                obj = {"prompt": obj}
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
-                raise ConfigError(f"prompt-file: {path}:{lineno}: needs a non-empty string 'prompt'")
-            mt = obj.get("max_tokens")
-            if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
-                raise ConfigError(f"prompt-file: {path}:{lineno}: max_tokens must be a positive integer")
-            n = len(tok.encode(obj["prompt"])) if tok is not None else None
-            out.append(Prompt(obj["prompt"], n, mt))
+    for lineno, obj in jsonl.read(path, "prompt-file", ConfigError):
+        if isinstance(obj, str):
+            obj = {"prompt": obj}
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+            raise ConfigError(f"prompt-file: {path}:{lineno}: needs a non-empty string 'prompt'")
+        mt = obj.get("max_tokens")
+        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
+            raise ConfigError(f"prompt-file: {path}:{lineno}: max_tokens must be a positive integer")
+        n = len(tok.encode(obj["prompt"])) if tok is not None else None
+        out.append(Prompt(obj["prompt"], n, mt))
     if not out:
         raise ConfigError(f"prompt-file: {path} holds no prompts")
     return out

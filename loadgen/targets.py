@@ -413,7 +413,8 @@ def _finish_stream(out: Outcome, err: Any) -> None:
 # --- host URL -> target ------------------------------------------------------------------
 def parse_host(host: str) -> tuple[str, str]:
     """``grpc://h:p`` -> ("grpc", "h:p"); ``grpcs://h:p`` -> ("grpc", "h:p") (TLS); ``http(s)://h:p`` ->
-    ("http", url); ``openai+http(s)://h:p`` -> ("openai", "http(s)://h:p")."""
+    ("http", url); ``openai+http(s)://h:p`` -> ("openai", "http(s)://h:p"); ``openai-sdk+http://h:p`` ->
+    ("openai-sdk", ...)."""
     if not host:
         raise ConfigError("host: give the target with -H/--host (grpc://, http://, openai+http://)")
     parts = urlsplit(host)
@@ -424,10 +425,13 @@ def parse_host(host: str) -> tuple[str, str]:
         return "grpc", parts.netloc
     if scheme in ("http", "https"):
         return "http", host.rstrip("/")
+    if scheme in ("openai-sdk+http", "openai-sdk+https"):  # through the official openai SDK
+        return "openai-sdk", f"{scheme.split('+', 1)[1]}://{parts.netloc}{parts.path}".rstrip("/")
     if scheme in ("openai+http", "openai+https", "openai"):
         inner = scheme.split("+", 1)[1] if "+" in scheme else "http"
         return "openai", f"{inner}://{parts.netloc}{parts.path}".rstrip("/")
-    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc(s)://, http(s):// or openai+http(s)://")
+    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc(s)://, http(s)://, openai+http(s):// or "
+                      "openai-sdk+http://")
 
 
 def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions", tls: TlsFiles | None = None,
@@ -439,4 +443,8 @@ def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completio
         return GrpcTarget(addr, timeout_s, (tls or TlsFiles()) if secure else None, api_key)
     if kind == "http":
         return NativeHttpTarget(addr, timeout_s, tls, api_key)
+    if kind == "openai-sdk":
+        from pathprobe.loadgen.sdk import OpenAISdkTarget
+
+        return OpenAISdkTarget(addr, timeout_s, openai_api)
     return OpenAITarget(addr, timeout_s, openai_api, tls, api_key)

@@ -114,10 +114,21 @@ class _HttpFrontEnd:
             await self._runner.cleanup()
 
 
+def _phase(phases: dict[str, float], name: str, since: float) -> float:
+    now = time.perf_counter()
+    phases[name] = now - since
+    return now
+
+
 async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
+    phases: dict[str, float] = {}  # startup breakdown, exported as pathprobe_server_startup_seconds
+    t = time.perf_counter()
     provider = telemetry.setup_tracing("pathprobe-server", traces_file=config.traces_file)
+    t = _phase(phases, "tracing", t)
     engine = create_engine(config.engine)
+    t = _phase(phases, "engine_create", t)
     await engine.start()
+    t = _phase(phases, "engine_start", t)
     state = ServerState(engine=engine, metrics=ServerMetrics(engine), auth=ApiKeys(config.api_keys))
     fronts = [_HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state, config.tls, config.drain_grace_s)
               for kind, port in ((config.http_server, config.http_port), *config.extra_http)]
@@ -125,6 +136,8 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         for front in fronts:
             await front.start()
         grpc_server, grpc_port, health = await start_grpc(state, config.host, config.grpc_port, config.tls)
+        _phase(phases, "listeners", t)
+        state.metrics.set_startup(phases)
         scheme = ("grpcs", "https") if config.tls else ("grpc", "http")
         log.warning("pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d (%s)%s", config.engine.kind,
                     engine.model_name, scheme[0], config.host, grpc_port, scheme[1], config.host, config.http_port,

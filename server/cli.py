@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import argparse
 
+from pathprobe import environment
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="model server: gRPC + HTTP/JSON + OpenAI-compatible over one engine")
-    p.add_argument("--engine", choices=("transformers", "synthetic", "vllm"), default="transformers")
-    p.add_argument("--model", default="tiny", help="tiny (default), a local model folder, or preset:NAME")
+    p.add_argument("--engine", choices=("transformers", "synthetic", "vllm"),
+                   default=environment.get(environment.PATHPROBE_ENGINE, "transformers"),
+                   help=f"default: ${environment.PATHPROBE_ENGINE} or transformers")
+    p.add_argument("--model", default=environment.get(environment.PATHPROBE_MODEL, "tiny"),
+                   help=f"tiny (default, or ${environment.PATHPROBE_MODEL}), a local model folder, or preset:NAME")
     p.add_argument("--model-name", default=None, help="name clients use (default: derived from --model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--http-server", choices=("aiohttp", "fastapi"), default="aiohttp",
-                   help="HTTP front end: aiohttp (default) or FastAPI on uvicorn; same routes, errors and timing")
+    p.add_argument("--http-server", choices=("aiohttp", "fastapi"),
+                   default=environment.get(environment.PATHPROBE_HTTP_SERVER, "aiohttp"),
+                   help="HTTP front end: aiohttp (default, or $PATHPROBE_HTTP_SERVER) or FastAPI on uvicorn; "
+                        "same routes, errors and timing")
     p.add_argument("--extra-http-server", action="append", default=[], metavar="KIND:PORT",
                    help="also serve the HTTP API with front end KIND (aiohttp|fastapi) on PORT, over the same "
                         "engine (repeatable): compare both frameworks side by side")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pathprobe.server.engine.base import Engine
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
-from pathprobe.server.engine.base import Engine
 
 _MS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -41,6 +40,13 @@ class ServerMetrics:
         queue.set_function(engine.queue_depth)
         running = Gauge("pathprobe_server_running", "Requests running in the engine", registry=r)
         running.set_function(engine.running)
+        self.startup = Gauge("pathprobe_server_startup_seconds",
+                             "Startup breakdown: seconds per phase (tracing, engine_create, engine_start, listeners)",
+                             ["phase"], registry=r)
+
+    def set_startup(self, phases: Mapping[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self.startup.labels(phase).set(seconds)
 
     def observe(self, route: str, code: str, entries: Mapping[str, float]) -> None:
         self.requests.labels(route, code).inc()

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pathprobe import environment
 from pathprobe.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -209,7 +210,7 @@ ask a colleague to look at the method. Write down what you did so that someone e
 
 # --- cache folder ----------------------------------------------------------------------
 def cache_dir() -> Path:
-    root = os.environ.get("PATHPROBE_CACHE")
+    root = environment.get(environment.PATHPROBE_CACHE)
     return Path(root).expanduser() if root else Path.home() / ".cache" / "pathprobe"
 
 

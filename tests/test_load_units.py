@@ -197,3 +197,23 @@ def test_prompts_are_cached_so_later_runs_skip_the_tokenizer(tmp_path):
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert second.stdout.split() == ["64", "False"], (first.stdout, second.stdout, second.stderr)
+
+
+def test_jsonl_reader_names_file_and_line(tmp_path) -> None:
+    from pathprobe import jsonl
+    from pathprobe.analysis.records import read_records
+    from pathprobe.errors import ConfigError, PathprobeError
+    from pathprobe.loadgen.prompts import from_file
+
+    good = tmp_path / "p.jsonl"
+    good.write_text('"plain string"\n\n{"prompt": "hi", "max_tokens": 3}\n')
+    assert [(n, v) for n, v in jsonl.read(good, "x")] == [(1, "plain string"), (3, {"prompt": "hi", "max_tokens": 3})]
+    assert [p.max_tokens for p in from_file(str(good), None)] == [None, 3]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{oops\n')
+    with pytest.raises(ConfigError, match=r"^prompt-file: .*bad.jsonl:2: malformed JSON"):
+        from_file(str(bad), None)
+    with pytest.raises(PathprobeError, match=r"^records: .*bad.jsonl:2: malformed JSON"):
+        read_records(bad)
+    with pytest.raises(PathprobeError, match="cannot read"):
+        read_records(tmp_path / "missing.jsonl")

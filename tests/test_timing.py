@@ -94,3 +94,24 @@ def test_hop_that_reports_only_its_total_keeps_what_it_forwarded_unsplit() -> No
     # e.g. a proxy that reports how long it took, but not its upstream's share
     s = split(30.0, timing.parse_chain("litellm.total;dur=25.0"), 0.5, 0.5)
     assert s.links == pytest.approx((4.0,)) and s.unsplit == pytest.approx(25.0) and s.other == 0.0
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("127.0.0.1:8000", ("127.0.0.1", 8000)),
+    ("[::1]:9000", ("::1", 9000)),
+    ("grpc://10.1.2.3:50051", ("10.1.2.3", 50051)),
+    ("http://example.internal:80/v1", ("example.internal", 80)),
+])
+def test_one_address_parser(value: str, expected: tuple[str, int]) -> None:
+    from pathprobe.address import parse_hostport
+
+    assert parse_hostport(value, "--x") == expected
+
+
+@pytest.mark.parametrize("value", ["nohost", "h:", "h:port", "h:70000", ":80"])
+def test_address_parser_names_the_flag(value: str) -> None:
+    from pathprobe.address import parse_hostport
+    from pathprobe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^--upstream: expected HOST:PORT"):
+        parse_hostport(value, "--upstream")

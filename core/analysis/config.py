@@ -106,7 +106,9 @@ class TargetConfig(_Strict):
 
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     kind: Literal["direct", "gateway", "nginx", "external"]
-    protocol: Literal["grpc", "http", "openai"] | None = None
+    #: openai-sdk: the OpenAI-compatible routes through the official openai SDK (what an
+    #: application's SDK adds shows as client serialization)
+    protocol: Literal["grpc", "http", "openai", "openai-sdk"] | None = None
     mode: Literal["passthrough", "transcode", "reencode", "http-proxy"] | None = None
     #: remote mode (any kind) or external: the address the load generator hits,
     #: as a URL (grpc://H:P, http://H:P, openai+http://H:P) or H:P
@@ -144,7 +146,7 @@ class TargetConfig(_Strict):
             self.protocol = "grpc"
         if self.kind == "gateway" and self.protocol is None:
             self.protocol = CLIENT_PROTOCOL[self.mode]  # type: ignore[index]
-        if self.kind == "gateway" and self.protocol not in (CLIENT_PROTOCOL[self.mode], "openai"):  # type: ignore[index]
+        if self.kind == "gateway" and self.protocol not in (CLIENT_PROTOCOL[self.mode], "openai", "openai-sdk"):  # type: ignore[index]
             if not (self.mode in ("transcode", "http-proxy") and self.protocol == "http"):
                 raise ValueError(
                     f"gateway mode '{self.mode}' accepts {CLIENT_PROTOCOL[self.mode]} clients, not '{self.protocol}'"  # type: ignore[index]

@@ -3,35 +3,18 @@ agreement check between trace-based and in-band splits."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-from pathprobe.errors import PathprobeError
+from pathprobe import jsonl
 from pathprobe.segments import SEGMENTS
 
 SPLIT_KEYS = (*SEGMENTS, "network_hop1", "network_hop2")
 
 
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    p = Path(path)
-    out: list[dict[str, Any]] = []
-    try:
-        fh = open(p, encoding="utf-8")
-    except OSError as exc:
-        raise PathprobeError(f"{p}: cannot read records: {exc.strerror or exc}") from None
-    with fh:
-        for i, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise PathprobeError(f"{p}:{i}: not a JSON record: {exc.msg}") from None
-    return out
+    return [obj for _, obj in jsonl.read(path, "records")]
 
 
 def ok_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

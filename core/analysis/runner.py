@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
+from pathprobe.address import parse_hostport
 from pathprobe.errors import ConfigError, PathprobeError
 
 LOOPBACK = "127.0.0.1"
@@ -61,15 +62,11 @@ def reachable(address: str, timeout: float = 3.0) -> str | None:
 
 
 def split_hostport(address: str) -> tuple[str, int]:
-    rest = address.split("://", 1)[-1].split("/", 1)[0]
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"address {address!r}: expected [scheme://]HOST:PORT")
-    return host.strip("[]") or LOOPBACK, int(port)
+    return parse_hostport(address, f"address {address!r}", default_host=LOOPBACK)
 
 
 def url_for(protocol: str, hostport: str, tls: bool = False) -> str:
-    scheme = {"grpc": "grpc", "http": "http", "openai": "openai+http"}[protocol]
+    scheme = {"grpc": "grpc", "http": "http", "openai": "openai+http", "openai-sdk": "openai-sdk+http"}[protocol]
     return f"{scheme}{'s' if tls else ''}://{hostport}"
 
 

@@ -8,16 +8,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from pathprobe import address
 from pathprobe.errors import ConfigError
 
 HELP = "delaying TCP relay: put a one-way delay (and loss/bandwidth limit) on one hop"
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"{what}: expected HOST:PORT, got {value!r}")
-    return (host or "127.0.0.1").strip("[]"), int(port)
+    return address.parse_hostport(value, what, default_host="127.0.0.1")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

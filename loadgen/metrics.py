@@ -1,0 +1,101 @@
+"""Prometheus metrics of the load generator: the client-side split, live, per process.
+
+Each process that runs users (a local run, or each Locust worker) serves ``/metrics`` on
+``--metrics-port`` (or ``PATHPROBE_LOAD_METRICS_PORT``); Prometheus scrapes every worker
+and ``histogram_quantile`` over the summed buckets gives fleet-wide percentiles. This is
+the only place the per-hop network segments exist (the server and gateway cannot see the
+wire they sit on), so the dashboard's segment percentiles come from here.
+
+Records are observed in batches, off the request path: where the plugin already moves
+each batch into its histograms (the local flush loop, a worker's report to the master).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pathprobe.loadgen.records import SEGMENT_METRICS
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+#: env var giving the port when ``--metrics-port`` is not on the command line
+ENV_METRICS_PORT = "PATHPROBE_LOAD_METRICS_PORT"
+ENV_METRICS_HOST = "PATHPROBE_LOAD_METRICS_HOST"
+
+#: ms; fine at the low end (a gateway hop is a few hundred µs), up to long generations
+MS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 150, 200, 300, 500, 1000, 2500, 5000, 10000, 30000)
+
+
+class LoadMetrics:
+    """``pathprobe_load_*``: requests by code, e2e/TTFT and every split segment, tokens."""
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "pathprobe_load_requests", "Requests sent, by route and status code", ["label", "route", "code"], registry=r
+        )
+        self.segment_ms = Histogram(
+            "pathprobe_load_segment_ms",
+            "Client-side latency split per request (ms): e2e, ttft and each segment "
+            "(network, network_hop1, network_hop2, serialization, queueing, inference, other, unsplit)",
+            ["label", "route", "segment"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
+        self.hop_ms = Histogram(
+            "pathprobe_load_hop_ms",
+            "Each reporting hop's own share per request (ms): part = total, serialization, other; "
+            "hop = its label (gw, srv, with the hop's description)",
+            ["label", "route", "hop", "part"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
+        self.link_ms = Histogram(
+            "pathprobe_load_link_ms",
+            "Network per link per request (ms); link 1 = client <-> first hop, then inwards",
+            ["label", "route", "link"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "pathprobe_load_output_tokens", "Tokens received (rate() of it is tokens/s)", ["label", "route"], registry=r
+        )
+
+    def observe(self, batch: Iterable[Mapping[str, Any]]) -> None:
+        lab = self.label
+        for rec in batch:
+            route = rec["route"]
+            self.requests.labels(lab, route, str(rec["status"])).inc()
+            if not rec["ok"]:
+                continue
+            seg = self.segment_ms
+            split = rec.get("split") or {}
+            seg.labels(lab, route, "e2e").observe(rec["e2e_ms"])
+            if rec.get("ttft_ms") is not None:
+                seg.labels(lab, route, "ttft").observe(rec["ttft_ms"])
+            for name in SEGMENT_METRICS:
+                if name in split:
+                    seg.labels(lab, route, name).observe(split[name])
+            for i, ms in enumerate(split.get("links") or (), 1):
+                self.link_ms.labels(lab, route, str(i)).observe(ms)
+            for hop in split.get("hops") or ():
+                for part in ("total", "serialization", "other"):
+                    self.hop_ms.labels(lab, route, hop["label"], part).observe(hop[part])
+            if rec.get("tokens_out"):
+                self.tokens.labels(lab, route).inc(rec["tokens_out"])
+
+    def serve(self, host: str, port: int) -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+
+
+def port_from(option: int | None) -> int:
+    """The flag's value, else the env var's, else 0 (off)."""
+    if option:
+        return int(option)
+    return int(os.environ.get(ENV_METRICS_PORT) or 0)
+
+
+def host_from(option: str | None) -> str:
+    return option or os.environ.get(ENV_METRICS_HOST) or "127.0.0.1"
