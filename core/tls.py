@@ -81,7 +81,7 @@ class TlsFiles:
     def client_context(self, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)
         if self.cert:
-            ctx.load_cert_chain(self.cert, self.key)  # type: ignore[arg-type]
+            ctx.load_cert_chain(self.cert, self.key)
         if alpn:
             ctx.set_alpn_protocols(list(alpn))
         return ctx

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ class _HttpFrontEnd:
             if tls.ca:
                 ssl_kw.update(ssl_ca_certs=tls.ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
         cfg = uvicorn.Config(build_fastapi(self.state, self.max_body_bytes), log_level="warning", access_log=False,
-                             lifespan="off", http="httptools", loop="none", timeout_graceful_shutdown=self.grace_s,
+                             lifespan="off", http="httptools", loop="none", timeout_graceful_shutdown=math.ceil(self.grace_s),
                              **ssl_kw)
         self._uvicorn = uvicorn.Server(cfg)
         self._uvicorn.install_signal_handlers = lambda: None  # serve() owns SIGINT/SIGTERM

@@ -108,4 +108,5 @@ async def call(route: Route, request: HttpRequest) -> Reply | StreamReply:
             reply = error_reply(exc)
             reply.headers["WWW-Authenticate"] = "Bearer"
             return reply
-    return await route.handler(request)
+    reply: Reply | StreamReply = await route.handler(request)
+    return reply

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pathprobe.errors import http_to_grpc
@@ -103,7 +103,7 @@ def compare_hop(expected: Counter[str], got: Counter[str], stopped: int, hop: st
     return diffs
 
 
-def reconcile(records: list[Mapping[str, Any]], server: Counter[str] | None,
+def reconcile(records: Sequence[Mapping[str, Any]], server: Counter[str] | None,
               gateway: Counter[str] | None = None) -> dict[str, Any]:
     """One run's accounting: counts by status at each place, and every difference."""
     client = client_counts(records)
@@ -127,9 +127,9 @@ def reconcile(records: list[Mapping[str, Any]], server: Counter[str] | None,
     return out
 
 
-def merge(blocks: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+def merge(runs: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
     """Sum the accounting of several runs (rounds of one concurrency)."""
-    blocks = [b for b in blocks if b]
+    blocks: list[Mapping[str, Any]] = [b for b in runs if b]
     if not blocks:
         return None
     out: dict[str, Any] = {"runs": len(blocks), "stopped_in_flight": 0, "lost": 0, "unexplained": 0,
