@@ -105,12 +105,15 @@ def test_soak_twice_capacity(tmp_path) -> None:
                      "change_pct": round(100 * (late - early) / early, 2), "max_mib": round(max(vals), 1)}
         assert abs(late - early) <= 0.10 * early, (name, rss[name])
     ok = sorted(r["e2e_ms"] for r in recs if r["ok"])
+    queue = sorted(r["entries"].get("srv.queue", 0.0) for r in recs if r["ok"])
     figures = {"seconds": SOAK_S, "offered_rps": 80, "capacity_rps_approx": 40, "requests": len(recs),
                "by_status": dict(statuses), "accounting": acct, "rss": rss,
-               "ok_p50_ms": round(ok[len(ok) // 2], 1), "ok_p99_ms": round(ok[int(0.99 * (len(ok) - 1))], 1)}
+               "ok_p50_ms": round(ok[len(ok) // 2], 1), "ok_p99_ms": round(ok[int(0.99 * (len(ok) - 1))], 1),
+               "srv_queue_p99_ms": round(queue[int(0.99 * (len(queue) - 1))], 1)}
     if os.environ.get("PATHPROBE_SOAK_OUT"):
         Path(os.environ["PATHPROBE_SOAK_OUT"]).write_text(json.dumps(figures, indent=1))
-    assert figures["ok_p99_ms"] < 2000, figures
+    # the bounded queue bounds an admitted request's wait (one batch ahead, ~100 ms) on the server's clock
+    assert figures["srv_queue_p99_ms"] < 400, figures
 
 
 @pytest.mark.parametrize("impl", ["h2", "grpc"])
