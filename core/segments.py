@@ -55,6 +55,7 @@ class Split:
     links: tuple[float, ...] = ()  # network per link, outermost first (client <-> first hop, ...)
     hops: tuple[HopPart, ...] = ()  # each reporting hop's own share, outermost first
     network_estimated: bool = False  # the innermost link's network is a transport round trip
+    client_wait: float = 0.0  # the client's own wait for its event loop, in ``other`` (never network)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -94,6 +95,7 @@ def split(
     client_decode_ms: float = 0.0,
     *,
     network_estimate_ms: float | None = None,
+    client_wait_ms: float = 0.0,
 ) -> Split:
     """Split ``e2e_ms`` using the hops' in-band entries.
 
@@ -101,6 +103,10 @@ def split(
     ``{name: dur}`` mapping (one server and at most one hop of each other kind).
     ``network_estimate_ms``: a transport round trip measured on the innermost link, used
     only where that link ends in a component that reports nothing.
+    ``client_wait_ms``: how long the client's own event loop kept the response waiting
+    (:mod:`pathprobe.loadgen.clientwait`); it is the client's time, not the link's, so it moves
+    from the client's link to ``other`` -- capped at that link's time (an upper bound cannot
+    take more than the link took).
     """
     chain: Chain = chain_of(entries)
     hops = [h for h in chain.hops if h.has("total")]
@@ -140,6 +146,10 @@ def split(
         links.append(net)
         unsplit += rest
 
+    wait = min(client_wait_ms, links[0]) if links and links[0] > 0 and client_wait_ms > 0 else 0.0
+    if wait:
+        links[0] -= wait
+        other += wait
     network = sum(links)
     return Split(
         e2e=e2e_ms,
@@ -154,4 +164,5 @@ def split(
         links=tuple(links),
         hops=tuple(parts),
         network_estimated=estimated,
+        client_wait=wait,
     )

@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, SpanKind, Tracer
 
@@ -65,6 +65,40 @@ class OTLPJsonLinesExporter(SpanExporter):
         return None
 
 
+class DeferredSpanProcessor(SpanProcessor):
+    """Keeps finished spans until its owner calls :meth:`drain` (which exports them, in the
+    caller's thread). For a load generator: export between two requests instead of in a
+    background thread that takes the interpreter lock while a response waits to be timed.
+
+    ``max_pending`` bounds memory: beyond it the oldest batch is exported at once."""
+
+    def __init__(self, exporter: SpanExporter, max_pending: int = 8192) -> None:
+        self.exporter = exporter
+        self.max_pending = max_pending
+        self.pending: list[ReadableSpan] = []
+        self.exported = 0
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.pending.append(span)
+        if len(self.pending) >= self.max_pending:
+            self.drain()
+
+    def drain(self) -> int:
+        batch, self.pending = self.pending, []
+        if batch:
+            self.exporter.export(batch)
+            self.exported += len(batch)
+        return len(batch)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self.drain()
+        return True
+
+    def shutdown(self) -> None:
+        self.drain()
+        self.exporter.shutdown()
+
+
 def setup_tracing(
     service_name: str,
     *,
@@ -72,11 +106,19 @@ def setup_tracing(
     traces_file: str | None = None,
     attributes: Mapping[str, Any] | None = None,
     set_global: bool = True,
+    deferred: bool = False,
 ) -> TracerProvider | None:
     """Configure a TracerProvider; returns None when no exporter is asked for.
 
     With no exporter, the global no-op tracer stays and span creation costs ~nothing.
+    ``deferred``: spans are exported only when the caller drains the provider's
+    :class:`DeferredSpanProcessor` s (``deferred_processors(provider)``), not by a thread.
     """
+    def processor(exporter: SpanExporter) -> SpanProcessor:
+        if deferred:
+            return DeferredSpanProcessor(exporter)
+        return BatchSpanProcessor(exporter, schedule_delay_millis=500)
+
     endpoint = otlp_endpoint or os.environ.get(ENV_OTLP_TRACES_ENDPOINT) or os.environ.get(ENV_OTLP_ENDPOINT)
     path = traces_file or os.environ.get(ENV_TRACES_FILE)
     if not endpoint and not path:
@@ -87,14 +129,19 @@ def setup_tracing(
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         insecure = not endpoint.startswith("https://")
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure), schedule_delay_millis=500)
-        )
+        provider.add_span_processor(processor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure)))
     if path:
-        provider.add_span_processor(BatchSpanProcessor(OTLPJsonLinesExporter(path), schedule_delay_millis=500))
+        provider.add_span_processor(processor(OTLPJsonLinesExporter(path)))
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
+
+
+def deferred_processors(provider: Any) -> list[DeferredSpanProcessor]:
+    """The :class:`DeferredSpanProcessor` s attached to ``provider`` (an SDK TracerProvider)."""
+    multi = getattr(provider, "_active_span_processor", None)
+    procs = getattr(multi, "_span_processors", ())
+    return [p for p in procs if isinstance(p, DeferredSpanProcessor)]
 
 
 def get_tracer(name: str) -> Tracer:

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 MODES = ("passthrough", "transcode", "reencode", "http-proxy")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def register(subparsers: Any) -> None:
@@ -58,7 +59,7 @@ def register(subparsers: Any) -> None:
                         "per call (measured faster)")
     p.add_argument("--pool-size", type=int, help="HTTP upstream keep-alive connections per upstream (default 64)")
     p.add_argument("--traces-file", help="also write spans to this OTLP JSON lines file")
-    p.add_argument("--log-level", help="default WARNING")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="default WARNING")
     p.add_argument("--max-inflight", type=int, metavar="N",
                    help="calls in flight per upstream at most; past it 429 / RESOURCE_EXHAUSTED at once (0 = no cap)")
     p.add_argument("--retry-after-ms", type=float, metavar="MS",
@@ -86,6 +87,28 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _check_free(host: str, port: int, flag: str) -> None:
+    """Fail before serving when another process listens on HOST:PORT.
+
+    The listeners set SO_REUSEPORT (for ``--workers``), which would otherwise let this gateway
+    silently share the port with whatever already listens there; a plain bind does not.
+    """
+    import socket
+
+    from pathprobe.errors import ConfigError
+
+    if port == 0:
+        return
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
+        sock.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot bind {host}:{port}: {exc.strerror}") from None
+    finally:
+        sock.close()
+
+
 def run(args: argparse.Namespace) -> int:
     from pathprobe.gateway.config import GatewayConfig
 
@@ -98,6 +121,13 @@ def serve(cfg: Any) -> int:
 
     logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.WARNING),
                         format="%(asctime)s gateway %(levelname)s %(message)s")
+    from pathprobe.errors import ConfigError
+
+    if cfg.workers > 1 and cfg.listen_port == 0:
+        raise ConfigError("--workers: the processes share one port; give --listen a fixed port, not 0")
+    if not cfg.worker_child:
+        _check_free(cfg.listen_host, cfg.listen_port, "--listen")
+
     if cfg.mode == "passthrough" and cfg.impl == "grpc" and cfg.grpc_poller == "legacy" \
             and "GRPC_EXPERIMENTS" not in os.environ and "gateway" in sys.argv:
         # The poller is chosen when grpc core starts: re-exec with it set (same pid).
@@ -116,7 +146,11 @@ def serve(cfg: Any) -> int:
                 cfg.retry_after_ms)
     metrics = Metrics(cfg.mode, pool)
     if cfg.admin_port and not cfg.worker_child:
-        metrics.serve(cfg.admin_host or cfg.listen_host, cfg.admin_port)
+        admin_host = cfg.admin_host or cfg.listen_host
+        try:
+            metrics.serve(admin_host, cfg.admin_port)
+        except OSError as exc:
+            raise ConfigError(f"--admin-port: cannot bind {admin_host}:{cfg.admin_port}: {exc.strerror}") from None
     health = HealthChecker(pool, cfg.health_interval, cfg.health_timeout, cfg.unhealthy_after,
                            cfg.upstream_tls_files).start()
     tracing = provider is not None

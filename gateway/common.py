@@ -105,10 +105,15 @@ class Entries:
     encode: float = 0.0
     upstream: float = 0.0
     total: float = 0.0
+    #: TCP connect time of the upstream connection (a round trip; None when not measured)
+    connect: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
     #: the Server-Timing string sent downstream (upstream's entries + these), once sent
     sent: str | None = None
 
     def as_dict(self) -> dict[str, float]:
+        if self.connect is None:
+            return {"gw.decode": self.decode, "gw.encode": self.encode, "gw.upstream": self.upstream,
+                    "gw.total": self.total}
         return {"gw.decode": self.decode, "gw.encode": self.encode, "gw.upstream": self.upstream,
-                "gw.total": self.total}
+                "gw.connect": self.connect, "gw.total": self.total}

@@ -149,10 +149,7 @@ class GatewayConfig:
             raise ConfigError(f"{flag}: required for --mode {self.mode}")
         self.targets = parse_upstreams(raw, "--upstream-http" if self.http_upstream and self.upstream_http
                                        else "--upstream")
-        if self.max_body_bytes <= 0:
-            raise ConfigError("--max-body-bytes: must be > 0")
-        if self.workers < 1 or self.threads < 1:
-            raise ConfigError("--workers/--threads: must be >= 1")
+        self._check_numbers()
         if self.max_inflight < 0 or self.retry_after_ms < 0:
             raise ConfigError("--max-inflight/--retry-after-ms: must be >= 0")
         if self.drain_delay_s < 0 or self.drain_grace_s < 0:
@@ -170,6 +167,18 @@ class GatewayConfig:
         if self.upstream_tls or self.upstream_ca or self.upstream_cert or self.upstream_server_name:
             self.upstream_tls_files = TlsFiles(self.upstream_cert, self.upstream_key, self.upstream_ca,
                                                self.upstream_server_name, flag="--upstream")
+
+    def _check_numbers(self) -> None:
+        for name in ("max_body_bytes", "workers", "threads", "unhealthy_after", "pool_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(self, name)}")
+        for name in ("timeout", "health_timeout"):
+            if not getattr(self, name) > 0:  # also rejects nan
+                raise ConfigError(f"--{name.replace('_', '-')}: must be > 0 seconds, got {getattr(self, name)}")
+        if not self.health_interval >= 0:
+            raise ConfigError(f"--health-interval: must be >= 0 seconds (0 = off), got {self.health_interval}")
+        if not 0 <= self.admin_port <= 65535:
+            raise ConfigError(f"--admin-port: must be a TCP port, 0..65535 (0 = off), got {self.admin_port}")
 
     def _check_choices(self) -> None:
         for name, allowed in (("mode", MODES), ("balance", BALANCE), ("impl", IMPLS), ("loop", LOOPS),

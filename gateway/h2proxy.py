@@ -35,9 +35,7 @@ import subprocess
 import sys
 from urllib.parse import quote
 
-from hpack import Decoder
 from hpack.exceptions import HPACKError
-
 from pathprobe import telemetry, timing
 from pathprobe.auth import ApiKeys
 from pathprobe.deadline import PUSHBACK_KEY
@@ -45,73 +43,39 @@ from pathprobe.errors import PathprobeError, Unavailable
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
+from pathprobe.h2frames import (
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    F_PRIORITY,
+    GOAWAY,
+    HEADERS,
+    NOTHING,
+    PATH,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    STATUS,
+    WINDOW_UPDATE,
+    BlockReader,
+    FrameError,
+    fragment,
+    frame,
+    frames,
+    literal,
+    literal_block,
+)
 from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.gateway")
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM, END_HEADERS, PADDED, F_PRIORITY = 0x1, 0x4, 0x8, 0x20
-
 CODE_NAMES = {"0": "OK", "1": "CANCELLED", "2": "UNKNOWN", "3": "INVALID_ARGUMENT", "4": "DEADLINE_EXCEEDED",
               "5": "NOT_FOUND", "6": "ALREADY_EXISTS", "7": "PERMISSION_DENIED", "8": "RESOURCE_EXHAUSTED",
               "9": "FAILED_PRECONDITION", "10": "ABORTED", "11": "OUT_OF_RANGE", "12": "UNIMPLEMENTED",
               "13": "INTERNAL", "14": "UNAVAILABLE", "15": "DATA_LOSS", "16": "UNAUTHENTICATED"}
-
-
-# ------------------------------------------------------------------------------ HPACK bits
-def _int(value: int, prefix_bits: int, first: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def literal(name: bytes, value: bytes) -> bytes:
-    """HPACK 'literal header field without indexing, new name', no Huffman: touches no table."""
-    return b"\x00" + _int(len(name), 7, 0) + name + _int(len(value), 7, 0) + value
-
-
-def literal_block(headers: list[tuple[bytes, bytes]]) -> bytes:
-    return b"".join(literal(k, v) for k, v in headers)
-
-
-def frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
-
-
-class FrameError(Exception):
-    """A frame the relay cannot pass on (RFC 9113 connection error); ``code`` is the h2 error code."""
-
-    def __init__(self, message: str, code: int = 1) -> None:  # 1 = PROTOCOL_ERROR
-        super().__init__(message)
-        self.code = code
-
-
-def fragment(flags: int, payload: bytes) -> tuple[bytes, bytes]:
-    """(priority prefix, header block fragment) of a HEADERS payload, padding removed.
-
-    Raises FrameError for a pad length or priority block the frame does not hold."""
-    start, end = 0, len(payload)
-    if flags & PADDED:
-        if not payload:
-            raise FrameError("HEADERS: PADDED without a pad length")
-        end -= payload[0]
-        start = 1
-    prio = b""
-    if flags & F_PRIORITY:
-        prio = payload[start:start + 5]
-        start += 5
-    if start > end:
-        raise FrameError("HEADERS: padding or priority longer than the frame")
-    return prio, payload[start:end]
 
 
 def grpc_error_block(code: int, message: str, own: dict[str, float], with_status: bool,
@@ -191,9 +155,8 @@ class ClientConn(asyncio.Protocol):
         self.max_sid = 0
         self.pending_up: list[bytes] = []  # client bytes held until the upstream connects
         self.tried: tuple[Upstream, ...] = ()
-        self.cdec = Decoder()
-        self.udec = Decoder()
-        self.cdec.max_allowed_table_size = self.udec.max_allowed_table_size = 1 << 20
+        self.cdec = BlockReader()  # the client's request header blocks
+        self.udec = BlockReader()  # the upstream's response header blocks
         self.c_hdr: tuple[int, int, bytearray] | None = None  # (sid, flags, block) while CONTINUATIONs come
         self.u_hdr: tuple[int, int, bytes, bytearray] | None = None
         self.dead = False
@@ -279,17 +242,12 @@ class ClientConn(asyncio.Protocol):
             self.preface = True
         out = []
         pos = 0
-        n = len(buf)
-        while n - pos >= 9:
-            length = int.from_bytes(buf[pos:pos + 3], "big")
-            if n - pos < 9 + length:
-                break
-            ftype, flags = buf[pos + 3], buf[pos + 4]
-            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+        for start, end, ftype, flags, sid in frames(buf):
+            pos = end
             if ftype == SETTINGS and not flags & 1:
                 out.append(frame(SETTINGS, 1, 0, b""))
             elif ftype == PING and not flags & 1:
-                out.append(frame(PING, 1, 0, bytes(buf[pos + 9:pos + 9 + length])))
+                out.append(frame(PING, 1, 0, bytes(buf[start + 9:end])))
             elif ftype == HEADERS and sid > self.max_sid:
                 self.max_sid = sid
                 block = grpc_error_block(14, self.dead_why, {"gw.decode": 0.0, "gw.upstream": 0.0,
@@ -297,7 +255,6 @@ class ClientConn(asyncio.Protocol):
                 out.append(frame(HEADERS, END_STREAM | END_HEADERS, sid, block))
                 if self.relay.metrics is not None:
                     self.relay.metrics.observe("?", "UNAVAILABLE", 0.0, None, 0.0)
-            pos += 9 + length
         del buf[:pos]
         if out and self.transport is not None:
             answered = self.max_sid > 0
@@ -325,30 +282,24 @@ class ClientConn(asyncio.Protocol):
                 return
             self.preface = True
             pos = 24  # forwarded with the first run of frames
-        n = len(buf)
         out: list[bytes] = []
         run = 0  # start of the run of frames forwarded untouched
         decode_after: list[tuple[int, bytes]] = []
         new_streams: list[Stream] = []
         relay = self.relay
-        while n - pos >= 9:
-            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-            end = pos + 9 + length
-            if end > n:
-                break
-            ftype = buf[pos + 3]
-            if self.unforwarded and ftype not in (HEADERS, CONTINUATION) \
-                    and int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF in self.unforwarded:
+        start = end = pos  # what is consumed: up to the end of the last whole frame
+        for pos, end, ftype, flags, sid in frames(buf, start):
+            if self.unforwarded and ftype not in (HEADERS, CONTINUATION) and sid in self.unforwarded:
                 # the upstream never saw this stream: RST_STREAM / WINDOW_UPDATE on it would be a connection error
                 if run < pos:
                     out.append(bytes(buf[run:pos]))
                 run = end
+                length = end - pos - 9
                 if ftype == DATA and length and self.transport is not None:  # give the client's window back
                     self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
-                pos = end
                 continue
             if ftype == DATA:
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                length = end - pos - 9
                 st = self.streams.get(sid)
                 if st is not None:
                     st.received += length
@@ -364,9 +315,7 @@ class ClientConn(asyncio.Protocol):
                     run = end
                     if length and self.transport is not None:  # give the client's window back
                         self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
-            elif ftype == HEADERS or ftype == CONTINUATION:
-                flags = buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            elif ftype in (HEADERS, CONTINUATION):
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
                     if sid not in self.streams and sid > self.max_sid:
@@ -377,7 +326,7 @@ class ClientConn(asyncio.Protocol):
                         if self.upstream is not None:
                             self.upstream.outstanding += 1
                     try:
-                        prio, frag = fragment(flags, payload)
+                        _prio, frag = fragment(flags, payload)
                     except FrameError as exc:
                         self.connection_error(exc)
                         return
@@ -406,11 +355,10 @@ class ClientConn(asyncio.Protocol):
                         out.append(bytes(buf[run:pos]))
                     run = end
             elif ftype == RST_STREAM:
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 st = self.streams.get(sid)
                 if st is not None:
                     self._finish(st, "1", "cancelled by the client")
-            pos = end
+        pos = end
         if run < pos:
             out.append(bytes(buf[run:pos]))
         del buf[:pos]
@@ -426,12 +374,23 @@ class ClientConn(asyncio.Protocol):
                 self.up.transport.write(payload)
             elif not self.dead:
                 self.pending_up.append(payload)
-        for sid, block in decode_after:
-            self._decode_request(sid, block)
+        for sid, req_block in decode_after:
+            self._decode_request(sid, req_block)
 
-    def _decode_request(self, sid: int, block: bytes) -> list[tuple[bytes, bytes]]:
+    def _decode_request(self, sid: int, block: bytes) -> None:
+        """Metrics label of a request: its ``:path`` (the block was forwarded already)."""
         try:
-            headers = self.cdec.decode(block, raw=True)
+            path = self.cdec.read(block, PATH).get(b":path")
+        except HPACKError as exc:
+            log.warning("cannot decode a client header block: %s", exc)
+            return
+        st = self.streams.get(sid)
+        if st is not None and path is not None:
+            st.method = path.decode(errors="replace")
+
+    def _decode_request_all(self, sid: int, block: bytes) -> list[tuple[bytes, bytes]]:
+        try:
+            headers = self.cdec.decode_all(block)
         except HPACKError as exc:
             log.warning("cannot decode a client header block: %s", exc)
             return []
@@ -465,7 +424,7 @@ class ClientConn(asyncio.Protocol):
         client then gets a trailers-only UNAUTHENTICATED and the upstream never sees the stream)."""
         relay = self.relay
         try:
-            headers = self.cdec.decode(block, raw=True)
+            headers = self.cdec.decode_all(block)
         except HPACKError as exc:  # the header table is out of step now: the connection cannot go on
             self.connection_error(FrameError(f"cannot decode a header block: {exc}", 9))  # COMPRESSION_ERROR
             return None
@@ -551,20 +510,12 @@ class ClientConn(asyncio.Protocol):
         t_in = now_ms()
         buf = self.ubuf
         buf += data
-        pos = 0
-        n = len(buf)
         out: list[bytes] = []
         run = 0
         decode_after: list[tuple[int, bytes, bool]] = []
-        while n - pos >= 9:
-            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-            end = pos + 9 + length
-            if end > n:
-                break
-            ftype = buf[pos + 3]
-            if ftype == HEADERS or ftype == CONTINUATION:
-                flags = buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+        end = 0  # what is consumed: up to the end of the last whole frame
+        for pos, end, ftype, flags, sid in frames(buf):
+            if ftype in (HEADERS, CONTINUATION):
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
                     try:
@@ -604,12 +555,11 @@ class ClientConn(asyncio.Protocol):
                         st.resp_seen = True
                     decode_after.append((hsid, bytes(u_hdr[3]), False))
             elif ftype == RST_STREAM:
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 st = self.streams.get(sid)
                 if st is not None and not st.ended:
-                    code = int.from_bytes(buf[pos + 9:pos + 13], "big") if length >= 4 else 0
+                    code = int.from_bytes(buf[pos + 9:pos + 13], "big") if end - pos >= 13 else 0
                     self._finish(st, {8: "1", 7: "14"}.get(code, "2"), f"upstream reset the stream (h2 error {code})")
-            pos = end
+        pos = end
         if run < pos:
             out.append(bytes(buf[run:pos]))
         del buf[:pos]
@@ -620,9 +570,14 @@ class ClientConn(asyncio.Protocol):
         codes: dict[int, str] = {}
         sts: dict[int, str] | None = {} if self.relay.tracing else None  # upstream server-timing, for spans
         if self.relay.decode:
-            for sid, block, trailers in decode_after:
+            for sid, resp_block, trailers in decode_after:
                 try:
-                    headers = self.udec.decode(block, raw=True)
+                    if sts is not None and trailers:  # tracing: the upstream's server-timing too
+                        headers = self.udec.decode_all(resp_block)
+                        sts[sid] = ", ".join(v.decode() for k, v in headers if k == b"server-timing")
+                        fields = dict(headers)
+                    else:  # keeps the table in step; response headers need nothing else
+                        fields = self.udec.read(resp_block, STATUS if trailers else NOTHING)
                 except HPACKError as exc:  # the status stays unknown: counted and logged, not guessed
                     target = self.upstream.target if self.upstream else "?"
                     log.warning("upstream %s: cannot decode a %s block of stream %d: %s", target,
@@ -630,12 +585,8 @@ class ClientConn(asyncio.Protocol):
                     if self.relay.metrics is not None:
                         self.relay.metrics.trailer_error(target, type(exc).__name__)
                     continue
-                if trailers:
-                    for k, v in headers:
-                        if k == b"grpc-status":
-                            codes[sid] = v.decode()
-                    if sts is not None:
-                        sts[sid] = ", ".join(v.decode() for k, v in headers if k == b"server-timing")
+                if trailers and b"grpc-status" in fields:
+                    codes[sid] = fields[b"grpc-status"].decode()
         if finishes:
             self.finishes = []
             for st, own in finishes:

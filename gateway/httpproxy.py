@@ -8,6 +8,7 @@ entries appended (its parse and re-dump are the only ``gw.decode`` / ``gw.encode
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -43,6 +44,7 @@ class HttpProxy:
         self.metrics = metrics
         self.tracing = tracing
         self.session: aiohttp.ClientSession | None = None
+        self.connects = httpup.ConnectTimes()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         t0 = now_ms()
@@ -78,6 +80,7 @@ class HttpProxy:
                 raise body_error(up.upstream, exc, self.cfg.timeout) from None
             ent.upstream = now_ms() - up.t0
             Spans.end_client(up.cspan, {"http.response.status_code": status}, None, up.t0, ent.upstream)
+            ent.connect = self.connects.get(up.upstream.target)
             ent.total = now_ms() - t0
             headers[timing.HTTP_HEADER] = ent.sent = timing.append(upstream_st, ent.as_dict())
             self.metrics.observe(route, str(status), ent.total, up.upstream.target, ent.upstream)
@@ -111,7 +114,7 @@ class HttpProxy:
                         continue
                     data = b"".join(event)
                     event = []
-                    if b'"server_timing"' in data and data.startswith(b"data:"):
+                    if data.startswith(b"data:") and (b'"server_timing"' in data or _final_usage(data)):
                         data = self._rewrite(data, up, t0, ent, spans)
                     await out.write(data)
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -145,6 +148,7 @@ class HttpProxy:
         t1 = now_ms()
         ent.decode += t1 - td
         ent.upstream = td - up.t0  # the upstream's last timed event: its work is done (this parse is ours)
+        ent.connect = self.connects.get(up.upstream.target)
         ent.total = now_ms() - t0
         obj["server_timing"] = ent.sent = timing.append(obj.get("server_timing"), ent.as_dict())
         out = b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
@@ -152,6 +156,12 @@ class HttpProxy:
         if spans is not None:
             spans.child("gw.decode", td, t1 - td)
         return out
+
+
+def _final_usage(data: bytes) -> bool:
+    """An OpenAI stream's usage chunk (no choices): where a server that sends no ``server_timing``
+    (vLLM) ends its stream, so the gateway's own entries ride on it."""
+    return b'"usage"' in data and (b'"choices":[]' in data or b'"choices": []' in data)
 
 
 async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, spans: Spans) -> Any:
@@ -167,7 +177,10 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
     p = HttpProxy(cfg, pool, metrics, tracing)
 
     async def factory() -> web.Application:
-        p.session = make_session(cfg.pool_size, cfg.upstream_tls_files)
+        p.session = make_session(cfg.pool_size, p.connects, cfg.upstream_tls_files)
+        # a few TCP handshakes to each upstream before serving, off the event loop: gw.connect is
+        # the shortest round trip seen, not one connect that a busy loop stretched
+        await asyncio.gather(*(p.connects.probe(u.target) for u in pool.upstreams))
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", p.handle)
         return app

@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from pathprobe import rtt
 from pathprobe.address import host_and_port
 from pathprobe.errors import DeadlineExceeded, Unavailable
 from pathprobe.gateway.aio import Spans
@@ -16,12 +17,56 @@ from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles
 
 
-def make_session(pool_size: int, tls: TlsFiles | None = None) -> aiohttp.ClientSession:
+class ConnectTimes:
+    """The shortest TCP connect time (ms) seen to each upstream ``H:P``: a transport round trip
+    measured without the application, reported as ``gw.connect`` (the network estimate of the
+    gateway <-> upstream link when the upstream reports nothing)."""
+
+    def __init__(self) -> None:
+        self.by_target: dict[str, float] = {}
+
+    def get(self, target: str) -> float | None:
+        return self.by_target.get(target)
+
+    def saw(self, target: str, ms: float) -> None:
+        self.by_target[target] = min(ms, self.by_target.get(target, ms))
+
+    async def probe(self, target: str, n: int = 3) -> None:
+        """``n`` TCP handshakes to ``target`` in a worker thread (an unreachable upstream: none)."""
+        host, port = host_and_port(target)
+        ms = await asyncio.get_running_loop().run_in_executor(None, rtt.tcp_handshake_ms, host, port, n, 1.0)
+        if ms is not None:
+            self.saw(target, ms)
+
+    def trace_config(self) -> aiohttp.TraceConfig:
+        tc = aiohttp.TraceConfig()
+
+        async def on_request(_s: Any, ctx: Any, params: Any) -> None:
+            ctx.target = f"{params.url.host}:{params.url.port}"
+
+        async def on_create_start(_s: Any, ctx: Any, _p: Any) -> None:
+            ctx.connect_t0 = now_ms()
+
+        async def on_create_end(_s: Any, ctx: Any, _p: Any) -> None:
+            t0 = getattr(ctx, "connect_t0", None)
+            if t0 is not None and getattr(ctx, "target", None):
+                self.saw(ctx.target, now_ms() - t0)
+
+        tc.on_request_start.append(on_request)
+        tc.on_connection_create_start.append(on_create_start)
+        tc.on_connection_create_end.append(on_create_end)
+        return tc
+
+
+def make_session(pool_size: int, connects: ConnectTimes | None = None,
+                 tls: TlsFiles | None = None) -> aiohttp.ClientSession:
     """One keep-alive pool; with ``tls`` the upstreams are called over HTTPS (mTLS when it has a cert)."""
     conn = aiohttp.TCPConnector(limit=0, limit_per_host=pool_size, keepalive_timeout=75, ttl_dns_cache=None,
                                 force_close=False, enable_cleanup_closed=True,
                                 ssl=tls.client_context(alpn=("http/1.1",)) if tls is not None else True)
-    return aiohttp.ClientSession(connector=conn, auto_decompress=False, skip_auto_headers=("User-Agent",))
+    traces = [connects.trace_config()] if connects is not None else None
+    return aiohttp.ClientSession(connector=conn, auto_decompress=False, skip_auto_headers=("User-Agent",),
+                                 trace_configs=traces)
 
 
 class UpstreamResponse:

@@ -303,7 +303,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
     r = Reencoder(cfg, pool, metrics, tracing)
 
     async def main() -> None:
-        r.session = make_session(cfg.pool_size, cfg.upstream_tls_files)
+        r.session = make_session(cfg.pool_size, tls=cfg.upstream_tls_files)
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
                                           ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 1)])
         server.add_generic_rpc_handlers((_Handler(r),))

@@ -11,6 +11,7 @@ caller. ``--sweep 1,4,16,64`` runs one Locust run per concurrency and writes
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "load",
         add_help=False,
-        help="a Locust run against grpc://, http:// or openai+http:// with per-request segment split",
+        help="a Locust run against grpc://, http://, openai+http:// or ollama+http:// with per-request segment split",
         description=__doc__,
         prefix_chars="\x00",  # every token belongs to Locust; parsed below
     )
@@ -82,6 +83,13 @@ def _without(args: Sequence[str], *names: str) -> list[str]:
     return out
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def validate(args: Sequence[str]) -> None:
     """Catch the common mistakes before Locust starts (errors name the flag)."""
     from pathprobe.loadgen.targets import parse_host
@@ -90,7 +98,10 @@ def validate(args: Sequence[str]) -> None:
         return
     host = _opt_value(args, "-H", "--host") or environment.get(environment.LOCUST_HOST)
     if host:
-        parse_host(host)
+        kind, _ = parse_host(host)
+        if kind == "openai-sdk" and not _installed("openai"):
+            raise ConfigError(f"host: {host} goes through the official openai SDK, which is not installed "
+                              "(pip install openai, or 'pathprobe[loadgen]'); openai+http:// needs no SDK")
     elif (("--headless" in args or "--autostart" in args)
           and _opt_value(args, "-f", "--locustfile", "--config") is None):
         raise ConfigError("host: give the target with -H/--host: grpc://HOST:PORT, http://HOST:PORT "
@@ -113,10 +124,33 @@ def validate(args: Sequence[str]) -> None:
         v = _opt_value(args, flag)
         if v is not None and (not v.lstrip("-").isdigit() or int(v) <= 0):
             raise ConfigError(f"{flag[2:]}: must be a positive integer, got {v!r}")
+    port = _opt_value(args, "--metrics-port")
+    if port is not None and (not port.isdigit() or int(port) > 65535):
+        raise ConfigError(f"metrics-port: must be a TCP port, 0..65535 (0 = off), got {port!r}")
+    _check_tokenizer(_opt_value(args, "--tokenizer"))
+
+
+def _check_tokenizer(spec: str | None) -> None:
+    """``tiny`` / ``none`` / ``preset:NAME`` / an existing folder (checked here, before Locust starts)."""
+    if spec is None or spec in ("tiny", "none", ""):
+        return
+    from pathprobe.server import models
+
+    if spec.startswith("preset:"):
+        if spec.split(":", 1)[1] not in models.PRESETS:
+            raise ConfigError(f"tokenizer: unknown preset {spec!r}; known: "
+                              + ", ".join(f"preset:{n}" for n in sorted(models.PRESETS)))
+        return
+    if not os.path.isdir(spec):
+        raise ConfigError(f"tokenizer: {spec!r} is not tiny, none, preset:NAME or an existing model folder")
+
+
+# ``python -m locust``, named ``pathprobe load`` in Locust's usage and error messages
+_LOCUST_MAIN = "import sys; sys.argv[0] = 'pathprobe load'; from locust.main import main; main()"
 
 
 def locust_command(args: Sequence[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "locust"]
+    cmd = [sys.executable, "-c", _LOCUST_MAIN]
     if _opt_value(args, "-f", "--locustfile") is None:
         cmd += ["-f", LOCUSTFILE]
     return cmd + list(args)
@@ -167,7 +201,7 @@ def print_pathprobe_help() -> None:
 
     p = _HelpParser(prog="pathprobe load", add_help=False, usage=argparse.SUPPRESS,
                     description="pathprobe options (with Locust's options above; host: grpc://HOST:PORT, "
-                                "http://HOST:PORT or openai+http://HOST:PORT):")
+                                "http://HOST:PORT, openai+http://HOST:PORT or ollama+http://HOST:PORT):")
     add_arguments(p)
     print()
     p.print_help()
@@ -208,13 +242,13 @@ def run_sweep(args: list[str], sweep: str) -> int:
 
 def format_sweep(levels: Sequence[int], runs: dict[str, Any]) -> str:
     cols = ("e2e", "network", "serialization", "queueing", "inference", "ttft")
-    head = f"{'users':>6}{'route':>24}{'req/s':>9}" + "".join(f"{c + ' p50':>16}" for c in cols) + f"{'e2e p99':>11}"
+    head = f"{'users':>6}{'route':>24}{'req/s':>9}" + "".join(f"{c + ' p50':>19}" for c in cols) + f"{'e2e p99':>11}"
     lines = ["pathprobe load: concurrency sweep (ms)", head]
     for n in levels:
         s = runs.get(str(n)) or {}
         for route, rs in (s.get("routes") or {}).items():
             m = rs.get("metrics", {})
-            cells = "".join(f"{(m.get(c) or {}).get('p50', float('nan')):>16.3f}" for c in cols)
+            cells = "".join(f"{(m.get(c) or {}).get('p50', float('nan')):>19.3f}" for c in cols)
             p99 = (m.get("e2e") or {}).get("p99", float("nan"))
             lines.append(f"{n:>6}{route:>24}{(rs.get('rps') or 0):>9.1f}{cells}{p99:>11.3f}")
         if "error" in s:

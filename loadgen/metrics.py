@@ -16,12 +16,13 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pathprobe import environment
 from pathprobe.loadgen.records import SEGMENT_METRICS
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-#: env var giving the port when ``--metrics-port`` is not on the command line
-ENV_METRICS_PORT = "PATHPROBE_LOAD_METRICS_PORT"
-ENV_METRICS_HOST = "PATHPROBE_LOAD_METRICS_HOST"
+#: env vars giving the port / address when ``--metrics-port`` / ``--metrics-host`` are not given
+ENV_METRICS_PORT = environment.PATHPROBE_LOAD_METRICS_PORT
+ENV_METRICS_HOST = environment.PATHPROBE_LOAD_METRICS_HOST
 
 #: ms; fine at the low end (a gateway hop is a few hundred µs), up to long generations
 MS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 150, 200, 300, 500, 1000, 2500, 5000, 10000, 30000)

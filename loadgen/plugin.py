@@ -27,8 +27,9 @@ import gevent
 from locust import events
 from locust.runners import STATE_MISSING, LocalRunner, MasterRunner, WorkerRunner
 
-from pathprobe import environment
+from pathprobe import environment as env_vars
 from pathprobe.errors import ConfigError
+from pathprobe.loadgen import clientwait
 from pathprobe.loadgen import metrics as metrics_mod
 from pathprobe.tls import TlsFiles
 from pathprobe.loadgen import monitor as monitor_mod
@@ -42,7 +43,11 @@ log = logging.getLogger("pathprobe.loadgen")
 MSG_FINAL = "pathprobe_final"
 MSG_SHARE = "pathprobe_share"
 MSG_STOP = "pathprobe_stop"
-LOCAL_FLUSH_S = 1.0
+LOCAL_FLUSH_S = 0.25
+#: records per slice of a periodic flush; the event loop runs between slices, so a flush never
+#: holds the loop (and every user's next request) for more than a few ms (one 1 s flush of
+#: ~4k records held it ~100 ms and cut a 16-user run's req/s by half)
+FLUSH_SLICE = 128
 
 
 # --- flags ---------------------------------------------------------------------------------
@@ -76,6 +81,9 @@ def add_arguments(parser: Any) -> None:
     g.add_argument("--sweep", default="", include_in_web_ui=False,
                    help="concurrency sweep, e.g. 1,4,16,64 (pathprobe load only): one run per value")
     g.add_argument("--timeout-s", type=float, default=60.0, help="per-request deadline (s)")
+    g.add_argument("--grpc-client", choices=["h2", "grpcio"], default="h2",
+                   help="gRPC transport: h2 = pathprobe's HTTP/2 client (a fraction of grpcio's CPU per call "
+                        "under gevent, same records); grpcio = grpcio's channel")
     g.add_argument("--api-key", default="", include_in_web_ui=False,
                    help=f"sent as 'Authorization: Bearer KEY' (default: ${ENV_API_KEY})")
     g.add_argument("--target-ca", default="", include_in_web_ui=False,
@@ -96,6 +104,10 @@ def add_arguments(parser: Any) -> None:
                    include_in_web_ui=False,
                    help="the load generator counts as saturated when its event-loop lag p99 reaches this "
                         "(or its loop CPU mean reaches 90%% of a core); see summary.json 'client'")
+    g.add_argument("--mix", default="", include_in_web_ui=False,
+                   help="call-by-call interleaving: NAME=URL[,NAME=URL...]; each user sends each call to the "
+                        "next configuration of a freshly shuffled order (records carry 'config' and 'cycle'; "
+                        "-H is then only Locust's label)")
     g.add_argument("--metrics-port", type=int, default=0, include_in_web_ui=False,
                    help="serve Prometheus /metrics (the client-side split, live) on this port from each "
                         "process that runs users (default: $PATHPROBE_LOAD_METRICS_PORT, else off)")
@@ -129,12 +141,15 @@ class Config:
     rate: float = 0.0
     ramp: float = 0.0
     timeout_s: float = 60.0
+    grpc_client: str = "h2"
     traces_file: str = ""
     records: bool = True
     label: str = ""
     seed: int = 0
     lag_threshold_ms: float = monitor_mod.DEFAULT_LAG_THRESHOLD_MS
     busy_ms: float = 0.0
+    #: call-by-call interleaving: (name, url) per configuration; empty: every call goes to --host
+    mix: tuple[tuple[str, str], ...] = ()
     api_key: str = ""
     tls: TlsFiles | None = None  # client TLS files for grpcs:// / https:// (None: system CAs)
 
@@ -159,12 +174,14 @@ class Config:
             rate=float(g("rate", 0.0) or 0.0),
             ramp=float(g("ramp", 0.0) or 0.0),
             timeout_s=float(g("timeout_s", 60.0)),
+            grpc_client=g("grpc_client", "h2") or "h2",
             traces_file=g("traces_file", "") or "",
             records=not g("no_records", False),
             label=g("label", "") or "",
             seed=int(g("seed", 0) or 0),
             lag_threshold_ms=float(g("client_lag_threshold_ms", monitor_mod.DEFAULT_LAG_THRESHOLD_MS)),
             busy_ms=float(g("pathprobe_busy_ms", 0.0) or 0.0),
+            mix=parse_mix(g("mix", "") or ""),
             api_key=g("api_key", "") or os.environ.get(ENV_API_KEY, ""),
             tls=_tls_files(g),
         )
@@ -181,6 +198,21 @@ class Config:
         return cfg
 
 
+def parse_mix(text: str) -> tuple[tuple[str, str], ...]:
+    """``a=grpc://h:p,b=http://h:q`` -> ``(("a", "grpc://h:p"), ("b", "http://h:q"))``."""
+    out: list[tuple[str, str]] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, sep, url = item.partition("=")
+        if not sep or not name.strip() or not url.strip():
+            raise ConfigError(f"mix: expected NAME=URL, got {item!r}")
+        if name.strip() in {n for n, _ in out}:
+            raise ConfigError(f"mix: configuration name {name.strip()!r} appears twice")
+        out.append((name.strip(), url.strip()))
+    return tuple(out)
+
+
 def _tls_files(g: Any) -> TlsFiles | None:
     tls = TlsFiles.from_env(ENV_TLS, {k: g(f"target_{k}", "") for k in ("ca", "cert", "key", "server_name")},
                             flag="--target")
@@ -191,7 +223,7 @@ def _tls_files(g: Any) -> TlsFiles | None:
 class Tracing:
     """A CLIENT span per request; ``traceparent`` injected into metadata/headers."""
 
-    def __init__(self, tracer: Any, provider: Any) -> None:
+    def __init__(self, tracer: Any, provider: Any, deferred: list[Any] | None = None) -> None:
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -199,6 +231,7 @@ class Tracing:
 
         self.tracer = tracer
         self.provider = provider
+        self.deferred = list(deferred or ())
         self._trace = trace
         self._kind = SpanKind.CLIENT
         self._status = Status
@@ -217,16 +250,22 @@ class Tracing:
             # Locust's --otel owns the global provider (and its OTLP exporter): use it.
             provider = trace.get_tracer_provider()
             if cfg.traces_file and hasattr(provider, "add_span_processor"):
-                from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-                provider.add_span_processor(
-                    BatchSpanProcessor(telemetry.OTLPJsonLinesExporter(cfg.traces_file), schedule_delay_millis=500)
-                )
+                mine = telemetry.DeferredSpanProcessor(telemetry.OTLPJsonLinesExporter(cfg.traces_file))
+                provider.add_span_processor(mine)
+                return cls(provider.get_tracer("pathprobe.loadgen"), None, [mine])
             return cls(provider.get_tracer("pathprobe.loadgen"), None)
-        provider = telemetry.setup_tracing("pathprobe-loadgen", traces_file=cfg.traces_file or None, set_global=False)
+        # spans are exported between requests (Runtime.flush), not by a thread that competes for the
+        # interpreter lock while a response waits to be timed
+        provider = telemetry.setup_tracing("pathprobe-loadgen", traces_file=cfg.traces_file or None, set_global=False,
+                                           deferred=True)
         if provider is None:
             return None
-        return cls(provider.get_tracer("pathprobe.loadgen"), provider)
+        return cls(provider.get_tracer("pathprobe.loadgen"), provider, telemetry.deferred_processors(provider))
+
+    def drain(self) -> None:
+        """Export the spans finished since the last call (in this thread, between requests)."""
+        for p in self.deferred:
+            p.drain()
 
     def start(self, route: str, target: Any, spec: Any, headers: dict[str, str]) -> tuple[Any, int]:
         """Start the CLIENT span; returns it and its start (perf_counter_ns), which becomes the
@@ -263,12 +302,16 @@ class Tracing:
         span.set_attribute("pathprobe.client.encode_ms", round(rec["client_encode_ms"], 4))
         span.set_attribute("pathprobe.client.decode_ms", round(rec["client_decode_ms"], 4))
         span.set_attribute("pathprobe.e2e_ms", round(rec["e2e_ms"], 4))
+        if rec.get("client_wait_ms"):
+            span.set_attribute("pathprobe.client.wait_ms", round(rec["client_wait_ms"], 4))
         if rec["schedule_lag_ms"]:
             span.set_attribute("pathprobe.schedule_lag_ms", round(rec["schedule_lag_ms"], 4))
         if rec["split"]:
             for k, v in rec["split"].items():
                 if isinstance(v, float):  # the segments; per-link and per-hop lists stay in the record
                     span.set_attribute(f"pathprobe.split.{k}_ms", round(v, 4))
+        if rec.get("network_estimate_ms") is not None:
+            span.set_attribute("pathprobe.network_estimate_ms", round(rec["network_estimate_ms"], 4))
         if rec["ttft_ms"] is not None:
             span.set_attribute("pathprobe.ttft_ms", round(rec["ttft_ms"], 4))
         if not rec["ok"]:
@@ -276,6 +319,7 @@ class Tracing:
         span.end(end_time=self._wall(t_end_ns / 1e6) if t_end_ns else None)
 
     def shutdown(self) -> None:
+        self.drain()
         if self.provider is not None:
             self.provider.force_flush()
             self.provider.shutdown()
@@ -305,6 +349,8 @@ class Runtime:
         self.end_wall = 0.0
         self.last_summary: dict[str, Any] | None = None
         self.monitor: monitor_mod.LoopMonitor | None = None
+        self.waits: clientwait.WaitTracker | None = None
+        self.next_flush = 0.0
         self.client_wires: dict[str, dict[str, Any]] = {}  # master: each worker's monitor data
         self.metrics: metrics_mod.LoadMetrics | None = None  # Prometheus export (processes that run users)
         self.client: dict[str, Any] | None = None
@@ -351,7 +397,12 @@ class Runtime:
         if self.role in ("local", "worker"):
             # this process runs users: watch its event loop for the whole run
             self.monitor = monitor_mod.LoopMonitor().start()
+            # and book the time a response waits for the loop as the client's, not the network's
+            self.waits = clientwait.WaitTracker().start()
+        self.next_flush = time.monotonic() + LOCAL_FLUSH_S
         if self.role == "local":
+            # the records are flushed by the users between two requests (after_request); this
+            # greenlet only covers a run whose requests outlast the flush interval
             self.flusher = gevent.spawn(self._flush_loop)
 
     def prepare(self) -> None:
@@ -388,12 +439,44 @@ class Runtime:
     def _flush_loop(self) -> None:
         while True:
             gevent.sleep(LOCAL_FLUSH_S)
-            self.flush_local()
+            if time.monotonic() >= self.next_flush + 5 * LOCAL_FLUSH_S:  # no request ended for a while
+                self.flush()
 
-    def flush_local(self) -> None:
-        batch = self.agg.flush(self.writer)
-        if self.metrics is not None and batch:
-            self.metrics.observe(batch)
+    def flush(self) -> None:
+        """Records into the histograms and records.jsonl, finished spans to their exporter."""
+        self.next_flush = time.monotonic() + LOCAL_FLUSH_S
+        if self.role == "local":
+            self.flush_local(yielding=True)  # other users' responses are read between slices
+        if self.tracing is not None:
+            self.tracing.drain()
+
+    def after_request(self) -> None:
+        """Called by a user right after it recorded a request and before it sends the next: the
+        flushing happens here, outside every timed request of this user (with one user, outside
+        every request), instead of on a timer that fires while a response waits for the loop."""
+        if time.monotonic() >= self.next_flush:
+            self.flush()
+
+    def flush_local(self, yielding: bool = False) -> None:
+        """Histograms, JSONL and metrics for the pending records, ``FLUSH_SLICE`` at a time.
+
+        ``yielding`` (the periodic flush): the event loop runs between slices. Each slice is
+        taken off ``pending`` only when it is processed, and the greenlet can only be killed at
+        the yield, so a flush cut short by the end of the test loses nothing: the rest is still
+        pending for the final flush."""
+        pending = self.agg.pending
+        left = len(pending)  # records added meanwhile wait for the next flush
+        while left > 0:
+            part = pending[:min(FLUSH_SLICE, left)]
+            del pending[:len(part)]
+            left -= len(part)
+            self.agg.add_batch(part)
+            if self.writer is not None:
+                self.writer(part)
+            if self.metrics is not None:
+                self.metrics.observe(part)
+            if yielding:
+                gevent.sleep(0)
 
     def serve_metrics(self) -> None:
         """Start the Prometheus endpoint when a port is given (flag or env); once per process."""
@@ -449,6 +532,9 @@ class Runtime:
 
     def stop_monitor(self) -> dict[str, Any] | None:
         """Stop this process's loop monitor; its wire data (None when it never ran)."""
+        if self.waits is not None:
+            self.waits.stop()
+            self.waits = None
         if self.monitor is None:
             return None
         self.monitor.stop()
@@ -529,7 +615,7 @@ def runtime(environment: Any) -> Runtime:
 
 # --- Locust events -------------------------------------------------------------------------
 def on_init(environment: Any, **_kw: Any) -> None:
-    if getattr(environment.parsed_options, "sweep", "") and not environment.get(environment.PATHPROBE_SWEEP_CHILD):
+    if getattr(environment.parsed_options, "sweep", "") and not env_vars.get(env_vars.PATHPROBE_SWEEP_CHILD):
         log.warning("pathprobe: --sweep is handled by `pathprobe load`; ignored here")
     rt = runtime(environment)
     runner = environment.runner

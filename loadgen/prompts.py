@@ -45,6 +45,19 @@ class _HFTokenizer:
         return self.tok.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
+class _RawTokenizer:
+    """A ``tokenizer.json`` read with the ``tokenizers`` library alone (no transformers import)."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tok.decode(list(ids), skip_special_tokens=True))
+
+
 class _WordTokenizer:
     """Whitespace words: an approximation for targets whose tokenizer is not at hand."""
 
@@ -56,12 +69,29 @@ class _WordTokenizer:
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """``tiny`` / a preset / a local folder (pathprobe.server.models), or ``none``."""
+    """``tiny`` / a preset / a local folder (pathprobe.server.models), or ``none``.
+
+    A folder with a ``tokenizer.json`` is read with ``tokenizers`` alone (neither torch nor
+    transformers is needed); any other tokenizer format goes through transformers.
+    """
     if spec in ("none", ""):
         return _WordTokenizer()
     from pathprobe.server import models
 
-    return _HFTokenizer(models.load_tokenizer(spec))
+    folder = models.resolve_tokenizer(spec)
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer as _Tokenizer
+
+        try:
+            return _RawTokenizer(_Tokenizer.from_file(str(path)))
+        except Exception as exc:  # the library raises its own exception types
+            raise ConfigError(f"tokenizer: cannot read {path}: {exc}") from exc
+    try:
+        return _HFTokenizer(models.load_tokenizer(spec))
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"tokenizer: {folder} has no tokenizer.json, and reading its tokenizer needs "
+                          f"{exc.name} (pip install transformers), or use --tokenizer none") from exc
 
 
 def exact_length(base: str, n: int, tok: Tokenizer) -> Prompt:
@@ -114,7 +144,7 @@ def _tokenizer_digest(spec: str) -> str | None:
     from pathprobe.server import models
 
     try:
-        folder = models.resolve_model(spec)
+        folder = models.resolve_tokenizer(spec)
     except Exception:  # noqa: BLE001 - no cache then; the load below reports the real problem
         return None
     h = hashlib.sha256()

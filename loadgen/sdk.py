@@ -18,9 +18,10 @@ import os
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
-from pathprobe import timing
-from pathprobe.loadgen.targets import CallSpec, Outcome, Target
+from pathprobe import rtt, timing
+from pathprobe.loadgen.targets import HANDSHAKE_PROBES, CallSpec, Outcome, Target, _take_report
 
 pc = time.perf_counter_ns
 #: the API key the SDK sends (the SDK requires one; local servers ignore it)
@@ -86,6 +87,9 @@ class OpenAISdkTarget(Target):
                                     api_key=os.environ.get(OPENAI_API_KEY) or "none", timeout=timeout_s)
         self._openai = openai
         self._model: str | None = None
+        parts = urlsplit(base_url)  # the shortest TCP handshake: the network estimate to a silent server
+        self.connect_ms = rtt.tcp_handshake_ms(parts.hostname or "127.0.0.1",
+                                               parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES)
 
     def route(self, stream: bool) -> str:
         base = "openai-sdk.chat" if self.api == "chat" else "openai-sdk.completions"
@@ -128,6 +132,8 @@ class OpenAISdkTarget(Target):
                 out.t_end = pc()
                 out.decode_ns = out.t_end - t1
                 self._usage(obj, out)
+                _take_report(raw.headers, obj.model_extra or {}, out)  # vLLM's metrics, TGI's headers
+            out.network_estimate_ms = self.connect_ms
             out.ok, out.status = True, "OK"
         except self._openai.APIStatusError as exc:
             out.t_end = pc()
@@ -149,9 +155,12 @@ class OpenAISdkTarget(Target):
             if any((c.delta.content if self.api == "chat" else c.text) for c in choices):
                 out.token_times.append(ta)
             self._usage(ev, out)
-            st = (ev.model_extra or {}).get("server_timing")
+            extra = ev.model_extra or {}
+            st = extra.get("server_timing")
             if st:
                 out.entries = timing.parse_chain(st)
+            if extra.get("metrics"):  # vLLM: its per-request metrics ride on the final usage chunk
+                _take_report(None, extra, out)
         out.t_end = pc()
         out.decode_ns = dec
         if out.tokens_out is None:

@@ -6,6 +6,9 @@ import here: these are usable from any gevent (or plain threaded) program.
 
 - gRPC: raw-bytes calls (no stub serializers) so ``client.encode`` / ``client.decode``
   time exactly the protobuf (de)serialization; ``server-timing`` from trailing metadata.
+  Two transports give the same records: :class:`H2GrpcTarget` (default, ``--grpc-client h2``:
+  pathprobe's own HTTP/2 client, :mod:`pathprobe.loadgen.h2grpc`) and :class:`GrpcTarget`
+  (``--grpc-client grpcio``).
 - native HTTP (``POST /v1/generate``) and OpenAI-compatible routes over
   geventhttpclient (the HTTP client under Locust's FastHttpUser): ``client.encode`` /
   ``client.decode`` time ``json.dumps`` / ``json.loads``; entries from the
@@ -20,12 +23,35 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from pathprobe import timing
+from pathprobe import environment, reporters, rtt, timing
 from pathprobe.deadline import TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import ConfigError
+from pathprobe.serverreports import TGI_HEADERS, ReportError, ServerReport
+from pathprobe.serverreports import read as read_report
 from pathprobe.tls import TlsFiles
 
 pc = time.perf_counter_ns
+#: round trips a target times for its network estimate (the estimate is the shortest): TCP
+#: handshakes before an HTTP target's first request, HTTP/2 PINGs after a gRPC call without entries
+HANDSHAKE_PROBES = 3
+
+#: a JSON object of headers sent with every request (e.g. a gateway's API key); kept in the
+#: environment so a secret never shows on a command line
+ENV_HEADERS = environment.PATHPROBE_LOAD_HEADERS
+
+
+def extra_headers() -> dict[str, str]:
+    """The headers of :data:`ENV_HEADERS` (empty when unset); bad JSON is a ConfigError."""
+    raw = environment.get(ENV_HEADERS)
+    if not raw:
+        return {}
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_HEADERS}: not a JSON object of headers ({exc})") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
+        raise ConfigError(f"{ENV_HEADERS}: expected a JSON object of string header values")
+    return obj
 
 
 def parse_timing(value: str | None) -> timing.Chain:
@@ -33,8 +59,31 @@ def parse_timing(value: str | None) -> timing.Chain:
     return timing.parse_chain(value)
 
 
+def _first(value: Any) -> str | None:
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
 def entries_from_metadata(md: Any) -> timing.Chain:
     return timing.from_metadata(md)
+
+
+def _timing_values(md: Any) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else v for k, v in md or () if k == timing.METADATA_KEY]
+
+
+def entries_from_call(call: Any) -> timing.Chain:
+    """A finished gRPC call's chain: the ``server-timing`` trailers (the server and the hops that
+    append to them), then what proxies wrote in the response headers (HAProxy, Caddy, Envoy:
+    they cannot touch trailers, so they are taken as the outer hops)."""
+    values = _timing_values(call.trailing_metadata())
+    initial = call.initial_metadata() or ()
+    if initial:
+        values += _timing_values(initial)
+        md = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in initial}
+        values += reporters.gateway_values(md.get)
+    return timing.parse_chain(values)
 
 
 @dataclass(slots=True)
@@ -55,6 +104,7 @@ class Outcome:
     encode_ns: int = 0
     decode_ns: int = 0
     token_times: list[int] = field(default_factory=list)  # arrival of each chunk carrying tokens
+    emit_ms: list[float] = field(default_factory=list)  # the server's emit offset of each of those chunks
     tokens_in: int | None = None
     tokens_out: int | None = None
     ok: bool = False
@@ -62,6 +112,12 @@ class Outcome:
     error: str | None = None
     entries: dict[str, float] = field(default_factory=timing.Chain)  # a timing.Chain once filled
     response_bytes: int = 0
+    #: the shortest TCP handshake seen to the target (HTTP/1.1): a transport round trip
+    #: measured without the application, the network estimate of a link whose far end
+    #: reports nothing
+    network_estimate_ms: float | None = None
+    #: what a third-party server reported about the request itself (vLLM, TGI, Ollama)
+    server_report: ServerReport | None = None
 
 
 class Target:
@@ -100,6 +156,20 @@ class GrpcTarget(Target):
         )
         self._unary = self.channel.unary_unary("/pathprobe.v1.LLM/Generate")
         self._stream = self.channel.unary_stream("/pathprobe.v1.LLM/GenerateStream")
+        self._ping_ms: float | None = None
+        self._pinged = False
+
+    def _estimate(self, out: Outcome) -> None:
+        """A server that sent no timing entries reports nothing: its link's network estimate is an
+        HTTP/2 PING round trip (measured once, on a connection of its own, after the first such call)."""
+        if out.entries:
+            return
+        if not self._pinged:
+            self._pinged = True
+            host, _, port = self.address.rpartition(":")
+            if port.isdigit():
+                self._ping_ms = rtt.h2_ping_ms(host.strip("[]") or "127.0.0.1", int(port), HANDSHAKE_PROBES)
+        out.network_estimate_ms = self._ping_ms
 
     def route(self, stream: bool) -> str:
         return "grpc.GenerateStream" if stream else "grpc.Generate"
@@ -125,8 +195,9 @@ class GrpcTarget(Target):
                 out.response_bytes = len(resp_bytes)
                 out.tokens_out = resp.usage.completion_tokens if resp.HasField("usage") else len(resp.token_ids)
                 out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
-                out.entries = entries_from_metadata(call.trailing_metadata())
+                out.entries = entries_from_call(call)
                 out.ok, out.status = True, "OK"
+            self._estimate(out)
         except self._grpc.RpcError as exc:
             out.t_end = out.t_end or pc()
             code = exc.code() if hasattr(exc, "code") else None
@@ -145,6 +216,7 @@ class GrpcTarget(Target):
         n = 0
         usage = None
         times = out.token_times
+        emits = out.emit_ms
         for raw in it:
             ta = pc()
             chunk = pb.GenerateChunk.FromString(raw)
@@ -152,6 +224,7 @@ class GrpcTarget(Target):
             out.response_bytes += len(raw)
             if chunk.token_ids or chunk.text:
                 times.append(ta)
+                emits.append(chunk.emit_ms)
                 n += len(chunk.token_ids) or 1
             if chunk.HasField("usage"):
                 usage = chunk.usage
@@ -159,11 +232,101 @@ class GrpcTarget(Target):
         out.decode_ns = dec
         out.tokens_out = usage.completion_tokens if usage is not None else n
         out.tokens_in = usage.prompt_tokens if usage is not None else None
-        out.entries = entries_from_metadata(it.trailing_metadata())
+        out.entries = entries_from_call(it)
         out.ok, out.status = True, "OK"
 
     def close(self) -> None:
         self.channel.close()
+
+
+class H2GrpcTarget(Target):
+    """The same calls as :class:`GrpcTarget` over :mod:`pathprobe.loadgen.h2grpc` (one HTTP/2
+    connection per user, no grpcio): a fraction of the CPU per call under gevent, same outcome."""
+
+    kind = "grpc"
+
+    def __init__(self, address: str, timeout_s: float = 60.0, api_key: str = "") -> None:
+        from pathprobe.loadgen.h2grpc import Channel
+        from pathprobe.v1 import llm_pb2
+
+        self._pb = llm_pb2
+        self.address = address
+        self.timeout_s = timeout_s
+        self._auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self.channel = Channel(address)
+
+    def route(self, stream: bool) -> str:
+        return "grpc.GenerateStream" if stream else "grpc.Generate"
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
+        pb = self._pb
+        out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
+        data = pb.GenerateRequest(
+            prompt=spec.prompt, max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos,
+            request_id=spec.request_id, model=spec.model,
+        ).SerializeToString()
+        out.encode_ns = pc() - t0
+        md = (tuple(headers.items()) + self._auth if headers else self._auth) or None
+        if spec.stream:
+            self._stream(data, md, out)
+            return
+        got: list[bytes] = []
+        res = self.channel.call("/pathprobe.v1.LLM/Generate", data, self.timeout_s, md,
+                                lambda m, _t: got.append(m))
+        if res.code == 0 and len(got) == 1:
+            t2 = pc()
+            resp = pb.GenerateResponse.FromString(got[0])
+            out.t_end = t3 = pc()
+            out.decode_ns = t3 - t2
+            out.response_bytes = len(got[0])
+            out.tokens_out = resp.usage.completion_tokens if resp.HasField("usage") else len(resp.token_ids)
+            out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
+            out.ok, out.status = True, "OK"
+        else:
+            out.t_end = pc()
+            out.ok = False
+            if res.code == 0:  # OK without exactly one message: what grpcio reports for a unary call
+                out.status, out.error = "INTERNAL", f"unary call answered with {len(got)} messages"
+            else:
+                out.status, out.error = res.status, res.details
+        out.entries = _entries(res.server_timing)
+
+    def _stream(self, data: bytes, md: Any, out: Outcome) -> None:
+        pb = self._pb
+        st = {"dec": 0, "n": 0, "usage": None}
+        times = out.token_times
+
+        def on_message(raw: bytes, ta: int) -> None:
+            t = pc()
+            chunk = pb.GenerateChunk.FromString(raw)
+            st["dec"] += pc() - t
+            out.response_bytes += len(raw)
+            if chunk.token_ids or chunk.text:
+                times.append(ta)
+                out.emit_ms.append(chunk.emit_ms)
+                st["n"] += len(chunk.token_ids) or 1
+            if chunk.HasField("usage"):
+                st["usage"] = chunk.usage
+
+        res = self.channel.call("/pathprobe.v1.LLM/GenerateStream", data, self.timeout_s, md, on_message)
+        out.t_end = pc()
+        out.decode_ns = st["dec"]
+        usage = st["usage"]
+        out.entries = _entries(res.server_timing)
+        if res.code != 0:
+            out.ok, out.status, out.error = False, res.status, res.details
+            return
+        out.tokens_out = usage.completion_tokens if usage is not None else st["n"]
+        out.tokens_in = usage.prompt_tokens if usage is not None else None
+        out.ok, out.status = True, "OK"
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _entries(values: list[str]) -> timing.Chain:
+    """Every ``server-timing`` value of the trailers, in order (the server's, then each gateway's)."""
+    return timing.parse_chain(values)
 
 
 # --- HTTP (native and OpenAI) --------------------------------------------------------------
@@ -189,19 +352,40 @@ class _HttpBase(Target):
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
+        self.connect_ms: float | None = None
+        _time_connects(self.client, self)
+        # a few TCP handshakes before any request: the estimate is the shortest of several round
+        # trips, not one that a busy scheduler stretched (each later pool connect can only lower it)
+        hs = rtt.tcp_handshake_ms(parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80),
+                                  HANDSHAKE_PROBES)
+        if hs is not None:
+            self._saw_connect(hs)
+
+    def _saw_connect(self, ms: float) -> None:
+        self.connect_ms = ms if self.connect_ms is None else min(self.connect_ms, ms)
+        self._base_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                              **extra_headers()}
 
     def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         body = self._dumps(body_obj).encode()
         out.encode_ns = pc() - t0
-        hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream", **self._auth}
+        hdrs = {**self._base_headers, **self._auth}
         if headers:
             hdrs.update(headers)
-        return self.client.post(self.prefix + path, body=body, headers=hdrs)
+        resp = self.client.post(self.prefix + path, body=body, headers=hdrs)
+        out.network_estimate_ms = self.connect_ms
+        return resp
 
     def _entries_from_header(self, resp: Any) -> timing.Chain:
-        value = resp.get("server-timing") if hasattr(resp, "get") else None
-        return timing.parse_chain(value)  # a str, the header's repeated values, or None
+        """``Server-Timing`` header(s) hop by hop, then what known gateways say in headers of
+        their own (LiteLLM, Envoy: :mod:`pathprobe.reporters`) as the outer hops."""
+        if not hasattr(resp, "get"):
+            return timing.Chain()
+        value = resp.get("server-timing")
+        values = list(value) if isinstance(value, list) else [value] if value is not None else []
+        values += reporters.gateway_values(lambda name: _first(resp.get(name)))
+        return timing.parse_chain(values)
 
     def _error(self, resp: Any, out: Outcome) -> None:
         body = resp.read()
@@ -260,6 +444,32 @@ class _HttpBase(Target):
         self.client.close()
 
 
+def _time_connects(client: Any, into: _HttpBase) -> None:
+    """Time each TCP connect of ``client``'s pool (the kernel's handshake: one round trip)."""
+    pool = client._connection_pool
+    connect = pool._connect_socket
+
+    def timed(sock: Any, address: Any) -> Any:
+        t0 = pc()
+        sock = connect(sock, address)
+        into._saw_connect((pc() - t0) / 1e6)
+        return sock
+
+    pool._connect_socket = timed
+
+
+def _take_report(resp: Any, obj: Any, out: Outcome) -> None:
+    """A third-party server's own report of the request (body fields or TGI's headers)."""
+    headers = {k: v for k in TGI_HEADERS if isinstance(v := resp.get(k), str)} if hasattr(resp, "get") else None
+    try:
+        rep = read_report(headers, obj if isinstance(obj, dict) else None)
+    except ReportError as exc:
+        out.error = f"server report ignored: {exc.message}"
+        return
+    if rep is not None:
+        out.server_report = rep
+
+
 class NativeHttpTarget(_HttpBase):
     """``POST /v1/generate`` (SSE when streaming)."""
 
@@ -297,6 +507,7 @@ class NativeHttpTarget(_HttpBase):
                 state["err"] = obj["error"]
             if obj.get("text") or obj.get("token_ids"):
                 out.token_times.append(ta)
+                out.emit_ms.append(float(obj.get("emit_ms") or 0.0))
                 state["n"] += len(obj.get("token_ids") or ()) or 1
             _take_usage_and_timing(obj, out)
 
@@ -331,7 +542,7 @@ class OpenAITarget(_HttpBase):
         if self._model is None:
             self._model = "default"
             try:
-                resp = self.client.get(self.prefix + "/v1/models", headers=self._auth)
+                resp = self.client.get(self.prefix + "/v1/models", headers={**extra_headers(), **self._auth})
                 body = resp.read()
                 if resp.status_code == 200:
                     data = json.loads(body).get("data") or []
@@ -364,6 +575,7 @@ class OpenAITarget(_HttpBase):
             usage = obj.get("usage") or {}
             out.tokens_out = usage.get("completion_tokens")
             out.tokens_in = usage.get("prompt_tokens")
+            _take_report(resp, obj, out)
             st = obj.get("server_timing")
             if st and not out.entries:
                 out.entries = parse_timing(st)
@@ -378,13 +590,88 @@ class OpenAITarget(_HttpBase):
                 piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
                 if piece:
                     out.token_times.append(ta)
+                    out.emit_ms.append(float(obj.get("emit_ms") or 0.0))
                     state["n"] += 1
             _take_usage_and_timing(obj, out)
+            if "metrics" in obj:  # vLLM: the final usage chunk carries its per-request metrics
+                _take_report(None, obj, out)
 
         self._sse(resp, out, on_event)
         if out.tokens_out is None:
             out.tokens_out = state["n"]
         _finish_stream(out, state["err"])
+
+
+class OllamaTarget(_HttpBase):
+    """Ollama's native ``POST /api/generate`` (newline-delimited JSON objects when streaming).
+
+    Ollama's OpenAI-compatible routes carry no timing; its native route's final object has
+    ``total_duration`` / ``load_duration`` / ``prompt_eval_duration`` / ``eval_duration``
+    (ns), read as the server's own report (a server hop)."""
+
+    kind = "ollama"
+
+    def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
+        super().__init__(base_url, timeout_s)
+        self._model: str | None = None
+
+    def route(self, stream: bool) -> str:
+        return "ollama.generate.stream" if stream else "ollama.generate"
+
+    def default_model(self) -> str:
+        """First model of ``GET /api/tags`` (Ollama requires a model name)."""
+        if self._model is None:
+            self._model = "default"
+            try:
+                resp = self.client.get(self.prefix + "/api/tags")
+                body = resp.read()
+                if resp.status_code == 200:
+                    models = json.loads(body).get("models") or []
+                    if models and models[0].get("name"):
+                        self._model = str(models[0]["name"])
+            except Exception:  # noqa: BLE001 - fall back to "default"; the server will say if wrong
+                pass
+        return self._model
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
+        body = {"model": spec.model or self.default_model(), "prompt": spec.prompt, "stream": spec.stream,
+                "raw": True, "options": {"num_predict": spec.max_tokens, "temperature": 0.0}}
+        resp = self._post("/api/generate", body, headers, out)
+        if resp.status_code != 200:
+            self._error(resp, out)
+            return
+        if not spec.stream:
+            obj = self._unary(resp, out)
+            out.tokens_out, out.tokens_in = obj.get("eval_count"), obj.get("prompt_eval_count")
+            _take_report(resp, obj, out)
+            out.ok, out.status = True, "OK"
+            return
+        dec, n, err = 0, 0, None
+        while True:
+            line = resp.readline(b"\n")
+            if not line:
+                break
+            if not line.strip():
+                continue
+            out.response_bytes += len(line)
+            ta = pc()
+            obj = self._loads(line)
+            dec += pc() - ta
+            if obj.get("error"):
+                err = obj["error"]
+            if obj.get("response"):
+                out.token_times.append(ta)
+                n += 1
+            if obj.get("done"):
+                out.tokens_out, out.tokens_in = obj.get("eval_count", n), obj.get("prompt_eval_count")
+                _take_report(None, obj, out)
+        resp.read()
+        out.t_end = pc()
+        out.decode_ns = dec
+        if out.tokens_out is None:
+            out.tokens_out = n
+        out.entries = self._entries_from_header(resp)
+        _finish_stream(out, err)
 
 
 def _take_usage_and_timing(obj: dict[str, Any], out: Outcome) -> None:
@@ -430,19 +717,32 @@ def parse_host(host: str) -> tuple[str, str]:
     if scheme in ("openai+http", "openai+https", "openai"):
         inner = scheme.split("+", 1)[1] if "+" in scheme else "http"
         return "openai", f"{inner}://{parts.netloc}{parts.path}".rstrip("/")
-    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc(s)://, http(s)://, openai+http(s):// or "
-                      "openai-sdk+http://")
+    if scheme in ("ollama+http", "ollama+https"):  # Ollama's native API (its timing fields)
+        return "ollama", f"{scheme.split('+', 1)[1]}://{parts.netloc}{parts.path}".rstrip("/")
+    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc(s)://, http(s)://, openai+http(s)://, "
+                      "openai-sdk+http:// or ollama+http://")
 
 
-def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions", tls: TlsFiles | None = None,
-                api_key: str = "") -> Target:
-    """``tls``: CA / client certificate for grpcs:// and https:// (unset: the system CAs)."""
+#: gRPC client implementations a load run can use (``--grpc-client``)
+GRPC_CLIENTS = ("h2", "grpcio")
+
+
+def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions",
+                grpc_client: str = "h2", tls: TlsFiles | None = None, api_key: str = "") -> Target:
+    """``tls``: CA / client certificate for grpcs:// and https:// (unset: the system CAs); grpcs://
+    goes over grpcio's channel (the h2 client speaks plaintext HTTP/2)."""
     kind, addr = parse_host(host)
     if kind == "grpc":
-        secure = urlsplit(host).scheme.lower() == "grpcs"
-        return GrpcTarget(addr, timeout_s, (tls or TlsFiles()) if secure else None, api_key)
+        if grpc_client not in GRPC_CLIENTS:
+            raise ConfigError(f"grpc-client: expected one of {', '.join(GRPC_CLIENTS)}, got {grpc_client!r}")
+        if urlsplit(host).scheme.lower() == "grpcs":
+            return GrpcTarget(addr, timeout_s, tls or TlsFiles(), api_key)
+        return H2GrpcTarget(addr, timeout_s, api_key) if grpc_client == "h2" else GrpcTarget(addr, timeout_s, None,
+                                                                                              api_key)
     if kind == "http":
         return NativeHttpTarget(addr, timeout_s, tls, api_key)
+    if kind == "ollama":
+        return OllamaTarget(addr, timeout_s)
     if kind == "openai-sdk":
         from pathprobe.loadgen.sdk import OpenAISdkTarget
 

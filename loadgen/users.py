@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 import time
 from typing import Any
 
@@ -26,7 +27,7 @@ import gevent  # noqa: E402
 from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 
-from pathprobe import segments, timing  # noqa: E402
+from pathprobe import segments, serverreports  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
 from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
@@ -61,12 +62,36 @@ class _LLMMixin:
             raise ConfigError(f"host: {type(self).__name__} needs a {self.target_kind} target, got {host!r}")
         self._host = host
         cfg = self._rt.cfg
-        self.target: Target = make_target(host, cfg.timeout_s, cfg.openai_api, tls=cfg.tls, api_key=cfg.api_key)
+        #: call-by-call interleaving (--mix): one target per configuration, a shuffled order per cycle
+        self._mix: dict[str, tuple[str, Target]] = {
+            name: (url, make_target(url, cfg.timeout_s, cfg.openai_api, cfg.grpc_client, cfg.tls, cfg.api_key)) for name, url in cfg.mix
+        }
+        self._order: list[str] = []
+        self._cycle = -1
+        self._rng = random.Random(cfg.seed * 100_003 + self._uid)
+        self.target: Target = (next(iter(self._mix.values()))[1] if self._mix
+                               else make_target(host, cfg.timeout_s, cfg.openai_api, cfg.grpc_client, cfg.tls,
+                                           cfg.api_key))
+
+    def _next_config(self) -> tuple[str | None, Target, str]:
+        """(configuration name, its target, its URL): the next of this cycle's shuffled order."""
+        if not self._mix:
+            return None, self.target, self._host
+        if not self._order:
+            self._order = list(self._mix)
+            self._rng.shuffle(self._order)
+            self._cycle += 1
+        name = self._order.pop()
+        url, target = self._mix[name]
+        return name, target, url
 
     def _pp_stop(self) -> None:
         target = getattr(self, "target", None)
         if target is not None:
             target.close()
+        for _, t in getattr(self, "_mix", {}).values():
+            if t is not target:
+                t.close()
 
     def generate(self) -> None:
         """One request: pace (open loop), send, measure, record, fire Locust's event."""
@@ -91,14 +116,17 @@ class _LLMMixin:
             request_id=f"{rt.worker}-{self._uid}-{next(self._seq)}",
             tokens_in=prompt.tokens,
         )
-        target = self.target
+        config, target, url = self._next_config()
         route = target.route(cfg.stream)
         headers: dict[str, str] = {}
         out = Outcome()
         span = None
+        waits = rt.waits
         if rt.tracing is not None:
             span, out.t0 = rt.tracing.start(route, target, spec, headers)
         ts = time.time()
+        if waits is not None:
+            waits.begin()
         try:
             target.call(spec, headers, out)
         except gevent.GreenletExit:
@@ -110,7 +138,13 @@ class _LLMMixin:
             _interrupted(out, "CANCELLED", "interrupted")
             raise
         finally:
-            rec = build_record(out, spec, route, self._host, ts, lag_ns, self._uid, rt.worker)
+            wait = waits.end() if waits is not None else (0.0, 0.0)
+            rec = build_record(out, spec, route, url, ts, lag_ns, self._uid, rt.worker, wait[0])
+            if spec.stream:  # every resume's wait: what held chunks back on this side (see analysis.chunks)
+                rec["client_wait_total_ms"] = wait[1]
+            if config is not None:
+                rec["config"] = config
+                rec["cycle"] = self._cycle
             if span is not None:
                 rt.tracing.end(span, rec, out.t_end)
             rt.agg.add(rec)
@@ -123,9 +157,10 @@ class _LLMMixin:
                     exception=None if rec["ok"] else RequestFailed(f"{rec['status']}: {rec['error']}"),
                     context={},
                     start_time=ts,
-                    url=self._host,
+                    url=url,
                     response=None,
                 )
+            rt.after_request()  # records/spans flushed here: between this user's requests, never inside one
 
 
 def _burn(ms: float) -> None:
@@ -145,7 +180,7 @@ def _interrupted(out: Outcome, status: str, error: str) -> None:
 
 
 def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float, lag_ns: int,
-                 user: int, worker: str) -> dict[str, Any]:
+                 user: int, worker: str, client_wait_ms: float = 0.0) -> dict[str, Any]:
     e2e = (out.t_end - out.t0) / 1e6
     enc = out.encode_ns / 1e6
     dec = out.decode_ns / 1e6
@@ -161,17 +196,25 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         n = out.tokens_out or 0
         if ttft is not None and n > 1:
             tpot = (e2e - ttft) / (n - 1)
+    rep = out.server_report
+    chain = serverreports.with_report(out.entries, rep)  # a server's own report as its hop, when it has a total
+    emit = out.emit_ms if spec.stream and len(out.emit_ms) == len(times) and all(out.emit_ms) else None
     if out.ok:
-        s = segments.split(e2e, out.entries, enc, dec)
+        est = serverreports.network_estimate(chain, out.network_estimate_ms)
+        s = serverreports.split(e2e, chain, rep, enc, dec, network_estimate_ms=est, client_wait_ms=client_wait_ms)
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
         sp["links"] = list(s.links)
         sp["hops"] = [{"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other}
                       for h in s.hops]
+        client_wait_ms = s.client_wait
     else:
         sp = None
     return {
         "ts": ts,
+        # t0 on the wall clock (CLOCK_REALTIME, what packet captures stamp), from the monotonic t0 and
+        # the two clocks' offset read now: it moves only by NTP slewing (<= 0.05% of the request's time)
+        "t0_wall_ns": out.t0 + time.time_ns() - pc(),
         "route": route,
         "target": host,
         "ok": out.ok,
@@ -183,12 +226,17 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         "client_decode_ms": dec,
         "ttft_ms": ttft,
         "itl_ms": itl if itl is not None else [],
+        # the server's emit offset of each token chunk (ms since it got the request; None: not reported)
+        "emit_ms": emit,
         "tpot_ms": tpot,
         "tokens_in": out.tokens_in if out.tokens_in is not None else spec.tokens_in,
         "tokens_out": out.tokens_out,
         "schedule_lag_ms": lag,
+        "client_wait_ms": client_wait_ms,
         "entries": out.entries,
-        "hops": [hop.as_dict() for hop in out.entries.hops] if isinstance(out.entries, timing.Chain) else None,
+        "hops": [hop.as_dict() for hop in chain.hops],
+        "server_report": {"source": rep.source, "entries": rep.entries} if rep is not None else None,
+        "network_estimate_ms": out.network_estimate_ms,
         "split": sp,
         "trace_id": None,
         "user": user,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import signal
@@ -20,10 +21,14 @@ from pathprobe.errors import ConfigError
 from pathprobe.server.core import ServerState
 from pathprobe.server.grpc_frontend import start_grpc
 from pathprobe.server.http_app import DEFAULT_MAX_BODY, build_app
+from pathprobe.gputelemetry import GpuSampler
 from pathprobe.server.metrics import ServerMetrics
+from pathprobe.server.startup import StartupTimer
+from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.server")
+_tracer = telemetry.get_tracer("pathprobe.server")
 
 
 
@@ -115,6 +120,10 @@ class _HttpFrontEnd:
             await self._runner.cleanup()
 
 
+def _on_cuda(engine: object) -> bool:
+    return str(getattr(engine, "device", "")).startswith("cuda")
+
+
 def _phase(phases: dict[str, float], name: str, since: float) -> float:
     now = time.perf_counter()
     phases[name] = now - since
@@ -122,27 +131,41 @@ def _phase(phases: dict[str, float], name: str, since: float) -> float:
 
 
 async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
-    phases: dict[str, float] = {}  # startup breakdown, exported as pathprobe_server_startup_seconds
+    t0 = now_ms()
+    # coarse breakdown (pathprobe_server_startup_seconds, the dashboard's); the engine's own
+    # phases (StartupTimer) go to pathprobe_server_startup_ms, the table and the spans
+    phases: dict[str, float] = {}
     t = time.perf_counter()
     provider = telemetry.setup_tracing("pathprobe-server", traces_file=config.traces_file)
     t = _phase(phases, "tracing", t)
     engine = create_engine(config.engine)
     t = _phase(phases, "engine_create", t)
+    gpu = GpuSampler().start() if _on_cuda(engine) else None
     await engine.start()
     t = _phase(phases, "engine_start", t)
+    startup: StartupTimer = getattr(engine, "startup", None) or StartupTimer(t0=t0)
     state = ServerState(engine=engine, metrics=ServerMetrics(engine), auth=ApiKeys(config.api_keys))
-    fronts = [_HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state, config.tls, config.drain_grace_s)
+    if gpu is not None:
+        state.metrics.watch_gpu(gpu)
+    fronts = [_HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state, config.tls,
+                            config.drain_grace_s)
               for kind, port in ((config.http_server, config.http_port), *config.extra_http)]
     try:
-        for front in fronts:
-            await front.start()
-        grpc_server, grpc_port, health = await start_grpc(state, config.host, config.grpc_port, config.tls)
+        with startup.phase("frontends"):
+            for front in fronts:
+                await front.start()
+            grpc_server, grpc_port, health = await start_grpc(state, config.host, config.grpc_port,
+                                                               config.tls)
         _phase(phases, "listeners", t)
         state.metrics.set_startup(phases)
+        ready_ms = now_ms() - t0
+        report_startup(startup, state, t0, ready_ms)
         scheme = ("grpcs", "https") if config.tls else ("grpc", "http")
         log.warning("pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d (%s)%s", config.engine.kind,
                     engine.model_name, scheme[0], config.host, grpc_port, scheme[1], config.host, config.http_port,
                     config.http_server, " (mTLS)" if config.tls and config.tls.mutual else "")
+        if gpu is not None and not gpu.available:
+            log.warning("GPU telemetry: %s", gpu.unavailable)
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -156,7 +179,34 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         for front in fronts:
             await front.stop()
         await engine.stop()
+        if gpu is not None:
+            summary = gpu.stop()
+            if summary.get("gpu"):
+                log.warning("GPU telemetry: %s", json.dumps(summary, default=str))
         telemetry.shutdown(provider)
+
+
+def report_startup(startup: StartupTimer, state: ServerState, t0: float, ready_ms: float) -> None:
+    """Print the startup table, export it as spans and gauges; add the first request later."""
+    print(startup.table(ready_ms), flush=True)
+    state.metrics.set_startup_phases({"total": ready_ms, **startup.as_dict()})
+    root = _tracer.start_span("server.startup", start_time=telemetry.mono_ms_to_wall_ns(t0),
+                              attributes={"pathprobe.startup_ms": ready_ms})
+    for ph in startup.ordered():
+        telemetry.child_span(_tracer, f"startup.{ph.name}", root, ph.start, ph.ms,
+                             {"pathprobe.startup.phase": ph.name, "pathprobe.startup.note": ph.note})
+    root.end(end_time=telemetry.mono_ms_to_wall_ns(t0 + ready_ms))
+
+    def first(start: float, total_ms: float) -> None:
+        startup.record("first_request", start, total_ms)
+        state.metrics.set_startup_phases({"first_request": total_ms})
+        print(f"{'first_request':<16} {total_ms:>10.1f}  (srv.total of the first request, "
+              f"{(start - t0) / 1000:.1f} s after start)", flush=True)
+        span = _tracer.start_span("startup.first_request", start_time=telemetry.mono_ms_to_wall_ns(start),
+                                  attributes={"pathprobe.startup.phase": "first_request"})
+        span.end(end_time=telemetry.mono_ms_to_wall_ns(start + total_ms))
+
+    state.on_first_request = first
 
 
 async def drain(config: ServeConfig, state: ServerState, grpc_server: Any, health: Any,

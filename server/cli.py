@@ -7,6 +7,13 @@ import argparse
 from pathprobe import environment
 
 
+#: ``--engine-option`` keys each engine reads (vLLM's are passed on to vLLM, unchecked here)
+ENGINE_OPTIONS: dict[str, frozenset[str]] = {
+    "transformers": frozenset({"threads", "static_cache", "cuda_graphs", "static_max_len"}),
+    "synthetic": frozenset(),
+}
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="model server: gRPC + HTTP/JSON + OpenAI-compatible over one engine")
     p.add_argument("--engine", choices=("transformers", "synthetic", "vllm"),
@@ -68,12 +75,25 @@ def run(args: argparse.Namespace) -> int:
         if not sep:
             raise ConfigError(f"--engine-option: expected KEY=VALUE, got {item!r}")
         options[key] = value
+    known = ENGINE_OPTIONS.get(args.engine)
+    for key in options:
+        if known is not None and key not in known:
+            raise ConfigError(f"--engine-option {key}: unknown for the {args.engine} engine "
+                              f"(known: {', '.join(sorted(known)) or 'none'})")
     for flag in ("drain_delay_s", "drain_grace_s"):
         if getattr(args, flag) < 0:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be >= 0")
-    for flag in ("max_batch_size", "max_queue"):
+    for flag in ("max_batch_size", "max_queue", "max_body_bytes"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be at least 1")
+    for flag in ("grpc_port", "http_port"):
+        if not 0 <= getattr(args, flag) <= 65535:
+            raise ConfigError(f"--{flag.replace('_', '-')}: must be a TCP port, 0..65535 (0 picks a free one)")
+    for flag in ("max_wait_ms", "prefill_ms_per_token", "decode_ms_per_token"):
+        if not getattr(args, flag) >= 0:  # also rejects nan
+            raise ConfigError(f"--{flag.replace('_', '-')}: must be >= 0, got {getattr(args, flag)}")
+    if args.max_context is not None and args.max_context < 1:
+        raise ConfigError("--max-context: must be at least 1")
     engine = EngineConfig(
         kind=args.engine, model=args.model, model_name=args.model_name, device=args.device, dtype=args.dtype,
         max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,13 @@ class ServerState:
     metrics: ServerMetrics
     auth: ApiKeys = field(default_factory=ApiKeys)  # empty: no authentication
     draining: bool = False  # SIGTERM seen: health says NOT_SERVING, in-flight requests finish
+    #: called once with the first request's srv.total (startup attribution)
+    on_first_request: Callable[[float, float], None] | None = None
+
+    def first_request_done(self, start: float, total_ms: float) -> None:
+        hook, self.on_first_request = self.on_first_request, None
+        if hook is not None:
+            hook(start, total_ms)
 
 
 def params_from_proto(req: llm_pb2.GenerateRequest) -> GenParams:
@@ -114,6 +121,7 @@ class RequestScope:
     def finish(self, code: str, entries: dict[str, float] | None = None, error: PathprobeError | None = None) -> dict[str, float]:
         entries = entries or self.entries()
         self.state.metrics.observe(self.route, code, entries)
+        self.state.first_request_done(self.t0, entries["srv.total"])
         gen = self.gen
         if gen is not None:
             self.state.metrics.observe_generation(gen.prompt_tokens, gen.completion_tokens, gen.timing.batch_size)

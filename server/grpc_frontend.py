@@ -106,7 +106,7 @@ class LLMService:
             async for ev in gen:
                 t0 = now_ms()
                 chunk = llm_pb2.GenerateChunk(text=ev.text, token_ids=ev.token_ids, request_id=req.request_id,
-                                              index=index)
+                                              index=index, emit_ms=round(t0 - scope.t0, 3))
                 if ev.finish_reason:
                     chunk.finish_reason = ev.finish_reason
                     chunk.usage.prompt_tokens = gen.prompt_tokens
@@ -146,7 +146,10 @@ async def start_grpc(state: ServerState, host: str, port: int,
     reflection.enable_server_reflection(
         (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    bound = add_port(server, f"{host}:{port}", tls)
+    try:
+        bound = add_port(server, f"{host}:{port}", tls)
+    except RuntimeError:  # newer grpcio raises where older ones returned 0
+        bound = 0
     if bound == 0:
         from pathprobe.errors import ConfigError
 

@@ -56,7 +56,7 @@ async def _events(scope: RequestScope, gen: Generation, req: llm_pb2.GenerateReq
     try:
         async for ev in gen:
             chunk = {"text": ev.text, "token_ids": ev.token_ids, "finish_reason": ev.finish_reason or "",
-                     "request_id": req.request_id, "index": index}
+                     "request_id": req.request_id, "index": index, "emit_ms": round(now_ms() - scope.t0, 3)}
             index += len(ev.token_ids)
             if ev.finish_reason:
                 chunk["usage"] = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pathprobe.gputelemetry import GpuSampler
 from pathprobe.server.engine.base import Engine
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -43,10 +44,34 @@ class ServerMetrics:
         self.startup = Gauge("pathprobe_server_startup_seconds",
                              "Startup breakdown: seconds per phase (tracing, engine_create, engine_start, listeners)",
                              ["phase"], registry=r)
+        self.startup_ms = Gauge(
+            "pathprobe_server_startup_ms",
+            "Startup attribution: ms per phase (imports, tokenizer, weights, warm-up, graphs, ...; first_request once it ran)",
+            ["phase"], registry=r,
+        )
 
     def set_startup(self, phases: Mapping[str, float]) -> None:
         for phase, seconds in phases.items():
             self.startup.labels(phase).set(seconds)
+
+    def set_startup_phases(self, phases: Mapping[str, float]) -> None:
+        for phase, ms in phases.items():
+            self.startup_ms.labels(phase).set(ms)
+
+    def watch_gpu(self, sampler: GpuSampler) -> None:
+        """GPU gauges read from the sampler's latest reading (absent without a GPU)."""
+        if not sampler.available:
+            return
+        r = self.registry
+
+        def reader(attr: str):
+            return lambda: float(getattr(sampler.latest(), attr, float("nan")))
+
+        for attr, help_ in (("temperature_c", "GPU temperature (C)"), ("sm_clock_mhz", "GPU SM clock (MHz)"),
+                            ("power_w", "GPU power draw (W)"), ("memory_used_mib", "GPU memory used (MiB)"),
+                            ("reasons", "NVML clock-event (throttle) reason bits of the latest sample")):
+            g = Gauge(f"pathprobe_gpu_{attr if attr != 'reasons' else 'throttle_reasons'}", help_, registry=r)
+            g.set_function(reader(attr))
 
     def observe(self, route: str, code: str, entries: Mapping[str, float]) -> None:
         self.requests.labels(route, code).inc()

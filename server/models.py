@@ -21,17 +21,23 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pathprobe import environment
 from pathprobe.errors import ConfigError
+from pathprobe.server.tokenizer_build import TokenizerSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
 #: Bump when the tiny model's recipe changes (the cache folder name carries it).
 TINY_VERSION = 1
+#: Bump when a preset's recipe changes (config or tokenizer; the folder name carries it).
+PRESET_VERSION = 2
+#: ``preset:NAME@tiny``: the same architecture class at test scale (CPU tests, CI)
+TINY_SCALE = "tiny"
 TINY_SEED = 1234
 TINY_VOCAB = 1536
 
@@ -129,6 +135,95 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
         "sliding_window": None,
     },
+    # --- the seven models of the latency study the project started from --------------
+    # microsoft/Phi-3-mini-4k-instruct
+    "phi-3-mini": {
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+        "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "sliding_window": 2047,
+        "tie_word_embeddings": False, "attention_bias": False, "rope_scaling": None,
+    },
+    # Qwen/Qwen2-1.5B
+    "qwen2-1.5b": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+        "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "hidden_act": "silu", "tie_word_embeddings": True, "use_sliding_window": False,
+        "sliding_window": None,
+    },
+    # allenai/OLMo-1B-hf
+    "olmo-1b": {
+        "architectures": ["OlmoForCausalLM"], "model_type": "olmo",
+        "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "max_position_embeddings": 2048, "rope_theta": 10000.0, "hidden_act": "silu",
+        "attention_bias": False, "clip_qkv": None, "tie_word_embeddings": True,
+    },
+    # stabilityai/stablelm-3b-4e1t
+    "stablelm-3b": {
+        "architectures": ["StableLmForCausalLM"], "model_type": "stablelm",
+        "vocab_size": 50304, "hidden_size": 2560, "intermediate_size": 6912,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "max_position_embeddings": 4096, "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+        "layer_norm_eps": 1e-5, "hidden_act": "silu", "use_qkv_bias": False, "qk_layernorm": False,
+        "use_parallel_residual": False, "tie_word_embeddings": False,
+    },
+    # deepseek-ai/DeepSeek-V2-Lite: 15.7B parameters, 2.4B active per token (MLA attention,
+    # 64 routed experts of which 6 per token + 2 shared, first layer dense)
+    "deepseek-v2-lite": {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944,
+        "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+        "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "routed_scaling_factor": 1.0, "topk_method": "greedy", "n_group": 1,
+        "topk_group": 1, "norm_topk_prob": False, "scoring_func": "softmax",
+        "max_position_embeddings": 163840, "rope_theta": 10000.0,
+        "rope_scaling": {"type": "yarn", "rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+        "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+    },
+    # meta-llama/Meta-Llama-3-8B-Instruct (the Llama-3-8B architecture)
+    "llama-3-8b-instruct": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+        "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+        "mlp_bias": False,
+    },
+}
+
+#: The published tokenizer each of the study's presets imitates (kind, regular vocabulary,
+#: pre-tokenizer). Presets not named here use the tiny tokenizer.
+PRESET_TOKENIZERS: dict[str, TokenizerSpec] = {
+    "phi-3-mini": TokenizerSpec("sentencepiece", 32000, source="Llama-2 SentencePiece BPE, byte fallback"),
+    "qwen2-1.5b": TokenizerSpec("bpe", 151643, "qwen2", "Qwen2 byte-level BPE (tiktoken-style)"),
+    "qwen2-7b": TokenizerSpec("bpe", 151643, "qwen2", "Qwen2 byte-level BPE (tiktoken-style)"),
+    "olmo-1b": TokenizerSpec("bpe", 50280, "gpt2", "GPT-NeoX-20B byte-level BPE"),
+    "stablelm-3b": TokenizerSpec("bpe", 50277, "gpt2", "GPT-NeoX-20B byte-level BPE"),
+    "deepseek-v2-lite": TokenizerSpec("bpe", 100000, "cl100k", "DeepSeek byte-level BPE"),
+    "llama-3-8b-instruct": TokenizerSpec("bpe", 128000, "cl100k", "Llama-3 tiktoken byte-level BPE"),
+}
+#: the study's seven, in the order of its table
+STUDY_PRESETS = ("phi-3-mini", "qwen2-1.5b", "olmo-1b", "stablelm-3b", "qwen2-7b", "deepseek-v2-lite",
+                 "llama-3-8b-instruct")
+TINY_TOKENIZER_VOCAB = {"bpe": 1024, "sentencepiece": 1000}
+
+# Test scale: every architecture with the same class and structure (grouped KV heads,
+# MoE routing, MLA ranks, partial rotary), small enough for a CPU test.
+_TINY_OVERRIDES: dict[str, Any] = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "max_position_embeddings": 1024, "initializer_range": 0.5,
+}
+_TINY_MOE: dict[str, Any] = {
+    "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+    "rope_scaling": None,
 }
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
@@ -226,19 +321,19 @@ def _complete(folder: Path) -> bool:
     return (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
 
 
-def _publish(tmp: Path, final: Path) -> None:
+def _publish(tmp: Path, final: Path, complete: Callable[[Path], bool] = _complete) -> None:
     """Move a fully built folder into place; if another process won the race, keep theirs."""
     try:
         os.replace(tmp, final)
     except OSError:
-        if not _complete(final):
+        if not complete(final):
             raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _build_in_temp(final: Path, build) -> Path:
+def _build_in_temp(final: Path, build, complete: Callable[[Path], bool] = _complete) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
@@ -247,7 +342,7 @@ def _build_in_temp(final: Path, build) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _publish(tmp, final)
+    _publish(tmp, final, complete)
     return final
 
 
@@ -276,16 +371,32 @@ def _train_tokenizer():
     return tok
 
 
-def _save_tokenizer(folder: Path) -> dict[str, int]:
+def _with_bos(tok):
+    from tokenizers import processors
+
+    bos_id = tok.token_to_id(BOS)
+    steps = [processors.TemplateProcessing(
+        single=f"{BOS}:0 $A:0", pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1", special_tokens=[(BOS, bos_id)])]
+    if tok.pre_tokenizer is not None and "ByteLevel" in repr(tok.pre_tokenizer):
+        steps.insert(0, processors.ByteLevel(trim_offsets=False))
+    tok.post_processor = processors.Sequence(steps)
+    return tok
+
+
+def _save_tokenizer(folder: Path, spec: TokenizerSpec | None = None, max_len: int | None = None) -> dict[str, int]:
+    """Write a tokenizer into ``folder``: the tiny one, or one trained like ``spec``."""
     from transformers import PreTrainedTokenizerFast
 
+    from pathprobe.server import tokenizer_build
+
+    raw = _train_tokenizer() if spec is None else _with_bos(tokenizer_build.build(spec, folder, CORPUS, SPECIAL_TOKENS))
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=_train_tokenizer(),
+        tokenizer_object=raw,
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
         chat_template=CHAT_TEMPLATE,
-        model_max_length=TINY_ARCH["max_position_embeddings"],
+        model_max_length=max_len or TINY_ARCH["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
     tok.padding_side = "left"
@@ -344,19 +455,66 @@ def ensure_tiny(folder: Path | None = None) -> Path:
 
 
 # --- presets -------------------------------------------------------------------------------
+def split_preset(name: str) -> tuple[str, str]:
+    """``"NAME"`` -> (NAME, ""); ``"NAME@tiny"`` -> (NAME, "tiny")."""
+    base, _, scale = name.partition("@")
+    if base not in PRESETS:
+        raise ConfigError(f"model: unknown preset {base!r}; known presets: {', '.join(sorted(PRESETS))}")
+    if scale not in ("", TINY_SCALE):
+        raise ConfigError(f"model: preset scale {scale!r} unknown; use preset:{base} or preset:{base}@{TINY_SCALE}")
+    return base, scale
+
+
 def preset_dir(name: str) -> Path:
-    return cache_dir() / "presets" / f"{name}-v{TINY_VERSION}"
+    base, scale = split_preset(name)
+    return cache_dir() / "presets" / f"{base}{'-' + scale if scale else ''}-v{PRESET_VERSION}"
+
+
+def preset_config(name: str, vocab: int | None = None) -> dict[str, Any]:
+    """The preset's config values; at test scale, shrunk with the same structure."""
+    base, scale = split_preset(name)
+    cfg = dict(PRESETS[base])
+    if scale == TINY_SCALE:
+        heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        cfg.update(_TINY_OVERRIDES)
+        cfg["num_key_value_heads"] = max(1, 4 * kv // heads)  # keep the grouped-KV ratio
+        cfg.pop("head_dim", None)
+        if "n_routed_experts" in cfg:
+            cfg.update(_TINY_MOE)
+        if cfg.get("sliding_window"):
+            cfg["sliding_window"] = 512
+        if isinstance(cfg.get("rope_scaling"), dict) and "original_max_position_embeddings" in cfg["rope_scaling"]:
+            cfg["rope_scaling"] = dict(cfg["rope_scaling"], original_max_position_embeddings=512)
+        if "original_max_position_embeddings" in cfg:
+            cfg["original_max_position_embeddings"] = cfg["max_position_embeddings"]
+        if vocab is not None:
+            cfg["vocab_size"] = vocab
+    return cfg
+
+
+def preset_tokenizer(name: str) -> TokenizerSpec | None:
+    base, scale = split_preset(name)
+    spec = PRESET_TOKENIZERS.get(base)
+    if spec is not None and scale == TINY_SCALE:
+        spec = spec.scaled(TINY_TOKENIZER_VOCAB[spec.kind])
+    return spec
 
 
 def build_preset(name: str, folder: Path) -> None:
-    ids = _save_tokenizer(folder)
-    cfg = dict(PRESETS[name])
+    base, scale = split_preset(name)
+    spec = preset_tokenizer(name)
+    ids = _save_tokenizer(folder, spec, max_len=int(PRESETS[base].get("max_position_embeddings", 2048)))
+    cfg = preset_config(name, vocab=ids["vocab"])
+    if ids["vocab"] > cfg["vocab_size"]:
+        raise ConfigError(f"preset {name}: tokenizer has {ids['vocab']} tokens, the model only {cfg['vocab_size']}")
     cfg.update({
         "bos_token_id": ids["bos"],
         "eos_token_id": ids["eos"],
         "pad_token_id": ids["pad"],
         "torch_dtype": "bfloat16",
         "pathprobe_preset": name,
+        "pathprobe_tokenizer": {"kind": spec.kind, "vocab_size": spec.vocab_size, "pretok": spec.pretok,
+                                "imitates": spec.source} if spec else "tiny",
         "pathprobe_note": "published architecture, random weights built at load time (no weights in this folder)",
     })
     _write_json(folder / "config.json", cfg)
@@ -366,8 +524,7 @@ def build_preset(name: str, folder: Path) -> None:
 
 
 def ensure_preset(name: str, folder: Path | None = None) -> Path:
-    if name not in PRESETS:
-        raise ConfigError(f"model: unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+    split_preset(name)
     final = Path(folder) if folder is not None else preset_dir(name)
     if _complete(final):
         return final
@@ -402,11 +559,49 @@ def model_display_name(spec: str, folder: Path | None = None) -> str:
     if not spec or spec == "tiny":
         return "tiny"
     if spec.startswith("preset:"):
-        return spec.split(":", 1)[1]
+        return spec.split(":", 1)[1].replace("@", "-")
     return Path(folder or spec).expanduser().resolve().name
 
 
+def tiny_tokenizer_dir() -> Path:
+    return cache_dir() / f"tiny-v{TINY_VERSION}-tokenizer"
+
+
+def _has_tokenizer_json(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file()
+
+
+def _write_tokenizer_json(folder: Path) -> None:
+    _train_tokenizer().save(str(folder / "tokenizer.json"))
+
+
+def resolve_tokenizer(spec: str) -> Path:
+    """The folder holding ``spec``'s tokenizer, built without torch or transformers.
+
+    ``tiny``: the tiny model's folder when it is built, else a folder holding only its
+    ``tokenizer.json`` (trained here with ``tokenizers``), so a load-generator install can cut
+    exact prompts without the model. A preset: its own folder (config and the tokenizer of its
+    kind and vocabulary size; no weights).
+    """
+    if not spec or spec == "tiny":
+        if _has_tokenizer_json(tiny_dir()):
+            return tiny_dir()
+        final = tiny_tokenizer_dir()
+        if _has_tokenizer_json(final):
+            return final
+        return _build_in_temp(final, _write_tokenizer_json, _has_tokenizer_json)
+    return resolve_model(spec)
+
+
 _TOKENIZERS: dict[str, Any] = {}
+
+
+def _built_here(folder: Path) -> bool:
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return "pathprobe_preset" in cfg
 
 
 def load_tokenizer(spec: str = "tiny") -> PreTrainedTokenizerBase:
@@ -414,14 +609,31 @@ def load_tokenizer(spec: str = "tiny") -> PreTrainedTokenizerBase:
     folder = resolve_model(spec)
     key = str(folder.resolve())
     if key not in _TOKENIZERS:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+        # folders written here carry a plain tokenizer.json: load it as is (AutoTokenizer would
+        # pick the architecture's own class, which may add tokens the model does not have)
+        cls = PreTrainedTokenizerFast if _built_here(folder) else AutoTokenizer
         try:
-            tok = AutoTokenizer.from_pretrained(key, local_files_only=True)
+            tok = cls.from_pretrained(key, local_files_only=True)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model: cannot load a tokenizer from {folder}: {exc}") from exc
         _TOKENIZERS[key] = tok
     return _TOKENIZERS[key]
+
+
+_SLOW: dict[str, Any] = {}
+
+
+def load_slow_tokenizer(spec: str):
+    """The model's slow (Python) encoder, for presets built with a study tokenizer."""
+    from pathprobe.server import tokenizer_build
+
+    folder = resolve_model(spec)
+    key = str(folder.resolve())
+    if key not in _SLOW:
+        _SLOW[key] = tokenizer_build.load_slow(folder)
+    return _SLOW[key]
 
 
 def folder_digest(folder: Path) -> dict[str, str]:
@@ -443,7 +655,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "random weights the engine builds at load time. Prints the folder.",
     )
     p.add_argument("--out", type=Path, default=None, help="folder to write (default: the cache folder)")
-    p.add_argument("--preset", default=None, metavar="NAME", help=f"one of: {', '.join(sorted(PRESETS))}")
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help=f"one of: {', '.join(sorted(PRESETS))}; NAME@tiny for the same architecture at test scale")
     p.set_defaults(func=run)
 
 

@@ -181,8 +181,9 @@ async def _events(scope: RequestScope, gen: Generation, body: _Common, rid: str,
             else:
                 choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": ev.finish_reason}
             first = False
+            # emit_ms: an extension field (clients ignore unknown keys): ms since the request arrived
             chunk: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": model,
-                                     "choices": [choice]}
+                                     "choices": [choice], "emit_ms": round(now_ms() - scope.t0, 3)}
             if ev.finish_reason and not include_usage:
                 entries = scope.entries()
                 chunk["server_timing"] = timing.format_entries(entries)

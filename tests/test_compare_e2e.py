@@ -36,6 +36,8 @@ def test_default_matrix_prints_side_by_side_table(default_run):
     for c in (1, 2):
         assert f"### concurrency {c}" in res.stdout
     report = json.loads((out / "report.json").read_text())
+    # the local server's startup phases, first request included (read from its /metrics)
+    assert report["server_startup_ms"]["total"] > 0 and "first_request" in report["server_startup_ms"]
     nginx_ok = shutil.which("nginx") is not None
     for name in ALL:
         t = report["targets"][name]
@@ -81,7 +83,7 @@ def test_real_report_opens_in_headless_chromium(default_run, tmp_path):
                           "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     # stacked segments, CDFs, TTFT/ITL, sweep: all four decoded by the browser
-    assert 'data-plots-total="4"' in dom.stdout and 'data-plots-loaded="4"' in dom.stdout
+    assert 'data-plots-total="5"' in dom.stdout and 'data-plots-loaded="5"' in dom.stdout  # + the waterfall
     assert "traces/slowest/passthrough/01-" in dom.stdout
     shot = tmp_path / "shot.png"
     res = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u2'}", "--window-size=1400,3000",

@@ -40,8 +40,11 @@ def _compare(tmp: Path, name: str, load: dict, targets: list[dict], server: dict
     res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True,
                          text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "| passthrough (base) |" in res.stdout
-    return out, json.loads((out / "report.json").read_text())
+    report = json.loads((out / "report.json").read_text())
+    # data, not the table's text: a row label may carry a note such as "[client saturated]"
+    assert report["baseline"] == "passthrough"
+    assert all(t["status"] == "ok" for t in report["targets"].values()), report["targets"]
+    return out, report
 
 
 def _records(out: Path, target: str) -> list[dict]:
@@ -51,6 +54,23 @@ def _records(out: Path, target: str) -> list[dict]:
     ok = [r for r in recs if r["ok"]]
     assert len(ok) >= 20 and len(ok) == len(recs), (target, len(ok), len(recs))
     return ok
+
+
+def _pairs(out: Path, base: str, other: str) -> list[tuple[dict, dict]]:
+    """(baseline call, other call) of the same interleaving cycle (same round, process and user)."""
+    def keyed(target: str) -> dict[tuple, dict]:
+        out_: dict[tuple, dict] = {}
+        for f in sorted((out / "runs" / target).glob("c*/r*/records.jsonl")):
+            for line in f.read_text().splitlines():
+                r = json.loads(line) if line.strip() else None
+                if r and r["ok"]:
+                    out_[(f.parent.name, r["worker"], r["user"], r["cycle"])] = r
+        return out_
+
+    b, o = keyed(base), keyed(other)
+    pairs = [(b[k], o[k]) for k in sorted(set(b) & set(o))]
+    assert len(pairs) >= 20, len(pairs)
+    return pairs
 
 
 def _med(recs: list[dict], seg: str) -> float:
@@ -155,14 +175,19 @@ def test_stream_delay_moves_ttft_not_inter_token_gaps(tmp_path_factory):
         {"name": "passthrough-wan", "kind": "gateway", "mode": "passthrough",
          "network": {"hop": "upstream", "delay_ms": d}},
     ])
-    base, wan = _records(out, "passthrough"), _records(out, "passthrough-wan")
+    # calls are interleaved one by one: each delayed call is paired with the plain one of the same cycle,
+    # so the engine's own jitter (3 ms per token on asyncio timers) is not compared across moments
+    pairs = _pairs(out, "passthrough", "passthrough-wan")
     expected = 2 * d
-    ttft = statistics.median(r["ttft_ms"] for r in wan) - statistics.median(r["ttft_ms"] for r in base)
+
+    def shift(metric) -> float:
+        return statistics.median(metric(w) - metric(b) for b, w in pairs)
+
+    ttft = shift(lambda r: r["ttft_ms"])
     assert abs(ttft - expected) <= max(0.1 * expected, 0.5), ttft
-    e2e = _med(wan, "e2e") - _med(base, "e2e")
+    e2e = shift(lambda r: r["e2e_ms"])
     assert abs(e2e - expected) <= max(0.1 * expected, 0.5), e2e
-    itl = (statistics.median(x for r in wan for x in r["itl_ms"])
-           - statistics.median(x for r in base for x in r["itl_ms"]))
+    itl = shift(lambda r: statistics.median(r["itl_ms"]))
     assert abs(itl) <= 0.5, itl
-    net = _med(wan, "network") - _med(base, "network")
-    assert abs(net - expected) <= max(0.1 * expected, 0.5), net
+    net = shift(lambda r: r["split"]["network"] - r["e2e_ms"])  # per call: network moves as e2e does
+    assert abs(net) <= max(0.1 * expected, 0.5), net

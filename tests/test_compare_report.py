@@ -119,7 +119,7 @@ def test_html_opens_in_headless_chromium(report_dir, tmp_path):
     total = re.search(r'data-plots-total="(\d+)"', dom.stdout)
     loaded = re.search(r'data-plots-loaded="(\d+)"', dom.stdout)
     assert total and loaded, dom.stdout[:500]
-    assert int(total.group(1)) == 4 and int(loaded.group(1)) == 4
+    assert int(total.group(1)) == 5 and int(loaded.group(1)) == 5  # segments, CDF, waterfall, streaming, sweep
     shot = tmp_path / "shot.png"
     res = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u2'}", "--window-size=1400,2400",
                           f"--screenshot={shot}", html.as_uri()], capture_output=True, text=True, timeout=120)

@@ -325,11 +325,17 @@ def test_detokenizer_and_stop_helpers(engine: TransformersEngine) -> None:
     assert holdback("nothing", ["STOP"]) == 0
 
 
-def test_static_cache_path_matches_dynamic(engine: TransformersEngine) -> None:
-    """static_cache=1 (the CUDA-graph decode path, run eagerly here): same tokens, slots freed."""
-    eng = make_engine(max_batch_size=4, max_wait_ms=2.0, options={"static_cache": "1", "static_max_len": "256"})
+@pytest.mark.parametrize("prefill", ["batched", "static"])
+def test_static_cache_path_matches_dynamic(engine: TransformersEngine, prefill: str) -> None:
+    """static_cache=1 (the CUDA-graph decode path, run eagerly here): same tokens, slots freed.
+    ``static``: newcomers prefill one at a time into bucket-sized static buffers (the path
+    CUDA graphs replay for prefill), KV copied into their slots."""
+    extra = {"prefill_max_len": "128"} if prefill == "static" else {}
+    eng = make_engine(max_batch_size=4, max_wait_ms=2.0,
+                      options={"static_cache": "1", "static_max_len": "256", **extra})
     try:
         assert eng.max_context == 256 and eng._static is not None
+        assert eng._static.p_buckets == ([16, 32, 64, 128] if prefill == "static" else [])
         prompts = [*PROMPTS, PROMPTS[1] * 12]  # ~60 tokens: its decode crosses the 64-column width bucket
         alone = [greedy(engine, p, 16, ignore_eos=True)[:2] for p in prompts]
 
@@ -358,5 +364,6 @@ def test_static_cache_path_matches_dynamic(engine: TransformersEngine) -> None:
             eng.generate(GenParams(prompt_token_ids=[5] * 250, max_tokens=10))
         wait_idle(eng)
         assert sorted(eng._static.free) == [0, 1, 2, 3] and not eng._static.start
+        assert (eng.stats["static_prefills"] > 0) == (prefill == "static")
     finally:
         run(eng.stop())

@@ -40,10 +40,10 @@ def test_engine_option_values_are_typed() -> None:
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory) -> Iterator[Server]:
-    # 2 sequences at a time so a burst of 4 has to queue; a small KV cache (GiB) on a shared box
+    # 2 sequences at a time so a burst of 4 has to queue; the KV cache and cache folders are the
+    # engine's own CPU defaults (pathprobe.vllmcpu), nothing set by hand
     srv = Server(
-        tmp_path_factory.mktemp("vllm"), "--engine", "vllm", "--model", "tiny", "--max-batch-size", "2",
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=600,
+        tmp_path_factory.mktemp("vllm"), "--engine", "vllm", "--model", "tiny", "--max-batch-size", "2", timeout=600,
     )
     yield srv
     srv.stop()

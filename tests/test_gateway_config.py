@@ -28,6 +28,7 @@ def test_http_modes_take_upstream_http() -> None:
     ({"upstream": "x:1"}, {ENV["threads"]: "many"}, ENV["threads"]),
     ({"upstream": "x:1", "balance": "random"}, {}, "--balance"),
     ({"upstream": "x:1", "max_body_bytes": 0}, {}, "--max-body-bytes"),
+    ({"upstream": "x:1", "health_timeout": float("nan")}, {}, "--health-timeout"),
     ({"upstream": "x"}, {}, "--upstream"),
 ])
 def test_bad_values_name_the_key(given, env, needle) -> None:

@@ -138,6 +138,32 @@ def test_cli_option_helpers_and_validation(tmp_path):
         validate(["--prompt-file", str(tmp_path / "missing.jsonl")])
     with pytest.raises(ConfigError, match="max-tokens"):
         validate(["--max-tokens", "0"])
+    with pytest.raises(ConfigError, match="metrics-port"):
+        validate(["--metrics-port", "99999"])
+    with pytest.raises(ConfigError, match="tokenizer"):
+        validate(["--tokenizer", str(tmp_path / "missing")])
+    with pytest.raises(ConfigError, match="tokenizer"):
+        validate(["--tokenizer", "preset:gpt-9"])
+    validate(["--tokenizer", "preset:llama-3-8b", "--metrics-port", "0"])
+
+
+def test_openai_sdk_target_without_the_sdk_is_a_clear_error():
+    import subprocess
+    import sys
+
+    code = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'openai':
+            raise ImportError('blocked in this test: ' + name)
+sys.meta_path.insert(0, Block())
+from pathprobe.cli import main
+sys.exit(main(['load', '--headless', '-t', '1s', '-H', 'openai-sdk+http://127.0.0.1:9']))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "host:" in proc.stderr and "openai" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():
@@ -152,6 +178,39 @@ def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():
     sweep = prompts.build("sweep", lengths=[8, 32, 100], tokenizer="tiny")
     got = [len(tok.encode(sweep.next().text, add_special_tokens=False)) for _ in range(3)]
     assert got == [8, 32, 100]
+
+
+_NO_TORCH_PROMPTS = """
+import importlib.abc, json, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers'):
+            raise ImportError('blocked in this test: ' + name)
+sys.meta_path.insert(0, Block())
+from pathprobe.loadgen import prompts
+ps = prompts.build('sweep', lengths=[8, 32, 100], tokenizer='tiny')
+print(json.dumps([ps.next().text for _ in range(3)]))
+"""
+
+
+def test_prompts_cut_without_torch_or_transformers_match_the_servers_tokenizer(tmp_path):
+    """A load-generator install (no torch, no transformers) and an empty cache: the tiny tokenizer
+    is built alone, and its prompts have exactly N tokens in the server's (transformers) tokenizer."""
+    import os
+    import subprocess
+    import sys
+
+    from pathprobe.server import models
+
+    env = {**os.environ, "PATHPROBE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", _NO_TORCH_PROMPTS], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    texts = json.loads(proc.stdout)
+    assert not (tmp_path / "cache" / f"tiny-v{models.TINY_VERSION}").exists()  # no model was built
+    assert (tmp_path / "cache" / f"tiny-v{models.TINY_VERSION}-tokenizer" / "tokenizer.json").is_file()
+    tok = models.load_tokenizer("tiny")  # the server's tokenizer, from the tiny model's folder
+    assert [len(tok.encode(t, add_special_tokens=False)) for t in texts] == [8, 32, 100]
 
 
 def test_prompt_file(tmp_path):

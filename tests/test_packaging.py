@@ -66,7 +66,7 @@ except SystemExit as exc:
     [
         ("gateway", "gateway", {"torch", "transformers", "locust", "gevent", "scipy", "matplotlib"}, set()),
         # locustfile is Locust's entry file and runs Locust's gevent patching on import
-        ("loadgen", "load", {"torch", "scipy", "matplotlib"}, {"locustfile"}),
+        ("loadgen", "load", {"torch", "transformers", "scipy", "matplotlib"}, {"locustfile"}),
     ],
 )
 def test_component_imports_without_heavy_dependencies(component: str, verb: str, blocked: set[str], skip: set[str]) -> None:
@@ -91,4 +91,20 @@ def test_component_extra_resolves_without_torch(extra: str, tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert "pathprobe" in names and "grpcio" in names
-    assert not names & {"torch", "nvidia-cublas-cu12", "scipy"}, sorted(names)
+    assert not names & {"torch", "nvidia-cublas-cu12", "scipy", "transformers"}, sorted(names)
+
+
+def test_every_environment_variable_is_a_documented_constant() -> None:
+    """Each PATHPROBE_* variable the code names is a constant of pathprobe.environment and in the README."""
+    import re
+
+    from pathprobe import environment
+
+    names: set[str] = set()
+    for folder in LAYOUT:
+        for path in (ROOT / folder).rglob("*.py"):
+            names |= set(re.findall(r"\bPATHPROBE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert names, "no PATHPROBE_* variable found: the scan is broken"
+    assert not {n for n in names if getattr(environment, n, None) != n}, "not constants of pathprobe.environment"
+    assert not {n for n in names if f"`{n}`" not in readme}, "not listed in the README"

@@ -53,14 +53,25 @@ def _lookback(text: str) -> timedelta:
         raise ConfigError(f"--lookback: expected a number and a unit (s, m, h, d), got {text!r}") from None
 
 
+def _slowest_count(spec: str) -> int:
+    n = spec.split(":", 1)[1]
+    if not n.isdigit() or int(n) < 1:
+        raise ConfigError(f"--write-trace: expected slowest:N with N a positive integer, got {spec!r}")
+    return int(n)
+
+
 def run(args: argparse.Namespace) -> int:
     from pathprobe.analysis import traces as tr
     from pathprobe.analysis.records import agreement, read_records
+    from pathprobe.analysis.hops import format_path, summarize_hops
     from pathprobe.analysis.report import segment_table
     from pathprobe.analysis.tracesplit import split_trace
 
     if not args.inputs and not args.jaeger:
         raise ConfigError("give trace files/folders, or --jaeger URL")
+    if args.jaeger and not args.jaeger.startswith(("http://", "https://")):
+        raise ConfigError(f"--jaeger: expected the query API's base URL, http://HOST:PORT, got {args.jaeger!r}")
+    slowest = {spec: _slowest_count(spec) for spec in args.write_trace if spec.startswith("slowest:")}
     spans = tr.read_spans(args.inputs) if args.inputs else []
     if args.jaeger:
         spans += tr.query_jaeger(args.jaeger, service=args.service, trace_ids=args.trace_id,
@@ -86,6 +97,17 @@ def run(args: argparse.Namespace) -> int:
         by_route.setdefault(s.route or "?", []).append(s.split.as_dict())  # type: ignore[union-attr]
     print()
     print(segment_table(by_route))
+    by_shape: dict[tuple[str, int, int], list[dict[str, object]]] = {}
+    for route, sps in by_route.items():  # one line per route and chain shape (paths differ in length)
+        for sp in sps:
+            by_shape.setdefault((route, len(sp["hops"]), len(sp["links"])), []).append({"ok": True, "split": sp})
+    if by_shape:
+        print()
+        print("hop by hop (means, ms: each link's network, each reporting hop's own time and serialization):")
+        for (route, _, _), recs in sorted(by_shape.items()):
+            summary = summarize_hops(recs)
+            if summary:
+                print(f"  {route} ({len(recs)}): {format_path(summary)}")
     if args.per_trace:
         print()
         for s in sorted(good, key=lambda s: -s.split.e2e):  # type: ignore[union-attr]
@@ -105,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         print("  AGREE" if agr["agree"] else "  DISAGREE")
     for spec in args.write_trace:
         if spec.startswith("slowest:"):
-            n = int(spec.split(":", 1)[1])
+            n = slowest[spec]
             # complete traces (with the client's span) first: a server-only trace's e2e is not the user's
             pool = [s for s in good if s.e2e_source != "outermost server span"] or good
             chosen = [traces[s.trace_id] for s in sorted(pool, key=lambda s: -s.split.e2e)[:n]]  # type: ignore[union-attr]

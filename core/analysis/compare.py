@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis.accounting import merge as accounting_merge
-from pathprobe.analysis.config import CompareConfig
+from pathprobe.analysis import paired as paired_mod
+from pathprobe.analysis.config import CompareConfig, TargetConfig
+from pathprobe.analysis.hops import summarize_hops
 from pathprobe.analysis.report import (
     add_comparisons,
     client_summary,
@@ -26,7 +28,9 @@ from pathprobe.analysis.runner import (
     Path_,
     RunResult,
     Stack,
+    cpu_seconds,
     expected_shift_ms,
+    interleavable,
     normalize_address,
     now_iso,
     prepare_prompts,
@@ -34,10 +38,12 @@ from pathprobe.analysis.runner import (
     read_accounting,
     read_client,
     run_load,
+    run_load_mixed,
     split_hostport,
     versions,
     wait_ready,
 )
+from pathprobe.analysis.selfreport import add_self_reports
 from pathprobe.errors import ConfigError
 
 
@@ -49,15 +55,20 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
     L = cfg.load
     return {
         "primary_metric": primary,
-        "summary": (f"{L.rounds} interleaved rounds x {L.duration_s:g} s per configuration and concurrency "
-                    f"({', '.join(map(str, L.concurrency))}), order rotated per round; warm-up {L.warmup_s:g} s "
-                    f"per configuration excluded; {L.arrival} arrival"
+        "summary": ((f"{L.rounds} rounds x {L.duration_s:g} s per configuration and concurrency "
+                     f"({', '.join(map(str, L.concurrency))}), calls interleaved one by one (one load process, "
+                     f"a shuffled order of the configurations per cycle, verdicts on the paired path tax); "
+                     f"warm-up {L.warmup_s:g} s " if L.interleave == "call" else
+                     f"{L.rounds} interleaved rounds x {L.duration_s:g} s per configuration and concurrency "
+                     f"({', '.join(map(str, L.concurrency))}), order rotated per round; warm-up {L.warmup_s:g} s ")
+                    + f"per configuration excluded; {L.arrival} arrival"
                     + (f" at {L.rate:g} req/s" if L.rate else "")
                     + f"; {'stream' if L.stream else 'unary'}, {L.prompt_set} prompts of {L.prompt_tokens} tokens, "
                     f"max_tokens {L.max_tokens}. p50/p95/p99 with 95% bootstrap CIs ({cfg.bootstrap} resamples); "
                     f"Welch's t-test vs the baseline, Holm-adjusted, alpha {cfg.alpha}; a verdict needs "
                     f"significance and a non-negligible Cliff's delta (>= 0.147)."),
         "rounds": L.rounds,
+        "interleave": L.interleave,
         "duration_s": L.duration_s,
         "warmup_s": L.warmup_s,
         "concurrency": L.concurrency,
@@ -84,7 +95,7 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
 
 def _prepare_out(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for sub in ("runs", "traces", "logs", "nginx"):
+    for sub in ("runs", "traces", "logs", "nginx", "proxies"):
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "traces" / "client").mkdir(parents=True, exist_ok=True)
 
@@ -123,6 +134,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     primary = "latency" if cfg.load.arrival != "closed" else "e2e"
     results: dict[str, list[RunResult]] = {t.name: [] for t in targets}
     warmups: dict[str, RunResult] = {}
+    capture = None
     try:
         # ---- early failures: bad addresses, taken ports
         for i, t in enumerate(targets):
@@ -132,6 +144,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                 if why:
                     raise ConfigError(f"targets[{cfg.targets.index(t)}] '{t.name}': {t.address} is unreachable: {why}")
         if cfg.mode == "local":
+            log(stack.placement.describe())
             stack.check_ports()
             stack.start_server()
         # ---- bring every path up and probe it with a real request
@@ -159,16 +172,34 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                               + "; ".join(f"{p.name}: {p.reason}" for p in paths.values()))
         traces_dir = out / "traces" / "client"
         prompt_file = prepare_prompts(cfg, out, log)
-        # ---- warm-up, separately, per configuration
+        mixed = interleavable(cfg, live)
+        # ---- warm-up per configuration (interleaved call by call when the rounds are)
         if cfg.load.warmup_s > 0:
+            if mixed:
+                warm = run_load_mixed(cfg, live, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
+                                      out / "runs", None, prompt_file, stack.placement)
+            else:
+                warm = {p.name: run_load(cfg, p, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
+                                         out / "runs" / p.name / "warmup", None, prompt_file, stack.placement)
+                        for p in live}
             for p in live:
-                res = run_load(cfg, p, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
-                               out / "runs" / p.name / "warmup", None, prompt_file)
+                res = warm[p.name]
                 warmups[p.name] = res
                 ok = [r for r in res.records if r.get("ok")]
                 if res.error or not ok:
                     _fail(p, f"warm-up: {res.error or _first_error(res.records)}")
                 log(f"warm-up {p.name}: {len(ok)} ok of {len(res.records)}")
+        if cfg.witness == "pcap":
+            if cfg.mode != "local":
+                raise ConfigError("witness: pcap needs local mode (the capture follows the ports compare started)")
+            if 1 not in cfg.load.concurrency:
+                raise ConfigError("witness: pcap matches packets to requests at concurrency 1; add 1 to "
+                                  "load.concurrency")
+            from pathprobe.analysis.witness import Capture
+
+            ports = [port for p in live for ports_, _ in p.chain for port in ports_]
+            capture = Capture(out / "witness" / "capture.pcap", ports).start()
+            log(f"witness: capturing {len(set(ports))} loopback ports into {capture.path}")
         # ---- measured rounds, interleaved
         n_runs = cfg.load.rounds * len(cfg.load.concurrency)
         k = 0
@@ -181,18 +212,34 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                 shift = (rnd + ci) % len(order)
                 order = order[shift:] + order[:shift]
                 for p in order:
-                    if p.status != "ok":
-                        continue
                     dead = p.dead() or (stack.server if stack.server and stack.server.exit_code() is not None else None)
                     if dead is not None:
                         _fail(p, f"{dead.name} exited with code {dead.exit_code()} before round {rnd + 1}: "
                                  f"{dead.tail()}")
-                        continue
-                    tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
-                    run_dir = out / "runs" / p.name / f"c{conc}" / f"r{rnd}"
-                    before = _scrape(stack, p)
-                    res = run_load(cfg, p, conc, rnd, cfg.load.duration_s, run_dir, tf, prompt_file)
-                    res.accounting = _account(stack, p, before, res, run_dir)
+                order = [p for p in order if p.status == "ok"]
+                # CPU of each path's own processes (they serve only its requests, interleaved or not)
+                cpu0 = {p.name: cpu_seconds(p.procs) for p in order}
+                if mixed and len(order) > 1:
+                    tf = traces_dir / f"interleaved-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
+                    batch = run_load_mixed(cfg, order, conc, rnd, cfg.load.duration_s, out / "runs", tf, prompt_file,
+                                           stack.placement)
+                else:
+                    batch = {}
+                for p in order:
+                    if p.name in batch:
+                        res = batch[p.name]
+                    else:
+                        tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
+                        cpu0[p.name] = cpu_seconds(p.procs)
+                        run_dir = out / "runs" / p.name / f"c{conc}" / f"r{rnd}"
+                        before = _scrape(stack, p)  # accounting: one path per run, so its counters are its own
+                        res = run_load(cfg, p, conc, rnd, cfg.load.duration_s, run_dir, tf, prompt_file,
+                                       stack.placement)
+                        res.accounting = _account(stack, p, before, res, run_dir)
+                    cpu1 = cpu_seconds(p.procs)
+                    if cpu0[p.name] is not None and cpu1 is not None:
+                        res.path_cpu_s = cpu1 - cpu0[p.name]
+                        (res.out_dir / "path_cpu.json").write_text(json.dumps({"cpu_s": res.path_cpu_s}))
                     results[p.name].append(res)
                     ok = [r for r in res.records if r.get("ok")]
                     failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
@@ -216,11 +263,21 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                            if res.client and res.client.get("saturated") else "")
                         + (f"  ACCOUNTING: {res.accounting['unexplained']} unexplained difference(s)"
                            if res.accounting and res.accounting["unexplained"] else ""))
+        if capture is not None:
+            capture.stop()
         if cfg.tracing:
             time.sleep(1.5)  # servers and gateways export spans every 0.5 s
+        server_startup = stack.server_startup_ms() if cfg.mode == "local" else None
     finally:
+        if capture is not None:
+            capture.stop()
         stack.close()
     report = build_report(cfg, paths, results, warmups, primary, started, t_start)
+    if server_startup:
+        report["server_startup_ms"] = server_startup
+    report["meta"]["placement"] = stack.placement.as_dict()
+    if capture is not None:
+        attach_witness(report, paths, results, capture.path, log)
     if cfg.tracing:
         try:
             attach_traces(cfg, report, results, out, log)
@@ -335,6 +392,12 @@ def build_report(
             client = client_summary({r.round: r.client for r in runs})
             if client is not None:
                 g["client"] = client
+            cpu = path_cpu(runs)
+            if cpu is not None:
+                g["path_cpu"] = cpu
+            hops = summarize_hops(recs, hop_names(t))
+            if hops is not None:
+                g["path"] = hops
             acct = accounting_merge(r.accounting for r in runs)
             if acct is not None:
                 g["accounting"] = acct
@@ -344,7 +407,14 @@ def build_report(
         report_targets[t.name] = entry
     baseline = cfg.baseline_name
     verdicts = add_comparisons(report_targets, samples, baseline, concs, primary, cfg.alpha)
+    e2e_verdicts = None
+    interleaved = any(paired_mod.is_interleaved(r.records) for runs in results.values() for r in runs)
+    if interleaved:
+        e2e_verdicts, verdicts = verdicts, _paired_verdicts(cfg, report_targets, results, baseline, concs)
     warnings = client_warnings(report_targets, concs)
+    by_conc = {name: {c: [rec for r in runs if r.concurrency == c for rec in r.records] for c in concs}
+               for name, runs in results.items()}
+    self_reports = add_self_reports(report_targets, by_conc, baseline)
     return {
         "meta": {
             "started": started,
@@ -364,9 +434,76 @@ def build_report(
         "network": _network_info(cfg.network if cfg.network and cfg.network.active else None),
         "targets": report_targets,
         "verdicts": verdicts,
+        "e2e_verdicts": e2e_verdicts,
+        "interleaved": interleaved,
         "client_warnings": warnings,
+        "self_reports": self_reports,
         "_samples": samples,  # removed before writing
     }
+
+
+def hop_names(t: TargetConfig) -> list[str] | None:
+    """Display names of a path's reporting hops, outermost first, from its config."""
+    if t.kind == "direct":
+        return ["server"]
+    if t.kind == "gateway":
+        return [f"gw ({t.mode})", "server"]
+    if t.kind == "chain":
+        return [h.kind if h.kind != "gateway" else f"gw ({h.mode})" for h in t.chain or ()] + ["server"]
+    if t.kind == "external":
+        return None
+    return [t.kind, "server"]
+
+
+def read_path_cpu(run_dir: Path) -> float | None:
+    try:
+        return float(json.loads((run_dir / "path_cpu.json").read_text())["cpu_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def path_cpu(runs: list[RunResult]) -> dict[str, Any] | None:
+    """CPU the path's own processes (gateway / proxy / relays, not the shared server) spent per
+    request in these runs: their CPU seconds over every request the runs sent."""
+    measured = [r for r in runs if r.path_cpu_s is not None]
+    n = sum(len(r.records) for r in measured)
+    if not measured or n == 0:
+        return None
+    cpu_s = sum(r.path_cpu_s or 0.0 for r in measured)
+    return {"cpu_s": round(cpu_s, 4), "requests": n, "ms_per_request": round(cpu_s * 1e3 / n, 4),
+            "what": "user+system CPU of the path's own processes and their children during the measured runs"}
+def _paired_verdicts(cfg: CompareConfig, report_targets: dict[str, Any], results: dict[str, list[RunResult]],
+                     baseline: str, concs: list[int]) -> list[dict[str, Any]]:
+    """Interleaved runs: each configuration's path tax, its calls paired with the baseline's of the same
+    cycle, and verdicts on the paired path-tax difference (see :mod:`pathprobe.analysis.paired`)."""
+    verdicts: list[dict[str, Any]] = []
+    for conc in concs:
+        recs = {name: [rec for r in runs if r.concurrency == conc for rec in r.records]
+                for name, runs in results.items()}
+        per: dict[str, dict[str, Any]] = {}
+        for name, t in report_targets.items():
+            g = t["by_concurrency"].get(str(conc))
+            if g is None:
+                continue
+            g["path_tax"] = paired_mod.tax_summary(recs.get(name, []))
+            if name != baseline and t["status"] == "ok" and recs.get(baseline):
+                per[name] = g["paired"] = paired_mod.paired(recs.get(name, []), recs[baseline],
+                                                             n_boot=cfg.bootstrap)
+        found = paired_mod.judge(per, baseline, conc, cfg.alpha)
+        clients = [(t["by_concurrency"].get(str(conc)) or {}).get("client") or {} for t in report_targets.values()]
+        if any(c.get("saturated") for c in clients):
+            flag = "client saturated"
+        elif any(c.get("contended") for c in clients):
+            flag = "machine contended"
+        else:
+            flag = None
+        for v in found:
+            if flag:
+                v["client_flag"] = flag
+                v["text"] += (f" -- FLAGGED: {flag} at this concurrency (the load generator waited for a CPU): "
+                              "the path tax includes that waiting, and another run on this machine may differ")
+        verdicts += found
+    return verdicts
 
 
 def _network_info(net: Any) -> dict[str, Any] | None:
@@ -413,6 +550,8 @@ def attach_traces(cfg: CompareConfig, report: dict[str, Any], results: dict[str,
         report["targets"][name]["slowest"] = entries
         # trace-based split vs in-band, for this configuration
         recs = [r for run in results.get(name, []) for r in run.records]
+        report["targets"][name]["trace_completeness"] = trace_completeness(
+            recs, traces, expected_services(report["targets"][name]))
         ids = {r["trace_id"] for r in recs if r.get("trace_id")}
         mine = [traces[i] for i in ids if i in traces]
         if mine:
@@ -424,6 +563,65 @@ def attach_traces(cfg: CompareConfig, report: dict[str, Any], results: dict[str,
                 for src, a in agr.items()
             }
     log(f"traces: {len(traces)} traces from {len(files)} files; slowest written under {out / 'traces' / 'slowest'}")
+
+
+def attach_witness(report: dict[str, Any], paths: dict[str, Path_], results: dict[str, list[RunResult]],
+                   pcap: Path, log: Callable[[str], None]) -> None:
+    """Per configuration, at concurrency 1: wire vs stack time per link from the capture, beside the
+    split's network per link (see :mod:`pathprobe.analysis.witness`)."""
+    from pathprobe.analysis import witness as wit
+
+    try:
+        packets = wit.read_packets(pcap)
+    except Exception as exc:  # the report stands without the witness
+        report["witness_error"] = f"{type(exc).__name__}: {exc}"
+        log(f"witness: {report['witness_error']}")
+        return
+    report["witness"] = {"file": str(pcap), "packets": len(packets),
+                         "method": "tcpdump -i lo, nanosecond timestamps (CLOCK_REALTIME); requests at "
+                                   "concurrency 1; client t0 mapped to the wall clock per request"}
+    for name, p in paths.items():
+        if p.status != "ok" or not p.chain or name not in report["targets"]:
+            continue
+        chain = wit.Chain([wit.LinkPorts(list(ports), inner) for ports, inner in p.chain])
+        recs = [rec for r in results.get(name, []) if r.concurrency == 1 for rec in r.records]
+        report["targets"][name]["witness"] = wit.analyze(recs, packets, chain)
+    log(f"witness: {len(packets)} data packets matched to the requests at concurrency 1")
+
+
+def expected_services(target: dict[str, Any]) -> list[str]:
+    """The spans a complete trace of this configuration holds: the client's, each pathprobe hop's
+    SERVER span and the engine's children (nginx and external servers export none here)."""
+    want = ["pathprobe-loadgen"]
+    if target.get("kind") == "gateway":
+        want.append("pathprobe-gateway")
+    if target.get("kind") in ("direct", "gateway", "nginx"):
+        want += ["pathprobe-server", "engine"]
+    return want
+
+
+def trace_completeness(recs: list[dict[str, Any]], traces: dict[str, Any], want: list[str]) -> dict[str, Any]:
+    """Share of ok requests whose trace has every expected span (see :func:`expected_services`)."""
+    ok = [r for r in recs if r.get("ok")]
+    missing: dict[str, int] = {}
+    complete = 0
+    for r in ok:
+        t = traces.get(r.get("trace_id") or "")
+        have: set[str] = set()
+        if t is not None:
+            for sp in t.spans:
+                if sp.service == "pathprobe-loadgen" and sp.kind == "CLIENT":
+                    have.add("pathprobe-loadgen")
+                elif sp.kind == "SERVER" and sp.service in ("pathprobe-gateway", "pathprobe-server"):
+                    have.add(sp.service)
+                elif sp.name.startswith("engine."):
+                    have.add("engine")
+        gone = [w for w in want if w not in have]
+        for w in gone:
+            missing[w] = missing.get(w, 0) + 1
+        complete += not gone
+    return {"expected": want, "requests": len(ok), "complete": complete,
+            "share": complete / len(ok) if ok else None, "missing": missing}
 
 
 def write_reports(report: dict[str, Any], results: dict[str, list[RunResult]], out: Path, html: bool,
@@ -485,7 +683,7 @@ def rerender(out: Path, *, baseline: str | None = None, alpha: float | None = No
                     per_run = (dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
                                if dur else cfg.load.duration_s)
                     runs.append(RunResult(t.name, conc, rnd, d, recs, per_run, client=read_client(d),
-                                          accounting=read_accounting(d)))
+                                          path_cpu_s=read_path_cpu(d), accounting=read_accounting(d)))
         results[t.name] = runs
     report = build_report(cfg, paths, results, {}, primary, old["meta"].get("started", ""), time.monotonic())
     for name, t in report["targets"].items():  # kept from the run: cold starts, traces, trace checks

@@ -45,6 +45,8 @@ def register(subparsers) -> None:
     g.add_argument("--max-batch-size", type=int)
     g.add_argument("--prefill-ms-per-token", type=float)
     g.add_argument("--decode-ms-per-token", type=float)
+    g.add_argument("--placement", choices=("auto", "on", "off"),
+                   help="pin server, proxies and load generator to separate cores (auto: from 3 cores)")
     g = p.add_argument_group("load")
     g.add_argument("--duration", type=float, help="seconds per configuration, round and concurrency")
     g.add_argument("--warmup", type=float, help="warm-up seconds per configuration")
@@ -64,6 +66,9 @@ def register(subparsers) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--no-tracing", action="store_true", help="no trace files (no slowest-trace list)")
     g.add_argument("--no-html", action="store_true")
+    g.add_argument("--witness", choices=("none", "pcap"),
+                   help="pcap: capture the packets (tcpdump, root) and split each link's network into wire and "
+                        "stack time per request at concurrency 1 (report.json targets.*.witness)")
     g.add_argument("--json-only", action="store_true", help="print report.json instead of the table")
     g.add_argument("--print-config", action="store_true", help="print the effective config and exit")
     g.add_argument("--rerender", metavar="OUT", help="rebuild OUT's reports from its runs/ without running anything "
@@ -83,6 +88,7 @@ def apply_flags(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
 
     put(None, "out", args.out)
     put(None, "baseline", args.baseline)
+    put(None, "placement", args.placement)
     if args.remote:
         data["mode"] = "remote"
     put("server", "engine", args.engine)
@@ -105,6 +111,7 @@ def apply_flags(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
             if not isinstance(data.get("network"), dict):
                 data["network"] = {}
             data["network"][key] = value
+    put(None, "witness", args.witness)
     if args.no_tracing:
         data["tracing"] = False
     if args.target or args.targets:

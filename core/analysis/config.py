@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import os
 import re
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from pathprobe.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 GATEWAY_MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 #: what a client speaks to each kind of target, and what the gateway speaks upstream
 CLIENT_PROTOCOL = {"passthrough": "grpc", "transcode": "http", "reencode": "grpc", "http-proxy": "http"}
 UPSTREAM_PROTOCOL = {"passthrough": "grpc", "transcode": "grpc", "reencode": "http", "http-proxy": "http"}
+#: gateways we did not write, started from pathprobe.proxies' configs, and what clients speak to them
+THIRD_PARTY = {"nginx": ("grpc", "http"), "haproxy": ("grpc", "http"), "caddy": ("grpc", "http"),
+               "litellm": ("openai",)}
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
@@ -69,10 +72,29 @@ class ServerConfig(_Strict):
     http_server: Literal["aiohttp", "fastapi"] = "aiohttp"
 
 
+class VllmServerConfig(_Strict):
+    """vLLM's own OpenAI server, started on loopback in local mode for targets that use it
+    (``kind: vllm``, or a gateway with ``upstream: vllm``); needs the vLLM extra (make vllm)."""
+
+    model: str | None = Field(None, description="default: server.model")
+    max_num_seqs: int | None = Field(None, ge=1, description="default: server.max_batch_size")
+    max_model_len: int = Field(512, ge=16)
+    dtype: str = "bfloat16"
+    port: int | None = Field(None, ge=1, le=65535)
+    startup_timeout_s: float = Field(600.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+
 class LoadConfig(_Strict):
     duration_s: float = Field(3.0, gt=0, description="measured seconds per configuration, round and concurrency")
     warmup_s: float = Field(2.0, ge=0, description="per configuration, before any measurement")
     rounds: int = Field(3, ge=1)
+    interleave: Literal["call", "run"] = Field(
+        "call",
+        description="call: one load process per round and concurrency sends each call to a configuration "
+        "chosen in a shuffled order (paired per-call differences; used when every configuration asks for the "
+        "same model); run: one load run per configuration, in rotated order",
+    )
     concurrency: list[int] = Field(default_factory=lambda: [1, 4], min_length=1)
     arrival: Literal["closed", "constant", "poisson"] = "closed"
     rate: float | None = Field(None, gt=0, description="req/s for open-loop arrival")
@@ -101,11 +123,41 @@ class LoadConfig(_Strict):
         return self
 
 
+class HopConfig(_Strict):
+    """One hop of a ``chain`` target: a pathprobe gateway or a third-party proxy."""
+
+    kind: Literal["gateway", "nginx", "haproxy", "caddy"]
+    mode: Literal["passthrough", "transcode", "reencode", "http-proxy"] | None = None
+    #: third-party proxies: what they proxy (grpc or http); gateways: fixed by the mode
+    protocol: Literal["grpc", "http"] | None = None
+    gateway_args: list[str] = Field(default_factory=list)
+    #: a condition on the link from this hop to its upstream (the next hop, or the server)
+    network: NetworkConfig | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> HopConfig:
+        if (self.kind == "gateway") != (self.mode is not None):
+            raise ValueError("'mode' is needed by kind 'gateway' and only by it")
+        if self.kind == "gateway" and self.protocol is not None:
+            raise ValueError("a gateway hop's protocols follow from its mode; leave 'protocol' out")
+        if self.kind != "gateway" and self.protocol is None:
+            self.protocol = "grpc"
+        return self
+
+    @property
+    def client_protocol(self) -> str:
+        return CLIENT_PROTOCOL[self.mode] if self.kind == "gateway" else self.protocol  # type: ignore[index,return-value]
+
+    @property
+    def upstream_protocol(self) -> str:
+        return UPSTREAM_PROTOCOL[self.mode] if self.kind == "gateway" else self.protocol  # type: ignore[index,return-value]
+
+
 class TargetConfig(_Strict):
     """One configuration of the matrix."""
 
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    kind: Literal["direct", "gateway", "nginx", "external"]
+    kind: Literal["direct", "gateway", "nginx", "haproxy", "caddy", "litellm", "chain", "external", "vllm"]
     #: openai-sdk: the OpenAI-compatible routes through the official openai SDK (what an
     #: application's SDK adds shows as client serialization)
     protocol: Literal["grpc", "http", "openai", "openai-sdk"] | None = None
@@ -113,11 +165,19 @@ class TargetConfig(_Strict):
     #: remote mode (any kind) or external: the address the load generator hits,
     #: as a URL (grpc://H:P, http://H:P, openai+http://H:P) or H:P
     address: str | None = None
-    #: local mode: pin the port this configuration listens on (gateway, nginx)
+    #: local mode: pin the port this configuration listens on (gateway, nginx, haproxy, caddy, litellm)
     port: int | None = Field(None, ge=1, le=65535)
-    #: external OpenAI-compatible targets: the model name to ask for
+    #: external OpenAI-compatible targets and litellm: the model name to ask for (litellm: default
+    #: the one our server serves)
     model: str | None = None
     gateway_args: list[str] = Field(default_factory=list)
+    #: local mode, kind direct or gateway: which of our servers (its engine; default server.engine;
+    #: another engine starts a second server of ours)
+    engine: Literal["synthetic", "transformers", "vllm"] | None = None
+    #: local mode, kind gateway: what it forwards to (server: ours; vllm: vLLM's own server)
+    upstream: Literal["server", "vllm"] = "server"
+    #: kind 'chain': the hops from the client inwards (client -> chain[0] -> ... -> server)
+    chain: list[HopConfig] | None = None
     #: direct HTTP/OpenAI targets: which of the server's HTTP front ends to call
     #: (default: server.http_server), so both frameworks run side by side over one engine
     front_end: Literal["aiohttp", "fastapi"] | None = None
@@ -131,6 +191,8 @@ class TargetConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TargetConfig:
+        if (self.kind == "chain") != (self.chain is not None):
+            raise ValueError("'chain' (a list of hops) is needed by kind 'chain' and only by it")
         if self.tls and self.kind != "gateway":
             raise ValueError("'tls' applies to kind 'gateway' (external targets: give a grpcs:// or https:// "
                              "address and the CA in PATHPROBE_LOAD_TLS_CA)")
@@ -140,8 +202,26 @@ class TargetConfig(_Strict):
             raise ValueError(f"'mode' only applies to kind 'gateway', not '{self.kind}'")
         if self.front_end is not None and (self.kind != "direct" or (self.protocol or "grpc") == "grpc"):
             raise ValueError("'front_end' only applies to kind 'direct' with protocol http or openai")
+        if self.chain is not None:
+            return self._check_chain(self.chain)
         if self.kind == "external" and not self.address:
             raise ValueError("kind 'external' needs 'address'")
+        if self.kind == "vllm":
+            if self.protocol not in (None, "openai", "openai-sdk"):
+                raise ValueError(f"vLLM's server speaks the OpenAI API (protocol openai or openai-sdk), "
+                                 f"not '{self.protocol}'")
+            if self.protocol is None:
+                self.protocol = "openai"
+        if self.engine is not None and self.kind not in ("direct", "gateway"):
+            raise ValueError(f"'engine' picks one of our servers (kind direct or gateway), not kind '{self.kind}'")
+        if self.upstream == "vllm":
+            if self.kind != "gateway" or self.mode != "http-proxy":
+                raise ValueError("upstream 'vllm' needs kind 'gateway' with mode 'http-proxy' "
+                                 "(vLLM's server speaks the OpenAI API over HTTP)")
+            if self.engine is not None:
+                raise ValueError("'engine' and upstream 'vllm' exclude each other")
+            if self.protocol is None:
+                self.protocol = "openai"
         if self.kind == "direct" and self.protocol is None:
             self.protocol = "grpc"
         if self.kind == "gateway" and self.protocol is None:
@@ -151,10 +231,32 @@ class TargetConfig(_Strict):
                 raise ValueError(
                     f"gateway mode '{self.mode}' accepts {CLIENT_PROTOCOL[self.mode]} clients, not '{self.protocol}'"  # type: ignore[index]
                 )
-        if self.kind == "nginx" and self.protocol is None:
-            self.protocol = "grpc"
+        if self.kind in THIRD_PARTY:
+            allowed = THIRD_PARTY[self.kind]
+            if self.protocol is None:
+                self.protocol = allowed[0]  # type: ignore[assignment]
+            elif self.protocol not in allowed:
+                raise ValueError(f"kind '{self.kind}' proxies {' and '.join(allowed)} clients, not '{self.protocol}'")
         if self.kind == "external" and self.protocol is None:
             self.protocol = _protocol_of(self.address or "") or "openai"
+        return self
+
+
+    def _check_chain(self, chain: list[HopConfig]) -> TargetConfig:
+        if not chain:
+            raise ValueError("'chain' needs at least one hop")
+        for i, (outer, inner) in enumerate(pairwise(chain)):
+            if outer.upstream_protocol != inner.client_protocol:
+                raise ValueError(f"chain[{i}] sends {outer.upstream_protocol} upstream but chain[{i + 1}] "
+                                 f"accepts {inner.client_protocol}")
+        first = chain[0].client_protocol
+        if self.protocol is None:
+            self.protocol = first  # type: ignore[assignment]
+        elif self.protocol != first:
+            raise ValueError(f"the chain's first hop accepts {first} clients, not '{self.protocol}'")
+        if self.network is not None and self.network.active and self.network.hop != "client":
+            raise ValueError("a chain's own 'network' is on its client link (hop: client); "
+                             "put a condition on an inner link under that hop's 'network'")
         return self
 
 
@@ -189,7 +291,14 @@ class CompareConfig(_Strict):
     bootstrap: int = Field(1000, ge=100)
     slowest: int = Field(5, ge=0, description="slowest requests per configuration whose traces are listed")
     tracing: bool = True
+    placement: Literal["auto", "on", "off"] = Field(
+        "auto", description="local mode: pin the engine, the proxies and the load generator to separate cores "
+                            "(auto: from 3 cores; on: also on 2; env PATHPROBE_CPU_PLACEMENT overrides)")
+    witness: Literal["none", "pcap"] = Field(
+        "none", description="pcap: capture the run's loopback packets (tcpdump) and split each link's network "
+        "into wire and stack time per request at concurrency 1 (local mode)")
     server: ServerConfig = Field(default_factory=ServerConfig)
+    vllm: VllmServerConfig = Field(default_factory=VllmServerConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
     network: NetworkConfig | None = None
     targets: list[TargetConfig] = Field(default_factory=_default_targets, min_length=1)
@@ -221,7 +330,12 @@ class CompareConfig(_Strict):
         return self.baseline or self.enabled_targets[0].name
 
     def network_for(self, target: TargetConfig) -> NetworkConfig | None:
-        net = target.network if target.network is not None else self.network
+        """The condition on ``target``'s path. A target's own ``network`` block always inserts the relay,
+        even with nothing to apply (delay 0: the relay's own cost, the baseline of a delayed twin);
+        the top-level block only when it applies something."""
+        if target.network is not None:
+            return target.network
+        net = self.network
         return net if net is not None and net.active else None
 
 

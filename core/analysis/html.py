@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.report import SEG_COLS, fmt_ms, metric_values
+from pathprobe.analysis.hops import format_path
+from pathprobe.analysis.report import ESTIMATED_NOTE, SEG_COLS, fmt_ms, metric_values, seg_cell
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {"network": "#4e79a7", "serialization": "#f28e2b", "queueing": "#e15759",
@@ -56,10 +57,15 @@ def plot_segments(report: Mapping[str, Any]) -> str | None:
     for ax, conc in zip(axes[0], concs):
         names = _names(report, conc)
         left = [0.0] * len(names)
+        groups = [report["targets"][n]["by_concurrency"][str(conc)] for n in names]
         for seg in SEGMENTS:
-            vals = [max(0.0, report["targets"][n]["by_concurrency"][str(conc)]["segments"][seg].get("mean", 0.0))
-                    for n in names]
+            vals = [max(0.0, g["segments"][seg].get("mean", 0.0)) for g in groups]
             ax.barh(names, vals, left=left, color=SEG_COLORS[seg], label=seg)
+            if seg == "network" and any(g.get("network_estimated") for g in groups):
+                # an estimated network (a transport round trip, not the request's own) is hatched
+                est = [v if g.get("network_estimated") else 0.0 for v, g in zip(vals, groups)]
+                ax.barh(names, est, left=left, color=SEG_COLORS[seg], hatch="///", edgecolor="white",
+                        label="network (estimated)")
             left = [a + b for a, b in zip(left, vals)]
         ax.invert_yaxis()
         ax.set_xlabel("ms per request (mean)")
@@ -96,6 +102,48 @@ def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequ
     return _png(fig)
 
 
+def plot_waterfalls(report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
+                    ) -> str | None:
+    """One typical request (median e2e, highest concurrency) per configuration as a waterfall."""
+    import matplotlib.pyplot as plt
+
+    from pathprobe.analysis.waterfall import bars, representative
+
+    conc = max(report["concurrency"])
+    picked = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]
+    picked = [(n, r) for n, r in picked if r is not None]
+    if not picked:
+        return None
+    heights = [len({b.row for b in bars(r)}) for _, r in picked]
+    fig, axes = plt.subplots(len(picked), 1, figsize=(10, sum(0.45 * h + 0.9 for h in heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (name, rec) in zip(axes[:, 0], picked):
+        bs = bars(rec)
+        rows = list(dict.fromkeys(b.row for b in bs))
+        for b in bs:
+            y = rows.index(b.row)
+            if b.part == "span":
+                ax.barh(y, b.dur, left=b.start, color="#e8e8e8", edgecolor="#888888", height=0.7)
+            elif b.part == "unsplit":
+                ax.barh(y, b.dur, left=b.start, color=SEG_COLORS["unsplit"], hatch="xx", edgecolor="white",
+                        height=0.7, label="unsplit (reports nothing)")
+            else:
+                ax.barh(y, b.dur, left=b.start, color=SEG_COLORS.get(b.part, "#999999"), height=0.45)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.invert_yaxis()
+        est = " (network estimated)" if rec["split"].get("network_estimated") else ""
+        ax.set_title(f"{name}: one request of {rec['e2e_ms']:.2f} ms (median){est}", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1][0].set_xlabel("ms from the client's send (a component is drawn centred in its caller: only "
+                           "durations are measured)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS[s]) for s in ("serialization", "queueing", "inference")]
+    handles.append(plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS["unsplit"], hatch="xx"))
+    axes[0][0].legend(handles, ["serialization", "queueing", "inference", "unsplit (reports nothing)"],
+                      fontsize=7, loc="lower right")
+    fig.tight_layout(h_pad=1.5)
+    return _png(fig)
+
+
 def plot_streaming(
     report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
 ) -> str | None:
@@ -126,6 +174,54 @@ def plot_streaming(
         ax.set_ylabel("fraction")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def plot_hops(report: Mapping[str, Any]) -> str | None:
+    """Each path laid out hop by hop (highest concurrency): every link's network, then each
+    reporting hop's serialization and own time, the server's queue + inference last."""
+    import matplotlib.pyplot as plt
+
+    conc = max(report["concurrency"])
+    rows = [(n, t["by_concurrency"][str(conc)]["path"]) for n, t in report["targets"].items()
+            if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")]
+    if not rows:
+        return None
+    colors = {"link": ("#4e79a7", "#a0cbe8"), "serialization": "#f28e2b", "own": "#9c755f",
+              "server": "#59a14f", "unsplit": "#bab0ac"}
+    fig, ax = plt.subplots(figsize=(11, 0.6 + 0.45 * len(rows) + 1))
+    for y, (name, path) in enumerate(rows):
+        left = 0.0
+        pieces: list[tuple[float, str, str | None]] = []
+        for j, link in enumerate(path["links"]):
+            pieces.append((link["mean_ms"], colors["link"][j % 2], f"{j + 1}"))
+            if j < len(path["hops"]):
+                h = path["hops"][j]
+                pieces.append((h["serialization_mean_ms"], colors["serialization"], None))
+                pieces.append((h["own_mean_ms"], colors["own"], None))
+                if j == len(path["hops"]) - 1 and j == len(path["links"]) - 1:  # the server's own work
+                    work = h["total_mean_ms"] - h["serialization_mean_ms"] - h["own_mean_ms"]
+                    pieces.append((work, colors["server"], None))
+            else:
+                pieces.append((path["unsplit_mean_ms"], colors["unsplit"], None))
+        for width, color, text in pieces:
+            width = max(0.0, width)
+            ax.barh(y, width, left=left, color=color, edgecolor="white", linewidth=0.5)
+            if text and width > 0:
+                ax.text(left + width / 2, y, text, ha="center", va="center", fontsize=7, color="white")
+            left += width
+    ax.set_yticks(range(len(rows)), [n for n, _ in rows])
+    ax.invert_yaxis()
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=colors["link"][0], label="network, link by link (numbered from the client)"),
+                       Patch(color=colors["serialization"], label="a hop's serialization"),
+                       Patch(color=colors["own"], label="a hop's own time"),
+                       Patch(color=colors["server"], label="server: queue + inference"),
+                       Patch(color=colors["unsplit"], label="unsplit")], fontsize=7, loc="lower right")
+    ax.set_xlabel("ms per request (mean)")
+    ax.set_title(f"hop by hop, concurrency {conc}")
+    ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 
 
@@ -177,6 +273,7 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
 td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
 .verdict{background:#fff6d6;padding:6px 10px;margin:4px 0}
+.self-report{background:#eef4ff;padding:6px 10px;margin:4px 0}
 .verdict.flagged{background:#f4f4f4;color:#555;border-left:4px solid #c00}
 .client-warning{background:#fde2e1;border-left:4px solid #c00;padding:6px 10px;margin:4px 0}
 .client-note{background:#eef3fb;border-left:4px solid #4e79a7;padding:6px 10px;margin:4px 0}
@@ -217,7 +314,7 @@ def _table(report: Mapping[str, Any], conc: int) -> str:
             fmt_ms(p.get("p50", {}).get("value")),
             f"{fmt_ms(p.get('p50', {}).get('lo'))} – {fmt_ms(p.get('p50', {}).get('hi'))}",
             fmt_ms(p.get("p95", {}).get("value")), fmt_ms(p.get("p99", {}).get("value")),
-            *[fmt_ms(seg[s].get("mean")) for s in (*SEGMENTS, "network_hop1", "network_hop2")],
+            *[seg_cell(g, s) for s in SEGMENTS], *[fmt_ms(seg[s].get("mean")) for s in ("network_hop1", "network_hop2")],
             f"{c['p50_diff_ms']:+.3f}" if c else "–", f"{c['p_adjusted']:.2g}" if c else "–",
             f"{c['cliffs_delta']:+.2f} ({c['magnitude']})" if c else "–", f"{c['cohens_d']:+.2f}" if c else "–",
         ]
@@ -237,8 +334,14 @@ def render(
     plots = [
         ("Where the time goes", "Mean milliseconds per request in each segment; the bar's length is the mean "
          "end-to-end time.", plot_segments(report)),
+        ("Hop by hop", "Each path from the client inwards: the network of every link (numbered), each reporting "
+         "hop's serialization and own time, the server's queue and inference (means).", plot_hops(report)),
         ("Latency distribution", "Empirical CDF of every measured request (rounds pooled).",
          plot_cdfs(report, samples)),
+        ("One request, hop by hop", "A typical request (median end-to-end, highest concurrency) of each "
+         "configuration: client, each reporting hop, the server and its engine phases; a part inside a "
+         "component that reports nothing is hatched (unsplit), with the phases its engine reported drawn "
+         "inside it.", plot_waterfalls(report, records)),
         ("Streaming: TTFT and inter-token latency", "Client-observed, highest concurrency.",
          plot_streaming(report, records)),
         ("Concurrency sweep", "p50 with its 95% bootstrap interval, p99 dashed; throughput on the right.",
@@ -251,6 +354,10 @@ def render(
     parts.append("<p class='meta'>" + html.escape(
         f"{meta.get('started', '')} · engine {meta.get('engine', '')} · {meta.get('host', '')} · "
         f"{meta.get('cpus', '')} CPUs · pathprobe {meta.get('versions', {}).get('pathprobe', '')}") + "</p>")
+    if meta.get("placement"):
+        from pathprobe.analysis.report import placement_line
+
+        parts.append("<p class='meta'>" + html.escape(placement_line(meta["placement"])) + "</p>")
     parts.append(f"<p>baseline <b>{html.escape(report['baseline'])}</b>. "
                  f"{html.escape(report['method']['summary'])}</p>")
     net = report.get("network")
@@ -270,10 +377,29 @@ def render(
     for conc in report["concurrency"]:
         parts.append(f"<h2>Concurrency {conc}</h2>")
         parts.append(_table(report, conc))
+        if any(t.get("by_concurrency", {}).get(str(conc), {}).get("network_estimated")
+               for t in report["targets"].values()):
+            parts.append(f"<p class='estimated'>{html.escape(ESTIMATED_NOTE)}.</p>")
         for w in report.get("client_warnings") or []:
             if w["concurrency"] == conc:
                 cls, label = (("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note"))
                 parts.append(f"<div class='{cls}'><b>{label}:</b> {html.escape(w['text'])}</div>")
+        paths = [(n, t["by_concurrency"][str(conc)]["path"]) for n, t in report["targets"].items()
+                 if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")]
+        if paths:
+            parts.append("<p>Hop by hop (means, ms: the network of each link, and each reporting hop's own "
+                         "time and serialization):</p><ul class='hops'>"
+                         + "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(format_path(pth))}</li>"
+                                   for n, pth in paths) + "</ul>")
+        for sr in report.get("self_reports") or []:
+            if sr["concurrency"] == conc:
+                parts.append(f"<div class='self-report'><b>self-report</b> {html.escape(sr['target'])}: "
+                             f"{html.escape(sr['text'])}</div>")
+        cpu = [(n, t["by_concurrency"][str(conc)]["path_cpu"]) for n, t in report["targets"].items()
+               if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path_cpu")]
+        if cpu:
+            parts.append("<p>CPU per request of each path's own processes (gateway / proxy, not the server): "
+                         + html.escape(", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu)) + "</p>")
     for title, caption, png in plots:
         if png is None:
             continue

@@ -192,6 +192,9 @@ def summarize_group(
             key = str(r.get("status") or "ERROR")
             errors[key] = errors.get(key, 0) + 1
     first_error = next((r.get("error") for r in records if not r.get("ok") and r.get("error")), None)
+    # an ok answer without the server's entries (a lost trailer/header): its server time would silently
+    # count as network; counted here and named in the report
+    no_srv = sum(1 for r in ok if not any(k.startswith("srv.") for k in (r.get("entries") or {})))
     out: dict[str, Any] = {
         "requests": len(records),
         "ok": len(ok),
@@ -199,13 +202,23 @@ def summarize_group(
         "errors_by_status": errors,
         "stopped": len(stopped),
         "first_error": first_error,
+        "ok_without_server_timing": no_srv,
+        "client_wait": _pcts([float(r.get("client_wait_ms") or 0.0) for r in ok]),
         "duration_s": duration_s,
         "rps": len(ok) / duration_s if duration_s > 0 else math.nan,
         primary: stats.summarize(metric_values(ok, primary), n_boot=n_boot),
         "segments": {c: _pcts(metric_values(ok, c)) for c in SEG_COLS},
+        #: requests whose network includes an estimate (a transport round trip standing for the
+        #: network of a link to a component that reports nothing; the rest of that link is unsplit)
+        "network_estimated": sum(1 for r in ok if r["split"].get("network_estimated")),
     }
     if primary != "e2e":
         out["e2e"] = _pcts(metric_values(ok, "e2e"))
+    from pathprobe.analysis.chunks import summarize as chunk_summary
+
+    chunks = chunk_summary(ok)
+    if chunks is not None:
+        out["chunks"] = chunks
     for m in ("ttft", "itl", "tpot", "schedule_lag"):
         vals = metric_values(ok, m)
         if vals and any(vals):
@@ -214,6 +227,20 @@ def summarize_group(
         out["rounds"] = {str(k): _pcts(metric_values([r for r in v if r.get("ok") and r.get("split")], primary))
                          for k, v in sorted(rounds.items())}
     return out
+
+
+ESTIMATED = "est."
+ESTIMATED_NOTE = ("network marked est.: the link to a component that reports nothing (a server we did not "
+                  "write) holds its network and its work; only a measured transport round trip (TCP handshake, "
+                  "HTTP/2 PING) is booked as network, the rest of that link is unsplit")
+
+
+def seg_cell(group: Mapping[str, Any], seg: str) -> str:
+    """A segment's mean for a table cell; network is marked when any of it is an estimate."""
+    text = fmt_ms(group["segments"][seg].get("mean"))
+    if seg == "network" and group.get("network_estimated"):
+        text += f" {ESTIMATED}"
+    return text
 
 
 def fmt_ms(v: Any, digits: int = 3) -> str:
@@ -233,8 +260,42 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def placement_line(pl: Mapping[str, Any]) -> str:
+    """Where the processes ran (report.json ``meta.placement``)."""
+    if not pl.get("enabled"):
+        return f"CPU placement: off ({pl.get('reason', '')})"
+    cores = {k: ",".join(map(str, pl.get(k) or ())) for k in ("server", "proxies", "load")}
+    return (f"CPU placement: engine/server on cores {cores['server']}, gateways/nginx/relays on {cores['proxies']}, "
+            f"load generator on {cores['load']} ({pl.get('reason', '')})")
+def _path_tax_table(report: Mapping[str, Any], key: str) -> list[str]:
+    """Interleaved runs lead with each configuration's path tax (its cost beside the engine), p50 ms."""
+    rows = [(n, t["by_concurrency"][key]) for n, t in report["targets"].items()
+            if key in t.get("by_concurrency", {}) and (t["by_concurrency"][key].get("path_tax") or {}).get("n")]
+    if not rows:
+        return []
+    out = ["path tax per call (everything but the engine; p50 ms; calls interleaved one by one, paired with "
+           "the baseline's call of the same cycle):", "",
+           "| config | path tax | network hop 1 | network hop 2+ | serial. | other | engine | "
+           "Δ path tax vs base [95% CI] | pairs |",
+           "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for name, g in rows:
+        tx = g["path_tax"]
+        pr = g.get("paired") or {}
+        d = (pr.get("path_tax") or {}).get("median")
+        dtxt = (f"{d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" + (" *" if pr.get("significant") else "")
+                if d else "–")
+        out.append(f"| {name}{' (base)' if name == report['baseline'] else ''} | {fmt_ms(tx['path_tax']['p50'])} | "
+                   f"{fmt_ms(tx['network_hop1']['p50'])} | {fmt_ms(tx['network_hop2']['p50'])} | "
+                   f"{fmt_ms(tx['serialization']['p50'])} | {fmt_ms(tx['other']['p50'])} | "
+                   f"{fmt_ms(tx['engine']['p50'])} | {dtxt} | {pr.get('n', '–')} |")
+    out.append("")
+    return out
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The side-by-side tables printed on stdout."""
+    from pathprobe.analysis.hops import format_path
+
     primary = report["method"]["primary_metric"]
     lines: list[str] = []
     net = report.get("network")
@@ -242,6 +303,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     lines.append(title)
     lines.append("")
     lines.append(f"baseline: **{report['baseline']}**; {report['method']['summary']}")
+    pl = report["meta"].get("placement")
+    if pl:
+        lines.append(placement_line(pl))
     if net:
         lines.append(f"network condition on hop '{net['hop']}': {net['describe']} "
                      f"(expected: +{net['expected_request_ms']:g} ms per request: one-way delay x 2 traversals)")
@@ -256,6 +320,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         key = str(conc)
         lines.append(f"### concurrency {conc}")
         lines.append("")
+        lines += _path_tax_table(report, key)
         stream = bool(report["method"].get("stream"))
         extra_h = " TTFT p50 | ITL p50 |" if stream else ""
         lines.append(f"| config | ok | err | req/s | {primary} p50 [95% CI] ms | p95 | p99 | network | serial. | "
@@ -282,7 +347,7 @@ def markdown(report: Mapping[str, Any]) -> str:
                 f"| {name_cell} | {g['ok']} | {g['errors']} | {fmt_ms(g['rps'], 1)} | "
                 f"{_ci(p.get('p50'))} | {fmt_ms(p.get('p95', {}).get('value'))} | "
                 f"{fmt_ms(p.get('p99', {}).get('value'))} | "
-                + " | ".join(fmt_ms(seg[s].get("mean")) for s in SEGMENTS)
+                + " | ".join(seg_cell(g, s) for s in SEGMENTS)
                 + " | "
                 + (f"{cmp_['p50_diff_ms']:+.3f} | {cmp_['p_adjusted']:.2g} | {cmp_['cliffs_delta']:+.2f} |"
                    if cmp_ else "– | – | – |")
@@ -295,6 +360,26 @@ def markdown(report: Mapping[str, Any]) -> str:
                 label = "WARNING" if w["kind"] == "saturated" else "note"
                 lines.append(f"- **{label}**: {w['text']}")
         lines += accounting_lines(targets, conc)
+        for name, t in targets.items():
+            g = t.get("by_concurrency", {}).get(key) or {}
+            if g.get("path"):
+                lines.append(f"- hop by hop, {name}: {format_path(g['path'])}")
+            ch = g.get("chunks") or {}
+            if ch.get("buffering"):
+                lines.append(f"- **warning**: {name} buffers or coalesces streamed chunks: in "
+                             f"{ch['buffered_streams']} of {ch['streams']} streams, chunks the server emitted apart "
+                             f"arrived together (inter-token gaps measure the proxy, not the engine)")
+            if g.get("ok_without_server_timing"):
+                lines.append(f"- **warning**: {name}: {g['ok_without_server_timing']} of {g['ok']} ok answers carried "
+                             f"no srv.* timing (no server-timing trailer/header): their server time is in network")
+        for sr in report.get("self_reports") or []:
+            if sr["concurrency"] == conc:
+                lines.append(f"- **self-report** {sr['target']}: {sr['text']}")
+        cpu = [(n, t["by_concurrency"][key]["path_cpu"]) for n, t in targets.items()
+               if (t.get("by_concurrency", {}).get(key) or {}).get("path_cpu")]
+        if cpu:
+            lines.append("- CPU per request of each path's own processes (gateway / proxy, not the server): "
+                         + ", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu))
         verdicts = [v for v in report["verdicts"] if v["concurrency"] == conc]
         for v in verdicts:
             flagged = " (flagged: " + v["client_flag"] + ")" if v.get("client_flag") else ""
@@ -303,7 +388,9 @@ def markdown(report: Mapping[str, Any]) -> str:
             lines.append("- no configuration differs significantly from the baseline at this concurrency")
         lines.append("")
     lines.append("Segments are means per request in ms "
-                 "(network + serialization + queue + inference + other = mean e2e).")
+                 "(network + serialization + queue + inference + other + unsplit = mean e2e).")
+    if any(g.get("network_estimated") for t in targets.values() for g in t.get("by_concurrency", {}).values()):
+        lines.append(ESTIMATED_NOTE + ".")
     cold = [(n, t["cold_start"]) for n, t in targets.items() if t.get("cold_start")]
     if cold:
         lines.append("")
@@ -319,6 +406,15 @@ def markdown(report: Mapping[str, Any]) -> str:
                          "differ on " + ", ".join(f"{k} ({v})" for k, v in bad.items())))
         lines.append("trace check (`pathprobe analyze` on this run's spans vs the in-band split, "
                      "max(5%, 0.2 ms)): " + "; ".join(parts))
+    if report.get("server_startup_ms"):
+        lines.append("server startup (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in report["server_startup_ms"].items()))
+    comp = [(n, t["trace_completeness"]) for n, t in targets.items()
+            if (t.get("trace_completeness") or {}).get("requests")]
+    if comp:
+        lines.append("")
+        lines.append("trace completeness (ok requests whose trace has every expected span): " + "; ".join(
+            f"{n} {c['share']:.1%}" + (" (missing: " + ", ".join(f"{k} {v}" for k, v in c["missing"].items()) + ")"
+                                       if c["missing"] else "") for n, c in comp))
     problems = [(n, t) for n, t in targets.items() if t["status"] in ("failed", "skipped")]
     for n, t in problems:
         lines.append(f"- {n}: {t['status']}: {_cell(t.get('reason', ''))}")

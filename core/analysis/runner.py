@@ -23,14 +23,17 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pathprobe import vllmcpu
 from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.address import parse_hostport
+from pathprobe.analysis.placement import Placement, plan
 from pathprobe.errors import ConfigError, PathprobeError
 
 LOOPBACK = "127.0.0.1"
@@ -61,8 +64,24 @@ def reachable(address: str, timeout: float = 3.0) -> str | None:
         return exc.strerror or str(exc)
 
 
+def parse_startup(metrics_text: str) -> dict[str, float]:
+    """``pathprobe_server_startup_ms{phase=...}`` gauges from a Prometheus text page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "pathprobe_server_startup_ms":
+            for sample in family.samples:
+                out[sample.labels["phase"]] = sample.value
+    return out
+
+
 def split_hostport(address: str) -> tuple[str, int]:
     return parse_hostport(address, f"address {address!r}", default_host=LOOPBACK)
+
+
+def _port(hostport: str) -> int:
+    return split_hostport(hostport)[1]
 
 
 def url_for(protocol: str, hostport: str, tls: bool = False) -> str:
@@ -77,7 +96,23 @@ def normalize_address(address: str, protocol: str) -> str:
     return url_for(protocol, address)
 
 
+def served_model(http_address: str, timeout: float = 10.0) -> str:
+    """The first model id a server lists on ``GET /v1/models`` (what LiteLLM is told to ask for)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{http_address}/v1/models", timeout=timeout) as resp:
+            data = json.loads(resp.read()).get("data") or [{}]
+        return str(data[0].get("id") or "default")
+    except (OSError, ValueError) as exc:
+        raise PathprobeError(f"GET http://{http_address}/v1/models failed: {exc}") from None
+
+
 # ------------------------------------------------------------------ processes
+
+
+class Skipped(PathprobeError):
+    """A configuration that cannot run here (a component is not installed); the reason is shown."""
 
 
 @dataclass
@@ -89,13 +124,16 @@ class Managed:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     popen: subprocess.Popen | None = None
+    cpus: tuple[int, ...] = ()  # pinned to these cores (inherited by its threads and children); () = any
 
     def start(self) -> Managed:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        cpus = self.cpus
         self.popen = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
+                                      start_new_session=True,
+                                      preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         return self
 
     @property
@@ -141,7 +179,8 @@ def _py(*args: str) -> list[str]:
 # ------------------------------------------------------------------ probes
 
 
-def probe_once(url: str, model: str | None = None, timeout: float = 10.0, tls: Any = None) -> float:
+def probe_once(url: str, model: str | None = None, timeout: float = 10.0,
+               headers: dict[str, str] | None = None, tls: Any = None) -> float:
     """One real 1-token request over ``url``; returns its latency in ms or raises.
     ``tls``: the client's TlsFiles for grpcs:// / https:// (None: the environment's, else system CAs)."""
     from pathprobe.tls import TlsFiles, grpc_channel
@@ -164,14 +203,15 @@ def probe_once(url: str, model: str | None = None, timeout: float = 10.0, tls: A
             base = url[len("openai+"):].rstrip("/")
             path, body = "/v1/completions", {"prompt": "Hello", "max_tokens": 1, "model": model or ""}
             if not model:
-                with urllib.request.urlopen(base + "/v1/models", timeout=timeout, context=ssl_ctx) as resp:
+                with urllib.request.urlopen(urllib.request.Request(base + "/v1/models", headers=headers or {}),
+                                            timeout=timeout, context=ssl_ctx) as resp:
                     models = json.loads(resp.read()).get("data") or [{}]
                 body["model"] = models[0].get("id", "")
         else:
             base = url.rstrip("/")
             path, body = "/v1/generate", {"prompt": "Hello", "max_tokens": 1}
         req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers={"Content-Type": "application/json", **(headers or {})}, method="POST")
         with urllib.request.urlopen(req, timeout=timeout, context=ssl_ctx) as resp:
             resp.read()
     return (time.perf_counter() - t0) * 1e3
@@ -197,7 +237,8 @@ def handshake_ms(hostport: str, tls: Any, n: int = 20) -> tuple[float, float]:
     return statistics.median(tcp), statistics.median(both)
 
 
-def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None, tls: Any = None) -> float:
+def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None,
+               headers: dict[str, str] | None = None, tls: Any = None) -> float:
     """Probe until the path answers a real request; raise with the reason on timeout or exit."""
     deadline = time.monotonic() + timeout
     last = "no answer"
@@ -207,7 +248,8 @@ def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None
             if code is not None:
                 raise PathprobeError(f"{p.name} exited with code {code} while starting: {p.tail()}")
         try:
-            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())), tls=tls)
+            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())), headers=headers,
+                              tls=tls)
         except Exception as exc:  # any failure means: not ready yet
             details = exc.details() if callable(getattr(exc, "details", None)) else None
             text = str(details or exc).strip()
@@ -230,6 +272,13 @@ class Path_:
     reason: str = ""
     probe_ms: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: headers every request on this path needs (LiteLLM's master key), passed to the load
+    #: generator in its environment, never on a command line
+    headers: dict[str, str] = field(default_factory=dict)
+    #: extra ``pathprobe load`` arguments this path needs (LiteLLM: the chat route, the model)
+    load_args: list[str] = field(default_factory=list)
+    #: the loopback ports a request passes, per link (client side first), for the wire witness
+    chain: list[tuple[list[int], str]] = field(default_factory=list)
     tls_handshake: dict[str, float] | None = None
     tls_ca: str = ""  # the CA the load generator verifies this path's TLS with
     gateway_metrics: str = ""  # the gateway's /metrics URL (local mode), for accounting
@@ -263,6 +312,10 @@ class Stack:
         self.server: Managed | None = None
         self.traces_dir = out / "traces"
         self._pki: Any = None
+        self.placement: Placement = plan(cfg.placement) if cfg.mode == "local" else \
+            Placement(False, "remote mode: nothing local to place")
+        #: more servers, started when a target needs them: ours with another engine, vLLM's own
+        self.others: dict[str, tuple[Managed, str, str]] = {}  # key -> (process, grpc H:P, http H:P)
 
     def pki(self) -> Any:
         """The run's throw-away CA and loopback certificates (made on first use, in the output folder)."""
@@ -277,7 +330,10 @@ class Stack:
 
         return TlsFiles(ca=str(self.pki().ca))
 
-    def _start(self, m: Managed) -> Managed:
+    def _start(self, m: Managed, role: str = "proxies") -> Managed:
+        """Start ``m`` on the cores of its role (server | proxies) when placement is on."""
+        m.cpus = self.placement.cpus(role)
+        m.env = {**self.placement.env(role), **m.env}
         self.procs.append(m.start())
         self._write_pids()
         return m
@@ -318,7 +374,7 @@ class Stack:
             args += ["--traces-file", str(self.traces_dir / "server.jsonl")]
         args += s.extra_args
         self.log(f"starting server ({s.engine}, {s.model}) on grpc {gport} / http {hport}")
-        self.server = self._start(Managed("server", args, self.out / "logs" / "server.log"))
+        self.server = self._start(Managed("server", args, self.out / "logs" / "server.log"), "server")
         self.server_grpc, self.server_http = f"{LOOPBACK}:{gport}", f"{LOOPBACK}:{hport}"
         t0 = time.monotonic()
         wait_ready(url_for("http", self.server_http), s.startup_timeout_s, [self.server])
@@ -326,6 +382,63 @@ class Stack:
         for fe, addr in self.front_ends.items():
             wait_ready(url_for("http", addr), 30, [self.server])
         self.log(f"server ready after {time.monotonic() - t0:.1f} s")
+
+    def server_startup_ms(self) -> dict[str, float] | None:
+        """The local server's startup phases (its ``/metrics`` gauges), or None."""
+        if self.server is None:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://{self.server_http}/metrics", timeout=5) as resp:
+                return parse_startup(resp.read().decode())
+        except OSError:
+            return None
+    def our_server(self, engine: str | None) -> tuple[str, str, Managed | None]:
+        """(grpc H:P, http H:P, process) of our server with ``engine`` (the default one, or a
+        second server of ours started now with the same settings and another engine)."""
+        s = self.cfg.server
+        if engine is None or engine == s.engine:
+            return self.server_grpc, self.server_http, self.server
+        if engine == "vllm" and not vllmcpu.available():
+            raise Skipped(f"engine vllm: {vllmcpu.unavailable_reason()}")
+        key = f"server-{engine}"
+        if key not in self.others:
+            gport, hport = free_port(), free_port()
+            args = _py("serve", "--engine", engine, "--model", s.model, "--host", LOOPBACK, "--grpc-port", str(gport),
+                       "--http-port", str(hport), "--max-batch-size", str(s.max_batch_size),
+                       "--http-server", s.http_server, *s.extra_args)
+            self.log(f"starting a second server of ours ({engine}, {s.model}) on grpc {gport} / http {hport}")
+            m = self._start(Managed(key, args, self.out / "logs" / f"{key}.log"), "server")
+            t0 = time.monotonic()
+            wait_ready(url_for("http", f"{LOOPBACK}:{hport}"), s.startup_timeout_s, [m])
+            self.log(f"{key} ready after {time.monotonic() - t0:.1f} s")
+            self.others[key] = (m, f"{LOOPBACK}:{gport}", f"{LOOPBACK}:{hport}")
+        m, g, h = self.others[key]
+        return g, h, m
+
+    def vllm_server(self) -> tuple[str, Managed]:
+        """(H:P, process) of vLLM's own OpenAI server on loopback, started on first use."""
+        if not vllmcpu.available():
+            raise Skipped(vllmcpu.unavailable_reason())
+        if "vllm-server" not in self.others:
+            from pathprobe.server import models
+
+            v, s = self.cfg.vllm, self.cfg.server
+            spec = v.model or s.model
+            folder = models.resolve_model(spec)
+            port = v.port or free_port()
+            args = vllmcpu.server_command(
+                folder, port, served_name=models.model_display_name(spec, folder), host=LOOPBACK,
+                max_model_len=v.max_model_len, dtype=v.dtype, max_num_seqs=v.max_num_seqs or s.max_batch_size,
+                load_dummy=not models.has_weights(folder), extra=v.extra_args)
+            self.log(f"starting vLLM's server ({spec}) on {LOOPBACK}:{port}")
+            m = self._start(Managed("vllm-server", args, self.out / "logs" / "vllm-server.log",
+                                    env=vllmcpu.cpu_env() if vllmcpu.is_cpu_build() else {}), "server")
+            t0 = time.monotonic()
+            wait_ready(url_for("openai", f"{LOOPBACK}:{port}"), v.startup_timeout_s, [m])
+            self.log(f"vLLM's server ready after {time.monotonic() - t0:.1f} s")
+            self.others["vllm-server"] = (m, "", f"{LOOPBACK}:{port}")
+        m, _, h = self.others["vllm-server"]
+        return h, m
 
     def relay(self, name: str, upstream: str, net: NetworkConfig) -> tuple[str, Managed]:
         port = free_port()
@@ -362,50 +475,60 @@ class Stack:
                     front, m = self.relay(t.name, front, net)
                     p.procs.append(m)
                 p.url = url_for(t.protocol or "openai", front)
+            elif t.kind == "vllm":
+                upstream, m = self.vllm_server()
+                p.procs.append(m)
+                if net:
+                    if net.hop == "upstream":
+                        p.notes.append("vLLM's server, no gateway: the condition is on the client <-> server link")
+                    upstream, r = self.relay(t.name, upstream, net)
+                    p.procs.append(r)
+                p.url = url_for(t.protocol or "openai", upstream)
             elif t.kind == "direct":
-                upstream = self.server_grpc if t.protocol == "grpc" else self.front_ends.get(
-                    t.front_end or self.cfg.server.http_server, self.server_http)
+                grpc_up, http_up, srv = self.our_server(t.engine)
+                if srv is not None and srv is not self.server:  # a second server of ours (its own engine)
+                    p.procs.append(srv)
+                    upstream = grpc_up if t.protocol == "grpc" else http_up
+                else:
+                    upstream = self.server_grpc if t.protocol == "grpc" else self.front_ends.get(
+                        t.front_end or self.cfg.server.http_server, self.server_http)
+                ports = [_port(upstream)]
                 if net:
                     if net.hop == "upstream":
                         p.notes.append("direct path: no gateway, the condition is on the client <-> server link")
                     upstream, m = self.relay(t.name, upstream, net)
                     p.procs.append(m)
+                    ports.insert(0, _port(upstream))
+                p.chain = [(ports, "srv")]
                 p.url = url_for(t.protocol or "grpc", upstream)
-            elif t.kind in ("gateway", "nginx"):
-                up_proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else "grpc"  # type: ignore[index]
-                upstream = self.server_grpc if up_proto == "grpc" else self.server_http
+            elif t.kind == "chain":
+                self._chain(p, t, net)
+            else:  # one gateway or third-party proxy in front of a server (ours, or vLLM's own)
+                proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else t.protocol  # type: ignore[index]
+                if t.upstream == "vllm":
+                    upstream, srv = self.vllm_server()
+                else:
+                    grpc_up, http_up, srv = self.our_server(t.engine)
+                    upstream = grpc_up if proto == "grpc" else http_up
+                if srv is not None and srv is not self.server:
+                    p.procs.append(srv)
+                up_ports = [_port(upstream)]
                 if net and net.hop == "upstream":
                     upstream, m = self.relay(f"{t.name}-up", upstream, net)
                     p.procs.append(m)
-                port = t.port or free_port()
-                if t.kind == "gateway":
-                    args = _py("gateway", "--mode", t.mode or "passthrough", "--listen", f"{LOOPBACK}:{port}",
-                               "--upstream", upstream)
-                    if self.cfg.tracing:
-                        args += ["--traces-file", str(self.traces_dir / f"gateway-{t.name}.jsonl")]
-                    if "--admin-port" not in t.gateway_args:  # its /metrics, for accounting
-                        admin = free_port()
-                        args += ["--admin-port", str(admin), "--admin-host", LOOPBACK]
-                        p.gateway_metrics = f"http://{LOOPBACK}:{admin}/metrics"
-                    if t.tls:
-                        pki = self.pki()
-                        args += ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
-                    args += t.gateway_args
-                    p.procs.append(self._start(Managed(t.name, args, self.out / "logs" / f"{t.name}.log")))
-                else:
-                    nginx = shutil.which("nginx")
-                    if not nginx:
-                        p.status, p.reason = "skipped", "nginx is not installed (not on PATH)"
-                        return p
-                    p.procs.append(self._start(self._nginx(t.name, nginx, port, upstream)))
-                front = f"{LOOPBACK}:{port}"
+                    up_ports.insert(0, _port(upstream))
+                front = self._hop(p, t.name, t.kind, t.mode, t.protocol or "grpc", upstream, t.gateway_args,
+                                  t.port, t.model, t.tls)
+                p.url = self._front(p, t, front, net)
+                front_ports = [_port(front)]
                 if net and net.hop == "client":
-                    front, m = self.relay(f"{t.name}-client", front, net)
-                    p.procs.append(m)
-                p.url = url_for(t.protocol or "grpc", front, t.tls)
+                    front_ports.insert(0, _port(p.url))
+                # the wire witness follows these ports; a third-party proxy counts as silent there
+                p.chain = [(front_ports, "gw" if t.kind == "gateway" else "silent"), (up_ports, "srv")]
+            ready_s = 240 if t.kind == "litellm" else 60  # LiteLLM imports for seconds (tens on a busy box)
             client_tls = self.client_tls() if t.tls else None
-            p.probe_ms = wait_ready(p.url, 60, [*p.procs, *([self.server] if self.server else [])], t.model,
-                                    client_tls)
+            p.probe_ms = wait_ready(p.url, ready_s, [*p.procs, *([self.server] if self.server else [])],
+                                    t.model, p.headers, client_tls)
             if client_tls is not None:
                 p.tls_ca = client_tls.ca or ""
                 tcp, tls_ms = handshake_ms(p.url.split("://", 1)[1], client_tls)
@@ -414,34 +537,78 @@ class Stack:
                                f"handshake, median of 20) vs {tcp:.2f} ms plaintext; measured requests reuse "
                                "their connections (steady state)")
             p.status = "ok"
+        except Skipped as exc:
+            p.status, p.reason = "skipped", exc.message
         except ConfigError:
             raise
         except PathprobeError as exc:
             p.status, p.reason = "failed", f"did not start: {exc.message}"
         return p
 
-    def _nginx(self, name: str, nginx: str, port: int, upstream: str) -> Managed:
-        d = (self.out / "nginx" / name).resolve()
-        (d / "tmp").mkdir(parents=True, exist_ok=True)
-        user = "user root;\n" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
-        conf = f"""{user}worker_processes 1;
-pid {d}/nginx.pid;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  client_body_temp_path {d}/tmp/body; proxy_temp_path {d}/tmp/proxy; fastcgi_temp_path {d}/tmp/fastcgi;
-  uwsgi_temp_path {d}/tmp/uwsgi; scgi_temp_path {d}/tmp/scgi;
-  keepalive_requests 1000000;
-  upstream llm {{ server {upstream}; keepalive 16; keepalive_requests 1000000; }}
-  server {{
-    listen {LOOPBACK}:{port} http2;
-    location / {{ grpc_pass grpc://llm; grpc_read_timeout 600s; grpc_send_timeout 600s; }}
-  }}
-}}
-"""
-        (d / "nginx.conf").write_text(conf, encoding="utf-8")
-        return Managed(name, [nginx, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"),
-                              "-g", "daemon off;"], self.out / "logs" / f"{name}.log")
+    def _front(self, p: Path_, t: TargetConfig, front: str, net: NetworkConfig | None) -> str:
+        """The URL clients use: ``front``, behind a delaying relay when the condition is on the client hop."""
+        if net and net.hop == "client":
+            front, m = self.relay(f"{t.name}-client", front, net)
+            p.procs.append(m)
+        return url_for(t.protocol or "grpc", front, t.tls)
+
+    def _chain(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
+        """client -> chain[0] -> ... -> chain[-1] -> server, each hop started with the next as its
+        upstream; a hop's ``network`` delays its link to its upstream (the top-level condition
+        with ``hop: upstream`` goes on the innermost link unless that hop has its own)."""
+        hops = t.chain or []
+        upstream = self.server_grpc if hops[-1].upstream_protocol == "grpc" else self.server_http
+        for i in range(len(hops) - 1, -1, -1):
+            hop = hops[i]
+            link = hop.network if hop.network is not None and hop.network.active else None
+            if link is None and i == len(hops) - 1 and net and net.hop == "upstream":
+                link = net
+            if link is not None:
+                upstream, m = self.relay(f"{t.name}-{i}-up", upstream, link)
+                p.procs.append(m)
+            upstream = self._hop(p, f"{t.name}-{i}", hop.kind, hop.mode, hop.client_protocol, upstream,
+                                 hop.gateway_args, None, None)
+        p.notes.append("chain: client -> " + " -> ".join(
+            f"{h.kind}{'/' + h.mode if h.mode else ''}" for h in hops) + " -> server")
+        p.url = self._front(p, t, upstream, net)
+
+    def _hop(self, p: Path_, name: str, kind: str, mode: str | None, protocol: str, upstream: str,
+             gateway_args: list[str], port: int | None, model: str | None, tls: bool = False) -> str:
+        """Start one gateway or third-party proxy in front of ``upstream``; its listen address.
+        Raises _Skipped when the proxy is not installed."""
+        port = port or free_port()
+        listen = f"{LOOPBACK}:{port}"
+        log = self.out / "logs" / f"{name}.log"
+        if kind == "gateway":
+            args = _py("gateway", "--mode", mode or "passthrough", "--listen", listen, "--upstream", upstream)
+            if self.cfg.tracing:
+                args += ["--traces-file", str(self.traces_dir / f"gateway-{name}.jsonl")]
+            if "--admin-port" not in gateway_args:  # its /metrics, for accounting (a chain: the outermost)
+                admin = free_port()
+                args += ["--admin-port", str(admin), "--admin-host", LOOPBACK]
+                p.gateway_metrics = f"http://{LOOPBACK}:{admin}/metrics"
+            if tls:  # the client hop over TLS, with the run's throw-away CA
+                pki = self.pki()
+                args += ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
+            p.procs.append(self._start(Managed(name, [*args, *gateway_args], log)))
+            return listen
+        from pathprobe import proxies
+
+        exe = proxies.executable(kind)
+        if exe is None:
+            raise Skipped(proxies.missing_reason(kind))
+        kw: dict[str, Any] = {"exe": exe}
+        if kind == "litellm":
+            model = model or served_model(self.server_http)
+            kw["model"] = model
+            p.load_args += ["--openai-api", "chat", "--model", model]
+        launch = getattr(proxies, kind)(self.out / "proxies" / name, listen, [upstream], protocol, **kw)
+        p.headers.update(launch.headers)
+        p.procs.append(self._start(Managed(name, launch.args, log, env=launch.env)))
+        out = self.out.resolve()
+        p.notes.append(f"{kind} config: "
+                       + str(launch.config.relative_to(out) if launch.config.is_relative_to(out) else launch.config))
+        return listen
 
     def close(self) -> None:
         for m in reversed(self.procs):
@@ -466,6 +633,9 @@ class RunResult:
     client: dict[str, Any] | None = None
     #: the run's requests counted at the client, the gateway and the server (accounting.json)
     accounting: dict[str, Any] | None = None
+    #: CPU seconds (user + system) the path's own processes (gateway, proxy, relays; not the
+    #: shared server) spent during this run; None for a path with none
+    path_cpu_s: float | None = None
 
 
 def read_accounting(out_dir: Path) -> dict[str, Any] | None:
@@ -473,6 +643,30 @@ def read_accounting(out_dir: Path) -> dict[str, Any] | None:
         return json.loads((out_dir / "accounting.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def cpu_seconds(procs: list[Managed]) -> float | None:
+    """User + system CPU seconds of these processes and their children (nginx workers, LiteLLM's
+    workers); None when there is no live process to read."""
+    import psutil
+
+    total, seen = 0.0, False
+    for m in procs:
+        if m.pid is None or m.exit_code() is not None:
+            continue
+        try:
+            proc = psutil.Process(m.pid)
+            family = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for q in family:
+            try:
+                t = q.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+            seen = True
+    return total if seen else None
 
 
 def read_client(out_dir: Path) -> dict[str, Any] | None:
@@ -515,7 +709,8 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
 
 def run_load(
     cfg: CompareConfig, p: Path_, concurrency: int, rnd: int, duration_s: float, out_dir: Path,
-    traces_file: Path | None, prompt_file: Path | None = None,
+    traces_file: Path | None, prompt_file: Path | None = None, placement: Placement | None = None,
+    extra: list[str] | None = None, label: str | None = None,
 ) -> RunResult:
     from pathprobe.analysis.records import read_records
 
@@ -531,24 +726,31 @@ def run_load(
                "-t", f"{secs}s", "--out", str(out_dir), "--max-tokens", str(L.max_tokens), *prompt_args,
                "--timeout-s", str(L.timeout_s), "--only-summary", "--loglevel", "WARNING",
                "--exit-code-on-error", "0", "--stop-timeout", str(int(L.timeout_s)),
-               "--label", f"{p.name} c={concurrency} round={rnd}")
+               "--label", label or f"{p.name} c={concurrency} round={rnd}")
     if L.stream:
         args.append("--stream")
     if L.arrival != "closed":
         args += ["--arrival", L.arrival, "--rate", str(L.rate)]
-    if p.target.model:
+    if p.target.model and "--model" not in p.load_args:
         args += ["--model", p.target.model]
     if p.tls_ca:
         args += ["--target-ca", p.tls_ca]
+    args += p.load_args
     if traces_file is not None:
         args += ["--traces-file", str(traces_file)]
+    args += extra or []
     args += L.extra_args
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "load.log"
     with open(log, "wb") as fh:
         # its own process group: on timeout or interruption the load AND its Locust child are ended
-        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if p.headers:
+            from pathprobe.loadgen.targets import ENV_HEADERS
+
+            env[ENV_HEADERS] = json.dumps(p.headers)
+        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                preexec_fn=placement.preexec("load") if placement else None)
         try:
             code = proc.wait(timeout=secs + L.timeout_s + 90)
         except BaseException:
@@ -578,6 +780,48 @@ def run_load(
             pass
     return RunResult(p.name, concurrency, rnd, out_dir, records, dur,
                      traces_file=str(traces_file) if traces_file else None, client=read_client(out_dir))
+
+
+MIXED = "_interleaved"  # runs/ folder of the call-by-call interleaved load runs
+
+
+def interleavable(cfg: CompareConfig, paths: list[Path_]) -> bool:
+    """Call-by-call interleaving applies when asked for and every configuration takes the same
+    request (the same model name: one prompt stream serves them all)."""
+    return (cfg.load.interleave == "call" and len(paths) > 1 and len({p.target.model for p in paths}) == 1
+            and not any(p.headers or p.load_args for p in paths))  # e.g. LiteLLM: its own route and key
+
+
+def run_load_mixed(
+    cfg: CompareConfig, paths: list[Path_], concurrency: int, rnd: int, duration_s: float, out_root: Path,
+    traces_file: Path | None, prompt_file: Path | None = None, placement: Placement | None = None,
+) -> dict[str, RunResult]:
+    """One load process for every configuration of ``paths``: each user sends each call to the next
+    configuration of a freshly shuffled order (``pathprobe load --mix``), so drift and CPU contention hit
+    every configuration alike and calls pair up per cycle. Runs ``duration_s`` per configuration; the
+    records are split per configuration into ``runs/NAME/c{C}/r{R}`` (``warmup`` for round -1) as a
+    per-configuration run would have written them, with the shared run's summary.json."""
+    sub = "warmup" if rnd < 0 else f"c{concurrency}/r{rnd}"
+    mixed_dir = out_root / MIXED / sub
+    mix = ",".join(f"{p.name}={p.url}" for p in paths)
+    res = run_load(cfg, paths[0], concurrency, rnd, duration_s * len(paths), mixed_dir, traces_file, prompt_file,
+                   placement, extra=["--mix", mix], label=f"interleaved c={concurrency} round={rnd}")
+    out: dict[str, RunResult] = {}
+    by_name: dict[str, list[dict[str, Any]]] = {p.name: [] for p in paths}
+    for r in res.records:
+        if r.get("config") in by_name:
+            by_name[r["config"]].append(r)
+    for p in paths:
+        d = out_root / p.name / sub
+        d.mkdir(parents=True, exist_ok=True)
+        recs = by_name[p.name]
+        with open(d / "records.jsonl", "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps({k: v for k, v in r.items() if not k.startswith("_")}) + "\n" for r in recs)
+        if (mixed_dir / "summary.json").exists():
+            shutil.copyfile(mixed_dir / "summary.json", d / "summary.json")
+        out[p.name] = RunResult(p.name, concurrency, rnd, d, recs, res.duration_s / len(paths), error=res.error,
+                                traces_file=res.traces_file, client=res.client)
+    return out
 
 
 def versions() -> dict[str, str]:

@@ -17,9 +17,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pathprobe import timing
+from pathprobe import serverreports, timing
 from pathprobe.analysis.traces import Span, Trace
-from pathprobe.segments import Split, split
+from pathprobe.segments import Split
 
 #: span name -> entry, for spans that carry no ``pathprobe.entry`` attribute
 NAME_TO_ENTRY = {
@@ -43,9 +43,13 @@ E2E_KEYS = ("pathprobe.e2e_ms", "pathprobe.split.e2e_ms", "e2e_ms", "pathprobe.c
 CLIENT_SER_KEY = "pathprobe.split.serialization_ms"
 HOP_SER = ("gw.decode", "gw.encode", "srv.decode", "srv.encode")
 ENC_KEYS = ("pathprobe.client.encode_ms", "client.encode_ms", "pathprobe.client_encode_ms", "client_encode_ms")
+#: the load generator's wait for its own event loop (pathprobe.loadgen.clientwait), booked as client time
+WAIT_KEYS = ("pathprobe.client.wait_ms",)
 DEC_KEYS = ("pathprobe.client.decode_ms", "client.decode_ms", "pathprobe.client_decode_ms", "client_decode_ms")
 ROUTE_KEYS = ("pathprobe.route", "route")
 TIMING_KEYS = ("server_timing", "pathprobe.server_timing", "http.response.header.server-timing")
+#: the load generator's measured transport round trip to its target (TCP handshake)
+ESTIMATE_KEY = "pathprobe.network_estimate_ms"
 
 
 @dataclass(slots=True)
@@ -60,6 +64,8 @@ class TraceSplit:
     hops: list[str] = field(default_factory=list)
     ok: bool = True
     problem: str | None = None
+    #: what a server we did not write reported in the trace (vLLM's llm_request span)
+    report: serverreports.ServerReport | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +79,7 @@ class TraceSplit:
             "client_decode_ms": self.client_decode_ms,
             "entries": self.entries,
             "split": self.split.as_dict() if self.split else None,
+            "server_report": {"source": self.report.source, "entries": self.report.entries} if self.report else None,
         }
 
 
@@ -150,6 +157,13 @@ def _server_entries_from_durations(trace: Trace, srv: Span) -> dict[str, float]:
     return out
 
 
+def _hops_serialization(entries: dict[str, float]) -> float:
+    """Every hop's decode + encode (each gateway of a chain counted, not only the last)."""
+    if isinstance(entries, timing.Chain) and entries.hops:
+        return sum(h.get("decode") + h.get("encode") for h in entries.hops)
+    return sum(entries.get(k, 0.0) for k in HOP_SER)
+
+
 def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     """Split one trace. ``source``: ``attributes`` (exact, default) or ``durations``."""
     use_attrs = source == "attributes"
@@ -159,28 +173,32 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
                                                                          for a in trace.ancestors(s))]
     client = clients[0] if clients else None
     hops: list[str] = []
-    entries: dict[str, float] = {}
     problem = None
     if len(servers) > 1:
         problem = f"{len(servers)} server spans in one trace (retries?); the first is used"
     srv = servers[0] if servers else None
-    # the gateway that is an ancestor of the server span (or the outermost one)
-    gw = None
+    # every gateway on the server span's path (a chain), outermost first; else the outermost one
+    path_gws: list[Span] = []
     if gateways:
         anc = {a.span_id for a in trace.ancestors(srv)} if srv else set()
-        on_path = [g for g in gateways if g.span_id in anc]
-        gw = on_path[0] if on_path else gateways[0]  # sorted by start: the outermost
-    if gw is not None:
-        hops.append(f"gateway:{gw.service or gw.name}")
-        entries.update(_gateway_entries_from_durations(trace, gw))
-    if srv is not None:
-        hops.append(f"server:{srv.service or srv.name}")
-        entries.update(_server_entries_from_durations(trace, srv))
-    if use_attrs:
-        for hop in (s for s in (gw, srv) if s is not None):
+        path_gws = [g for g in gateways if g.span_id in anc] or gateways[:1]  # sorted by start: outermost first
+    # one hop per span, innermost (the server) first, as the hops appended their entries
+    spans_in = ([srv] if srv is not None else []) + path_gws[::-1]
+    chain_hops: list[timing.Hop] = []
+    for hop in spans_in:
+        own = _server_entries_from_durations(trace, hop) if hop is srv else _gateway_entries_from_durations(trace, hop)
+        if use_attrs:
             st = _first(hop.attributes, TIMING_KEYS)
             if isinstance(st, str):
-                entries.update(timing.parse(st))
+                sent = timing.parse_chain(st)  # what this hop sent: its upstream's hops, then its own
+                if sent.hops and sent.hops[-1].kind == (timing.SERVER_KIND if hop is srv else timing.GATEWAY_KIND):
+                    own.update(sent.hops[-1].entries)
+        chain_hops.append(timing.Hop(timing.SERVER_KIND if hop is srv else timing.GATEWAY_KIND, own))
+    hops += [f"gateway:{g.service or g.name}" for g in path_gws]
+    if srv is not None:
+        hops.append(f"server:{srv.service or srv.name}")
+    entries: dict[str, float] = timing.Chain(chain_hops)
+    if use_attrs:
         if client is not None:
             st = _first(client.attributes, TIMING_KEYS)
             if isinstance(st, str):
@@ -198,26 +216,39 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         if use_attrs and _first(attrs, ENC_KEYS) is None and _first(attrs, DEC_KEYS) is None \
                 and CLIENT_SER_KEY in attrs:
             # client encode + decode = the client's serialization total minus the hops' own
-            enc = max(0.0, float(attrs[CLIENT_SER_KEY]) - sum(entries.get(k, 0.0) for k in HOP_SER))
+            enc = max(0.0, float(attrs[CLIENT_SER_KEY]) - _hops_serialization(entries))
         e2e_attr = _first(attrs, E2E_KEYS)
         if use_attrs and e2e_attr is not None:
             e2e, e2e_source = float(e2e_attr), "attribute"
         else:
             e2e, e2e_source = client.duration_ms, "client span"
     else:
-        outer = gw or srv
+        outer = path_gws[0] if path_gws else srv
         if outer is None:
             return TraceSplit(trace.trace_id, "", None, entries, "none", 0.0, 0.0, hops, False,
                               "no client, gateway or server span in this trace")
         route = outer.name
         e2e, e2e_source = outer.duration_ms, "outermost server span"
         problem = problem or "no client span: network hop 1 is not measured (e2e = outermost server span)"
+    report = None
     if srv is None:
-        problem = problem or "no server span (a server that exports no traces?): its time is unsplit"
+        engine = next((s for s in trace.spans if s.name == serverreports.VLLM_SPAN), None)
+        report = serverreports.from_vllm_span(engine.attributes) if engine is not None else None
+        if report is not None:
+            hops.append(f"engine:{engine.service or engine.name}")  # type: ignore[union-attr]
+            problem = problem or ("the server reports its engine's phases only (vLLM's llm_request span): "
+                                  "the rest of its time is unsplit")
+        else:
+            problem = problem or "no server span (a server that exports no traces?): its time is unsplit"
     if client is not None:
         status = client.status.get("code") if client.status else None
         ok = status not in (2, "STATUS_CODE_ERROR")
     else:
         ok = True
-    sp = split(e2e, entries, enc, dec) if not math.isnan(e2e) else None
-    return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem)
+    client_est = _first(client.attributes, (ESTIMATE_KEY,)) if client is not None else None
+    est = serverreports.network_estimate(entries, float(client_est) if client_est is not None else None)
+    # the load generator's own wait, as it booked it (never more than the client's link took)
+    wait = float(_first(client.attributes, WAIT_KEYS) or 0.0) if client is not None else 0.0
+    sp = (serverreports.split(e2e, entries, report, enc, dec, network_estimate_ms=est, client_wait_ms=wait)
+          if not math.isnan(e2e) else None)
+    return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem, report)

@@ -192,11 +192,15 @@ class Engine(abc.ABC):
             check_token_ids(params.prompt_token_ids, len(self.tokenizer))
             ids = list(params.prompt_token_ids)
         else:
-            ids = self.tokenizer.encode(params.prompt)
+            ids = self.encode_prompt(params.prompt)
         t.tokenize = now_ms() - t.tokenize_start
         check_context(len(ids), params.max_tokens, self.max_context)
         gen.prompt_tokens = len(ids)
         return gen, ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Prompt text -> token ids (the fast tokenizer; an engine may swap in a slow one)."""
+        return self.tokenizer.encode(text)
 
     # --- stats for /metrics --------------------------------------------------
     def queue_depth(self) -> int:

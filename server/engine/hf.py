@@ -45,9 +45,17 @@ from pathprobe.server.engine.base import (
     stop_index,
 )
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
+from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
 
 log = logging.getLogger(__name__)
+
+#: ``--engine-option batching=``: continuous (join between steps), dynamic (a batch forms in the
+#: max_wait_ms window, then runs to its end), static (waits up to static_wait_ms for a full batch)
+BATCHING = ("continuous", "dynamic", "static")
+
+#: phases timed inside ``_load`` (the rest of ``start`` is booked as engine_other)
+_LOAD_PHASES = ("weights_read", "weights_init", "device_transfer", "warmup", "cuda_graphs")
 
 #: seed of a weightless folder's random weights (presets), so two loads are the same model
 PRESET_SEED = 0
@@ -163,8 +171,23 @@ class TransformersEngine(Engine):
         from pathprobe.server import models
 
         self.config = config
-        self._folder = models.resolve_model(config.model)
-        self.tokenizer = models.load_tokenizer(config.model)
+        self.startup = StartupTimer()
+        with self.startup.phase("imports"):
+            import torch  # noqa: F401
+            from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
+        with self.startup.phase("model_folder"):
+            self._folder = models.resolve_model(config.model)
+        with self.startup.phase("tokenizer"):
+            self.tokenizer = models.load_tokenizer(config.model)
+        tok_kind = str(config.options.get("tokenizer", "fast")).lower()
+        if tok_kind not in ("fast", "slow"):
+            raise ConfigError(f"--engine-option tokenizer: expected fast or slow, got {tok_kind!r}")
+        if tok_kind == "slow":
+            with self.startup.phase("tokenizer_slow"):
+                slow = models.load_slow_tokenizer(config.model)
+            bos = self.tokenizer.bos_token_id
+            self.encode_prompt = lambda text: slow.encode(text, bos=bos)
+        self.tokenizer_kind = tok_kind
         self.model_name = config.model_name or models.model_display_name(config.model, self._folder)
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
@@ -186,16 +209,47 @@ class TransformersEngine(Engine):
         if self._graphs and not self.device.startswith("cuda"):
             raise ConfigError("--engine-option cuda_graphs: needs a CUDA device (use static_cache=1 on the CPU)")
         self._static: _StaticBatch | None = None
+        self._static_wait_ms = float(opts.get("static_wait_ms", 1000.0))
         self._threads = _threads_option(opts.get("threads"), self.device)
+        self._batching = str(opts.get("batching", "continuous")).lower()
+        if self._batching not in BATCHING:
+            raise ConfigError(f"--engine-option batching: expected one of {', '.join(BATCHING)}, got {self._batching!r}")
+        self._pad_mode, self._pad_to = _padding_option(str(opts.get("pad", "longest")))
+        self._compile = _flag(opts.get("compile", False))
+        # static prefill (graphs on CUDA): prompts up to prefill_max_len tokens, at most
+        # prefill_max_batch newcomers at once (more go through one batched eager prefill)
+        self._prefill_max_len = int(opts.get("prefill_max_len", 512 if self._graphs else 0))
+        self._prefill_max_batch = int(opts.get("prefill_max_batch", 4))
+        self._experts = opts.get("experts")  # transformers' experts_implementation for MoE models
+        if self.device.startswith("cuda"):
+            import torch
+
+            self.startup.sync = torch.cuda.synchronize
         #: counters for tests and /metrics: decode steps, tokens made, requests cancelled
-        self.stats = {"prefills": 0, "decode_steps": 0, "tokens": 0, "cancelled": 0, "finished": 0}
+        self.stats = {"prefills": 0, "static_prefills": 0, "decode_steps": 0, "tokens": 0, "cancelled": 0, "finished": 0}
 
     # --- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        t0 = now_ms()
         await asyncio.to_thread(self._load)
+        known = sum(p.ms for p in self.startup.ordered() if p.name in _LOAD_PHASES)
+        self.startup.record("engine_other", t0, max(0.0, now_ms() - t0 - known))
         self._thread = threading.Thread(target=self._worker, name="pathprobe-engine", daemon=True)
         self._thread.start()
+
+    def _read_weights(self) -> None:
+        """Read the weight files once, bytes only (disk -> page cache), timed on their own."""
+        from pathprobe.server.models import WEIGHT_PATTERNS
+
+        files = [p for pat in WEIGHT_PATTERNS for p in sorted(self._folder.glob(pat))]
+        n = 0
+        with self.startup.phase("weights_read") as ph:
+            for f in files:
+                with open(f, "rb") as fh:
+                    while chunk := fh.read(1 << 24):
+                        n += len(chunk)
+            ph.note = f"{n / 1e6:.1f} MB in {len(files)} file(s)"
 
     def _load(self) -> None:
         import torch
@@ -206,16 +260,22 @@ class TransformersEngine(Engine):
         if self._threads:
             torch.set_num_threads(self._threads)
         folder = str(self._folder)
+        extra = {"experts_implementation": self._experts} if self._experts else {}
         try:
             if has_weights(self._folder):
-                model = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype, local_files_only=True)
-                model.to(self.device)
+                self._read_weights()
+                with self.startup.phase("weights_init", "from_pretrained on the CPU"):
+                    model = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype, local_files_only=True,
+                                                                 **extra)
+                with self.startup.phase("device_transfer", self.device):
+                    model.to(self.device)
             else:  # a preset: published architecture, random weights made here
                 cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
                 cuda = [torch.device(self.device).index or 0] if self.device.startswith("cuda") else []
-                with torch.random.fork_rng(devices=cuda), torch.device(self.device):
+                with self.startup.phase("weights_init", f"random init on {self.device}, no weight files"), \
+                        torch.random.fork_rng(devices=cuda), torch.device(self.device):
                     torch.manual_seed(PRESET_SEED)  # the same random weights on every load
-                    model = AutoModelForCausalLM.from_config(cfg, dtype=self.dtype)
+                    model = AutoModelForCausalLM.from_config(cfg, dtype=self.dtype, **extra)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model: cannot load {folder}: {exc}") from exc
         model.eval()
@@ -247,16 +307,18 @@ class TransformersEngine(Engine):
         else:
             self._decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
         # warm-up: tokenizer, one tiny prefill + decode, so the first request pays no lazy init
-        self._decode(self.tokenizer.encode("warm up"))
-        with torch.inference_mode():
-            from transformers import DynamicCache
-
-            ids = torch.tensor([[self._pad, self._pad]], device=self.device)
-            warm = DynamicCache(config=model.config)
-            model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
-            model(input_ids=ids[:, :1], use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
-        if self._static_opt:
+        with self.startup.phase("warmup"):
+            self._decode(self.encode_prompt("warm up"))
             with torch.inference_mode():
+                from transformers import DynamicCache
+
+                ids = torch.tensor([[self._pad, self._pad]], device=self.device)
+                warm = DynamicCache(config=model.config)
+                model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
+                model(input_ids=ids[:, :1], use_cache=True, logits_to_keep=1, **{self._cache_kw: warm})
+        if self._static_opt:
+            note = "static KV cache and graph capture" if self._graphs else "static KV cache only"
+            with self.startup.phase("cuda_graphs", note), torch.inference_mode():
                 self._static = _StaticBatch(self, self.config.max_batch_size, self.max_context, self._graphs)
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -325,9 +387,12 @@ class TransformersEngine(Engine):
                 self._cond.wait()
             if self._stopping:
                 return []
+            if running and self._batching != "continuous":
+                return []  # request-level batching: nobody joins a running batch
             if not running and self._waiting:
-                # dynamic batching window: wait for companions, at most max_wait_ms
-                deadline = self._waiting[0].gen.timing.queue_start + cfg.max_wait_ms
+                # batching window: wait for companions, at most max_wait_ms (static: the fill timeout)
+                window = cfg.max_wait_ms if self._batching != "static" else self._static_wait_ms
+                deadline = self._waiting[0].gen.timing.queue_start + window
                 while not self._stopping and len(self._waiting) < cfg.max_batch_size:
                     left = deadline - now_ms()
                     if left <= 0:
@@ -403,39 +468,57 @@ class TransformersEngine(Engine):
             t.queue = start - t.queue_start
             t.prefill_start = start
             t.batch_size = max(t.batch_size, batch)
-        width = max(len(r.ids) for r in new)
-        ids = torch.full((len(new), width), self._pad, dtype=torch.long)
-        nmask = torch.zeros((len(new), width), dtype=torch.long)
-        for i, r in enumerate(new):
-            n = len(r.ids)
-            ids[i, width - n:] = torch.tensor(r.ids, dtype=torch.long)
-            nmask[i, width - n:] = 1
-            r.n_pos = n
+            r.n_pos = len(r.ids)
             if r.gen.params.temperature > 0:
                 r.generator = torch.Generator(device=self.device).manual_seed(int(r.gen.params.seed))
-        ids, nmask = ids.to(self.device), nmask.to(self.device)
-        pos = (nmask.cumsum(-1) - 1).clamp(min=0)
-        ncache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=nmask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **{self._cache_kw: ncache})
-        tokens = self._sample(out.logits[:, -1, :], new)
+        static = self._static
+        if static is not None and static.can_prefill(new):
+            # one static (on CUDA: graph-replayed) prefill per newcomer, KV written straight into its slot
+            tokens = self._sample(static.prefill(new, running), new)
+            self.stats["static_prefills"] += len(new)
+            ncache = None
+        else:
+            width = self._prefill_width(max(len(r.ids) for r in new))
+            ids = torch.full((len(new), width), self._pad, dtype=torch.long)
+            nmask = torch.zeros((len(new), width), dtype=torch.long)
+            for i, r in enumerate(new):
+                n = len(r.ids)
+                ids[i, width - n:] = torch.tensor(r.ids, dtype=torch.long)
+                nmask[i, width - n:] = 1
+            ids, nmask = ids.to(self.device), nmask.to(self.device)
+            pos = (nmask.cumsum(-1) - 1).clamp(min=0)
+            ncache = DynamicCache(config=self.model.config)
+            out = self.model(input_ids=ids, attention_mask=nmask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                             **{self._cache_kw: ncache})
+            tokens = self._sample(out.logits[:, -1, :], new)
         end = now_ms()
         self.stats["prefills"] += 1
         for r in running:  # the batch stalled while the newcomers prefilled
             r.gen.timing.decode_steps += end - start
             r.gen.timing.batch_size = max(r.gen.timing.batch_size, batch)
+        if static is not None and ncache is not None:
+            static.place(new, running, ncache, width)
         events = []
         for r, tok in zip(new, tokens):
             r.gen.timing.prefill = end - start
             r.gen.timing.decode_start = end
             events.append(self._emit(r, tok))
         self._deliver_events(new, events)
-        if self._static is not None:
-            self._static.place(new, running, ncache, width)
+        if static is not None:
             return None, None
         if cache is None:
             return ncache, nmask
         return _merge(cache, mask, ncache, nmask)
+
+    def _prefill_width(self, longest: int) -> int:
+        """Columns of a batched prefill: the longest prompt, a power-of-two bucket, or a fixed length."""
+        if self._pad_mode == "bucket":
+            width = max(16, 1 << (longest - 1).bit_length())
+        elif self._pad_mode == "fixed":
+            width = max(self._pad_to, longest)
+        else:
+            return longest
+        return min(width, self.max_context)
 
     def _decode_step(self, running: list[_Req], cache: Any, mask: Any) -> Any:
         import torch
@@ -594,6 +677,29 @@ def _merge(cache: Any, mask: Any, ncache: Any, nmask: Any) -> tuple[Any, Any]:
     return cache, torch.cat([pad_mask(mask, la), pad_mask(nmask, lb)], dim=0)
 
 
+def _padding_option(value: str) -> tuple[str, int]:
+    """``pad=longest`` (default) | ``bucket`` (next power of two) | ``fixed:N``."""
+    mode, _, n = value.strip().lower().partition(":")
+    if mode in ("longest", "bucket") and not n:
+        return mode, 0
+    if mode == "fixed":
+        try:
+            size = int(n)
+        except ValueError:
+            size = 0
+        if size > 0:
+            return mode, size
+    raise ConfigError(f"--engine-option pad: expected longest, bucket or fixed:N (N > 0), got {value!r}")
+
+
+def kv_head_dims(cfg: Any) -> tuple[int, int]:
+    """Per-head key and value sizes in the KV cache (they differ with MLA, e.g. DeepSeek-V2)."""
+    if getattr(cfg, "qk_rope_head_dim", None):
+        return int(cfg.qk_nope_head_dim) + int(cfg.qk_rope_head_dim), int(cfg.v_head_dim)
+    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    return hd, hd
+
+
 def _flag(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
@@ -628,6 +734,33 @@ class _SlotCache:
         return self.keys[0].shape[2], 0
 
 
+class _ScratchLayer:
+    def __init__(self, keys: Any, values: Any) -> None:
+        self.keys, self.values = keys, values
+
+
+class _ScratchCache:
+    """A one-forward KV cache over preallocated tensors (a static prefill): the model's
+    keys/values for the whole prompt bucket are copied in, then moved into a slot."""
+
+    is_compileable = False
+
+    def __init__(self, keys: list[Any], values: list[Any]) -> None:
+        self.layers = [_ScratchLayer(k, v) for k, v in zip(keys, values)]
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        layer = self.layers[layer_idx]
+        layer.keys.copy_(key_states)
+        layer.values.copy_(value_states)
+        return layer.keys, layer.values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        return self.layers[0].keys.shape[2], 0
+
+
 class _StaticBatch:
     """Static KV cache + (on CUDA, optionally) one captured CUDA graph per batch bucket.
 
@@ -648,12 +781,12 @@ class _StaticBatch:
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         layers = int(text_cfg.num_hidden_layers)
         kvh = int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads)
-        hd = int(getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads)
+        kd, vd = kv_head_dims(text_cfg)
         dtype = next(model.parameters()).dtype
         self.engine = engine
         self.slots, self.L = slots, max_len
-        self.keys = [torch.zeros((slots, kvh, max_len, hd), dtype=dtype, device=dev) for _ in range(layers)]
-        self.values = [torch.zeros((slots, kvh, max_len, hd), dtype=dtype, device=dev) for _ in range(layers)]
+        self.keys = [torch.zeros((slots, kvh, max_len, kd), dtype=dtype, device=dev) for _ in range(layers)]
+        self.values = [torch.zeros((slots, kvh, max_len, vd), dtype=dtype, device=dev) for _ in range(layers)]
         self.mask = torch.zeros((slots, 1, 1, max_len), dtype=torch.bool, device=dev)
         self.ids = torch.zeros((slots, 1), dtype=torch.long, device=dev)
         self.pos = torch.zeros((slots, 1), dtype=torch.long, device=dev)
@@ -669,9 +802,21 @@ class _StaticBatch:
         self.views = {(b, w): _SlotCache(self.keys, self.values, self.col, b, w)
                       for b in self.buckets for w in self.widths}
         self._cp = "cache_position" in inspect.signature(model.forward).parameters
+        self._call = model
+        if engine._compile:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._call = torch.compile(model, dynamic=None, fullgraph=False)
         self.graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
+        # static prefill of one request at a time, prompt left-padded to a power-of-two bucket
+        self.prefill_max_batch = engine._prefill_max_batch
+        self.p_buckets = [n for n in (16 << i for i in range(12)) if n <= min(engine._prefill_max_len, max_len)]
+        self.p_bufs = {n: self._prefill_buffers(n, layers, kvh, kd, vd, dtype, dev) for n in self.p_buckets}
+        self.p_graphs: dict[int, tuple[Any, Any]] = {}
         if graphs:
             self._capture()
+            self._capture_prefill()
 
     # --- admission -------------------------------------------------------------------
     def _plan(self, running: list[_Req], joiners: list[_Req]) -> int | None:
@@ -728,13 +873,95 @@ class _StaticBatch:
             self.mask[r.slot].zero_()
             r.slot = -1
 
+    # --- prefill -----------------------------------------------------------------------
+    @staticmethod
+    def _prefill_buffers(n: int, layers: int, kvh: int, kd: int, vd: int, dtype: Any, dev: Any) -> dict[str, Any]:
+        import torch
+
+        return {
+            "ids": torch.zeros((1, n), dtype=torch.long, device=dev),
+            "pos": torch.zeros((1, n), dtype=torch.long, device=dev),
+            "mask": torch.zeros((1, 1, n, n), dtype=torch.bool, device=dev),
+            "cp": torch.arange(n, device=dev),
+            "cache": _ScratchCache([torch.zeros((1, kvh, n, kd), dtype=dtype, device=dev) for _ in range(layers)],
+                                   [torch.zeros((1, kvh, n, vd), dtype=dtype, device=dev) for _ in range(layers)]),
+        }
+
+    def can_prefill(self, new: list[_Req]) -> bool:
+        return bool(self.p_buckets) and len(new) <= self.prefill_max_batch and \
+            max(len(r.ids) for r in new) <= self.p_buckets[-1]
+
+    def _prefill_forward(self, n: int) -> Any:
+        buf = self.p_bufs[n]
+        kw: dict[str, Any] = {self.engine._cache_kw: buf["cache"]}
+        if self._cp:
+            kw["cache_position"] = buf["cp"]
+        out = self.engine.model(input_ids=buf["ids"], position_ids=buf["pos"], attention_mask=buf["mask"],
+                                use_cache=True, logits_to_keep=1, **kw)
+        return out.logits[:, -1, :]
+
+    def _load_prompt(self, r: _Req, n: int) -> None:
+        import torch
+
+        buf = self.p_bufs[n]
+        k = len(r.ids)
+        ids = torch.full((1, n), self.engine._pad, dtype=torch.long)
+        ids[0, n - k:] = torch.tensor(r.ids, dtype=torch.long)
+        pos = torch.zeros((1, n), dtype=torch.long)
+        pos[0, n - k:] = torch.arange(k)
+        valid = torch.zeros(n, dtype=torch.bool)
+        valid[n - k:] = True
+        mask = torch.tril(torch.ones((n, n), dtype=torch.bool)) & valid[None, :]
+        mask |= torch.eye(n, dtype=torch.bool)  # padding rows attend to themselves (no empty softmax row)
+        buf["ids"].copy_(ids)
+        buf["pos"].copy_(pos)
+        buf["mask"].copy_(mask[None, None])
+
+    def prefill(self, new: list[_Req], running: list[_Req]) -> Any:
+        """Prefill each newcomer alone in the smallest bucket, place its KV; logits [len(new), vocab]."""
+        import torch
+
+        out = []
+        placed: list[_Req] = []
+        for r in new:
+            n = next(b for b in self.p_buckets if b >= len(r.ids))
+            self._load_prompt(r, n)
+            if n in self.p_graphs:
+                graph, logits = self.p_graphs[n]
+                graph.replay()
+            else:
+                logits = self._prefill_forward(n)
+            out.append(logits.clone())
+            self.place([r], running + placed, self.p_bufs[n]["cache"], n)
+            placed.append(r)
+        return torch.cat(out, dim=0)
+
+    def _capture_prefill(self) -> None:
+        import torch
+
+        pool = torch.cuda.graph_pool_handle()
+        for n in sorted(self.p_buckets, reverse=True):
+            buf = self.p_bufs[n]
+            buf["mask"].copy_(torch.tril(torch.ones((n, n), dtype=torch.bool, device=buf["mask"].device))[None, None])
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._prefill_forward(n)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._prefill_forward(n)
+            self.p_graphs[n] = (graph, logits)
+        torch.cuda.synchronize()
+
     # --- decode ------------------------------------------------------------------------
     def _forward(self, b: int, w: int) -> Any:
         kw: dict[str, Any] = {self.engine._cache_kw: self.views[(b, w)]}
         if self._cp:
             kw["cache_position"] = self.col
-        out = self.engine.model(input_ids=self.ids[:b], position_ids=self.pos[:b],
-                                attention_mask=self.mask[:b, :, :, :w], use_cache=True, logits_to_keep=1, **kw)
+        out = self._call(input_ids=self.ids[:b], position_ids=self.pos[:b],
+                         attention_mask=self.mask[:b, :, :, :w], use_cache=True, logits_to_keep=1, **kw)
         return out.logits[:, -1, :]
 
     def _capture(self) -> None:

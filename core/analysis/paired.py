@@ -1,0 +1,149 @@
+"""Per-call pairing and the path tax (call-by-call interleaved compare runs).
+
+In an interleaved run (``pathprobe load --mix``) each user sends one call to every
+configuration per *cycle*, in a shuffled order, so the calls of one cycle saw the same
+moment of the machine. A configuration's call is paired with the baseline's call of the
+same cycle (same round, load process, user and cycle number); the differences of the
+pairs cancel the drift and contention both saw.
+
+**Path tax**: what a request spends outside the engine -- e2e minus queueing minus
+inference, i.e. network + serialization + other (+ whatever the model cannot split).
+It is the answer to "what does this path cost me": the engine's own noise (which
+dominates e2e on a small CPU model) is not in it.
+
+Verdicts on the path tax: Wilcoxon signed-rank test on the paired differences
+(scipy.stats.wilcoxon), Holm-adjusted across configurations, and a difference that
+matters for sure: the whole 95% interval of the median paired difference (percentile
+bootstrap) lies beyond the minimum difference, :data:`MIN_DIFF_MS` and :data:`MIN_REL` of
+the baseline's median path tax, and so does the median paired difference of every round.
+A difference whose interval straddles that minimum, or that one round does not show, gets
+no verdict, so a verdict does not depend on where a noisy estimate fell in one run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pathprobe.analysis import stats
+
+MIN_DIFF_MS = 0.1
+MIN_REL = 0.05
+MIN_ROUND_PAIRS = 5  # a round with fewer pairs is not judged on its own
+#: paired metrics: path tax first, then its parts and e2e
+PAIRED_METRICS = ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "unsplit", "e2e")
+
+
+def path_tax(rec: Mapping[str, Any]) -> float:
+    sp = rec["split"]
+    return float(sp["e2e"]) - float(sp.get("queueing", 0.0)) - float(sp.get("inference", 0.0))
+
+
+def _value(rec: Mapping[str, Any], metric: str) -> float:
+    if metric == "path_tax":
+        return path_tax(rec)
+    if metric == "e2e":
+        return float(rec["e2e_ms"])
+    return float(rec["split"].get(metric, 0.0))
+
+
+def _key(rec: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    if rec.get("cycle") is None:
+        return None
+    return (rec.get("_round"), rec.get("_concurrency"), rec.get("worker"), rec.get("user"), rec["cycle"])
+
+
+def pairs(records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]
+          ) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """(call, baseline call) of the same cycle, both ok with a split."""
+    base = {_key(r): r for r in baseline if r.get("ok") and r.get("split") and _key(r) is not None}
+    out = []
+    for r in records:
+        k = _key(r)
+        if k is not None and r.get("ok") and r.get("split") and k in base:
+            out.append((r, base[k]))
+    return out
+
+
+def is_interleaved(records: Sequence[Mapping[str, Any]]) -> bool:
+    return any(r.get("cycle") is not None for r in records)
+
+
+def tax_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Median and mean path tax and its parts for one configuration (ok records)."""
+    import numpy as np
+
+    ok = [r for r in records if r.get("ok") and r.get("split")]
+    if not ok:
+        return {"n": 0}
+    out: dict[str, Any] = {"n": len(ok)}
+    for m in ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "unsplit"):
+        x = np.asarray([_value(r, m) for r in ok], dtype=float)
+        out[m] = {"p50": float(np.median(x)), "mean": float(x.mean())}
+    engine = np.asarray([float(r["split"].get("queueing", 0.0)) + float(r["split"].get("inference", 0.0))
+                         for r in ok])
+    out["engine"] = {"p50": float(np.median(engine)), "mean": float(engine.mean())}
+    return out
+
+
+def paired(records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]], *,
+           n_boot: int = 1000) -> dict[str, Any]:
+    """Paired per-call differences (configuration - baseline) per metric: median with 95% CI, mean."""
+    import numpy as np
+
+    pr = pairs(records, baseline)
+    out: dict[str, Any] = {"n": len(pr)}
+    if len(pr) < 2:
+        return out
+    for m in PAIRED_METRICS:
+        d = np.asarray([_value(a, m) - _value(b, m) for a, b in pr], dtype=float)
+        est = stats.bootstrap_percentiles(d, (50.0,), n_boot=n_boot)[50.0]
+        out[m] = {"median": est.as_dict(), "mean": float(d.mean())}
+    from scipy.stats import wilcoxon
+
+    d = np.asarray([path_tax(a) - path_tax(b) for a, b in pr], dtype=float)
+    try:
+        p = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
+    except ValueError:
+        p = math.nan
+    out["wilcoxon_p"] = p
+    out["baseline_path_tax_p50"] = float(np.median([path_tax(b) for _, b in pr]))
+    by_round: dict[str, list[float]] = {}
+    for a, b in pr:
+        by_round.setdefault(str(a.get("_round", 0)), []).append(path_tax(a) - path_tax(b))
+    out["rounds"] = {k: float(np.median(v)) for k, v in sorted(by_round.items()) if len(v) >= MIN_ROUND_PAIRS}
+    return out
+
+
+def judge(per_target: dict[str, dict[str, Any]], baseline: str, conc: int, alpha: float) -> list[dict[str, Any]]:
+    """Holm-adjust the Wilcoxon p-values of ``per_target`` (name -> paired result) in place; verdicts."""
+    names = [n for n, r in per_target.items() if "path_tax" in r]
+    adjusted = stats.holm([per_target[n]["wilcoxon_p"] for n in names])
+    verdicts = []
+    for name, p_adj in zip(names, adjusted):
+        r = per_target[name]
+        r["p_adjusted"] = p_adj
+        med = r["path_tax"]["median"]
+        floor = max(MIN_DIFF_MS, MIN_REL * abs(r["baseline_path_tax_p50"]))
+        r["min_difference_ms"] = floor
+        # the whole interval beyond the minimum difference: a verdict is not decided by where a noisy
+        # estimate happens to fall this time (two runs one after the other reach the same verdicts)
+        beyond = med["lo"] >= floor or med["hi"] <= -floor
+        # and every round on that side of the minimum too: drift between rounds (a shared machine's
+        # load changes minute to minute) must not decide it
+        rounds = list(r.get("rounds", {}).values())
+        steady = bool(rounds) and (all(v >= floor for v in rounds) if med["value"] > 0 else
+                                   all(v <= -floor for v in rounds))
+        r["rounds_agree"] = steady
+        r["significant"] = bool(not math.isnan(p_adj) and p_adj < alpha and beyond and steady)
+        if not r["significant"]:
+            continue
+        parts = sorted(((m, r[m]["median"]["value"]) for m in ("network_hop1", "network_hop2", "serialization",
+                                                                "other", "unsplit")), key=lambda kv: -abs(kv[1]))
+        text = (f"c={conc}: {name} costs {med['value']:+.3f} ms of path tax per call vs {baseline} "
+                f"(paired median [95% CI {med['lo']:+.3f}, {med['hi']:+.3f}], n={r['n']} pairs, Wilcoxon p="
+                f"{p_adj:.2g} Holm); mostly " + ", ".join(f"{m} {v:+.3f} ms" for m, v in parts[:2]))
+        verdicts.append({"concurrency": conc, "target": name, "text": text, "kind": "path_tax",
+                         "path_tax_diff_ms": med["value"], "client_flag": None, "client_saturated": []})
+    return verdicts

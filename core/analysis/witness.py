@@ -1,0 +1,348 @@
+"""The wire witness: where a request's "network" time really went, from a packet capture.
+
+The in-band split books as network whatever no hop measured. This module captures the
+run's packets on the loopback interface (``tcpdump``, nanosecond timestamps) and, for
+requests at concurrency 1 (one request in flight in the whole system, so every data
+packet inside a request's window belongs to it), splits each link's network time into:
+
+- **wire**: packet to packet -- from the request's first packet entering the link to its
+  first packet reaching the inner hop, plus from the response's last packet leaving the
+  inner hop to its last packet leaving the link. On loopback without a relay both
+  packets are the same capture (0); a delaying relay's hold is wire time.
+- **stack** of each side: packet to the application's timestamps -- the client from its
+  request start (``t0``) to its first packet and from the last response packet to the
+  end of its timing (gRPC core / HTTP client, event-loop wake-up, the client's wait);
+  a reporting hop's packet window minus the time it reports (``*.total`` on the side
+  facing its client, ``gw.upstream`` vs the upstream link's packet window on the other).
+
+A hop that reports nothing (nginx) is seen as a packet window only: its time between
+its client link and its upstream link is listed as ``silent_hop`` (the split books it as
+network on the client's link).
+
+Clocks: packets carry CLOCK_REALTIME (the capture's wall clock). Each hop reports
+durations only; the client's records carry ``t0_wall_ns``, its monotonic start mapped to
+the wall clock with the offset between the two clocks read at the end of the same
+request (they differ by a constant apart from NTP slewing, at most 0.05% of the
+request's time). Only the client needs a mapping: a hop's stack is its packet window
+(wall clock, one capture) minus its reported duration (its own monotonic clock).
+
+By construction, per link ``wire + stacks`` equals the split's network for that link
+when the packets are matched right; the witness's own content is *where* that time sits,
+and its checks are that no stack is negative (a hop never reports more than its packets
+allow) and that a known delay appears on the wire.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pathprobe.errors import PathprobeError
+
+#: a stack below this (ms) means a hop reported more time than its packets allow (or a mismatch): counted
+NEGATIVE_MS = -0.05
+
+
+# ------------------------------------------------------------------ capture
+
+
+class Capture:
+    """``tcpdump -i lo`` on the given TCP ports into a pcap file (nanosecond timestamps)."""
+
+    def __init__(self, path: Path, ports: Iterable[int], interface: str = "lo") -> None:
+        self.path = Path(path)
+        self.ports = sorted(set(ports))
+        self.interface = interface
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.path.with_suffix(".log")
+
+    def start(self, timeout: float = 10.0) -> Capture:
+        exe = shutil.which("tcpdump")
+        if not exe:
+            raise PathprobeError("witness pcap: tcpdump is not installed (apt-get install tcpdump)")
+        if not self.ports:
+            raise PathprobeError("witness pcap: no ports to capture")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        expr = " or ".join(f"tcp port {p}" for p in self.ports)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - open while tcpdump runs
+        self.proc = subprocess.Popen([exe, "-i", self.interface, "--time-stamp-precision=nano", "-U", "-n",
+                                      "-s", "256", "-w", str(self.path), expr],
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise PathprobeError(f"witness pcap: tcpdump exited with code {self.proc.returncode}: "
+                                     f"{self.log_path.read_text(errors='replace').strip()[-300:]}")
+            if b"listening on" in self.log_path.read_bytes():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise PathprobeError("witness pcap: tcpdump did not start listening within 10 s")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)  # tcpdump writes what it buffered and exits
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        self.proc = None
+
+
+# ------------------------------------------------------------------ packets
+
+
+@dataclass(frozen=True, slots=True)
+class Packet:
+    ts_ns: int
+    sport: int
+    dport: int
+    size: int  # TCP payload bytes (0 packets are not kept)
+
+
+_H2_CONTROL = {4, 6, 8}  # SETTINGS, PING, WINDOW_UPDATE
+_H2_PREFACE = b"PRI * HTTP/2.0"
+
+
+def _h2_control_only(payload: bytes, size: int) -> bool:
+    """True when the packet holds nothing but HTTP/2 flow-control/keep-alive frames (SETTINGS, PING,
+    WINDOW_UPDATE): they carry no request or response bytes and can come after the response (a PING
+    ack), so they must not end a response's packet window. Any other payload (HTTP/1.1 included) is
+    kept: it has to parse exactly into such frames to be dropped."""
+    if len(payload) != size or size < 9 or payload.startswith(_H2_PREFACE):
+        return False
+    i = 0
+    while i < size:
+        if i + 9 > size:
+            return False
+        length = int.from_bytes(payload[i:i + 3], "big")
+        if payload[i + 3] not in _H2_CONTROL:
+            return False
+        i += 9 + length
+    return i == size
+
+
+def read_packets(path: Path) -> list[Packet]:
+    """Data-carrying TCP packets of a pcap (loopback or Ethernet link type), in capture order."""
+    import dpkt
+
+    out: list[Packet] = []
+    with open(path, "rb") as fh:
+        reader = dpkt.pcap.Reader(fh)
+        dlt = reader.datalink()
+        for ts, buf in reader:
+            try:
+                if dlt == dpkt.pcap.DLT_NULL or dlt == dpkt.pcap.DLT_LOOP:
+                    ip = dpkt.loopback.Loopback(buf).data
+                elif dlt == dpkt.pcap.DLT_LINUX_SLL:
+                    ip = dpkt.sll.SLL(buf).data
+                else:
+                    ip = dpkt.ethernet.Ethernet(buf).data
+                tcp = ip.data
+                if not isinstance(tcp, dpkt.tcp.TCP):
+                    continue
+                size = ip.len - ip.hl * 4 - tcp.off * 4 if hasattr(ip, "hl") else len(tcp.data)
+            except (dpkt.UnpackError, AttributeError):
+                continue
+            if size <= 0 or _h2_control_only(bytes(tcp.data), size):
+                continue
+            # a nanosecond capture gives a Decimal (exact); a microsecond one a float
+            ts_ns = int(ts * 1_000_000_000)
+            out.append(Packet(ts_ns, tcp.sport, tcp.dport, size))
+    out.sort(key=lambda p: p.ts_ns)
+    return out
+
+
+# ------------------------------------------------------------------ per request
+
+
+@dataclass(slots=True)
+class LinkPorts:
+    """One link, outermost port first: the ports a request passes (relays), ending at the inner hop's."""
+
+    ports: list[int]
+    inner: str  # "gw" (a pathprobe gateway), "srv" (the server), "silent" (reports nothing: nginx)
+
+
+@dataclass(slots=True)
+class Chain:
+    """A configuration's links, client side first."""
+
+    links: list[LinkPorts] = field(default_factory=list)
+
+
+def _first(pkts: Sequence[Packet], dport: int, peers: Mapping[int, int]) -> int | None:
+    peer = peers.get(dport)
+    return next((p.ts_ns for p in pkts if p.dport == dport and (peer is None or p.sport == peer)), None)
+
+
+def _last(pkts: Sequence[Packet], sport: int, peers: Mapping[int, int]) -> int | None:
+    peer = peers.get(sport)
+    return next((p.ts_ns for p in reversed(pkts) if p.sport == sport and (peer is None or p.dport == peer)), None)
+
+
+def connection_peers(windows: Iterable[Sequence[Packet]], ports: Iterable[int]) -> dict[int, int]:
+    """For each listening port, the peer port seen in most request windows: the connection this
+    configuration's requests use (kept alive across requests). Other connections on the same port --
+    another gateway's health checks to the shared server, say -- are ignored."""
+    from collections import Counter
+
+    want = set(ports)
+    counts: dict[int, Counter[int]] = {p: Counter() for p in want}
+    for pkts in windows:
+        seen: set[tuple[int, int]] = set()
+        for p in pkts:
+            if p.dport in want:
+                seen.add((p.dport, p.sport))
+            if p.sport in want:
+                seen.add((p.sport, p.dport))
+        for port, peer in seen:
+            counts[port][peer] += 1
+    return {port: c.most_common(1)[0][0] for port, c in counts.items() if c}
+
+
+def window_peers(pkts: Sequence[Packet], ports: Iterable[int], usual: Mapping[int, int]) -> dict[int, int]:
+    """The connection to follow on each port inside one request's window: the configuration's usual one
+    (:func:`connection_peers`) when it carried data there, else the one that carried the most bytes
+    (a proxy with a pool of upstream connections, such as nginx, picks one per request)."""
+    out: dict[int, int] = {}
+    for port in ports:
+        volume: dict[int, int] = {}
+        for p in pkts:
+            if p.dport == port:
+                volume[p.sport] = volume.get(p.sport, 0) + p.size
+            elif p.sport == port:
+                volume[p.dport] = volume.get(p.dport, 0) + p.size
+        if not volume:
+            continue
+        peer = usual.get(port)
+        out[port] = peer if peer in volume else max(volume, key=volume.__getitem__)
+    return out
+
+
+def witness_request(rec: Mapping[str, Any], pkts: Sequence[Packet], path: Chain,
+                    peers: Mapping[int, int] | None = None) -> dict[str, Any] | None:
+    """Wire and stack times (ms) per link for one request; None when its packets are not all there.
+
+    ``pkts``: the capture's data packets inside the request's window; ``peers``: the connection of
+    each port to follow (:func:`connection_peers`)."""
+    peers = peers or {}
+    t0 = int(rec["t0_wall_ns"])
+    t_end = t0 + round(float(rec["e2e_ms"]) * 1e6)
+    e = rec.get("entries") or {}
+    ms = 1e-6
+    links: list[dict[str, Any]] = []
+    edges = []  # per link: (enter_req, arrive_req, leave_resp, exit_resp)
+    for link in path.links:
+        entry, inner = link.ports[0], link.ports[-1]
+        edge = (_first(pkts, entry, peers), _first(pkts, inner, peers), _last(pkts, inner, peers),
+                _last(pkts, entry, peers))
+        if any(v is None for v in edge):
+            return None
+        edges.append(edge)
+    for i, (link, edge) in enumerate(zip(path.links, edges)):
+        enter_req, arrive_req, leave_resp, exit_resp = edge
+        wire = ((arrive_req - enter_req) + (exit_resp - leave_resp)) * ms
+        # the outer side of the link: the client, or the hop before (its upstream side)
+        if i == 0:
+            outer = ((enter_req - t0) * ms - float(rec.get("client_encode_ms") or 0.0)
+                     + (t_end - exit_resp) * ms - float(rec.get("client_decode_ms") or 0.0))
+            outer_name = "client"
+        else:
+            prev = path.links[i - 1].inner
+            window = (exit_resp - enter_req) * ms
+            if prev == "gw":
+                outer, outer_name = float(e.get("gw.upstream", 0.0)) - window, "gw.upstream"
+            else:  # a silent hop: its own time is reported apart (silent_hop), its upstream side is in it
+                outer, outer_name = 0.0, "silent"
+        # the inner side: packet window minus what the hop reports
+        window_in = (leave_resp - arrive_req) * ms
+        if link.inner == "gw":
+            inner_stack, inner_name = window_in - float(e.get("gw.total", 0.0)), "gw"
+        elif link.inner == "srv":
+            inner_stack, inner_name = window_in - float(e.get("srv.total", 0.0)), "srv"
+        else:
+            nxt = edges[i + 1] if i + 1 < len(edges) else None
+            silent = (window_in - ((nxt[3] - nxt[0]) * ms)) if nxt else window_in
+            inner_stack, inner_name = 0.0, "silent"
+            links.append({"wire": wire, "stack_outer": outer, "outer": outer_name, "stack_inner": inner_stack,
+                          "inner": inner_name, "silent_hop": silent, "network": wire + outer + inner_stack + silent})
+            continue
+        links.append({"wire": wire, "stack_outer": outer, "outer": outer_name, "stack_inner": inner_stack,
+                      "inner": inner_name, "network": wire + outer + inner_stack})
+    return {"links": links}
+
+
+def split_links(rec: Mapping[str, Any], path: Chain) -> list[float]:
+    """The in-band split's network per link, in the same order (a silent hop's link and the one
+    after it are one link for the split: its hop 1)."""
+    sp = rec["split"]
+    if len(path.links) == 1:
+        return [float(sp["network_hop1"])]
+    if path.links[0].inner == "silent":
+        return [float(sp["network_hop1"])]
+    return [float(sp["network_hop1"]), float(sp["network_hop2"])]
+
+
+def analyze(records: Sequence[Mapping[str, Any]], packets: Sequence[Packet], path: Chain) -> dict[str, Any]:
+    """Medians per link over the requests whose packets were all found: wire, each side's stack, the
+    witness's network and the split's; ``matched`` / ``requests`` say how many were found."""
+    import bisect
+
+    times = [p.ts_ns for p in packets]
+    ok = [r for r in records if r.get("ok") and r.get("split") and r.get("t0_wall_ns")]
+    per: list[tuple[dict[str, Any], list[float]]] = []
+    windows = []
+    for r in ok:
+        t0 = int(r["t0_wall_ns"])
+        t1 = t0 + round(float(r["e2e_ms"]) * 1e6)
+        lo, hi = bisect.bisect_left(times, t0), bisect.bisect_right(times, t1)
+        windows.append(packets[lo:hi])
+    peers = connection_peers(windows, [p for link in path.links for p in link.ports])
+    ports = [p for link in path.links for p in link.ports]
+    for r, pkts in zip(ok, windows):
+        w = witness_request(r, pkts, path, window_peers(pkts, ports, peers))
+        if w is not None:
+            per.append((w, split_links(r, path)))
+    out: dict[str, Any] = {"requests": len(ok), "matched": len(per), "links": []}
+    if not per:
+        return out
+    n_split = len(per[0][1])
+    for i in range(len(path.links)):
+        keys = [k for k, v in per[0][0]["links"][i].items() if isinstance(v, float)]
+        row: dict[str, Any] = {k: statistics.median(w["links"][i][k] for w, _ in per) for k in keys}
+        row["outer"], row["inner"] = per[0][0]["links"][i]["outer"], per[0][0]["links"][i]["inner"]
+        row["ports"] = path.links[i].ports
+        out["links"].append(row)
+    # the split's network per link (a silent hop merges links for the split: compared on the sum)
+    if path.links[0].inner == "silent":
+        wit = [statistics.median(sum(link["network"] for link in w["links"]) for w, _ in per)]
+    else:
+        wit = [statistics.median(w["links"][i]["network"] for w, _ in per) for i in range(n_split)]
+    out["split_network"] = [statistics.median(s[i] for _, s in per) for i in range(n_split)]
+    out["witness_network"] = wit
+    neg: dict[str, int] = {}
+    for w, _ in per:
+        for i, link in enumerate(w["links"]):
+            for side in ("stack_outer", "stack_inner"):
+                if link[side] < NEGATIVE_MS:
+                    neg[f"link{i}.{side}"] = neg.get(f"link{i}.{side}", 0) + 1
+    out["negative_stacks"] = sum(1 for w, _ in per if any(min(link["stack_outer"], link["stack_inner"]) < NEGATIVE_MS
+                                                          for link in w["links"]))
+    out["negative_by"] = neg
+    return out

@@ -1,0 +1,5 @@
+import sys
+
+from pathprobe.proxies import main
+
+sys.exit(main())
