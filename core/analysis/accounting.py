@@ -136,9 +136,13 @@ def merge(runs: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
                            "differences": []}
     for b in blocks:
         for place in ("client", "gateway", "server"):
-            if place in b:
+            counts = b.get(place)
+            if counts is None and place == "server" and b.get("server_interleaved"):
+                counts = b["server_interleaved"].get("server")  # every interleaved configuration's calls
+                out["server_interleaved"] = True
+            if counts is not None:
                 c = Counter(out.get(place, {}))
-                c.update(b[place])
+                c.update(counts)
                 out[place] = dict(c)
         out["stopped_in_flight"] += b.get("stopped_in_flight", 0)
         out["lost"] += b.get("lost") or 0

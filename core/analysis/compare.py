@@ -221,8 +221,10 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                 cpu0 = {p.name: cpu_seconds(p.procs) for p in order}
                 if mixed and len(order) > 1:
                     tf = traces_dir / f"interleaved-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
+                    before_batch = {p.name: _scrape(stack, p) for p in order}
                     batch = run_load_mixed(cfg, order, conc, rnd, cfg.load.duration_s, out / "runs", tf, prompt_file,
                                            stack.placement)
+                    _account_batch(stack, order, before_batch, batch)
                 else:
                     batch = {}
                 for p in order:
@@ -326,6 +328,49 @@ def _account(stack: Any, p: Path_, before: dict[str, Any], res: RunResult, run_d
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "accounting.json").write_text(json.dumps(block, indent=1), encoding="utf-8")
     return block
+
+
+def _account_batch(stack: Any, paths: list[Path_], before: dict[str, dict[str, Any]],
+                   batch: dict[str, RunResult]) -> None:
+    """Accounting of a call-by-call interleaved run: each gateway serves only its configuration's
+    calls (set against that configuration's records); the server serves them all (set against
+    every configuration's records together, the same block on each)."""
+    from pathprobe.analysis import accounting
+
+    server_url = f"http://{stack.server_http}/metrics" if stack.server_http else ""
+    if server_url:
+        accounting.settle(server_url, ["pathprobe_server_running", "pathprobe_server_queue_depth"])
+    server_after = accounting.scrape(server_url, "server") if server_url else None
+    server_before = next((b.get("server") for b in before.values() if b.get("server") is not None), None)
+    everything = [r for p in paths if p.name in batch for r in batch[p.name].records]
+    whole = None
+    if server_after is not None and server_before is not None:
+        d = server_after.copy()
+        d.subtract(server_before)
+        whole = accounting.reconcile(everything, +d)
+    for p in paths:
+        res = batch.get(p.name)
+        if res is None:
+            continue
+        block: dict[str, Any] = {"differences": [], "unexplained": 0, "lost": 0}
+        if p.gateway_metrics and before[p.name].get("gateway") is not None:
+            accounting.settle(p.gateway_metrics, ["pathprobe_gateway_upstream_outstanding"])
+            after = accounting.scrape(p.gateway_metrics, "gateway")
+            if after is not None:
+                d = after.copy()
+                d.subtract(before[p.name]["gateway"])
+                block = accounting.reconcile(res.records, None, +d)
+        else:
+            block = accounting.reconcile(res.records, None)
+        if whole is not None:
+            block["server_interleaved"] = whole
+            block["unexplained"] += whole["unexplained"]
+            block["differences"] = block["differences"] + whole["differences"]
+            if not p.gateway_metrics:
+                block["lost"] = whole["lost"]
+        res.accounting = block
+        res.out_dir.mkdir(parents=True, exist_ok=True)
+        (res.out_dir / "accounting.json").write_text(json.dumps(block, indent=1), encoding="utf-8")
 
 
 def _first_error(records: list[dict[str, Any]]) -> str:

@@ -804,8 +804,12 @@ def run_load_mixed(
     sub = "warmup" if rnd < 0 else f"c{concurrency}/r{rnd}"
     mixed_dir = out_root / MIXED / sub
     mix = ",".join(f"{p.name}={p.url}" for p in paths)
+    extra = ["--mix", mix]
+    ca = next((p.tls_ca for p in paths if p.tls_ca), "")  # one throw-away CA per run signs every TLS path
+    if ca and not paths[0].tls_ca:
+        extra += ["--target-ca", ca]
     res = run_load(cfg, paths[0], concurrency, rnd, duration_s * len(paths), mixed_dir, traces_file, prompt_file,
-                   placement, extra=["--mix", mix], label=f"interleaved c={concurrency} round={rnd}")
+                   placement, extra=extra, label=f"interleaved c={concurrency} round={rnd}")
     out: dict[str, RunResult] = {}
     by_name: dict[str, list[dict[str, Any]]] = {p.name: [] for p in paths}
     for r in res.records:
