@@ -44,8 +44,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pathprobe.v1 import llm_pb2, llm_pb2_grpc
-from tests.support.procs import Proc, Server, free_port
+from pathprobe.v1 import llm_pb2, llm_pb2_grpc  # noqa: E402  (after the path set-up above)
+
+from tests.support.procs import Proc, Server, free_port  # noqa: E402
 
 PROMPT = "The capital of France is"
 try:
@@ -73,8 +74,24 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
 
 def gateway(tmp: Path, mode: str, upstream: str, *extra: str) -> tuple[Proc, int]:
     port = free_port()
-    p = Proc([sys.executable, "-m", "pathprobe", "gateway", "--mode", mode, "--listen", f"127.0.0.1:{port}",
-              "--upstream", upstream, "--health-interval", "5", *extra], tmp / f"gw-{mode}-{port}.log")
+    p = Proc(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "gateway",
+            "--mode",
+            mode,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--upstream",
+            upstream,
+            "--health-interval",
+            "5",
+            *extra,
+        ],
+        tmp / f"gw-{mode}-{port}.log",
+    )
     wait_port(port, p.popen)
     return p, port
 
@@ -86,8 +103,11 @@ def nginx(tmp: Path, upstream: str) -> tuple[subprocess.Popen, int]:
     port = free_port()
     prefix = tmp / "nginx"
     conf = render(prefix, f"127.0.0.1:{port}", [upstream])
-    p = subprocess.Popen(["nginx", "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(conf),
-                          "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        ["nginx", "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(conf), "-g", "daemon off;"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_port(port, p)
     return p, port
 
@@ -144,8 +164,9 @@ def pct(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q))
 
 
-def added_with_ci(target: np.ndarray, base: np.ndarray, q: float, rng: np.random.Generator,
-                  n_boot: int = 1000) -> tuple[float, float, float]:
+def added_with_ci(
+    target: np.ndarray, base: np.ndarray, q: float, rng: np.random.Generator, n_boot: int = 1000
+) -> tuple[float, float, float]:
     point = pct(target, q) - pct(base, q)
     n = len(target)
     idx = rng.integers(0, n, size=(n_boot, n))
@@ -154,8 +175,15 @@ def added_with_ci(target: np.ndarray, base: np.ndarray, q: float, rng: np.random
     return point, float(lo), float(hi)
 
 
-def ratio_with_ci(a: np.ndarray, a_base: np.ndarray, b: np.ndarray, b_base: np.ndarray, q: float,
-                  rng: np.random.Generator, n_boot: int = 1000) -> tuple[float, float, float]:
+def ratio_with_ci(
+    a: np.ndarray,
+    a_base: np.ndarray,
+    b: np.ndarray,
+    b_base: np.ndarray,
+    q: float,
+    rng: np.random.Generator,
+    n_boot: int = 1000,
+) -> tuple[float, float, float]:
     """(added of a) / (added of b) at percentile q, resampling iterations jointly."""
     point = (pct(a, q) - pct(a_base, q)) / (pct(b, q) - pct(b_base, q))
     n = len(a)
@@ -174,15 +202,30 @@ def environment() -> dict:
     import aiohttp
     import hpack
 
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), platform.processor())
-    ngx = subprocess.run(["nginx", "-v"], capture_output=True, text=True, check=False).stderr.strip() if shutil.which("nginx") \
+    model = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    ngx = (
+        subprocess.run(["nginx", "-v"], capture_output=True, text=True, check=False).stderr.strip()
+        if shutil.which("nginx")
         else "absent"
+    )
     return {
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpu_model": model, "cpu_cores": os.cpu_count(), "kernel": platform.release(),
-        "python": platform.python_version(), "grpcio": grpc.__version__, "aiohttp": aiohttp.__version__,
-        "hpack": getattr(hpack, "__version__", "?"), "nginx": ngx, "numpy": np.__version__,
+        "cpu_model": model,
+        "cpu_cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "aiohttp": aiohttp.__version__,
+        "hpack": getattr(hpack, "__version__", "?"),
+        "nginx": ngx,
+        "numpy": np.__version__,
         "loadavg_start": os.getloadavg(),
     }
 
@@ -201,8 +244,19 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gwbench-"))
     procs: list = []
     try:
-        srv = Server(tmp, "--engine", "synthetic", "--prefill-ms-per-token", "0", "--decode-ms-per-token", "0",
-                     "--max-batch-size", "64", "--max-wait-ms", "0")
+        srv = Server(
+            tmp,
+            "--engine",
+            "synthetic",
+            "--prefill-ms-per-token",
+            "0",
+            "--decode-ms-per-token",
+            "0",
+            "--max-batch-size",
+            "64",
+            "--max-wait-ms",
+            "0",
+        )
         procs.append(srv)
         http_up = f"127.0.0.1:{srv.http_port}"
         pt, pt_port = gateway(tmp, "passthrough", srv.grpc_target)
@@ -215,8 +269,14 @@ def main() -> int:
         re_, re_port = gateway(tmp, "reencode", http_up)
         hp, hp_port = gateway(tmp, "http-proxy", http_up)
         procs += [pt, ptg, ptn, tc, re_, hp]
-        pids = {"passthrough": pt.popen.pid, "passthrough-grpc": ptg.popen.pid, "passthrough-nodecode": ptn.popen.pid, "transcode": tc.popen.pid,
-                "reencode": re_.popen.pid, "http-proxy": hp.popen.pid}
+        pids = {
+            "passthrough": pt.popen.pid,
+            "passthrough-grpc": ptg.popen.pid,
+            "passthrough-nodecode": ptn.popen.pid,
+            "transcode": tc.popen.pid,
+            "reencode": re_.popen.pid,
+            "http-proxy": hp.popen.pid,
+        }
         if HAVE_UVLOOP:
             pids["passthrough-asyncio"] = ptu.popen.pid
         targets: list = [
@@ -275,8 +335,7 @@ def main() -> int:
     rows = []
     for t in targets:
         a, base = lat[t.name], lat[t.baseline]
-        row = {"path": t.name, "baseline": t.baseline, "p50_us": pct(a, 50), "p90_us": pct(a, 90),
-               "p99_us": pct(a, 99)}
+        row = {"path": t.name, "baseline": t.baseline, "p50_us": pct(a, 50), "p90_us": pct(a, 90), "p99_us": pct(a, 99)}
         if t.name != t.baseline:
             row["added_p50_us"], row["added_p50_lo"], row["added_p50_hi"] = added_with_ci(a, base, 50, rng)
             row["added_p90_us"], row["added_p90_lo"], row["added_p90_hi"] = added_with_ci(a, base, 90, rng)
@@ -287,13 +346,27 @@ def main() -> int:
         rows.append(row)
     ratios = {}
     if "nginx" in lat:
-        for name in ("direct-again", "passthrough", "passthrough-nodecode", "passthrough-asyncio",
-                     "passthrough-grpc", "reencode"):
+        for name in (
+            "direct-again",
+            "passthrough",
+            "passthrough-nodecode",
+            "passthrough-asyncio",
+            "passthrough-grpc",
+            "reencode",
+        ):
             if name in lat:
-                ratios[name] = {f"p{q}": ratio_with_ci(lat[name], lat["direct"], lat["nginx"], lat["direct"], q, rng)
-                                for q in (50, 90, 99)}
-    result = {"environment": env, "calls_per_path": args.calls, "max_tokens": args.max_tokens,
-              "wall_s": wall, "rows": rows, "ratio_to_nginx_added": ratios}
+                ratios[name] = {
+                    f"p{q}": ratio_with_ci(lat[name], lat["direct"], lat["nginx"], lat["direct"], q, rng)
+                    for q in (50, 90, 99)
+                }
+    result = {
+        "environment": env,
+        "calls_per_path": args.calls,
+        "max_tokens": args.max_tokens,
+        "wall_s": wall,
+        "rows": rows,
+        "ratio_to_nginx_added": ratios,
+    }
     md = markdown(result)
     print(md)
     if not args.no_write:
@@ -327,17 +400,26 @@ def markdown(r: dict) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in r["rows"]:
+
         def ci(key: str, row: dict = row) -> str:
             if key + "_us" not in row:
                 return "–"
             return f"{row[key + '_us']:.0f} [{row[key + '_lo']:.0f}, {row[key + '_hi']:.0f}]"
+
         cpu = row.get("proxy_cpu_us_per_call")
-        lines.append(f"| {row['path']} | {row['baseline']} | {row['p50_us']:.0f} | {row['p99_us']:.0f} | "
-                     f"{ci('added_p50')} | {ci('added_p90')} | {ci('added_p99')} | {'–' if cpu is None else f'{cpu:.0f}'} | "
-                     f"{'–' if cpu is None else f'{1e6 / cpu:,.0f}'} |")
+        lines.append(
+            f"| {row['path']} | {row['baseline']} | {row['p50_us']:.0f} | {row['p99_us']:.0f} | "
+            f"{ci('added_p50')} | {ci('added_p90')} | {ci('added_p99')} | {'–' if cpu is None else f'{cpu:.0f}'} | "
+            f"{'–' if cpu is None else f'{1e6 / cpu:,.0f}'} |"
+        )
     if r["ratio_to_nginx_added"]:
-        lines += ["", "Added latency relative to nginx's added latency (goal for passthrough: ≤ 2×):", "",
-                  "| path | × nginx at p50 | × nginx at p90 | × nginx at p99 |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "Added latency relative to nginx's added latency (goal for passthrough: ≤ 2×):",
+            "",
+            "| path | × nginx at p50 | × nginx at p90 | × nginx at p99 |",
+            "|---|---:|---:|---:|",
+        ]
         for name, qs in r["ratio_to_nginx_added"].items():
             cells = [f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for v in (qs["p50"], qs["p90"], qs["p99"])]
             lines.append(f"| {name} | {cells[0]} | {cells[1]} | {cells[2]} |")

@@ -82,11 +82,18 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
 
 def start(args: list[str], cpus: set[int] | None, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a process pinned to ``cpus`` (inherited by its threads and children)."""
+
     def pin() -> None:
         if cpus:
             os.sched_setaffinity(0, cpus)
-    return subprocess.Popen(args, stdout=open(log, "wb"), stderr=subprocess.STDOUT, preexec_fn=pin,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+    return subprocess.Popen(
+        args,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=pin,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -147,8 +154,10 @@ http {{
   }}
 }}
 """
-STUB_TIMING = "srv.decode;dur=0.010, srv.queue;dur=0.005, srv.tokenize;dur=0.050, srv.prefill;dur=0.100, " \
-              "srv.decode_steps;dur=0.000, srv.detokenize;dur=0.010, srv.encode;dur=0.010, srv.total;dur=0.200"
+STUB_TIMING = (
+    "srv.decode;dur=0.010, srv.queue;dur=0.005, srv.tokenize;dur=0.050, srv.prefill;dur=0.100, "
+    "srv.decode_steps;dur=0.000, srv.detokenize;dur=0.010, srv.encode;dur=0.010, srv.total;dur=0.200"
+)
 
 
 def nginx_stub(d: Path, cpus: set[int] | None, max_tokens: int = 8) -> tuple[subprocess.Popen, int, int]:
@@ -158,13 +167,23 @@ def nginx_stub(d: Path, cpus: set[int] | None, max_tokens: int = 8) -> tuple[sub
     resp = llm_pb2.GenerateResponse(text=" Paris" * max_tokens, token_ids=list(range(max_tokens)))
     resp.usage.prompt_tokens, resp.usage.completion_tokens = 5, max_tokens
     (d / "resp.bin").write_bytes(grpc_frame(resp.SerializeToString()))
-    (d / "resp.json").write_text(json.dumps({"text": resp.text, "token_ids": list(resp.token_ids),
-                                             "finish_reason": "length",
-                                             "usage": {"prompt_tokens": 5, "completion_tokens": max_tokens}}))
+    (d / "resp.json").write_text(
+        json.dumps(
+            {
+                "text": resp.text,
+                "token_ids": list(resp.token_ids),
+                "finish_reason": "length",
+                "usage": {"prompt_tokens": 5, "completion_tokens": max_tokens},
+            }
+        )
+    )
     port, http_port = free_port(), free_port()
     (d / "nginx.conf").write_text(NGINX_STUB.format(d=d, port=port, http_port=http_port, timing=STUB_TIMING, user=USER))
-    p = start(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
-              cpus, d / "out.log")
+    p = start(
+        ["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
+        cpus,
+        d / "out.log",
+    )
     wait_port(port, p)
     wait_port(http_port, p)
     return p, port, http_port
@@ -237,9 +256,30 @@ class Stack:
             p, port, _ = nginx_stub(self.tmp / "stub", self.other_cpus)
         else:
             port = free_port()
-            p = start([sys.executable, "-m", "pathprobe", "serve", "--engine", "synthetic", "--grpc-port", str(port),
-                       "--http-port", str(free_port()), "--prefill-ms-per-token", "0", "--decode-ms-per-token", "0",
-                       "--max-batch-size", "256", "--max-wait-ms", "0"], self.other_cpus, self.tmp / "server.log")
+            p = start(
+                [
+                    sys.executable,
+                    "-m",
+                    "pathprobe",
+                    "serve",
+                    "--engine",
+                    "synthetic",
+                    "--grpc-port",
+                    str(port),
+                    "--http-port",
+                    str(free_port()),
+                    "--prefill-ms-per-token",
+                    "0",
+                    "--decode-ms-per-token",
+                    "0",
+                    "--max-batch-size",
+                    "256",
+                    "--max-wait-ms",
+                    "0",
+                ],
+                self.other_cpus,
+                self.tmp / "server.log",
+            )
         self.procs.append(p)
         wait_port(port, p, 120)
         return f"127.0.0.1:{port}"
@@ -249,9 +289,25 @@ class Stack:
 
     def gateway(self, name: str, *extra: str) -> PathProc:
         port = free_port()
-        p = start([sys.executable, "-m", "pathprobe", "gateway", "--mode", "passthrough", "--listen",
-                   f"127.0.0.1:{port}", "--upstream", self.upstream, "--health-interval", "5", *extra],
-                  self.proxy_cpus, self.tmp / f"{name}.log")
+        p = start(
+            [
+                sys.executable,
+                "-m",
+                "pathprobe",
+                "gateway",
+                "--mode",
+                "passthrough",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--upstream",
+                self.upstream,
+                "--health-interval",
+                "5",
+                *extra,
+            ],
+            self.proxy_cpus,
+            self.tmp / f"{name}.log",
+        )
         return self._ready(name, port, p)
 
     def nginx(self) -> PathProc:
@@ -259,8 +315,11 @@ class Stack:
         d.mkdir()
         port = free_port()
         (d / "nginx.conf").write_text(NGINX_PROXY.format(d=d, port=port, upstream=self.upstream, user=USER))
-        p = start(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
-                  self.proxy_cpus, d / "out.log")
+        p = start(
+            ["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
+            self.proxy_cpus,
+            d / "out.log",
+        )
         return self._ready("nginx", port, p)
 
     def haproxy(self) -> PathProc:
@@ -274,9 +333,17 @@ class Stack:
         port = free_port()
         cfg = self.tmp / "Caddyfile"
         cfg.write_text(CADDY.format(port=port, upstream=self.upstream))
-        p = start(["caddy", "run", "--config", str(cfg), "--adapter", "caddyfile"], self.proxy_cpus,
-                  self.tmp / "caddy.log", env={"GOMAXPROCS": "1", "HOME": str(self.tmp), "XDG_DATA_HOME": str(self.tmp),
-                                               "XDG_CONFIG_HOME": str(self.tmp)})
+        p = start(
+            ["caddy", "run", "--config", str(cfg), "--adapter", "caddyfile"],
+            self.proxy_cpus,
+            self.tmp / "caddy.log",
+            env={
+                "GOMAXPROCS": "1",
+                "HOME": str(self.tmp),
+                "XDG_DATA_HOME": str(self.tmp),
+                "XDG_CONFIG_HOME": str(self.tmp),
+            },
+        )
         return self._ready("caddy", port, p)
 
     def _ready(self, name: str, port: int, p: subprocess.Popen) -> PathProc:
@@ -317,16 +384,39 @@ def check_paths(paths: list[PathProc], req: bytes) -> None:
             raise RuntimeError(f"{name} answers differently from {paths[0].name}")
 
 
-def h2load(name: str, port: int, n: int, conns: int, streams: int, body: Path, cpus: set[int], log: Path | None = None,
-           seconds: float | None = None) -> str:
-    args = ["h2load", "-c", str(conns), "-m", str(streams), "-t", "1", "-d", str(body),
-            "-H", "content-type: application/grpc", "-H", "te: trailers"]
+def h2load(
+    name: str,
+    port: int,
+    n: int,
+    conns: int,
+    streams: int,
+    body: Path,
+    cpus: set[int],
+    log: Path | None = None,
+    seconds: float | None = None,
+) -> str:
+    args = [
+        "h2load",
+        "-c",
+        str(conns),
+        "-m",
+        str(streams),
+        "-t",
+        "1",
+        "-d",
+        str(body),
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "te: trailers",
+    ]
     args += ["-D", str(int(seconds)), "--warm-up-time", "1"] if seconds else ["-n", str(n)]
     if log is not None:
         args += ["--log-file", str(log)]
     args.append(f"http://127.0.0.1:{port}{METHOD}")
-    r = subprocess.run(args, capture_output=True, text=True, check=False,
-                       preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    r = subprocess.run(
+        args, capture_output=True, text=True, check=False, preexec_fn=lambda: os.sched_setaffinity(0, cpus)
+    )
     if r.returncode != 0 or not re.search(r" 0 failed, 0 errored", r.stdout):
         raise RuntimeError(f"h2load against {name} (port {port}) failed: {r.stdout[-600:]} {r.stderr[-300:]}")
     return r.stdout
@@ -354,29 +444,49 @@ def versions() -> dict:
 
     try:
         import uvloop
+
         uv = uvloop.__version__
     except ImportError:
         uv = "absent"
     import hpack
 
-    return {"python": platform.python_version(), "grpcio": grpc.__version__, "uvloop": uv,
-            "hpack": getattr(hpack, "__version__", "?"), "nginx": out(["nginx", "-v"]),
-            "haproxy": out(["haproxy", "-v"]), "caddy": out(["caddy", "version"]),
-            "h2load": out(["h2load", "--version"])}
+    return {
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "uvloop": uv,
+        "hpack": getattr(hpack, "__version__", "?"),
+        "nginx": out(["nginx", "-v"]),
+        "haproxy": out(["haproxy", "-v"]),
+        "caddy": out(["caddy", "version"]),
+        "h2load": out(["h2load", "--version"]),
+    }
 
 
 def environment(proxy_cpus: set[int], other_cpus: set[int]) -> dict:
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), platform.processor())
-    return {"date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpu_model": model,
-            "cpu_cores": os.cpu_count(), "kernel": platform.release(), "versions": versions(),
-            "proxy_cpus": sorted(proxy_cpus), "client_and_upstream_cpus": sorted(other_cpus),
-            "loadavg_start": os.getloadavg()}
+    model = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpu_model": model,
+        "cpu_cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "versions": versions(),
+        "proxy_cpus": sorted(proxy_cpus),
+        "client_and_upstream_cpus": sorted(other_cpus),
+        "loadavg_start": os.getloadavg(),
+    }
 
 
 # ------------------------------------------------------------------------------ main
-def sweep(paths: list[PathProc], conc: list[int], rounds: int, per_stream: int, body: Path, cpus: set[int],
-          tmp: Path) -> dict:
+def sweep(
+    paths: list[PathProc], conc: list[int], rounds: int, per_stream: int, body: Path, cpus: set[int], tmp: Path
+) -> dict:
     rnd = random.Random(1)
     result: dict = {}
     for c in conc:
@@ -423,13 +533,22 @@ def sweep(paths: list[PathProc], conc: list[int], rounds: int, per_stream: int, 
                             per_round.append((pct(a, q) - pct(b, q)) / den)
                     if row.get(f"added_p{q}_us") is not None:
                         nrow = next(x for x in rows if x["path"] == "nginx")
-                        row[f"x_nginx_p{q}"] = row[f"added_p{q}_us"] / nrow[f"added_p{q}_us"] \
-                            if nrow[f"added_p{q}_us"] > 0 else None
-                        row[f"x_nginx_p{q}_rounds"] = [min(per_round), float(np.median(per_round)), max(per_round)] \
-                            if per_round else None
+                        row[f"x_nginx_p{q}"] = (
+                            row[f"added_p{q}_us"] / nrow[f"added_p{q}_us"] if nrow[f"added_p{q}_us"] > 0 else None
+                        )
+                        row[f"x_nginx_p{q}_rounds"] = (
+                            [min(per_round), float(np.median(per_round)), max(per_round)] if per_round else None
+                        )
         result[str(c)] = {"requests_per_slice": n, "rows": rows}
-        print(f"c={c}: " + ", ".join(f"{r['path']} +{r.get('added_p50_us', 0):.0f}/{r.get('added_p99_us', 0):.0f} us "
-                                     f"cpu {r.get('cpu_us_per_call', 0):.0f}" for r in rows), flush=True)
+        print(
+            f"c={c}: "
+            + ", ".join(
+                f"{r['path']} +{r.get('added_p50_us', 0):.0f}/{r.get('added_p99_us', 0):.0f} us "
+                f"cpu {r.get('cpu_us_per_call', 0):.0f}"
+                for r in rows
+            ),
+            flush=True,
+        )
     return result
 
 
@@ -437,7 +556,7 @@ def max_throughput(paths: list[PathProc], rounds: int, seconds: float, body: Pat
     out: dict[str, list[dict]] = {p.name: [] for p in paths if p.proc}
     for r in range(rounds):
         order = [p for p in paths if p.proc]
-        order = order[r % len(order):] + order[:r % len(order)]
+        order = order[r % len(order) :] + order[: r % len(order)]
         for p in order:
             c0, t0 = cpu_seconds(p.proc.pid), time.monotonic()
             text = h2load(p.name, p.port, 0, 4, 64, body, cpus, seconds=seconds)
@@ -447,16 +566,26 @@ def max_throughput(paths: list[PathProc], rounds: int, seconds: float, body: Pat
             rps = float(m.group(1)) if m else 0.0
             # CPU over h2load's whole run (warm-up included) per call done in it: calls = rps x (seconds + warm-up)
             n_all = rps * (seconds + 1)
-            out[p.name].append({"rps": rps, "done": int(done.group(1)) if done else None,
-                                "cpu_us_per_call": (c1 - c0) / n_all * 1e6 if n_all else None,
-                                "core_busy": (c1 - c0) / (t1 - t0)})
+            out[p.name].append(
+                {
+                    "rps": rps,
+                    "done": int(done.group(1)) if done else None,
+                    "cpu_us_per_call": (c1 - c0) / n_all * 1e6 if n_all else None,
+                    "core_busy": (c1 - c0) / (t1 - t0),
+                }
+            )
             print(f"max {p.name}: {rps:.0f} calls/s, busy {(c1 - c0) / (t1 - t0):.2f} core", flush=True)
     summary = {}
     for name, runs in out.items():
         rps = [x["rps"] for x in runs]
-        summary[name] = {"rps_median": float(np.median(rps)), "rps_min": min(rps), "rps_max": max(rps),
-                         "cpu_us_per_call_median": float(np.median([x["cpu_us_per_call"] for x in runs])),
-                         "core_busy_median": float(np.median([x["core_busy"] for x in runs])), "runs": runs}
+        summary[name] = {
+            "rps_median": float(np.median(rps)),
+            "rps_min": min(rps),
+            "rps_max": max(rps),
+            "cpu_us_per_call_median": float(np.median([x["cpu_us_per_call"] for x in runs])),
+            "core_busy_median": float(np.median([x["core_busy"] for x in runs])),
+            "runs": runs,
+        }
     return summary
 
 
@@ -464,8 +593,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--slice", type=int, default=0,
-                    help="calls per stream in one slice (default: 300 at c=1, 60 at c=8, 20 at c=32, 8 at c=128)")
+    ap.add_argument(
+        "--slice",
+        type=int,
+        default=0,
+        help="calls per stream in one slice (default: 300 at c=1, 60 at c=8, 20 at c=32, 8 at c=128)",
+    )
     ap.add_argument("--upstream", choices=("stub", "server"), default="stub")
     ap.add_argument("--paths", default="direct,direct-again,passthrough,passthrough-nodecode,nginx,haproxy,caddy")
     ap.add_argument("--proxy-cpus", default="0", help="cores the gateways are pinned to")
@@ -487,15 +620,23 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gwsweep-"))
     tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started as root
     body = tmp / "req.bin"
-    req = grpc_frame(llm_pb2.GenerateRequest(prompt="The capital of France is", max_tokens=args.max_tokens,
-                                             ignore_eos=True).SerializeToString())
+    req = grpc_frame(
+        llm_pb2.GenerateRequest(
+            prompt="The capital of France is", max_tokens=args.max_tokens, ignore_eos=True
+        ).SerializeToString()
+    )
     body.write_bytes(req)
     stack = Stack(tmp, args.upstream, proxy_cpus, other)
     try:
-        makers = {"direct": lambda: stack.direct("direct"), "direct-again": lambda: stack.direct("direct-again"),
-                  "passthrough": lambda: stack.gateway("passthrough"),
-                  "passthrough-nodecode": lambda: stack.gateway("passthrough-nodecode", "--no-decode-metadata"),
-                  "nginx": stack.nginx, "haproxy": stack.haproxy, "caddy": stack.caddy}
+        makers = {
+            "direct": lambda: stack.direct("direct"),
+            "direct-again": lambda: stack.direct("direct-again"),
+            "passthrough": lambda: stack.gateway("passthrough"),
+            "passthrough-nodecode": lambda: stack.gateway("passthrough-nodecode", "--no-decode-metadata"),
+            "nginx": stack.nginx,
+            "haproxy": stack.haproxy,
+            "caddy": stack.caddy,
+        }
         binary = {"nginx": "nginx", "haproxy": "haproxy", "caddy": "caddy"}
         paths = []
         for name in args.paths.split(","):
@@ -518,8 +659,15 @@ def main() -> int:
         stack.close()
         shutil.rmtree(tmp, ignore_errors=True)
     env["loadavg_end"] = os.getloadavg()
-    result.update({"environment": env, "upstream": args.upstream, "rounds": args.rounds, "max_tokens": args.max_tokens,
-                   "max_seconds": args.max_seconds})
+    result.update(
+        {
+            "environment": env,
+            "upstream": args.upstream,
+            "rounds": args.rounds,
+            "max_tokens": args.max_tokens,
+            "max_seconds": args.max_seconds,
+        }
+    )
     md = markdown(result)
     print(md)
     if not args.no_write:
@@ -555,11 +703,15 @@ def markdown(r: dict) -> str:
         "",
     ]
     for c, lvl in r["sweep"].items():
-        lines += [f"## Concurrency {c} ({lvl['requests_per_slice']} calls per slice)", "",
-                  "| path | calls | p50 µs | p99 µs | added p50 µs | added p99 µs | × nginx p50 | × nginx p99 "
-                  "| CPU µs/call |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## Concurrency {c} ({lvl['requests_per_slice']} calls per slice)",
+            "",
+            "| path | calls | p50 µs | p99 µs | added p50 µs | added p99 µs | × nginx p50 | × nginx p99 "
+            "| CPU µs/call |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for row in lvl["rows"]:
+
             def add(q: int, row: dict = row) -> str:
                 if f"added_p{q}_us" not in row:
                     return "–"
@@ -568,24 +720,34 @@ def markdown(r: dict) -> str:
             def xn(q: int, row: dict = row) -> str:
                 x = row.get(f"x_nginx_p{q}")
                 return "–" if x is None else f"{x:.2f} [{_rng(row.get(f'x_nginx_p{q}_rounds'), '{:.2f}')}]"
+
             cpu = row.get("cpu_us_per_call")
-            lines.append(f"| {row['path']} | {row['calls']} | {row['p50_us']:.0f} | {row['p99_us']:.0f} | {add(50)} | "
-                         f"{add(99)} | {xn(50)} | {xn(99)} | {'–' if cpu is None else f'{cpu:.0f}'} |")
+            lines.append(
+                f"| {row['path']} | {row['calls']} | {row['p50_us']:.0f} | {row['p99_us']:.0f} | {add(50)} | "
+                f"{add(99)} | {xn(50)} | {xn(99)} | {'–' if cpu is None else f'{cpu:.0f}'} |"
+            )
         lines.append("")
     if "max_one_core" in r:
-        lines += ["## Most calls/s on one core", "",
-                  f"h2load, 4 connections × 64 streams, {r['max_seconds']:.0f} s per run after 1 s warm-up, runs "
-                  "rotated; busy = the gateway's CPU seconds per wall second (1.0 = its core saturated).", "",
-                  "| gateway | calls/s (median) | range | × nginx | CPU µs/call | busy |",
-                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## Most calls/s on one core",
+            "",
+            f"h2load, 4 connections × 64 streams, {r['max_seconds']:.0f} s per run after 1 s warm-up, runs "
+            "rotated; busy = the gateway's CPU seconds per wall second (1.0 = its core saturated).",
+            "",
+            "| gateway | calls/s (median) | range | × nginx | CPU µs/call | busy |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         mx = r["max_one_core"]
         ng = mx.get("nginx", {}).get("rps_median")
         for name, s in mx.items():
-            lines.append(f"| {name} | {s['rps_median']:,.0f} | {s['rps_min']:,.0f}–{s['rps_max']:,.0f} | "
-                         f"{s['rps_median'] / ng:.2f} | {s['cpu_us_per_call_median']:.0f} | "
-                         f"{s['core_busy_median']:.2f} |"
-                         if ng else f"| {name} | {s['rps_median']:,.0f} | – | – | {s['cpu_us_per_call_median']:.0f} | "
-                         f"{s['core_busy_median']:.2f} |")
+            lines.append(
+                f"| {name} | {s['rps_median']:,.0f} | {s['rps_min']:,.0f}–{s['rps_max']:,.0f} | "
+                f"{s['rps_median'] / ng:.2f} | {s['cpu_us_per_call_median']:.0f} | "
+                f"{s['core_busy_median']:.2f} |"
+                if ng
+                else f"| {name} | {s['rps_median']:,.0f} | – | – | {s['cpu_us_per_call_median']:.0f} | "
+                f"{s['core_busy_median']:.2f} |"
+            )
         lines.append("")
     return "\n".join(lines)
 

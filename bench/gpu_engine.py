@@ -16,7 +16,8 @@ Measures, in one run, side by side:
 Random weights (``preset:NAME`` builds the published architecture), so only the
 timings mean anything. Writes ``docs/results/<date>-gpu-engine.md`` (or ``--out``).
 
-    PYTHONPATH=$(bench/pkgtree.sh /tmp/pathprobe-tree) python3 bench/gpu_engine.py --model preset:llama-3-8b --dtype bf16
+    PYTHONPATH=$(bench/pkgtree.sh /tmp/pathprobe-tree) \
+        python3 bench/gpu_engine.py --model preset:llama-3-8b --dtype bf16
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def device_info() -> dict[str, str]:
     import transformers
 
     info = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -63,8 +64,12 @@ def device_info() -> dict[str, str]:
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
     }
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         if out.returncode == 0:
             info["nvidia-smi"] = out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
@@ -84,8 +89,11 @@ async def engine_ttft(eng: TransformersEngine, ids: list[int], reps: int) -> dic
         ttft.append(first)
         prefill.append(g.timing.prefill)
         queue.append(g.timing.queue)
-    return {"ttft_ms": statistics.median(ttft), "prefill_ms": statistics.median(prefill),
-            "queue_ms": statistics.median(queue)}
+    return {
+        "ttft_ms": statistics.median(ttft),
+        "prefill_ms": statistics.median(prefill),
+        "queue_ms": statistics.median(queue),
+    }
 
 
 async def engine_batch(eng: TransformersEngine, ids: list[int], batch: int, tokens: int, reps: int) -> dict[str, float]:
@@ -99,8 +107,11 @@ async def engine_batch(eng: TransformersEngine, ids: list[int], batch: int, toke
         tps.append(batch * tokens / (wall / 1000.0))
         queue.append(max(g.timing.queue for g in gens))
         assert max(g.timing.batch_size for g in gens) == batch, [g.timing.batch_size for g in gens]
-    return {"decode_ms_per_token": statistics.median(per_tok), "tokens_per_s": statistics.median(tps),
-            "max_queue_ms": statistics.median(queue)}
+    return {
+        "decode_ms_per_token": statistics.median(per_tok),
+        "tokens_per_s": statistics.median(tps),
+        "max_queue_ms": statistics.median(queue),
+    }
 
 
 def raw_eager_step(model, batch: int, prompt_len: int, steps: int, device: str) -> float:
@@ -139,15 +150,26 @@ def graph_step(model, batch: int, prompt_len: int, steps: int, device: str) -> f
     cache = StaticCache(config=model.config, max_cache_len=max_len)
     ids = torch.randint(10, 1000, (batch, prompt_len), device=device)
     with torch.inference_mode():
-        model(input_ids=ids, cache_position=torch.arange(prompt_len, device=device), use_cache=True,
-              logits_to_keep=1, **{kw: cache})
+        model(
+            input_ids=ids,
+            cache_position=torch.arange(prompt_len, device=device),
+            use_cache=True,
+            logits_to_keep=1,
+            **{kw: cache},
+        )
         s_ids = torch.full((batch, 1), 11, dtype=torch.long, device=device)
         s_cp = torch.tensor([prompt_len], device=device)
         s_pos = torch.full((batch, 1), prompt_len, dtype=torch.long, device=device)
 
         def step():
-            return model(input_ids=s_ids, position_ids=s_pos, cache_position=s_cp, use_cache=True,
-                         logits_to_keep=1, **{kw: cache}).logits
+            return model(
+                input_ids=s_ids,
+                position_ids=s_pos,
+                cache_position=s_cp,
+                use_cache=True,
+                logits_to_keep=1,
+                **{kw: cache},
+            ).logits
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -176,8 +198,15 @@ async def main_async(args: argparse.Namespace) -> dict:
     batches = [int(b) for b in args.batches.split(",")]
 
     async def start(options: dict) -> tuple[TransformersEngine, float]:
-        cfg = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_batch_size=max(batches),
-                           max_wait_ms=args.max_wait_ms, max_queue=4 * max(batches), options=options)
+        cfg = EngineConfig(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_batch_size=max(batches),
+            max_wait_ms=args.max_wait_ms,
+            max_queue=4 * max(batches),
+            options=options,
+        )
         t0 = time.perf_counter()
         eng = TransformersEngine(cfg)
         await eng.start()
@@ -187,15 +216,22 @@ async def main_async(args: argparse.Namespace) -> dict:
     print(f"eager engine up in {load_s:.1f}s on {eager.device} {eager.dtype}", flush=True)
     cuda = eager.device.startswith("cuda")
     engines = {"eager": eager}
-    res: dict = {"info": device_info(), "model": args.model, "dtype": str(eager.dtype), "load_s": load_s,
-                 "max_wait_ms": args.max_wait_ms, "batches": {}, "ttft": {}}
+    res: dict = {
+        "info": device_info(),
+        "model": args.model,
+        "dtype": str(eager.dtype),
+        "load_s": load_s,
+        "max_wait_ms": args.max_wait_ms,
+        "batches": {},
+        "ttft": {},
+    }
     if cuda and not args.no_graphs:
         try:
             graphs, gload = await start({"cuda_graphs": "1"})
             engines["graphs"] = graphs
             res["graphs_load_s"] = gload
             print(f"cuda-graph engine up in {gload:.1f}s", flush=True)
-        except Exception as exc:  # noqa: BLE001 - report it, keep the eager figures
+        except Exception as exc:
             res["graphs_error"] = f"{type(exc).__name__}: {exc}"[:500]
             print("graphs engine failed:", res["graphs_error"], flush=True)
     ids = fixed_prompt_ids(eager.tokenizer, args.prompt_tokens)
@@ -221,7 +257,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             row["raw_eager_step_ms"] = raw_eager_step(eager.model, b, len(ids), 20, eager.device)
             try:
                 row["cuda_graph_step_ms"] = graph_step(eager.model, b, len(ids), 20, eager.device)
-            except Exception as exc:  # noqa: BLE001 - report, keep the other figures
+            except Exception as exc:
                 row["cuda_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
         res["batches"][b] = row
         print(b, row, flush=True)
@@ -241,14 +277,21 @@ def to_markdown(res: dict) -> str:
         f"# Transformers engine on GPU — {res['model']} ({res['dtype']}, random weights)",
         "",
         f"Date: {info['date']}. Device: {info['device']}"
-        + (f" ({info['nvidia-smi']})" if "nvidia-smi" in info else "") + ".",
+        + (f" ({info['nvidia-smi']})" if "nvidia-smi" in info else "")
+        + ".",
         f"Versions: python {info['python']}, torch {info['torch']} (CUDA {info['cuda']}), "
         f"transformers {info['transformers']}, tokenizers {info['tokenizers']}.",
         f"Prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new tokens per request (ignore_eos), greedy. "
         f"Engine load (random init on the device): {res['load_s']:.1f} s"
-        + (f"; with CUDA graphs (static KV cache + captures): {res['graphs_load_s']:.1f} s" if "graphs_load_s" in res
-           else "") + ".",
-        "Command: `PYTHONPATH=$(bench/pkgtree.sh /tmp/pathprobe-tree) python3 bench/gpu_engine.py --model " + res["model"] + "`",
+        + (
+            f"; with CUDA graphs (static KV cache + captures): {res['graphs_load_s']:.1f} s"
+            if "graphs_load_s" in res
+            else ""
+        )
+        + ".",
+        "Command: `PYTHONPATH=$(bench/pkgtree.sh /tmp/pathprobe-tree) python3 bench/gpu_engine.py --model "
+        + res["model"]
+        + "`",
         "",
     ]
     if "graphs_error" in res:
@@ -272,7 +315,8 @@ def to_markdown(res: dict) -> str:
             f"{_f(g and g['decode_ms_per_token'])} | {_f(g and g['tokens_per_s'], '.0f')} | "
             + (f"{e['decode_ms_per_token'] / g['decode_ms_per_token']:.2f}× | " if g else "– | ")
             + f"{_f(row.get('raw_eager_step_ms'))} | {_f(row.get('cuda_graph_step_ms'))}"
-            + (f" ({row['cuda_graph_error']})" if "cuda_graph_error" in row else "") + " |"
+            + (f" ({row['cuda_graph_error']})" if "cuda_graph_error" in row else "")
+            + " |"
         )
     lines += [
         "",
@@ -302,8 +346,12 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--max-wait-ms", type=float, default=2.0,
-                    help="batching window (a burst submitted at once lands in one prefill anyway)")
+    ap.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=2.0,
+        help="batching window (a burst submitted at once lands in one prefill anyway)",
+    )
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph engine")
     ap.add_argument("--out", type=Path, default=Path("docs/results"))
     args = ap.parse_args()

@@ -36,7 +36,6 @@ import os  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -49,7 +48,6 @@ from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 from locust.env import Environment  # noqa: E402
 from locust.event import Events  # noqa: E402
-
 from pathprobe.loadgen import plugin  # noqa: E402
 from pathprobe.loadgen.targets import Target, parse_timing  # noqa: E402
 from pathprobe.loadgen.users import GrpcLLMUser, HttpLLMUser  # noqa: E402
@@ -83,8 +81,12 @@ class BareGrpcUser(User):
         except grpc.RpcError as e:
             exc = e
         self.environment.events.request.fire(
-            request_type="grpc", name="bare.Generate", response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0, exception=exc, context={},
+            request_type="grpc",
+            name="bare.Generate",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=exc,
+            context={},
         )
 
 
@@ -101,8 +103,12 @@ class BareGrpcTrailersUser(BareGrpcUser):
         except grpc.RpcError as e:
             exc = e
         self.environment.events.request.fire(
-            request_type="grpc", name="bare.Generate", response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0, exception=exc, context={},
+            request_type="grpc",
+            name="bare.Generate",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=exc,
+            context={},
         )
 
 
@@ -124,12 +130,17 @@ class BareH2GrpcUser(User):
     def generate(self) -> None:
         t0 = time.perf_counter()
         got: list[bytes] = []
-        res = self.channel.call("/pathprobe.v1.LLM/Generate", self.req.SerializeToString(), 60, None,
-                                lambda m, _t: got.append(m))
+        res = self.channel.call(
+            "/pathprobe.v1.LLM/Generate", self.req.SerializeToString(), 60, None, lambda m, _t: got.append(m)
+        )
         llm_pb2.GenerateResponse.FromString(got[0]) if got else None
         self.environment.events.request.fire(
-            request_type="grpc", name="bare.Generate", response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0, exception=None if res.code == 0 else RuntimeError(res.details), context={},
+            request_type="grpc",
+            name="bare.Generate",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=None if res.code == 0 else RuntimeError(res.details),
+            context={},
         )
 
 
@@ -154,8 +165,11 @@ class BareRawHttpUser(User):
         resp = self.client.post("/v1/generate", body=self.body, headers={"Content-Type": "application/json"})
         json.loads(resp.read())
         self.environment.events.request.fire(
-            request_type="http", name="bare.generate", response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0, exception=None if resp.status_code == 200 else RuntimeError(resp.status_code),
+            request_type="http",
+            name="bare.generate",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=None if resp.status_code == 200 else RuntimeError(resp.status_code),
             context={},
         )
 
@@ -165,8 +179,9 @@ class BareHttpUser(FastHttpUser):
 
     @task
     def generate(self) -> None:
-        self.client.post("/v1/generate", json={"prompt": PROMPT, "max_tokens": MAX_TOKENS, "ignore_eos": True},
-                         name="bare.generate")
+        self.client.post(
+            "/v1/generate", json={"prompt": PROMPT, "max_tokens": MAX_TOKENS, "ignore_eos": True}, name="bare.generate"
+        )
 
 
 class PPGrpcUser(GrpcLLMUser):
@@ -185,18 +200,29 @@ def fresh_events() -> Events:
     return ev
 
 
-def run_round(user_class: type, host: str, users: int, seconds: float, out: str, traces: str | None,
-              grpc_client: str = "h2") -> dict:
+def run_round(
+    user_class: type, host: str, users: int, seconds: float, out: str, traces: str | None, grpc_client: str = "h2"
+) -> dict:
     opts = argparse.Namespace(
-        out=out, tokenizer="none", prompt=PROMPT, prompt_set="fixed", prompt_tokens=5, max_tokens=MAX_TOKENS,
-        traces_file=traces or "", headless=True, num_users=users, host=host, otel=False, grpc_client=grpc_client,
+        out=out,
+        tokenizer="none",
+        prompt=PROMPT,
+        prompt_set="fixed",
+        prompt_tokens=5,
+        max_tokens=MAX_TOKENS,
+        traces_file=traces or "",
+        headless=True,
+        num_users=users,
+        host=host,
+        otel=False,
+        grpc_client=grpc_client,
     )
     env = Environment(user_classes=[user_class], events=fresh_events(), host=host, parsed_options=opts)
     runner = env.create_local_runner()
     env.events.init.fire(environment=env, runner=runner, web_ui=None)
     count = {"n": 0, "fail": 0}
 
-    def on_request(exception=None, **_kw):  # noqa: ANN001
+    def on_request(exception=None, **_kw):
         count["n"] += 1
         if exception is not None:
             count["fail"] += 1
@@ -211,12 +237,18 @@ def run_round(user_class: type, host: str, users: int, seconds: float, out: str,
     runner.quit()
     env.events.request.remove_listener(on_request)
     n = n1 - n0
-    return {"requests": n, "failures": count["fail"], "rps": n / (t1 - t0),
-            "cpu_us_per_req": (c1 - c0) / n * 1e6 if n else None}
+    return {
+        "requests": n,
+        "failures": count["fail"],
+        "rps": n / (t1 - t0),
+        "cpu_us_per_req": (c1 - c0) / n * 1e6 if n else None,
+    }
 
 
-SERVER_TIMING = ("srv.decode;dur=0.012, srv.queue;dur=0.008, srv.tokenize;dur=0.101, srv.prefill;dur=0.210, "
-                 "srv.decode_steps;dur=0.022, srv.detokenize;dur=0.030, srv.encode;dur=0.015, srv.total;dur=0.900")
+SERVER_TIMING = (
+    "srv.decode;dur=0.012, srv.queue;dur=0.008, srv.tokenize;dur=0.101, srv.prefill;dur=0.210, "
+    "srv.decode_steps;dur=0.022, srv.detokenize;dur=0.030, srv.encode;dur=0.015, srv.total;dur=0.900"
+)
 
 
 class NullTarget(Target):
@@ -228,7 +260,7 @@ class NullTarget(Target):
     def route(self, stream: bool) -> str:
         return "grpc.Generate"
 
-    def call(self, spec, headers, out) -> None:  # noqa: ANN001
+    def call(self, spec, headers, out) -> None:
         out.t0 = time.perf_counter_ns()
         out.encode_ns, out.decode_ns = 8000, 9000
         out.entries = parse_timing(SERVER_TIMING)
@@ -239,10 +271,17 @@ class NullTarget(Target):
 
 def bookkeeping(n: int, out: str) -> dict:
     """CPU per request of the accounting alone (no network), pathprobe vs a bare event fire."""
-    opts = argparse.Namespace(out=out, tokenizer="none", prompt=PROMPT, prompt_set="fixed", max_tokens=MAX_TOKENS,
-                              traces_file="", headless=True, otel=False)
-    env = Environment(user_classes=[PPGrpcUser], events=fresh_events(), host="grpc://127.0.0.1:1",
-                      parsed_options=opts)
+    opts = argparse.Namespace(
+        out=out,
+        tokenizer="none",
+        prompt=PROMPT,
+        prompt_set="fixed",
+        max_tokens=MAX_TOKENS,
+        traces_file="",
+        headless=True,
+        otel=False,
+    )
+    env = Environment(user_classes=[PPGrpcUser], events=fresh_events(), host="grpc://127.0.0.1:1", parsed_options=opts)
     runner = env.create_local_runner()
     env.events.init.fire(environment=env, runner=runner, web_ui=None)
     env.events.test_start.fire(environment=env)
@@ -255,8 +294,14 @@ def bookkeeping(n: int, out: str) -> dict:
         c0 = time.process_time()
         for _i in range(n):
             t0 = time.perf_counter()
-            fire(request_type="grpc", name="bare.Generate", response_time=(time.perf_counter() - t0) * 1000,
-                 response_length=0, exception=None, context={})
+            fire(
+                request_type="grpc",
+                name="bare.Generate",
+                response_time=(time.perf_counter() - t0) * 1000,
+                response_length=0,
+                exception=None,
+                context={},
+            )
         c1 = time.process_time()
         for _i in range(n):
             user.generate()
@@ -279,8 +324,17 @@ def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
     from geventhttpclient.url import URL
     from locust.contrib.fasthttp import FastHttpSession
 
-    opts = argparse.Namespace(out=out, tokenizer="none", prompt=PROMPT, prompt_set="fixed", prompt_tokens=5,
-                              max_tokens=MAX_TOKENS, traces_file="", headless=True, otel=False)
+    opts = argparse.Namespace(
+        out=out,
+        tokenizer="none",
+        prompt=PROMPT,
+        prompt_set="fixed",
+        prompt_tokens=5,
+        max_tokens=MAX_TOKENS,
+        traces_file="",
+        headless=True,
+        otel=False,
+    )
     env = Environment(user_classes=[PPHttpUser], events=fresh_events(), host=url, parsed_options=opts)
     runner = env.create_local_runner()
     env.events.init.fire(environment=env, runner=runner, web_ui=None)
@@ -300,8 +354,14 @@ def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
         t0 = time.perf_counter()
         resp = raw.post("/v1/generate", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         json.loads(resp.read())
-        fire(request_type="http", name="bare", response_time=(time.perf_counter() - t0) * 1000, response_length=0,
-             exception=None, context={})
+        fire(
+            request_type="http",
+            name="bare",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
 
     variants = {"bare FastHttpUser": bare_fasthttp, "bare geventhttpclient": bare_raw, "pathprobe http": user.generate}
     cpu = {n: 0.0 for n in variants}
@@ -325,8 +385,9 @@ def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
     raw.close()
     user.on_stop()
     n = blocks * block
-    return {name: {"cpu_us_per_call": cpu[name] / n * 1e6, "wall_us_per_call": wall[name] / n * 1e6}
-            for name in variants}
+    return {
+        name: {"cpu_us_per_call": cpu[name] / n * 1e6, "wall_us_per_call": wall[name] / n * 1e6} for name in variants
+    }
 
 
 def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
@@ -339,10 +400,18 @@ def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
     from pathprobe.loadgen.h2grpc import Channel
     from pathprobe.loadgen.targets import GrpcTarget, H2GrpcTarget
 
-    opts = argparse.Namespace(out=out, tokenizer="none", prompt=PROMPT, prompt_set="fixed", prompt_tokens=5,
-                              max_tokens=MAX_TOKENS, traces_file="", headless=True, otel=False)
-    env = Environment(user_classes=[PPGrpcUser], events=fresh_events(), host=f"grpc://{address}",
-                      parsed_options=opts)
+    opts = argparse.Namespace(
+        out=out,
+        tokenizer="none",
+        prompt=PROMPT,
+        prompt_set="fixed",
+        prompt_tokens=5,
+        max_tokens=MAX_TOKENS,
+        traces_file="",
+        headless=True,
+        otel=False,
+    )
+    env = Environment(user_classes=[PPGrpcUser], events=fresh_events(), host=f"grpc://{address}", parsed_options=opts)
     runner = env.create_local_runner()
     env.events.init.fire(environment=env, runner=runner, web_ui=None)
     env.events.test_start.fire(environment=env)
@@ -363,26 +432,49 @@ def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
     def bare_grpcio() -> None:
         t0 = time.perf_counter()
         stub.Generate(req, timeout=60)
-        fire(request_type="grpc", name="bare", response_time=(time.perf_counter() - t0) * 1000, response_length=0,
-             exception=None, context={})
+        fire(
+            request_type="grpc",
+            name="bare",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
 
     def bare_grpcio_trailers() -> None:
         t0 = time.perf_counter()
         _r, call = stub.Generate.with_call(req, timeout=60)
         call.trailing_metadata()
-        fire(request_type="grpc", name="bare", response_time=(time.perf_counter() - t0) * 1000, response_length=0,
-             exception=None, context={})
+        fire(
+            request_type="grpc",
+            name="bare",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
 
     def bare_h2() -> None:
         t0 = time.perf_counter()
         got: list[bytes] = []
         h2.call("/pathprobe.v1.LLM/Generate", req.SerializeToString(), 60, None, lambda m, _t: got.append(m))
         llm_pb2.GenerateResponse.FromString(got[0])
-        fire(request_type="grpc", name="bare", response_time=(time.perf_counter() - t0) * 1000, response_length=0,
-             exception=None, context={})
+        fire(
+            request_type="grpc",
+            name="bare",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
 
-    variants = {"bare grpcio": bare_grpcio, "bare grpcio+trailers": bare_grpcio_trailers, "bare h2": bare_h2,
-                "pathprobe h2": users["h2"].generate, "pathprobe grpcio": users["grpcio"].generate}
+    variants = {
+        "bare grpcio": bare_grpcio,
+        "bare grpcio+trailers": bare_grpcio_trailers,
+        "bare h2": bare_h2,
+        "pathprobe h2": users["h2"].generate,
+        "pathprobe grpcio": users["grpcio"].generate,
+    }
     cpu = {n: 0.0 for n in variants}
     wall = {n: 0.0 for n in variants}
     rnd = random.Random(3)
@@ -406,8 +498,9 @@ def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
     for u in users.values():
         u.target.close()
     n = blocks * block
-    return {name: {"cpu_us_per_call": cpu[name] / n * 1e6, "wall_us_per_call": wall[name] / n * 1e6}
-            for name in variants}
+    return {
+        name: {"cpu_us_per_call": cpu[name] / n * 1e6, "wall_us_per_call": wall[name] / n * 1e6} for name in variants
+    }
 
 
 class Upstream:
@@ -425,8 +518,17 @@ class Upstream:
             self.describe = "nginx stub: a fixed answer with the server's timing entries"
             self.server = None
         else:
-            self.server = Server(tmp, "--engine", "synthetic", "--prefill-ms-per-token", "0",
-                                 "--decode-ms-per-token", "0", "--max-batch-size", "64")
+            self.server = Server(
+                tmp,
+                "--engine",
+                "synthetic",
+                "--prefill-ms-per-token",
+                "0",
+                "--decode-ms-per-token",
+                "0",
+                "--max-batch-size",
+                "64",
+            )
             self.grpc_target, self.http_url = self.server.grpc_target, self.server.http_url
             self.describe = "pathprobe serve --engine synthetic, 0 ms inference"
 
@@ -440,20 +542,25 @@ class Upstream:
 
 def versions() -> dict:
     import hdrh  # noqa: F401
-
     from pathprobe import __version__
 
-    return {"pathprobe": __version__, "locust": locust.__version__, "grpcio": grpc.__version__,
-            "gevent": gevent.__version__, "python": platform.python_version()}
+    return {
+        "pathprobe": __version__,
+        "locust": locust.__version__,
+        "grpcio": grpc.__version__,
+        "gevent": gevent.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def device() -> dict:
     cpu = "unknown"
     try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -467,8 +574,12 @@ def main() -> int:
     ap.add_argument("--users", type=int, default=16)
     ap.add_argument("--protocols", default="grpc,http")
     ap.add_argument("--no-trace-variant", action="store_true")
-    ap.add_argument("--upstream", choices=("stub", "server"), default="stub" if shutil.which("nginx") else "server",
-                    help="stub: nginx answering instantly (the client is what saturates); server: pathprobe serve")
+    ap.add_argument(
+        "--upstream",
+        choices=("stub", "server"),
+        default="stub" if shutil.which("nginx") else "server",
+        help="stub: nginx answering instantly (the client is what saturates); server: pathprobe serve",
+    )
     ap.add_argument("--cpu-blocks", type=int, default=10, help="client CPU per call: blocks of 100 calls per client")
     ap.add_argument("--results", default=str(ROOT / "docs" / "results"))
     ap.add_argument("--render", metavar="JSON", help="only re-render the Markdown of a saved result")
@@ -484,25 +595,41 @@ def main() -> int:
     dev = device()
     book = [bookkeeping(20000, str(tmp / f"book{i}")) for i in range(3)]
     for b in book:
-        print(f"bookkeeping: bare {b['bare_us']:.1f} us, pathprobe {b['pathprobe_us']:.1f} us, "
-              f"added {b['added_us']:.1f} us per request", flush=True)
+        print(
+            f"bookkeeping: bare {b['bare_us']:.1f} us, pathprobe {b['pathprobe_us']:.1f} us, "
+            f"added {b['added_us']:.1f} us per request",
+            flush=True,
+        )
     srv = Upstream(tmp, args.upstream)
     results: dict[str, dict[str, list[dict]]] = {}
     try:
-        percall = [{**client_cpu(srv.grpc_target, args.cpu_blocks, 100, str(tmp / f"cpu{i}")),
-                    **http_client_cpu(srv.http_url, args.cpu_blocks, 100, str(tmp / f"hcpu{i}"))} for i in range(3)]
+        percall = [
+            {
+                **client_cpu(srv.grpc_target, args.cpu_blocks, 100, str(tmp / f"cpu{i}")),
+                **http_client_cpu(srv.http_url, args.cpu_blocks, 100, str(tmp / f"hcpu{i}")),
+            }
+            for i in range(3)
+        ]
         for name in percall[0]:
-            print(f"client CPU per call, {name:22}: " + ", ".join(f"{p[name]['cpu_us_per_call']:.0f}" for p in percall)
-                  + " us", flush=True)
+            print(
+                f"client CPU per call, {name:22}: "
+                + ", ".join(f"{p[name]['cpu_us_per_call']:.0f}" for p in percall)
+                + " us",
+                flush=True,
+            )
         protos = [p for p in args.protocols.split(",") if p]
-        classes = {"grpc": (BareGrpcUser, PPGrpcUser, f"grpc://{srv.grpc_target}"),
-                   "http": (BareHttpUser, PPHttpUser, srv.http_url)}
+        classes = {
+            "grpc": (BareGrpcUser, PPGrpcUser, f"grpc://{srv.grpc_target}"),
+            "http": (BareHttpUser, PPHttpUser, srv.http_url),
+        }
         for proto in protos:
             bare, pp, host = classes[proto]
             variants = [("bare", bare, None, "h2"), ("pathprobe", pp, None, "h2")]
             if proto == "grpc":
-                variants[1:1] = [("bare+trailers", BareGrpcTrailersUser, None, "h2"),
-                                 ("bare-h2", BareH2GrpcUser, None, "h2")]
+                variants[1:1] = [
+                    ("bare+trailers", BareGrpcTrailersUser, None, "h2"),
+                    ("bare-h2", BareH2GrpcUser, None, "h2"),
+                ]
                 variants.append(("pathprobe-grpcio", pp, None, "grpcio"))
             else:
                 variants.insert(1, ("bare-raw", BareRawHttpUser, None, "h2"))
@@ -512,25 +639,44 @@ def main() -> int:
             for r in range(args.rounds):
                 order = variants if r % 2 == 0 else list(reversed(variants))
                 for name, cls, traces, client in order:
-                    res = run_round(cls, host, args.users, args.seconds, str(tmp / f"out-{proto}-{name}-{r}"), traces,
-                                    client)
+                    res = run_round(
+                        cls, host, args.users, args.seconds, str(tmp / f"out-{proto}-{name}-{r}"), traces, client
+                    )
                     results[proto][name].append(res)
-                    print(f"{proto:5} round {r} {name:16} {res['rps']:8.1f} req/s  "
-                          f"{res['cpu_us_per_req']:7.1f} us CPU/req  failures {res['failures']}", flush=True)
+                    print(
+                        f"{proto:5} round {r} {name:16} {res['rps']:8.1f} req/s  "
+                        f"{res['cpu_us_per_req']:7.1f} us CPU/req  failures {res['failures']}",
+                        flush=True,
+                    )
     finally:
         srv.stop()
 
     summary = summarize(results)
 
     today = dt.date.today().isoformat()
-    doc = {"date": today, "device": dev, "versions": versions(),
-           "bookkeeping": {"runs": book, "added_us_median": statistics.median(b["added_us"] for b in book),
-                           "pathprobe_us_median": statistics.median(b["pathprobe_us"] for b in book),
-                           "bare_us_median": statistics.median(b["bare_us"] for b in book)},
-           "client_cpu_per_call": percall,
-           "config": {"rounds": args.rounds, "cpu_blocks": args.cpu_blocks, "seconds": args.seconds, "users": args.users,
-                      "max_tokens": MAX_TOKENS, "server": srv.describe, "placement": srv.placement},
-           "summary": summary, "rounds": results}
+    doc = {
+        "date": today,
+        "device": dev,
+        "versions": versions(),
+        "bookkeeping": {
+            "runs": book,
+            "added_us_median": statistics.median(b["added_us"] for b in book),
+            "pathprobe_us_median": statistics.median(b["pathprobe_us"] for b in book),
+            "bare_us_median": statistics.median(b["bare_us"] for b in book),
+        },
+        "client_cpu_per_call": percall,
+        "config": {
+            "rounds": args.rounds,
+            "cpu_blocks": args.cpu_blocks,
+            "seconds": args.seconds,
+            "users": args.users,
+            "max_tokens": MAX_TOKENS,
+            "server": srv.describe,
+            "placement": srv.placement,
+        },
+        "summary": summary,
+        "rounds": results,
+    }
     os.makedirs(args.results, exist_ok=True)
     jpath = Path(args.results) / f"{today}-loadgen.json"
     jpath.write_text(json.dumps(doc, indent=2))
@@ -552,12 +698,14 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> dict[str, dict]:
             med[name] = {
                 "paired_rps_ratio_vs_raw": statistics.median(x["rps"] / b["rps"] for x, b in zip(runs, raw)),
                 "paired_added_cpu_us_vs_raw": statistics.median(
-                    x["cpu_us_per_req"] - b["cpu_us_per_req"] for x, b in zip(runs, raw)),
+                    x["cpu_us_per_req"] - b["cpu_us_per_req"] for x, b in zip(runs, raw)
+                ),
                 "rps": statistics.median(x["rps"] for x in runs),
                 "cpu_us_per_req": statistics.median(x["cpu_us_per_req"] for x in runs),
                 "paired_rps_ratio": statistics.median(x["rps"] / b["rps"] for x, b in zip(runs, bare)),
                 "paired_added_cpu_us": statistics.median(
-                    x["cpu_us_per_req"] - b["cpu_us_per_req"] for x, b in zip(runs, bare)),
+                    x["cpu_us_per_req"] - b["cpu_us_per_req"] for x, b in zip(runs, bare)
+                ),
             }
         summary[proto] = med
     return summary
@@ -585,24 +733,35 @@ def render_md(doc: dict) -> str:
     summary = summarize(doc["rounds"])
     for proto, med in summary.items():
         for name, m in med.items():
-            lines.append(f"| {proto} | {name} | {m['rps']:.0f} | {m['paired_rps_ratio']:.3f} | "
-                         f"{m['cpu_us_per_req']:.0f} | {m['paired_added_cpu_us']:+.0f} | "
-                         f"{m['paired_rps_ratio_vs_raw']:.3f} | {m['paired_added_cpu_us_vs_raw']:+.0f} |")
+            lines.append(
+                f"| {proto} | {name} | {m['rps']:.0f} | {m['paired_rps_ratio']:.3f} | "
+                f"{m['cpu_us_per_req']:.0f} | {m['paired_added_cpu_us']:+.0f} | "
+                f"{m['paired_rps_ratio_vs_raw']:.3f} | {m['paired_added_cpu_us_vs_raw']:+.0f} |"
+            )
     if doc.get("client_cpu_per_call"):
         runs = doc["client_cpu_per_call"]
-        lines += ["", "Client CPU per call, one call at a time against the same server, clients interleaved in "
-                  f"blocks of 100 calls ({doc['config'].get('cpu_blocks', 10)} blocks each, 3 runs: median, and "
-                  "the range over runs):", "",
-                  "| client | CPU µs/call | range | added vs bare Locust user (grpcio / FastHttpUser) | wall µs/call |",
-                  "|---|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "Client CPU per call, one call at a time against the same server, clients interleaved in "
+            f"blocks of 100 calls ({doc['config'].get('cpu_blocks', 10)} blocks each, 3 runs: median, and "
+            "the range over runs):",
+            "",
+            "| client | CPU µs/call | range | added vs bare Locust user (grpcio / FastHttpUser) | wall µs/call |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for name in runs[0]:
-            base_name = "bare grpcio" if name in ("bare grpcio", "bare grpcio+trailers", "bare h2", "pathprobe h2",
-                                                  "pathprobe grpcio") else "bare FastHttpUser"
+            base_name = (
+                "bare grpcio"
+                if name in ("bare grpcio", "bare grpcio+trailers", "bare h2", "pathprobe h2", "pathprobe grpcio")
+                else "bare FastHttpUser"
+            )
             base = statistics.median(r[base_name]["cpu_us_per_call"] for r in runs)
             v = [r[name]["cpu_us_per_call"] for r in runs]
             w = statistics.median(r[name]["wall_us_per_call"] for r in runs)
-            lines.append(f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}–{max(v):.0f} | "
-                         f"{statistics.median(v) - base:+.0f} | {w:.0f} |")
+            lines.append(
+                f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}–{max(v):.0f} | "
+                f"{statistics.median(v) - base:+.0f} | {w:.0f} |"
+            )
     bk = doc["bookkeeping"]
     lines += [
         "",
@@ -621,21 +780,27 @@ def render_md(doc: dict) -> str:
         v = [r[name]["cpu_us_per_call"] for r in runs if name in r]
         return statistics.median(v) if v else None
 
-    for proto, ref, mine, raw in (("grpc", "bare grpcio", "pathprobe h2", "bare h2"),
-                                  ("http", "bare FastHttpUser", "pathprobe http", "bare geventhttpclient")):
+    for proto, ref, mine, raw in (
+        ("grpc", "bare grpcio", "pathprobe h2", "bare h2"),
+        ("http", "bare FastHttpUser", "pathprobe http", "bare geventhttpclient"),
+    ):
         if proto in summary:
             m = summary[proto]["pathprobe"]
-            lines.append(f"- {proto}, Locust rounds (16 users, paired with the bare run of the same round): "
-                         f"{(m['paired_rps_ratio'] - 1) * 100:+.1f} % req/s, {m['paired_added_cpu_us']:+.0f} µs "
-                         f"CPU/req vs bare; vs the same transport without accounting "
-                         f"{(m['paired_rps_ratio_vs_raw'] - 1) * 100:+.1f} % req/s, "
-                         f"{m['paired_added_cpu_us_vs_raw']:+.0f} µs CPU/req.")
+            lines.append(
+                f"- {proto}, Locust rounds (16 users, paired with the bare run of the same round): "
+                f"{(m['paired_rps_ratio'] - 1) * 100:+.1f} % req/s, {m['paired_added_cpu_us']:+.0f} µs "
+                f"CPU/req vs bare; vs the same transport without accounting "
+                f"{(m['paired_rps_ratio_vs_raw'] - 1) * 100:+.1f} % req/s, "
+                f"{m['paired_added_cpu_us_vs_raw']:+.0f} µs CPU/req."
+            )
         c_ref, c_mine, c_raw = med_cpu(ref), med_cpu(mine), med_cpu(raw)
         if c_ref and c_mine and c_raw:
-            lines.append(f"- {proto}, client CPU per call (interleaved, no Locust scheduling): {mine} "
-                         f"{c_mine - c_ref:+.0f} µs vs {ref} ({'within' if c_mine - c_ref <= 50 else 'NOT within'} "
-                         f"the 50 µs goal; as a CPU-bound ceiling {c_ref / c_mine:.2f}× its req/s); pathprobe's own "
-                         f"accounting over the same transport {c_mine - c_raw:+.0f} µs.")
+            lines.append(
+                f"- {proto}, client CPU per call (interleaved, no Locust scheduling): {mine} "
+                f"{c_mine - c_ref:+.0f} µs vs {ref} ({'within' if c_mine - c_ref <= 50 else 'NOT within'} "
+                f"the 50 µs goal; as a CPU-bound ceiling {c_ref / c_mine:.2f}× its req/s); pathprobe's own "
+                f"accounting over the same transport {c_mine - c_raw:+.0f} µs."
+            )
     lines.append(f"- bookkeeping alone: {bk['added_us_median']:+.1f} µs per request.")
     lines += [
         "",

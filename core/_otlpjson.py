@@ -61,6 +61,8 @@ def _put(d: dict[str, Any], key: str, value: Any) -> None:
 
 def _span(s: ReadableSpan) -> dict[str, Any]:
     ctx = s.get_span_context()
+    if ctx is None:  # a ReadableSpan built without a context: nothing to identify it by
+        raise ValueError(f"span {s.name!r} has no span context")
     out: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
     if ctx.trace_state:
         out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())

@@ -25,6 +25,17 @@ VERBS = {
     "make-model": "pathprobe.server.models",
 }
 
+#: verb -> the extra that installs what it needs (``pip install 'pathprobe[EXTRA]'``)
+EXTRAS = {
+    "serve": "server",
+    "make-model": "server",
+    "gateway": "gateway",
+    "load": "loadgen",
+    "compare": "all",
+    "analyze": "analysis",
+    "netem": "gateway",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pathprobe", description=__doc__.splitlines()[0])
@@ -45,6 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except PathprobeError as exc:
         print(f"pathprobe {args.verb}: error: {exc.message}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # a component installed without its extra
+        if not exc.name or exc.name.split(".")[0] == "pathprobe":
+            raise
+        extra = EXTRAS.get(args.verb, "all")
+        print(
+            f"pathprobe {args.verb}: error: needs {exc.name.split('.')[0]}, which this install lacks: "
+            f"pip install 'pathprobe[{extra}]'",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

@@ -68,7 +68,7 @@ def fragment(flags: int, payload: bytes) -> tuple[bytes, bytes]:
         start = 1
     prio = b""
     if flags & F_PRIORITY:
-        prio = payload[start:start + 5]
+        prio = payload[start : start + 5]
         start += 5
     if start > end:
         raise FrameError("HEADERS: padding or priority longer than the frame")
@@ -85,8 +85,13 @@ def frames(buf: bytearray, pos: int = 0) -> Iterator[tuple[int, int, int, int, i
         end = pos + 9 + ((buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2])
         if end > n:
             return
-        yield pos, end, buf[pos + 3], buf[pos + 4], \
-            ((buf[pos + 5] & 0x7F) << 24) | (buf[pos + 6] << 16) | (buf[pos + 7] << 8) | buf[pos + 8]
+        yield (
+            pos,
+            end,
+            buf[pos + 3],
+            buf[pos + 4],
+            ((buf[pos + 5] & 0x7F) << 24) | (buf[pos + 6] << 16) | (buf[pos + 7] << 8) | buf[pos + 8],
+        )
         pos = end
 
 
@@ -202,5 +207,3 @@ def _skip_string(block: bytes, i: int) -> int:
 PATH = frozenset((b":path",))
 STATUS = frozenset((b"grpc-status",))
 NOTHING: frozenset[bytes] = frozenset()
-
-

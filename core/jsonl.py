@@ -10,8 +10,11 @@ from typing import Any
 from pathprobe.errors import PathprobeError
 
 
-def read(path: str | os.PathLike[str], what: str, error: type[PathprobeError] = PathprobeError,
-         ) -> Iterator[tuple[int, Any]]:
+def read(
+    path: str | os.PathLike[str],
+    what: str,
+    error: type[PathprobeError] = PathprobeError,
+) -> Iterator[tuple[int, Any]]:
     """``(line number, value)`` for every non-blank line; ``what`` prefixes each error."""
     try:
         fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below, after a clear error

@@ -202,20 +202,38 @@ def split(
     """
     full = with_report(chain, report)
     if report is None or report.has_total or any(h.kind == SERVER_KIND for h in full.hops):
-        return segments.split(e2e_ms, full, client_encode_ms, client_decode_ms, network_estimate_ms=network_estimate_ms,
-                              client_wait_ms=client_wait_ms)
-    silent = segments.split(e2e_ms, full, client_encode_ms, client_decode_ms,  # the whole link unsplit
-                            client_wait_ms=client_wait_ms)
+        return segments.split(
+            e2e_ms,
+            full,
+            client_encode_ms,
+            client_decode_ms,
+            network_estimate_ms=network_estimate_ms,
+            client_wait_ms=client_wait_ms,
+        )
+    silent = segments.split(
+        e2e_ms,
+        full,
+        client_encode_ms,
+        client_decode_ms,  # the whole link unsplit
+        client_wait_ms=client_wait_ms,
+    )
     queue = report.entries.get("srv.queue", 0.0)
     inference = report.known_ms - queue
     room = silent.unsplit - queue - inference
     if room < -1e-6:  # the report claims more than the client saw the server take: not booked
-        return segments.split(e2e_ms, full, client_encode_ms, client_decode_ms, network_estimate_ms=network_estimate_ms,
-                              client_wait_ms=client_wait_ms)
+        return segments.split(
+            e2e_ms,
+            full,
+            client_encode_ms,
+            client_decode_ms,
+            network_estimate_ms=network_estimate_ms,
+            client_wait_ms=client_wait_ms,
+        )
     # what the server measured is booked first; the network estimate fits in what is left
     est = None if network_estimate_ms is None else min(network_estimate_ms, max(room, 0.0))
-    s = segments.split(e2e_ms, full, client_encode_ms, client_decode_ms, network_estimate_ms=est,
-                       client_wait_ms=client_wait_ms)
+    s = segments.split(
+        e2e_ms, full, client_encode_ms, client_decode_ms, network_estimate_ms=est, client_wait_ms=client_wait_ms
+    )
     return replace(
         s, queueing=s.queueing + queue, inference=s.inference + inference, unsplit=s.unsplit - queue - inference
     )

@@ -22,7 +22,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, SpanKind, Tracer
-
 from pathprobe import environment
 
 #: env var naming an OTLP JSON lines file to write spans to (ours; the OTLP
@@ -114,6 +113,7 @@ def setup_tracing(
     ``deferred``: spans are exported only when the caller drains the provider's
     :class:`DeferredSpanProcessor` s (``deferred_processors(provider)``), not by a thread.
     """
+
     def processor(exporter: SpanExporter) -> SpanProcessor:
         if deferred:
             return DeferredSpanProcessor(exporter)

@@ -23,8 +23,9 @@ class Schedule:
     (Poisson, by time change), so both modes share one inversion.
     """
 
-    def __init__(self, rate: float, kind: str = "constant", ramp_s: float = 0.0, seed: int = 0,
-                 start_ns: int | None = None) -> None:
+    def __init__(
+        self, rate: float, kind: str = "constant", ramp_s: float = 0.0, seed: int = 0, start_ns: int | None = None
+    ) -> None:
         if rate <= 0:
             raise ValueError("rate must be > 0")
         if kind not in ("constant", "poisson"):

@@ -54,7 +54,7 @@ def _opt_value(args: Sequence[str], *names: str) -> str | None:
                 val = a.split("=", 1)[1]
                 break
             if not n.startswith("--") and a.startswith(n) and len(a) > len(n) and not a.startswith("--"):
-                val = a[len(n):]
+                val = a[len(n) :]
                 break
         i += 1
     return val
@@ -100,12 +100,14 @@ def validate(args: Sequence[str]) -> None:
     if host:
         kind, _ = parse_host(host)
         if kind == "openai-sdk" and not _installed("openai"):
-            raise ConfigError(f"host: {host} goes through the official openai SDK, which is not installed "
-                              "(pip install openai, or 'pathprobe[loadgen]'); openai+http:// needs no SDK")
-    elif (("--headless" in args or "--autostart" in args)
-          and _opt_value(args, "-f", "--locustfile", "--config") is None):
-        raise ConfigError("host: give the target with -H/--host: grpc://HOST:PORT, http://HOST:PORT "
-                          "or openai+http://HOST:PORT")
+            raise ConfigError(
+                f"host: {host} goes through the official openai SDK, which is not installed "
+                "(pip install openai, or 'pathprobe[loadgen]'); openai+http:// needs no SDK"
+            )
+    elif ("--headless" in args or "--autostart" in args) and _opt_value(args, "-f", "--locustfile", "--config") is None:
+        raise ConfigError(
+            "host: give the target with -H/--host: grpc://HOST:PORT, http://HOST:PORT or openai+http://HOST:PORT"
+        )
     arrival = _opt_value(args, "--arrival") or "closed"
     if arrival not in ("closed", "constant", "poisson"):
         raise ConfigError(f"arrival: expected closed, constant or poisson, got {arrival!r}")
@@ -137,9 +139,14 @@ def _check_tokenizer(spec: str | None) -> None:
     from pathprobe.server import models
 
     if spec.startswith("preset:"):
-        if spec.split(":", 1)[1] not in models.PRESETS:
-            raise ConfigError(f"tokenizer: unknown preset {spec!r}; known: "
-                              + ", ".join(f"preset:{n}" for n in sorted(models.PRESETS)))
+        name = spec.split(":", 1)[1]
+        try:
+            built = (models.preset_dir(name) / "tokenizer.json").is_file()
+        except ConfigError as exc:
+            raise ConfigError(f"tokenizer: {exc.message}") from None
+        if not built and not _installed("transformers"):
+            raise ConfigError(f"tokenizer: building {spec}'s tokenizer needs transformers "
+                              "(pip install 'pathprobe[server]'), or use --tokenizer tiny or none")
         return
     if not os.path.isdir(spec):
         raise ConfigError(f"tokenizer: {spec!r} is not tiny, none, preset:NAME or an existing model folder")
@@ -179,6 +186,8 @@ def run(ns: argparse.Namespace) -> int:
     args = list(ns.locust_args or [])
     if args and args[0] == "--":
         args = args[1:]
+    if not _installed("locust"):
+        raise ModuleNotFoundError("No module named 'locust'", name="locust")  # named by the CLI, with its extra
     if any(a in ("-h", "--help") for a in args):
         rc = _run_child(locust_command(args))
         print_pathprobe_help()
@@ -199,9 +208,13 @@ class _HelpParser(argparse.ArgumentParser):
 def print_pathprobe_help() -> None:
     from pathprobe.loadgen.plugin import add_arguments
 
-    p = _HelpParser(prog="pathprobe load", add_help=False, usage=argparse.SUPPRESS,
-                    description="pathprobe options (with Locust's options above; host: grpc://HOST:PORT, "
-                                "http://HOST:PORT, openai+http://HOST:PORT or ollama+http://HOST:PORT):")
+    p = _HelpParser(
+        prog="pathprobe load",
+        add_help=False,
+        usage=argparse.SUPPRESS,
+        description="pathprobe options (with Locust's options above; host: grpc://HOST:PORT, "
+        "http://HOST:PORT, openai+http://HOST:PORT or ollama+http://HOST:PORT):",
+    )
     add_arguments(p)
     print()
     p.print_help()
@@ -255,6 +268,8 @@ def format_sweep(levels: Sequence[int], runs: dict[str, Any]) -> str:
             lines.append(f"{n:>6}  {s['error']}")
         client = s.get("client") or {}
         if client.get("saturated"):
-            lines.append(f"{n:>6}  WARNING: client saturated at {n} users ({client.get('reason')}): network hop 1 "
-                         "includes client-side waiting; use --processes N or more workers")
+            lines.append(
+                f"{n:>6}  WARNING: client saturated at {n} users ({client.get('reason')}): network hop 1 "
+                "includes client-side waiting; use --processes N or more workers"
+            )
     return "\n".join(lines)

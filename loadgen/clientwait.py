@@ -113,4 +113,3 @@ class WaitTracker:
                     w.last_wait_ns = 0
         if self._prev is not None:
             self._prev(event, args)
-

@@ -50,9 +50,25 @@ from pathprobe.h2frames import (
     literal,
 )
 
-STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-                "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
+STATUS_NAMES = (
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+)
 #: gRPC's HTTP-to-gRPC status mapping, for answers without ``grpc-status``
 HTTP_TO_GRPC = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14}
 #: RST_STREAM error code -> gRPC status (gRPC's PROTOCOL-HTTP2 mapping); others INTERNAL
@@ -89,10 +105,15 @@ class Channel:
     def _connect(self, timeout: float) -> socket.socket:
         sock = socket.create_connection((self.host, self.port), timeout=max(timeout, 0.001))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        settings = b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big")
-                            for k, v in ((S_ENABLE_PUSH, 0), (S_INITIAL_WINDOW_SIZE, BIG_WINDOW)))
-        sock.sendall(PREFACE + frame(SETTINGS, 0, 0, settings)
-                     + frame(WINDOW_UPDATE, 0, 0, (BIG_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
+        settings = b"".join(
+            k.to_bytes(2, "big") + v.to_bytes(4, "big")
+            for k, v in ((S_ENABLE_PUSH, 0), (S_INITIAL_WINDOW_SIZE, BIG_WINDOW))
+        )
+        sock.sendall(
+            PREFACE
+            + frame(SETTINGS, 0, 0, settings)
+            + frame(WINDOW_UPDATE, 0, 0, (BIG_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
+        )
         self.sock = sock
         self.buf = bytearray()
         self.reader = BlockReader()
@@ -116,15 +137,26 @@ class Channel:
         b = self._blocks.get(path)
         if b is None:
             # :method POST and :scheme http are static-table entries 3 and 6
-            b = self._blocks[path] = (b"\x83\x86" + literal(b":path", path) + literal(b":authority", self.authority)
-                                      + literal(b"content-type", b"application/grpc") + literal(b"te", b"trailers")
-                                      + literal(b"grpc-accept-encoding", b"identity")
-                                      + literal(b"user-agent", self.user_agent))
+            b = self._blocks[path] = (
+                b"\x83\x86"
+                + literal(b":path", path)
+                + literal(b":authority", self.authority)
+                + literal(b"content-type", b"application/grpc")
+                + literal(b"te", b"trailers")
+                + literal(b"grpc-accept-encoding", b"identity")
+                + literal(b"user-agent", self.user_agent)
+            )
         return b
 
     # ------------------------------------------------------------------ one call
-    def call(self, path: str, message: bytes, timeout_s: float, metadata: Sequence[tuple[str, str]] | None,
-             on_message: Callable[[bytes, int], None]) -> CallResult:
+    def call(
+        self,
+        path: str,
+        message: bytes,
+        timeout_s: float,
+        metadata: Sequence[tuple[str, str]] | None,
+        on_message: Callable[[bytes, int], None],
+    ) -> CallResult:
         """Send one request message; ``on_message(bytes, arrival perf_counter_ns)`` per response message."""
         deadline = time.monotonic() + timeout_s
         try:
@@ -171,7 +203,7 @@ class Channel:
                     return
                 continue
             last = pos + n >= len(body)
-            sock.sendall(frame(DATA, END_STREAM if last else 0, sid, body[pos:pos + n]))
+            sock.sendall(frame(DATA, END_STREAM if last else 0, sid, body[pos : pos + n]))
             self.peer_window -= n
             call.send_window -= n
             pos += n
@@ -203,14 +235,14 @@ class Channel:
                 length = end - start - 9
                 self.recv_unacked += length
                 if fsid == call.sid:
-                    body = bytes(buf[start + 9:end])
+                    body = bytes(buf[start + 9 : end])
                     if flags & PADDED:
-                        body = body[1:len(body) - body[0]]
+                        body = body[1 : len(body) - body[0]]
                     call.data(body, t)
                     if flags & END_STREAM and call.result is None:
                         call.result = CallResult(13, "the server ended the stream without trailers")
             elif ftype in (HEADERS, CONTINUATION):
-                payload = bytes(buf[start + 9:end])
+                payload = bytes(buf[start + 9 : end])
                 if ftype == HEADERS:
                     call.hdr = (fsid, flags, bytearray(fragment(flags, payload)[1]))
                 elif call.hdr is not None:
@@ -223,22 +255,22 @@ class Channel:
                         call.headers(pairs, bool(hflags & END_STREAM))
             elif ftype == SETTINGS:
                 if not flags & 1:
-                    self._settings(bytes(buf[start + 9:end]), call)
+                    self._settings(bytes(buf[start + 9 : end]), call)
                     out.append(frame(SETTINGS, 1, 0, b""))
             elif ftype == PING:
                 if not flags & 1:
-                    out.append(frame(PING, 1, 0, bytes(buf[start + 9:end])))
+                    out.append(frame(PING, 1, 0, bytes(buf[start + 9 : end])))
             elif ftype == WINDOW_UPDATE:
-                inc = int.from_bytes(buf[start + 9:start + 13], "big") & 0x7FFFFFFF
+                inc = int.from_bytes(buf[start + 9 : start + 13], "big") & 0x7FFFFFFF
                 if fsid == 0:
                     self.peer_window += inc
                 elif fsid == call.sid:
                     call.send_window += inc
             elif ftype == RST_STREAM and fsid == call.sid and call.result is None:
-                code = int.from_bytes(buf[start + 9:start + 13], "big")
+                code = int.from_bytes(buf[start + 9 : start + 13], "big")
                 call.result = CallResult(RST_TO_GRPC.get(code, 13), f"Received RST_STREAM with error code {code}")
             elif ftype == GOAWAY:
-                self.goaway_sid = int.from_bytes(buf[start + 9:start + 13], "big") & 0x7FFFFFFF
+                self.goaway_sid = int.from_bytes(buf[start + 9 : start + 13], "big") & 0x7FFFFFFF
                 if call.sid > self.goaway_sid and call.result is None:
                     call.result = CallResult(14, "the server sent GOAWAY before this call")
         del buf[:end]
@@ -250,7 +282,7 @@ class Channel:
 
     def _settings(self, payload: bytes, call: _Call) -> None:
         for i in range(0, len(payload) - 5, 6):
-            key, value = int.from_bytes(payload[i:i + 2], "big"), int.from_bytes(payload[i + 2:i + 6], "big")
+            key, value = int.from_bytes(payload[i : i + 2], "big"), int.from_bytes(payload[i + 2 : i + 6], "big")
             if key == S_INITIAL_WINDOW_SIZE:
                 call.send_window += value - self.peer_initial
                 self.peer_initial = value
@@ -275,13 +307,13 @@ class _Call:
         buf = self.msgbuf + payload if self.msgbuf else payload
         pos, n = 0, len(buf)
         while n - pos >= 5:
-            size = int.from_bytes(buf[pos + 1:pos + 5], "big")
+            size = int.from_bytes(buf[pos + 1 : pos + 5], "big")
             if n - pos - 5 < size:
                 break
             if buf[pos]:
                 self.result = CallResult(13, "compressed message received; this client asks for identity")
                 return
-            self.on_message(buf[pos + 5:pos + 5 + size], t)
+            self.on_message(buf[pos + 5 : pos + 5 + size], t)
             pos += 5 + size
         self.msgbuf = buf[pos:]
 

@@ -77,7 +77,7 @@ def record_many(h: HdrHistogram, values_ms: Sequence[float] | np.ndarray) -> Non
     uniq, counts = np.unique(idx, return_counts=True)
     view = _counts_view(h)
     view[uniq] += counts.astype(view.dtype)
-    h.total_count += int(len(us))
+    h.total_count += len(us)
     h.min_value = min(h.min_value, int(us.min()))
     h.max_value = max(h.max_value, int(us.max()))
 
@@ -112,7 +112,7 @@ def percentiles(h: HdrHistogram, pcts: Sequence[float]) -> dict[float, int]:
     return out
 
 
-def stats(h: HdrHistogram, total_ms: float | None = None) -> dict[str, float | int]:
+def stats(h: HdrHistogram, total_ms: float | None = None) -> dict[str, float | int | None]:
     """count/min/mean/p50/p90/p95/p99/p999/max in ms (µs precision).
 
     ``total_ms``: the exact sum of the recorded values, for the mean (HdrHistogram's own
@@ -122,7 +122,7 @@ def stats(h: HdrHistogram, total_ms: float | None = None) -> dict[str, float | i
     if n == 0:
         return {"count": 0}
     pct = percentiles(h, PERCENTILES)
-    out: dict[str, float | int] = {
+    out: dict[str, float | int | None] = {
         "count": n,
         "min": h.get_min_value() / 1000.0,
         "mean": round(total_ms / n, 4) if total_ms is not None else None,

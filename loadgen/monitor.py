@@ -22,7 +22,8 @@ wait lands in the request's e2e and, since no hop reports it, in **network hop 1
 **Saturated** (``client.saturated`` in summary.json, with ``reason``) when the loop thread's
 mean CPU is >= 90 % of one core (nothing left to absorb bursts; lag grows with load), or
 the whole process's is (gRPC's own threads deliver stream messages and need the same GIL:
-a message can wait there without the loop timer seeing it), or the busy lag p99 is >= ``--client-lag-threshold-ms`` (default 5 ms: an idle loop wakes
+a message can wait there without the loop timer seeing it), or the busy lag p99 is >=
+``--client-lag-threshold-ms`` (default 5 ms: an idle loop wakes
 0.1-1 ms late (epoll's millisecond timeout), and on loopback the whole network segment is
 1-10 ms, so 5 ms of the client's own waiting at p99 is as large as what is being measured).
 **Contended** (``client.contended``, a note, not saturation) when the total lag p99 is over
@@ -46,10 +47,11 @@ INTERVAL_S = 0.005
 CPU_WINDOW_S = 1.0
 CPU_SATURATED_PCT = 90.0
 DEFAULT_LAG_THRESHOLD_MS = 5.0
-WARNING_TEXT = ("client saturated: network hop 1 includes client-side waiting; "
-                "use --processes N or more workers")
-CONTENDED_TEXT = ("client contended: its event loop waited for a CPU (other processes on this machine); "
-                  "network hop 1 includes that waiting")
+WARNING_TEXT = "client saturated: network hop 1 includes client-side waiting; use --processes N or more workers"
+CONTENDED_TEXT = (
+    "client contended: its event loop waited for a CPU (other processes on this machine); "
+    "network hop 1 includes that waiting"
+)
 
 
 class LoopMonitor:
@@ -154,8 +156,13 @@ def _lag_stats(encoded: list[str], total_ms: float) -> dict[str, Any]:
     if not n:
         return {"p50": None, "p99": None, "max": None, "mean": None, "samples": 0}
     pct = hist.percentiles(h, (50.0, 99.0))
-    return {"p50": pct[50.0] / 1000.0, "p99": pct[99.0] / 1000.0, "max": h.get_max_value() / 1000.0,
-            "mean": round(total_ms / n, 4), "samples": n}
+    return {
+        "p50": pct[50.0] / 1000.0,
+        "p99": pct[99.0] / 1000.0,
+        "max": h.get_max_value() / 1000.0,
+        "mean": round(total_ms / n, 4),
+        "samples": n,
+    }
 
 
 def _judge(block: dict[str, Any], lag_threshold_ms: float) -> None:
@@ -164,23 +171,32 @@ def _judge(block: dict[str, Any], lag_threshold_ms: float) -> None:
     if cpu["mean"] is not None and cpu["mean"] >= CPU_SATURATED_PCT:
         reasons.append(f"event-loop CPU {cpu['mean']:.0f}% of one core (mean; >= {CPU_SATURATED_PCT:.0f}%)")
     elif cpu.get("process_mean") is not None and cpu["process_mean"] >= CPU_SATURATED_PCT:
-        reasons.append(f"process CPU {cpu['process_mean']:.0f}% of one core (mean, gRPC's threads included; "
-                       f">= {CPU_SATURATED_PCT:.0f}%: Python work in every thread shares one GIL)")
+        reasons.append(
+            f"process CPU {cpu['process_mean']:.0f}% of one core (mean, gRPC's threads included; "
+            f">= {CPU_SATURATED_PCT:.0f}%: Python work in every thread shares one GIL)"
+        )
     if busy["p99"] is not None and busy["p99"] >= lag_threshold_ms:
-        reasons.append(f"event-loop lag p99 {lag['p99']:.1f} ms, {busy['p99']:.1f} ms of it with the loop busy "
-                       f"(>= {lag_threshold_ms:g} ms)")
+        reasons.append(
+            f"event-loop lag p99 {lag['p99']:.1f} ms, {busy['p99']:.1f} ms of it with the loop busy "
+            f"(>= {lag_threshold_ms:g} ms)"
+        )
     block["saturated"] = bool(reasons)
     block["reason"] = "; ".join(reasons) if reasons else None
-    contended = (not reasons and lag["p99"] is not None and lag["p99"] >= lag_threshold_ms)
+    contended = not reasons and lag["p99"] is not None and lag["p99"] >= lag_threshold_ms
     block["contended"] = contended
-    block["contended_reason"] = (f"event-loop lag p99 {lag['p99']:.1f} ms while the loop itself was mostly idle "
-                                 f"(busy lag p99 {busy['p99']:.1f} ms)" if contended else None)
+    block["contended_reason"] = (
+        f"event-loop lag p99 {lag['p99']:.1f} ms while the loop itself was mostly idle "
+        f"(busy lag p99 {busy['p99']:.1f} ms)"
+        if contended
+        else None
+    )
     block["lag_threshold_ms"] = lag_threshold_ms
     block["cpu_threshold_percent"] = CPU_SATURATED_PCT
 
 
-def block_from_wire(wire: dict[str, Any], lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS,
-                    name: str | None = None) -> dict[str, Any]:
+def block_from_wire(
+    wire: dict[str, Any], lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS, name: str | None = None
+) -> dict[str, Any]:
     """One process's ``client`` block: loop lag p50/p99/max (ms), CPU mean/max (% of one core)."""
     wall = wire.get("wall_total_s") or 0.0
     win = wire.get("cpu_windows") or []
@@ -201,8 +217,9 @@ def block_from_wire(wire: dict[str, Any], lag_threshold_ms: float = DEFAULT_LAG_
     return block
 
 
-def merge_blocks(wires: dict[str, dict[str, Any]], lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
-                 ) -> dict[str, Any] | None:
+def merge_blocks(
+    wires: dict[str, dict[str, Any]], lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
+) -> dict[str, Any] | None:
     """The run's ``client`` block from every load process's wire data.
 
     Loop lag: the processes' histograms merged exactly (p99 over every sample of every
@@ -227,11 +244,15 @@ def merge_blocks(wires: dict[str, dict[str, Any]], lag_threshold_ms: float = DEF
 
     merged: dict[str, Any] = {
         "loop_lag_ms": _lag_stats([w.get("lag_hist", "") for w in ws], sum(w.get("lag_sum_ms", 0.0) for w in ws)),
-        "loop_busy_lag_ms": _lag_stats([w.get("busy_hist", "") for w in ws],
-                                       sum(w.get("busy_sum_ms", 0.0) for w in ws)),
-        "cpu_percent": {"mean": agg("mean", lambda v: sum(v) / len(v)), "max": agg("max", max),
-                        "process_mean": agg("process_mean", lambda v: sum(v) / len(v)),
-                        "process_max": agg("process_max", max)},
+        "loop_busy_lag_ms": _lag_stats(
+            [w.get("busy_hist", "") for w in ws], sum(w.get("busy_sum_ms", 0.0) for w in ws)
+        ),
+        "cpu_percent": {
+            "mean": agg("mean", lambda v: sum(v) / len(v)),
+            "max": agg("max", max),
+            "process_mean": agg("process_mean", lambda v: sum(v) / len(v)),
+            "process_max": agg("process_max", max),
+        },
     }
     _judge(merged, lag_threshold_ms)
     sat = [b for b in per.values() if b["saturated"]]
@@ -239,8 +260,9 @@ def merge_blocks(wires: dict[str, dict[str, Any]], lag_threshold_ms: float = DEF
     merged["saturated"] = bool(sat)
     merged["reason"] = "; ".join(f"worker {b['process']}: {b['reason']}" for b in sat) if sat else None
     merged["contended"] = not sat and bool(con)
-    merged["contended_reason"] = ("; ".join(f"worker {b['process']}: {b['contended_reason']}" for b in con)
-                                  if merged["contended"] else None)
+    merged["contended_reason"] = (
+        "; ".join(f"worker {b['process']}: {b['contended_reason']}" for b in con) if merged["contended"] else None
+    )
     merged["processes"] = list(per.values())
     return merged
 
@@ -252,10 +274,12 @@ def format_line(block: dict[str, Any]) -> str:
         return "-" if v is None else f"{v:.{d}f}"
 
     n = len(block.get("processes") or []) or 1
-    return (f"client ({n} load process{'es' if n > 1 else ''}): event-loop lag p50 {f(lag['p50'])} ms, "
-            f"p99 {f(lag['p99'])} ms (busy {f(busy['p99'])} ms), max {f(lag['max'])} ms; "
-            f"loop CPU mean {f(cpu['mean'], 0)}%, max {f(cpu['max'], 0)}% of one core "
-            f"(whole process {f(cpu.get('process_mean'), 0)}%)")
+    return (
+        f"client ({n} load process{'es' if n > 1 else ''}): event-loop lag p50 {f(lag['p50'])} ms, "
+        f"p99 {f(lag['p99'])} ms (busy {f(busy['p99'])} ms), max {f(lag['max'])} ms; "
+        f"loop CPU mean {f(cpu['mean'], 0)}%, max {f(cpu['max'], 0)}% of one core "
+        f"(whole process {f(cpu.get('process_mean'), 0)}%)"
+    )
 
 
 def warning_lines(block: dict[str, Any] | None) -> list[str]:

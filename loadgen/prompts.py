@@ -78,7 +78,13 @@ def load_tokenizer(spec: str) -> Tokenizer:
         return _WordTokenizer()
     from pathprobe.server import models
 
-    folder = models.resolve_tokenizer(spec)
+    try:
+        folder = models.resolve_tokenizer(spec)
+    except ModuleNotFoundError as exc:  # a preset's tokenizer is built with transformers (the server's extra)
+        raise ConfigError(
+            f"tokenizer: building {spec}'s tokenizer needs {exc.name} (pip install 'pathprobe[server]'), "
+            "or use --tokenizer tiny or none"
+        ) from None
     path = folder / "tokenizer.json"
     if path.is_file():
         from tokenizers import Tokenizer as _Tokenizer
@@ -90,8 +96,10 @@ def load_tokenizer(spec: str) -> Tokenizer:
     try:
         return _HFTokenizer(models.load_tokenizer(spec))
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"tokenizer: {folder} has no tokenizer.json, and reading its tokenizer needs "
-                          f"{exc.name} (pip install transformers), or use --tokenizer none") from exc
+        raise ConfigError(
+            f"tokenizer: {folder} has no tokenizer.json, and reading its tokenizer needs "
+            f"{exc.name} (pip install transformers), or use --tokenizer none"
+        ) from exc
 
 
 def exact_length(base: str, n: int, tok: Tokenizer) -> Prompt:
@@ -145,7 +153,7 @@ def _tokenizer_digest(spec: str) -> str | None:
 
     try:
         folder = models.resolve_tokenizer(spec)
-    except Exception:  # noqa: BLE001 - no cache then; the load below reports the real problem
+    except Exception:
         return None
     h = hashlib.sha256()
     found = False

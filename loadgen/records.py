@@ -13,10 +13,9 @@ import csv
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from hdrh.histogram import HdrHistogram
-
 from pathprobe.loadgen import hist
 
 SEGMENT_METRICS = (
@@ -49,7 +48,7 @@ STOPPED = "STOPPED"
 
 
 class RouteAgg:
-    __slots__ = ("requests", "ok", "errors_by_status", "hists", "sums", "first_ts", "last_ts", "estimated")
+    __slots__ = ("errors_by_status", "estimated", "first_ts", "hists", "last_ts", "ok", "requests", "sums")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -234,8 +233,13 @@ class Aggregator:
             for st, n in r.errors_by_status.items():
                 by[st] = by.get(st, 0) + n
         stopped = by.pop(STOPPED, 0)
-        return {"requests": req, "ok": ok, "errors": req - ok - stopped, "stopped": stopped,
-                "errors_by_status": dict(sorted(by.items()))}
+        return {
+            "requests": req,
+            "ok": ok,
+            "errors": req - ok - stopped,
+            "stopped": stopped,
+            "errors_by_status": dict(sorted(by.items())),
+        }
 
     def summary(self, meta: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -266,12 +270,12 @@ class JsonlWriter:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fh = None
+        self._fh: TextIO | None = None
 
     def open_fresh(self) -> None:
         self.close()
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._fh = open(self.path, "w", encoding="utf-8")
+        self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - held across batches, closed in close()
 
     def __call__(self, batch: list[Record]) -> None:
         if self._fh is None:
@@ -286,8 +290,9 @@ class JsonlWriter:
             self._fh = None
 
 
-def write_outputs(out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str = "summary",
-                  client: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_outputs(
+    out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str = "summary", client: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``<name>.json``, ``<name>.csv`` and (for the main summary) ``histograms.json``.
 
     ``client``: the load generator's own health (event-loop lag, CPU, saturated; see
@@ -310,8 +315,19 @@ def write_outputs(out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str
     return summary
 
 
-TABLE_METRICS = ("e2e", "network", "serialization", "queueing", "inference", "other", "unsplit", "ttft", "itl",
-                 "schedule_lag", "client_wait")
+TABLE_METRICS = (
+    "e2e",
+    "network",
+    "serialization",
+    "queueing",
+    "inference",
+    "other",
+    "unsplit",
+    "ttft",
+    "itl",
+    "schedule_lag",
+    "client_wait",
+)
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -320,8 +336,10 @@ def format_table(summary: dict[str, Any]) -> str:
     for route, rs in summary["routes"].items():
         errs = ", ".join(f"{k}={v}" for k, v in rs["errors_by_status"].items()) or "none"
         rps = f"{rs['rps']:.1f} req/s" if rs.get("rps") else "-"
-        lines.append(f"{route}: {rs['requests']} requests, {rs['ok']} ok, errors: {errs}, "
-                     f"{rs['stopped']} stopped in flight, {rps}")
+        lines.append(
+            f"{route}: {rs['requests']} requests, {rs['ok']} ok, errors: {errs}, "
+            f"{rs['stopped']} stopped in flight, {rps}"
+        )
         lines.append(f"  {'metric (ms)':<16}{'p50':>11}{'p95':>11}{'p99':>11}{'max':>11}{'count':>9}")
         for m in TABLE_METRICS:
             st = rs["metrics"].get(m)
@@ -336,10 +354,13 @@ def format_table(summary: dict[str, Any]) -> str:
                 f"  {label:<16}{st['p50']:>11.3f}{st['p95']:>11.3f}{st['p99']:>11.3f}{st['max']:>11.3f}{st['count']:>9}"
             )
     t = summary["totals"]
-    lines.append(f"total: {t['requests']} requests, {t['ok']} ok, {t['errors']} errors, "
-                 f"{t['stopped']} stopped in flight")
+    lines.append(
+        f"total: {t['requests']} requests, {t['ok']} ok, {t['errors']} errors, {t['stopped']} stopped in flight"
+    )
     if any(rs.get("network_estimated") for rs in summary["routes"].values()):
-        lines.append("network (est.): the link to a server that reports nothing holds its network and its "
-                     "work; only a measured transport round trip (TCP handshake) is booked as network, the "
-                     "rest is unsplit")
+        lines.append(
+            "network (est.): the link to a server that reports nothing holds its network and its "
+            "work; only a measured transport round trip (TCP handshake) is booked as network, the "
+            "rest is unsplit"
+        )
     return "\n".join(lines)

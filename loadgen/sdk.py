@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,7 +48,7 @@ class _Clock:
 def _timed_transport(http: Any, clock: _Clock) -> Any:
     """A transport of the SDK's HTTP library that stamps the request and body chunks."""
 
-    class TimedStream(http.SyncByteStream):  # type: ignore[misc,name-defined]
+    class TimedStream(http.SyncByteStream):
         def __init__(self, inner: Any) -> None:
             self.inner = inner
 
@@ -60,7 +60,7 @@ def _timed_transport(http: Any, clock: _Clock) -> Any:
         def close(self) -> None:
             self.inner.close()
 
-    class TimedTransport(http.HTTPTransport):  # type: ignore[misc,name-defined]
+    class TimedTransport(http.HTTPTransport):
         def handle_request(self, request: Any) -> Any:
             clock.sent = pc()
             resp = super().handle_request(request)
@@ -78,18 +78,25 @@ class OpenAISdkTarget(Target):
         import openai
         from openai import _base_client
 
-        http = _base_client.httpx2 if hasattr(_base_client, "httpx2") else _base_client.httpx  # the SDK's own
+        sdk_client: Any = _base_client  # which HTTP library it imports depends on the SDK's version
+        http = sdk_client.httpx2 if hasattr(sdk_client, "httpx2") else sdk_client.httpx  # the SDK's own
         self.address = base_url
         self.api = api
         self.clock = _Clock()
         self.http = openai.DefaultHttpxClient(transport=_timed_transport(http, self.clock), timeout=timeout_s)
-        self.client = openai.OpenAI(base_url=base_url.rstrip("/") + "/v1", http_client=self.http, max_retries=0,
-                                    api_key=os.environ.get(OPENAI_API_KEY) or "none", timeout=timeout_s)
+        self.client = openai.OpenAI(
+            base_url=base_url.rstrip("/") + "/v1",
+            http_client=self.http,
+            max_retries=0,
+            api_key=os.environ.get(OPENAI_API_KEY) or "none",
+            timeout=timeout_s,
+        )
         self._openai = openai
         self._model: str | None = None
         parts = urlsplit(base_url)  # the shortest TCP handshake: the network estimate to a silent server
-        self.connect_ms = rtt.tcp_handshake_ms(parts.hostname or "127.0.0.1",
-                                               parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES)
+        self.connect_ms = rtt.tcp_handshake_ms(
+            parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES
+        )
 
     def route(self, stream: bool) -> str:
         base = "openai-sdk.chat" if self.api == "chat" else "openai-sdk.completions"
@@ -99,7 +106,7 @@ class OpenAISdkTarget(Target):
         if self._model is None:
             try:
                 self._model = self.client.models.list().data[0].id
-            except Exception:  # noqa: BLE001 - the server will say if "default" is wrong
+            except Exception:
                 self._model = "default"
         return self._model
 
@@ -107,12 +114,18 @@ class OpenAISdkTarget(Target):
         model = spec.model or self.default_model()
         clock = self.clock
         clock.reset()
-        kwargs: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "temperature": 0.0,
-                                  "stream": spec.stream, "extra_headers": headers or None}
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "max_tokens": spec.max_tokens,
+            "temperature": 0.0,
+            "stream": spec.stream,
+            "extra_headers": headers or None,
+        }
         if spec.ignore_eos:
             kwargs["extra_body"] = {"ignore_eos": True}
         if spec.stream:
             kwargs["stream_options"] = {"include_usage": True}
+        create: Callable[..., Any]
         if self.api == "chat":
             create = self.client.chat.completions.with_raw_response.create
             kwargs["messages"] = [{"role": "user", "content": spec.prompt}]

@@ -353,6 +353,8 @@ class _HttpBase(Target):
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
         self.connect_ms: float | None = None
+        self._base_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                              **extra_headers()}
         _time_connects(self.client, self)
         # a few TCP handshakes before any request: the estimate is the shortest of several round
         # trips, not one that a busy scheduler stretched (each later pool connect can only lower it)
@@ -363,8 +365,6 @@ class _HttpBase(Target):
 
     def _saw_connect(self, ms: float) -> None:
         self.connect_ms = ms if self.connect_ms is None else min(self.connect_ms, ms)
-        self._base_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-                              **extra_headers()}
 
     def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request

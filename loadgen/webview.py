@@ -35,8 +35,11 @@ def install(environment: Any, rt: Any) -> None:
     app = web_ui.app
     web_ui.template_args["extendedTabs"] = [{"title": "Segments (pathprobe)", "key": TAB_KEY}]
     web_ui.template_args["extendedTables"] = [
-        {"key": TAB_KEY, "structure": [{"key": "route", "title": "Route"}, {"key": "pct", "title": "pct"}]
-         + [{"key": m, "title": f"{m} ms"} for m in COLUMNS]}
+        {
+            "key": TAB_KEY,
+            "structure": [{"key": "route", "title": "Route"}, {"key": "pct", "title": "pct"}]
+            + [{"key": m, "title": f"{m} ms"} for m in COLUMNS],
+        }
     ]
     web_ui.template_args["extendedCsvFiles"] = [
         {"href": "./pathprobe", "title": "pathprobe: live stacked segment view"},
@@ -55,7 +58,7 @@ def install(environment: Any, rt: Any) -> None:
                 data = response.get_json()
                 data["extendedStats"] = [{"key": TAB_KEY, "data": rows(current())}]
                 response.set_data(json.dumps(data))
-            except Exception:  # noqa: BLE001 - never break Locust's own page
+            except Exception:
                 pass
         return response
 

@@ -75,6 +75,7 @@ class _HttpFrontEnd:
                 await self._runner.setup()
                 ssl_ctx = self.tls.server_context(alpn=("http/1.1",)) if self.tls else None
                 await web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_ctx).start()
+                self.port = self._runner.addresses[0][1]  # the bound port (port 0 picks a free one)
         except OSError as exc:
             raise ConfigError(f"HTTP port ({self.kind}): cannot bind {self.host}:{self.port}: {exc.strerror}") from None
 
@@ -91,6 +92,7 @@ class _HttpFrontEnd:
         # without it each response waits ~40 ms for the client's delayed ACK (Nagle)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.port))  # bind here, so a busy port is a clear error before serving
+        self.port = sock.getsockname()[1]
         tls = self.tls
         ssl_kw: dict[str, Any] = {}
         if tls is not None:
@@ -100,8 +102,8 @@ class _HttpFrontEnd:
             if tls.ca:
                 ssl_kw.update(ssl_ca_certs=tls.ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
         cfg = uvicorn.Config(build_fastapi(self.state, self.max_body_bytes), log_level="warning", access_log=False,
-                             lifespan="off", http="httptools", loop="none", timeout_graceful_shutdown=math.ceil(self.grace_s),
-                             **ssl_kw)
+                             lifespan="off", http="httptools", loop="none",
+                             timeout_graceful_shutdown=math.ceil(self.grace_s), **ssl_kw)
         self._uvicorn = uvicorn.Server(cfg)
         self._uvicorn.install_signal_handlers = lambda: None  # serve() owns SIGINT/SIGTERM
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
@@ -162,7 +164,7 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         report_startup(startup, state, t0, ready_ms)
         scheme = ("grpcs", "https") if config.tls else ("grpc", "http")
         log.warning("pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d (%s)%s", config.engine.kind,
-                    engine.model_name, scheme[0], config.host, grpc_port, scheme[1], config.host, config.http_port,
+                    engine.model_name, scheme[0], config.host, grpc_port, scheme[1], config.host, fronts[0].port,
                     config.http_server, " (mTLS)" if config.tls and config.tls.mutual else "")
         if gpu is not None and not gpu.available:
             log.warning("GPU telemetry: %s", gpu.unavailable)

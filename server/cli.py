@@ -9,7 +9,10 @@ from pathprobe import environment
 
 #: ``--engine-option`` keys each engine reads (vLLM's are passed on to vLLM, unchecked here)
 ENGINE_OPTIONS: dict[str, frozenset[str]] = {
-    "transformers": frozenset({"threads", "static_cache", "cuda_graphs", "static_max_len"}),
+    "transformers": frozenset({
+        "threads", "static_cache", "static_max_len", "static_wait_ms", "cuda_graphs", "compile", "batching", "pad",
+        "prefill_max_len", "prefill_max_batch", "tokenizer", "experts",
+    }),
     "synthetic": frozenset(),
 }
 

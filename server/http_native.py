@@ -40,9 +40,12 @@ async def generate(request: HttpRequest) -> Reply | StreamReply:
         text, ids = await gen.collect()
         t0 = now_ms()
         resp = llm_pb2.GenerateResponse(
-            text=text, token_ids=ids, finish_reason=gen.finish_reason or "",
+            text=text,
+            token_ids=ids,
+            finish_reason=gen.finish_reason or "",
             usage=llm_pb2.Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens),
-            request_id=req.request_id, model=request.state.engine.model_name,
+            request_id=req.request_id,
+            model=request.state.engine.model_name,
         )
         body = jsoncodec.dumps(jsoncodec.to_dict(resp))
         scope.encoded(now_ms() - t0)
@@ -55,8 +58,14 @@ async def _events(scope: RequestScope, gen: Generation, req: llm_pb2.GenerateReq
     index = 0
     try:
         async for ev in gen:
-            chunk = {"text": ev.text, "token_ids": ev.token_ids, "finish_reason": ev.finish_reason or "",
-                     "request_id": req.request_id, "index": index, "emit_ms": round(now_ms() - scope.t0, 3)}
+            chunk = {
+                "text": ev.text,
+                "token_ids": ev.token_ids,
+                "finish_reason": ev.finish_reason or "",
+                "request_id": req.request_id,
+                "index": index,
+                "emit_ms": round(now_ms() - scope.t0, 3),
+            }
             index += len(ev.token_ids)
             if ev.finish_reason:
                 chunk["usage"] = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens}

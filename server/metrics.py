@@ -41,13 +41,18 @@ class ServerMetrics:
         queue.set_function(engine.queue_depth)
         running = Gauge("pathprobe_server_running", "Requests running in the engine", registry=r)
         running.set_function(engine.running)
-        self.startup = Gauge("pathprobe_server_startup_seconds",
-                             "Startup breakdown: seconds per phase (tracing, engine_create, engine_start, listeners)",
-                             ["phase"], registry=r)
+        self.startup = Gauge(
+            "pathprobe_server_startup_seconds",
+            "Startup breakdown: seconds per phase (tracing, engine_create, engine_start, listeners)",
+            ["phase"],
+            registry=r,
+        )
         self.startup_ms = Gauge(
             "pathprobe_server_startup_ms",
-            "Startup attribution: ms per phase (imports, tokenizer, weights, warm-up, graphs, ...; first_request once it ran)",
-            ["phase"], registry=r,
+            "Startup attribution: ms per phase (imports, tokenizer, weights, warm-up, graphs, ...; "
+            "first_request once it ran)",
+            ["phase"],
+            registry=r,
         )
 
     def set_startup(self, phases: Mapping[str, float]) -> None:
@@ -67,9 +72,13 @@ class ServerMetrics:
         def reader(attr: str):
             return lambda: float(getattr(sampler.latest(), attr, float("nan")))
 
-        for attr, help_ in (("temperature_c", "GPU temperature (C)"), ("sm_clock_mhz", "GPU SM clock (MHz)"),
-                            ("power_w", "GPU power draw (W)"), ("memory_used_mib", "GPU memory used (MiB)"),
-                            ("reasons", "NVML clock-event (throttle) reason bits of the latest sample")):
+        for attr, help_ in (
+            ("temperature_c", "GPU temperature (C)"),
+            ("sm_clock_mhz", "GPU SM clock (MHz)"),
+            ("power_w", "GPU power draw (W)"),
+            ("memory_used_mib", "GPU memory used (MiB)"),
+            ("reasons", "NVML clock-event (throttle) reason bits of the latest sample"),
+        ):
             g = Gauge(f"pathprobe_gpu_{attr if attr != 'reasons' else 'throttle_reasons'}", help_, registry=r)
             g.set_function(reader(attr))
 

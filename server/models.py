@@ -77,126 +77,260 @@ TINY_ARCH: dict[str, Any] = {
 # nothing is fetched. Token ids are replaced by the tiny tokenizer's.
 PRESETS: dict[str, dict[str, Any]] = {
     "llama-3-8b": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-        "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
         "mlp_bias": False,
     },
     "llama-3.1-8b": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "max_position_embeddings": 131072, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "hidden_act": "silu", "tie_word_embeddings": False,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "rope_scaling": {
+            "factor": 8.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
     },
     "llama-3.2-1b": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
-        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 64, "max_position_embeddings": 131072, "rope_theta": 500000.0,
-        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": True,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
     },
     "qwen2-7b": {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-        "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-        "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "hidden_act": "silu", "tie_word_embeddings": False, "use_sliding_window": False,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
         "sliding_window": None,
     },
     "qwen2.5-0.5b": {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-        "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
-        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "hidden_act": "silu", "tie_word_embeddings": True, "use_sliding_window": False,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
         "sliding_window": None,
     },
     "qwen2.5-7b": {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-        "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "hidden_act": "silu", "tie_word_embeddings": False, "use_sliding_window": False,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
         "sliding_window": None,
     },
     # Mistral-7B-v0.3 (no sliding window; 32768-token vocabulary).
     "mistral-7b": {
-        "architectures": ["MistralForCausalLM"], "model_type": "mistral",
-        "vocab_size": 32768, "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 128, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "vocab_size": 32768,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
         "sliding_window": None,
     },
     # --- the seven models of the latency study the project started from --------------
     # microsoft/Phi-3-mini-4k-instruct
     "phi-3-mini": {
-        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
-        "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-        "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
-        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "sliding_window": 2047,
-        "tie_word_embeddings": False, "attention_bias": False, "rope_scaling": None,
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "vocab_size": 32064,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "sliding_window": 2047,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "rope_scaling": None,
     },
     # Qwen/Qwen2-1.5B
     "qwen2-1.5b": {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-        "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
-        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-        "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "hidden_act": "silu", "tie_word_embeddings": True, "use_sliding_window": False,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
         "sliding_window": None,
     },
     # allenai/OLMo-1B-hf
     "olmo-1b": {
-        "architectures": ["OlmoForCausalLM"], "model_type": "olmo",
-        "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 8192,
-        "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
-        "max_position_embeddings": 2048, "rope_theta": 10000.0, "hidden_act": "silu",
-        "attention_bias": False, "clip_qkv": None, "tie_word_embeddings": True,
+        "architectures": ["OlmoForCausalLM"],
+        "model_type": "olmo",
+        "vocab_size": 50304,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "clip_qkv": None,
+        "tie_word_embeddings": True,
     },
     # stabilityai/stablelm-3b-4e1t
     "stablelm-3b": {
-        "architectures": ["StableLmForCausalLM"], "model_type": "stablelm",
-        "vocab_size": 50304, "hidden_size": 2560, "intermediate_size": 6912,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-        "max_position_embeddings": 4096, "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-        "layer_norm_eps": 1e-5, "hidden_act": "silu", "use_qkv_bias": False, "qk_layernorm": False,
-        "use_parallel_residual": False, "tie_word_embeddings": False,
+        "architectures": ["StableLmForCausalLM"],
+        "model_type": "stablelm",
+        "vocab_size": 50304,
+        "hidden_size": 2560,
+        "intermediate_size": 6912,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "layer_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "use_qkv_bias": False,
+        "qk_layernorm": False,
+        "use_parallel_residual": False,
+        "tie_word_embeddings": False,
     },
     # deepseek-ai/DeepSeek-V2-Lite: 15.7B parameters, 2.4B active per token (MLA attention,
     # 64 routed experts of which 6 per token + 2 shared, first layer dense)
     "deepseek-v2-lite": {
-        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
-        "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944,
-        "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
-        "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
-        "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-        "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-        "v_head_dim": 128, "routed_scaling_factor": 1.0, "topk_method": "greedy", "n_group": 1,
-        "topk_group": 1, "norm_topk_prob": False, "scoring_func": "softmax",
-        "max_position_embeddings": 163840, "rope_theta": 10000.0,
-        "rope_scaling": {"type": "yarn", "rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
-        "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
-    },
-    # meta-llama/Meta-Llama-3-8B-Instruct (the Llama-3-8B architecture)
-    "llama-3-8b-instruct": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-        "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
-        "mlp_bias": False,
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "vocab_size": 102400,
+        "hidden_size": 2048,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "n_shared_experts": 2,
+        "n_routed_experts": 64,
+        "num_experts_per_tok": 6,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "routed_scaling_factor": 1.0,
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": False,
+        "scoring_func": "softmax",
+        "max_position_embeddings": 163840,
+        "rope_theta": 10000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "rope_type": "yarn",
+            "factor": 40,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
     },
 }
+# meta-llama/Meta-Llama-3-8B-Instruct: the Llama-3-8B architecture, config for config
+PRESETS["llama-3-8b-instruct"] = dict(PRESETS["llama-3-8b"])
 
 #: The published tokenizer each of the study's presets imitates (kind, regular vocabulary,
 #: pre-tokenizer). Presets not named here use the tiny tokenizer.
@@ -210,19 +344,36 @@ PRESET_TOKENIZERS: dict[str, TokenizerSpec] = {
     "llama-3-8b-instruct": TokenizerSpec("bpe", 128000, "cl100k", "Llama-3 tiktoken byte-level BPE"),
 }
 #: the study's seven, in the order of its table
-STUDY_PRESETS = ("phi-3-mini", "qwen2-1.5b", "olmo-1b", "stablelm-3b", "qwen2-7b", "deepseek-v2-lite",
-                 "llama-3-8b-instruct")
+STUDY_PRESETS = (
+    "phi-3-mini",
+    "qwen2-1.5b",
+    "olmo-1b",
+    "stablelm-3b",
+    "qwen2-7b",
+    "deepseek-v2-lite",
+    "llama-3-8b-instruct",
+)
 TINY_TOKENIZER_VOCAB = {"bpe": 1024, "sentencepiece": 1000}
 
 # Test scale: every architecture with the same class and structure (grouped KV heads,
 # MoE routing, MLA ranks, partial rotary), small enough for a CPU test.
 _TINY_OVERRIDES: dict[str, Any] = {
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "max_position_embeddings": 1024, "initializer_range": 0.5,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 1024,
+    "initializer_range": 0.5,
 }
 _TINY_MOE: dict[str, Any] = {
-    "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
-    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
     "rope_scaling": None,
 }
 
@@ -362,12 +513,14 @@ def _train_tokenizer():
     )
     tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
     bos_id = tok.token_to_id(BOS)
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(
-            single=f"{BOS}:0 $A:0", pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1", special_tokens=[(BOS, bos_id)]
-        ),
-    ])
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{BOS}:0 $A:0", pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1", special_tokens=[(BOS, bos_id)]
+            ),
+        ]
+    )
     return tok
 
 
@@ -375,8 +528,11 @@ def _with_bos(tok):
     from tokenizers import processors
 
     bos_id = tok.token_to_id(BOS)
-    steps = [processors.TemplateProcessing(
-        single=f"{BOS}:0 $A:0", pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1", special_tokens=[(BOS, bos_id)])]
+    steps = [
+        processors.TemplateProcessing(
+            single=f"{BOS}:0 $A:0", pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1", special_tokens=[(BOS, bos_id)]
+        )
+    ]
     if tok.pre_tokenizer is not None and "ByteLevel" in repr(tok.pre_tokenizer):
         steps.insert(0, processors.ByteLevel(trim_offsets=False))
     tok.post_processor = processors.Sequence(steps)
@@ -385,9 +541,8 @@ def _with_bos(tok):
 
 def _save_tokenizer(folder: Path, spec: TokenizerSpec | None = None, max_len: int | None = None) -> dict[str, int]:
     """Write a tokenizer into ``folder``: the tiny one, or one trained like ``spec``."""
-    from transformers import PreTrainedTokenizerFast
-
     from pathprobe.server import tokenizer_build
+    from transformers import PreTrainedTokenizerFast
 
     raw = _train_tokenizer() if spec is None else _with_bos(tokenizer_build.build(spec, folder, CORPUS, SPECIAL_TOKENS))
     tok = PreTrainedTokenizerFast(
@@ -403,11 +558,19 @@ def _save_tokenizer(folder: Path, spec: TokenizerSpec | None = None, max_len: in
     tok.save_pretrained(str(folder))
     return {
         "vocab": len(tok),
-        "bos": tok.convert_tokens_to_ids(BOS),
-        "eos": tok.convert_tokens_to_ids(EOS),
-        "pad": tok.convert_tokens_to_ids(PAD),
-        "eot": tok.convert_tokens_to_ids(EOT),
+        "bos": _token_id(tok, BOS),
+        "eos": _token_id(tok, EOS),
+        "pad": _token_id(tok, PAD),
+        "eot": _token_id(tok, EOT),
     }
+
+
+def _token_id(tok: Any, token: str) -> int:
+    """The id of one special token (``convert_tokens_to_ids`` is typed for lists too)."""
+    i = tok.convert_tokens_to_ids(token)
+    if not isinstance(i, int):
+        raise TypeError(f"tokenizer: no single id for {token!r}: {i!r}")
+    return i
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -430,9 +593,11 @@ def build_tiny(folder: Path) -> None:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
-        model = LlamaForCausalLM(config).to(torch.float32)
+        model = LlamaForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers types .to() through a decorator that loses self
     model.generation_config = GenerationConfig(
-        bos_token_id=ids["bos"], eos_token_id=[ids["eos"], ids["eot"]], pad_token_id=ids["pad"],
+        bos_token_id=ids["bos"],
+        eos_token_id=[ids["eos"], ids["eot"]],
+        pad_token_id=ids["pad"],
     )
     model.save_pretrained(str(folder), safe_serialization=True)
     (folder / "README.md").write_text(
@@ -501,26 +666,39 @@ def preset_tokenizer(name: str) -> TokenizerSpec | None:
 
 
 def build_preset(name: str, folder: Path) -> None:
-    base, scale = split_preset(name)
+    base, _scale = split_preset(name)
     spec = preset_tokenizer(name)
     ids = _save_tokenizer(folder, spec, max_len=int(PRESETS[base].get("max_position_embeddings", 2048)))
     cfg = preset_config(name, vocab=ids["vocab"])
     if ids["vocab"] > cfg["vocab_size"]:
         raise ConfigError(f"preset {name}: tokenizer has {ids['vocab']} tokens, the model only {cfg['vocab_size']}")
-    cfg.update({
-        "bos_token_id": ids["bos"],
-        "eos_token_id": ids["eos"],
-        "pad_token_id": ids["pad"],
-        "torch_dtype": "bfloat16",
-        "pathprobe_preset": name,
-        "pathprobe_tokenizer": {"kind": spec.kind, "vocab_size": spec.vocab_size, "pretok": spec.pretok,
-                                "imitates": spec.source} if spec else "tiny",
-        "pathprobe_note": "published architecture, random weights built at load time (no weights in this folder)",
-    })
+    cfg.update(
+        {
+            "bos_token_id": ids["bos"],
+            "eos_token_id": ids["eos"],
+            "pad_token_id": ids["pad"],
+            "torch_dtype": "bfloat16",
+            "pathprobe_preset": name,
+            "pathprobe_tokenizer": {
+                "kind": spec.kind,
+                "vocab_size": spec.vocab_size,
+                "pretok": spec.pretok,
+                "imitates": spec.source,
+            }
+            if spec
+            else "tiny",
+            "pathprobe_note": "published architecture, random weights built at load time (no weights in this folder)",
+        }
+    )
     _write_json(folder / "config.json", cfg)
-    _write_json(folder / "generation_config.json", {
-        "bos_token_id": ids["bos"], "eos_token_id": [ids["eos"], ids["eot"]], "pad_token_id": ids["pad"],
-    })
+    _write_json(
+        folder / "generation_config.json",
+        {
+            "bos_token_id": ids["bos"],
+            "eos_token_id": [ids["eos"], ids["eot"]],
+            "pad_token_id": ids["pad"],
+        },
+    )
 
 
 def ensure_preset(name: str, folder: Path | None = None) -> Path:
@@ -655,8 +833,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "random weights the engine builds at load time. Prints the folder.",
     )
     p.add_argument("--out", type=Path, default=None, help="folder to write (default: the cache folder)")
-    p.add_argument("--preset", default=None, metavar="NAME",
-                   help=f"one of: {', '.join(sorted(PRESETS))}; NAME@tiny for the same architecture at test scale")
+    p.add_argument(
+        "--preset",
+        default=None,
+        metavar="NAME",
+        help=f"one of: {', '.join(sorted(PRESETS))}; NAME@tiny for the same architecture at test scale",
+    )
     p.set_defaults(func=run)
 
 

@@ -13,13 +13,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
-
 from pathprobe import jsoncodec, timing
-from pathprobe.server.engine.base import GenParams
 from pathprobe.errors import InvalidArgument, PathprobeError
 from pathprobe.server.core import RequestScope
-from pathprobe.server.engine.base import Generation
+from pathprobe.server.engine.base import Generation, GenParams
 from pathprobe.server.http_common import (
     SSE_DONE,
     HttpRequest,
@@ -34,6 +31,7 @@ from pathprobe.server.http_common import (
     sse_event,
 )
 from pathprobe.timing import now_ms
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 Number = StrictInt | StrictFloat
 
@@ -91,9 +89,16 @@ def _params(body: _Common, max_tokens: int | None, prompt: str | None, ids: list
             raise InvalidArgument(key, "must not be NaN")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return GenParams(
-        prompt=prompt, prompt_token_ids=ids, max_tokens=16 if max_tokens is None else max_tokens,
-        temperature=float(body.temperature), top_p=float(body.top_p), seed=body.seed or 0,
-        ignore_eos=body.ignore_eos, stop=stop, request_id=body.user or "", model=body.model or "",
+        prompt=prompt,
+        prompt_token_ids=ids,
+        max_tokens=16 if max_tokens is None else max_tokens,
+        temperature=float(body.temperature),
+        top_p=float(body.top_p),
+        seed=body.seed or 0,
+        ignore_eos=body.ignore_eos,
+        stop=stop,
+        request_id=body.user or "",
+        model=body.model or "",
     )
 
 
@@ -109,14 +114,17 @@ async def completions(request: HttpRequest) -> Reply | StreamReply:
         obj = await read_json(request, scope)
         t0 = now_ms()
         body = _validate(CompletionRequest, obj)
-        prompt, ids = body.prompt, None
-        if isinstance(prompt, list):
-            if prompt and isinstance(prompt[0], int):
-                prompt, ids = None, list(prompt)  # token ids
-            elif len(prompt) == 1:
-                prompt = prompt[0]
-            else:
-                raise InvalidArgument("prompt", "a batch of prompts is not supported; send one prompt per request")
+        raw = body.prompt
+        prompt: str | None = None
+        ids: list[int] | None = None
+        if isinstance(raw, str):
+            prompt = raw
+        elif raw and isinstance(raw[0], int):
+            ids = [int(t) for t in raw]  # token ids (validated: all ints)
+        elif len(raw) == 1 and isinstance(raw[0], str):
+            prompt = raw[0]
+        else:
+            raise InvalidArgument("prompt", "a batch of prompts is not supported; send one prompt per request")
         params = _params(body, body.max_tokens, prompt, ids)
         scope.decoded(now_ms() - t0)
         return await _respond(request, scope, params, body, chat=False)
@@ -140,8 +148,9 @@ async def chat_completions(request: HttpRequest) -> Reply | StreamReply:
         return error_reply(exc, scope.finish(str(exc.http_status), error=exc))
 
 
-async def _respond(request: HttpRequest, scope: RequestScope, params: GenParams, body: _Common,
-                   chat: bool) -> Reply | StreamReply:
+async def _respond(
+    request: HttpRequest, scope: RequestScope, params: GenParams, body: _Common, chat: bool
+) -> Reply | StreamReply:
     model = request.state.engine.model_name
     if body.stream:
         scope.route += ".stream"
@@ -151,23 +160,43 @@ async def _respond(request: HttpRequest, scope: RequestScope, params: GenParams,
     if body.stream:
         return StreamReply(_events(scope, gen, body, rid, created, model, chat))
     text, _ = await gen.collect()
-    usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-             "total_tokens": gen.prompt_tokens + gen.completion_tokens}
+    usage = {
+        "prompt_tokens": gen.prompt_tokens,
+        "completion_tokens": gen.completion_tokens,
+        "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+    }
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": gen.finish_reason}
-        obj = {"id": rid, "object": "chat.completion", "created": created, "model": model,
-               "choices": [choice], "usage": usage}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": gen.finish_reason,
+        }
+        obj = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": usage,
+        }
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason}
-        obj = {"id": rid, "object": "text_completion", "created": created, "model": model,
-               "choices": [choice], "usage": usage}
+        obj = {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": usage,
+        }
     out = encode_json(scope, obj)
     return json_reply(out, scope.finish("200"))
 
 
-async def _events(scope: RequestScope, gen: Generation, body: _Common, rid: str, created: int, model: str,  # noqa: PLR0913
-                  chat: bool) -> AsyncIterator[bytes]:
+async def _events(
+    scope: RequestScope, gen: Generation, body: _Common, rid: str, created: int, model: str, chat: bool
+) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk" if chat else "text_completion"
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     first = True
@@ -182,8 +211,14 @@ async def _events(scope: RequestScope, gen: Generation, body: _Common, rid: str,
                 choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": ev.finish_reason}
             first = False
             # emit_ms: an extension field (clients ignore unknown keys): ms since the request arrived
-            chunk: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": model,
-                                     "choices": [choice], "emit_ms": round(now_ms() - scope.t0, 3)}
+            chunk: dict[str, Any] = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "emit_ms": round(now_ms() - scope.t0, 3),
+            }
             if ev.finish_reason and not include_usage:
                 entries = scope.entries()
                 chunk["server_timing"] = timing.format_entries(entries)
@@ -192,11 +227,21 @@ async def _events(scope: RequestScope, gen: Generation, body: _Common, rid: str,
             else:
                 yield sse_event(scope, chunk)
         if include_usage:
-            usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-                     "total_tokens": gen.prompt_tokens + gen.completion_tokens}
+            usage = {
+                "prompt_tokens": gen.prompt_tokens,
+                "completion_tokens": gen.completion_tokens,
+                "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+            }
             entries = scope.entries()
-            chunk = {"id": rid, "object": kind, "created": created, "model": model, "choices": [],
-                     "usage": usage, "server_timing": timing.format_entries(entries)}
+            chunk = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+                "server_timing": timing.format_entries(entries),
+            }
             yield sse_event(scope, chunk)
             scope.finish("200", entries)
         yield SSE_DONE
@@ -212,5 +257,9 @@ async def _events(scope: RequestScope, gen: Generation, body: _Common, rid: str,
 
 async def models(request: HttpRequest) -> Reply:
     name = request.state.engine.model_name
-    return Reply(200, jsoncodec.dumps({"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "pathprobe"}]}))
+    return Reply(
+        200,
+        jsoncodec.dumps(
+            {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "pathprobe"}]}
+        ),
+    )

@@ -18,8 +18,14 @@ def synthetic_server(tmp_path_factory) -> Iterator[Server]:
     """A synthetic-engine server: 0.05 ms/prompt token, 1 ms/output token, 4 slots."""
     srv = Server(
         tmp_path_factory.mktemp("synthetic"),
-        "--engine", "synthetic", "--prefill-ms-per-token", "0.05", "--decode-ms-per-token", "1",
-        "--max-batch-size", "4",
+        "--engine",
+        "synthetic",
+        "--prefill-ms-per-token",
+        "0.05",
+        "--decode-ms-per-token",
+        "1",
+        "--max-batch-size",
+        "4",
     )
     yield srv
     srv.stop()
@@ -30,8 +36,16 @@ def fastapi_server(tmp_path_factory) -> Iterator[Server]:
     """The same synthetic server as ``synthetic_server``, HTTP served by FastAPI on uvicorn."""
     srv = Server(
         tmp_path_factory.mktemp("synthetic-fastapi"),
-        "--engine", "synthetic", "--prefill-ms-per-token", "0.05", "--decode-ms-per-token", "1",
-        "--max-batch-size", "4", "--http-server", "fastapi",
+        "--engine",
+        "synthetic",
+        "--prefill-ms-per-token",
+        "0.05",
+        "--decode-ms-per-token",
+        "1",
+        "--max-batch-size",
+        "4",
+        "--http-server",
+        "fastapi",
     )
     yield srv
     srv.stop()

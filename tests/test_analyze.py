@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from pathprobe.analysis import traces as tr
 from pathprobe.analysis.records import agreement, read_records, within
 from pathprobe.analysis.tracesplit import split_trace
 from pathprobe.segments import SEGMENTS
+
 from tests.support.procs import Proc, Server, free_port, wait_grpc
 
 SERVER_SIDE = ("serialization", "queueing", "inference")
@@ -26,10 +26,37 @@ SEGMENTS_AND_HOPS = ("e2e", *SEGMENTS, "network_hop1", "network_hop2")
 
 def _load(tmp: Path, host: str, name: str) -> Path:
     out = tmp / f"load-{name}"
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "load", "--headless", "-H", host, "-u", "2", "-r", "2",
-                          "-t", "2s", "--out", str(out), "--traces-file", str(tmp / f"client-{name}.jsonl"),
-                          "--max-tokens", "8", "--only-summary", "--loglevel", "WARNING",
-                          "--exit-code-on-error", "0"], capture_output=True, text=True, timeout=180)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "load",
+            "--headless",
+            "-H",
+            host,
+            "-u",
+            "2",
+            "-r",
+            "2",
+            "-t",
+            "2s",
+            "--out",
+            str(out),
+            "--traces-file",
+            str(tmp / f"client-{name}.jsonl"),
+            "--max-tokens",
+            "8",
+            "--only-summary",
+            "--loglevel",
+            "WARNING",
+            "--exit-code-on-error",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert (out / "records.jsonl").exists(), res.stdout[-2000:] + res.stderr[-2000:]
     return out / "records.jsonl"
 
@@ -37,12 +64,35 @@ def _load(tmp: Path, host: str, name: str) -> Path:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("analyze")
-    srv = Server(tmp, "--engine", "synthetic", "--decode-ms-per-token", "1", "--prefill-ms-per-token", "0.02",
-                 "--traces-file", str(tmp / "server.jsonl"))
+    srv = Server(
+        tmp,
+        "--engine",
+        "synthetic",
+        "--decode-ms-per-token",
+        "1",
+        "--prefill-ms-per-token",
+        "0.02",
+        "--traces-file",
+        str(tmp / "server.jsonl"),
+    )
     gw_port = free_port()
-    gw = Proc([sys.executable, "-m", "pathprobe", "gateway", "--mode", "passthrough", "--listen",
-               f"127.0.0.1:{gw_port}", "--upstream", srv.grpc_target, "--traces-file", str(tmp / "gateway.jsonl")],
-              tmp / "gateway.log")
+    gw = Proc(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "gateway",
+            "--mode",
+            "passthrough",
+            "--listen",
+            f"127.0.0.1:{gw_port}",
+            "--upstream",
+            srv.grpc_target,
+            "--traces-file",
+            str(tmp / "gateway.jsonl"),
+        ],
+        tmp / "gateway.log",
+    )
     try:
         wait_grpc(f"127.0.0.1:{gw_port}", 60, gw.popen)
         recs = {
@@ -58,16 +108,18 @@ def run(tmp_path_factory):
 
 
 def _analyze(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pathprobe", "analyze", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pathprobe", "analyze", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("name", ["grpc", "http"])
 def test_analyze_equals_inband_split(run, name):
     tmp, recs = run
     out = tmp / f"analysis-{name}.json"
-    res = _analyze(str(tmp / "server.jsonl"), str(tmp / f"client-{name}.jsonl"), "--records", str(recs[name]),
-                   "--json", str(out))
+    res = _analyze(
+        str(tmp / "server.jsonl"), str(tmp / f"client-{name}.jsonl"), "--records", str(recs[name]), "--json", str(out)
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "AGREE" in res.stdout
     agr = json.loads(out.read_text())["agreement"]
@@ -92,8 +144,9 @@ def test_durations_alone_agree(run, name):
     by_id = {r["trace_id"]: r for r in read_records(recs[name]) if r["ok"]}
     for seg in ("e2e", "network"):
         st = agr["segments"][seg]
-        diffs = sorted(abs(s.split.as_dict()[seg] - by_id[s.trace_id]["split"][seg])
-                       for s in splits if s.trace_id in by_id)
+        diffs = sorted(
+            abs(s.split.as_dict()[seg] - by_id[s.trace_id]["split"][seg]) for s in splits if s.trace_id in by_id
+        )
         assert diffs[len(diffs) // 2] <= 0.2, (seg, st)  # the typical request agrees to 0.2 ms
         assert st["outside"] <= 0.15 * st["n"], (seg, st)
 
@@ -131,7 +184,10 @@ def test_written_trace_opens_as_jaeger_json_and_reads_back(run, tmp_path):
     doc = json.loads(written[0].read_text())
     (trace,) = doc["data"]
     assert {p["serviceName"] for p in trace["processes"].values()} == {
-        "pathprobe-loadgen", "pathprobe-gateway", "pathprobe-server"}
+        "pathprobe-loadgen",
+        "pathprobe-gateway",
+        "pathprobe-server",
+    }
     for sp in trace["spans"]:
         assert len(sp["traceID"]) == 32 and len(sp["spanID"]) == 16 and sp["processID"] in trace["processes"]
         assert isinstance(sp["startTime"], int) and isinstance(sp["duration"], int)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -75,6 +76,7 @@ def test_gateway_on_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[s
     assert flag in err and str(busy_port) in err
 
 
+@pytest.mark.slow
 def test_serve_on_a_busy_grpc_port_exits_2_without_traceback(busy_port: int) -> None:
     proc = subprocess.run(
         [
@@ -95,3 +97,49 @@ def test_serve_on_a_busy_grpc_port_exits_2_without_traceback(busy_port: int) -> 
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--grpc-port" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "blocked", "extra"),
+    [
+        (["serve", "--engine", "synthetic", "--grpc-port", "0", "--http-port", "0"], "torch", "server"),
+        (["load", "--headless", "-t", "1s", "-H", "grpc://127.0.0.1:9"], "locust", "loadgen"),
+        (["make-model", "--out", "{tmp}/m"], "torch", "server"),
+    ],
+)
+def test_a_verb_without_its_extra_names_the_extra(argv: list[str], blocked: str, extra: str, tmp_path) -> None:
+    """What a component install sees when it runs another component's verb: exit 2, the pip command."""
+    code = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == {blocked!r}:  # as if not installed
+            raise ModuleNotFoundError('No module named ' + repr(name), name=name)
+sys.meta_path.insert(0, Block())
+from pathprobe.cli import main
+sys.exit(main({[a.replace("{tmp}", str(tmp_path)) for a in argv]!r}))
+"""
+    env = {**os.environ, "PATHPROBE_CACHE": str(tmp_path / "cache")}  # nothing built yet
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"pathprobe[{extra}]" in proc.stderr and blocked in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_engine_option_keys_match_what_the_engines_read() -> None:
+    """The up-front --engine-option check knows every key the transformers engine reads (and no other)."""
+    import re
+    from pathlib import Path
+
+    from pathprobe.server.cli import ENGINE_OPTIONS
+
+    src = (Path(__file__).resolve().parent.parent / "server" / "engine" / "hf.py").read_text(encoding="utf-8")
+    read = set(re.findall(r"(?:opts|options)\.get\(\"([a-z_]+)\"", src))
+    assert read and read == ENGINE_OPTIONS["transformers"]
+    engines = Path(__file__).resolve().parent.parent / "server" / "engine"
+    others = [
+        f.name
+        for f in engines.glob("*.py")
+        if f.name not in ("hf.py", "vllm_engine.py")
+        and re.search(r"(?:opts|options)\.get\(", f.read_text(encoding="utf-8"))
+    ]
+    assert not others, f"engines reading options the CLI does not know of: {others}"

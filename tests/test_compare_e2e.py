@@ -17,16 +17,47 @@ from tests.support.procs import Server
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-ALL = ("direct-grpc", "direct-http", "direct-http-fastapi", "passthrough", "transcode", "reencode", "http-proxy", "nginx")
+ALL = (
+    "direct-grpc",
+    "direct-http",
+    "direct-http-fastapi",
+    "passthrough",
+    "transcode",
+    "reencode",
+    "http-proxy",
+    "nginx",
+)
 
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e") / "out"
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(ROOT / "configs" / "default.yaml"),
-                          "--engine", "synthetic", "--decode-ms-per-token", "0.5", "--duration", "1",
-                          "--warmup", "1", "--rounds", "2", "--concurrency", "1,2", "--out", str(out)],
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "compare",
+            str(ROOT / "configs" / "default.yaml"),
+            "--engine",
+            "synthetic",
+            "--decode-ms-per-token",
+            "0.5",
+            "--duration",
+            "1",
+            "--warmup",
+            "1",
+            "--rounds",
+            "2",
+            "--concurrency",
+            "1,2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return out, res
 
 
@@ -66,8 +97,9 @@ def test_default_matrix_prints_side_by_side_table(default_run):
         for seg in ("e2e", "queueing", "inference"):
             assert agr["outside"][seg] == 0, (name, seg, agr)
     # analyze reads the whole run's trace folder
-    res2 = subprocess.run([sys.executable, "-m", "pathprobe", "analyze", str(out / "traces")], capture_output=True,
-                          text=True, timeout=300)
+    res2 = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "analyze", str(out / "traces")], capture_output=True, text=True, timeout=300
+    )
     assert res2.returncode == 0 and "grpc.GenerateStream" in res2.stdout, res2.stderr
 
 
@@ -76,18 +108,42 @@ def test_real_report_opens_in_headless_chromium(default_run, tmp_path):
     out, res = default_run
     assert res.returncode == 0
     html = out / "report.html"
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-dev-shm-usage", "--hide-scrollbars"]
-    dom = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u1'}", "--virtual-time-budget=5000",
-                          "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
+    flags = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+    ]
+    dom = subprocess.run(
+        [*flags, f"--user-data-dir={tmp_path / 'u1'}", "--virtual-time-budget=5000", "--dump-dom", html.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     # stacked segments, CDFs, TTFT/ITL, sweep: all four decoded by the browser
     assert 'data-plots-total="5"' in dom.stdout and 'data-plots-loaded="5"' in dom.stdout  # + the waterfall
     assert "traces/slowest/passthrough/01-" in dom.stdout
     shot = tmp_path / "shot.png"
-    res = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u2'}", "--window-size=1400,3000",
-                          f"--screenshot={shot}", html.as_uri()], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            *flags,
+            f"--user-data-dir={tmp_path / 'u2'}",
+            "--window-size=1400,3000",
+            f"--screenshot={shot}",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0 and shot.exists()
     import matplotlib.image as mpimg
     import numpy as np
@@ -100,11 +156,40 @@ def test_remote_mode_open_loop(tmp_path):
     srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "0.5")
     try:
         out = tmp_path / "out"
-        res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", "--remote", "--out", str(out),
-                              "--targets", "grpc,http", "--target", f"grpc=grpc://{srv.grpc_target}",
-                              "--target", f"http={srv.http_url}", "--arrival", "constant", "--rate", "20",
-                              "--duration", "2", "--warmup", "1", "--rounds", "2", "--concurrency", "2",
-                              "--no-stream", "--no-tracing"], capture_output=True, text=True, timeout=600)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pathprobe",
+                "compare",
+                "--remote",
+                "--out",
+                str(out),
+                "--targets",
+                "grpc,http",
+                "--target",
+                f"grpc=grpc://{srv.grpc_target}",
+                "--target",
+                f"http={srv.http_url}",
+                "--arrival",
+                "constant",
+                "--rate",
+                "20",
+                "--duration",
+                "2",
+                "--warmup",
+                "1",
+                "--rounds",
+                "2",
+                "--concurrency",
+                "2",
+                "--no-stream",
+                "--no-tracing",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         srv.stop()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -123,8 +208,22 @@ def test_rerender_with_another_baseline_keeps_every_figure(default_run):
     out, res = default_run
     assert res.returncode == 0
     before = json.loads((out / "report.json").read_text())
-    again = subprocess.run([sys.executable, "-m", "pathprobe", "compare", "--rerender", str(out),
-                            "--baseline", "passthrough", "--no-html"], capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "compare",
+            "--rerender",
+            str(out),
+            "--baseline",
+            "passthrough",
+            "--no-html",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr
     assert "| passthrough (base) |" in again.stdout
     after = json.loads((out / "report.json").read_text())

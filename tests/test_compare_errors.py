@@ -15,15 +15,18 @@ import yaml
 
 
 def _run(args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "pathprobe", "compare", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_port_in_use_fails_before_starting_anything(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         cfg = tmp_path / "c.yaml"
-        cfg.write_text(yaml.safe_dump({"out": str(tmp_path / "out"), "server": {"engine": "synthetic", "grpc_port": port}}))
+        cfg.write_text(
+            yaml.safe_dump({"out": str(tmp_path / "out"), "server": {"engine": "synthetic", "grpc_port": port}})
+        )
         t0 = time.monotonic()
         res = _run([str(cfg)])
     assert res.returncode == 2, res.stderr
@@ -36,8 +39,17 @@ def test_unreachable_target_fails_early(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connections are refused
-        res = _run(["--remote", "--out", str(tmp_path / "out"), "--targets", "vllm",
-                    "--target", f"vllm=openai+http://127.0.0.1:{port}"])
+        res = _run(
+            [
+                "--remote",
+                "--out",
+                str(tmp_path / "out"),
+                "--targets",
+                "vllm",
+                "--target",
+                f"vllm=openai+http://127.0.0.1:{port}",
+            ]
+        )
     assert res.returncode == 2
     assert f"'vllm': openai+http://127.0.0.1:{port} is unreachable: Connection refused" in res.stderr
 
@@ -55,16 +67,28 @@ def test_unknown_key_and_wrong_type(tmp_path):
 def test_configuration_crashing_mid_run_is_reported_and_others_complete(tmp_path):
     out = tmp_path / "out"
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "out": str(out), "tracing": False, "bootstrap": 200,
-        "server": {"engine": "synthetic", "decode_ms_per_token": 1},
-        "load": {"duration_s": 2, "warmup_s": 1, "rounds": 3, "concurrency": [1], "max_tokens": 4},
-        "targets": [{"name": "direct-grpc", "kind": "direct"},
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "out": str(out),
+                "tracing": False,
+                "bootstrap": 200,
+                "server": {"engine": "synthetic", "decode_ms_per_token": 1},
+                "load": {"duration_s": 2, "warmup_s": 1, "rounds": 3, "concurrency": [1], "max_tokens": 4},
+                "targets": [
+                    {"name": "direct-grpc", "kind": "direct"},
                     {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
-                    {"name": "transcode", "kind": "gateway", "mode": "transcode"}],
-    }))
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "compare", str(cfg)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                    {"name": "transcode", "kind": "gateway", "mode": "transcode"},
+                ],
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pathprobe", "compare", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         first = out / "runs" / "passthrough" / "c1" / "r0" / "records.jsonl"
@@ -115,9 +139,27 @@ def _pids_mentioning(text: str) -> list[int]:
 
 def test_sigterm_ends_every_process_compare_started(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "compare", "--engine", "synthetic", "--out", str(out),
-                             "--targets", "direct-grpc,passthrough", "--duration", "30", "--warmup", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "compare",
+            "--engine",
+            "synthetic",
+            "--out",
+            str(out),
+            "--targets",
+            "direct-grpc,passthrough",
+            "--duration",
+            "30",
+            "--warmup",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not list((out / "runs").glob("*/c1/r0/load.log")):  # a load run is in flight

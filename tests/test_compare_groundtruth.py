@@ -29,16 +29,24 @@ DELAY = 20.0  # one-way, ms
 def _compare(tmp: Path, name: str, load: dict, targets: list[dict], server: dict | None = None) -> tuple[Path, dict]:
     out = tmp / name
     cfg = {
-        "out": str(out), "bootstrap": 200, "slowest": 2,
-        "server": {"engine": "synthetic", "prefill_ms_per_token": P_MS, "decode_ms_per_token": D_MS,
-                   "max_batch_size": 8, **(server or {})},
+        "out": str(out),
+        "bootstrap": 200,
+        "slowest": 2,
+        "server": {
+            "engine": "synthetic",
+            "prefill_ms_per_token": P_MS,
+            "decode_ms_per_token": D_MS,
+            "max_batch_size": 8,
+            **(server or {}),
+        },
         "load": {"duration_s": 2, "warmup_s": 1, "rounds": 2, "concurrency": [1], "stream": False, **load},
         "targets": targets,
     }
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True,
-                         text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=900
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     # data, not the table's text: a row label may carry a note such as "[client saturated]"
@@ -58,6 +66,7 @@ def _records(out: Path, target: str) -> list[dict]:
 
 def _pairs(out: Path, base: str, other: str) -> list[tuple[dict, dict]]:
     """(baseline call, other call) of the same interleaving cycle (same round, process and user)."""
+
     def keyed(target: str) -> dict[tuple, dict]:
         out_: dict[tuple, dict] = {}
         for f in sorted((out / "runs" / target).glob("c*/r*/records.jsonl")):
@@ -84,15 +93,28 @@ def _gw_ser(r: dict) -> float:
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gt")
-    return _compare(tmp, "small", {"prompt_tokens": 64, "max_tokens": 8}, [
-        {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
-        {"name": "passthrough-wan", "kind": "gateway", "mode": "passthrough",
-         "network": {"hop": "upstream", "delay_ms": DELAY}},
-        {"name": "passthrough-wan-client", "kind": "gateway", "mode": "passthrough",
-         "network": {"hop": "client", "delay_ms": DELAY / 2}},
-        {"name": "transcode", "kind": "gateway", "mode": "transcode"},
-        {"name": "reencode", "kind": "gateway", "mode": "reencode"},
-    ])
+    return _compare(
+        tmp,
+        "small",
+        {"prompt_tokens": 64, "max_tokens": 8},
+        [
+            {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+            {
+                "name": "passthrough-wan",
+                "kind": "gateway",
+                "mode": "passthrough",
+                "network": {"hop": "upstream", "delay_ms": DELAY},
+            },
+            {
+                "name": "passthrough-wan-client",
+                "kind": "gateway",
+                "mode": "passthrough",
+                "network": {"hop": "client", "delay_ms": DELAY / 2},
+            },
+            {"name": "transcode", "kind": "gateway", "mode": "transcode"},
+            {"name": "reencode", "kind": "gateway", "mode": "reencode"},
+        ],
+    )
 
 
 def test_delay_on_client_hop_lands_in_hop1(small):
@@ -146,11 +168,17 @@ def test_synthetic_engine_time_appears_as_inference(small):
 def test_payload_grows_serialization_in_transcoding_modes_only(small, tmp_path_factory):
     out_small, _ = small
     tmp = tmp_path_factory.mktemp("gt-large")
-    out_large, _ = _compare(tmp, "large", {"prompt_tokens": 3000, "max_tokens": 400}, [
-        {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
-        {"name": "transcode", "kind": "gateway", "mode": "transcode"},
-        {"name": "reencode", "kind": "gateway", "mode": "reencode"},
-    ], server={"decode_ms_per_token": 0.01, "prefill_ms_per_token": 0.0})
+    out_large, _ = _compare(
+        tmp,
+        "large",
+        {"prompt_tokens": 3000, "max_tokens": 400},
+        [
+            {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+            {"name": "transcode", "kind": "gateway", "mode": "transcode"},
+            {"name": "reencode", "kind": "gateway", "mode": "reencode"},
+        ],
+        server={"decode_ms_per_token": 0.01, "prefill_ms_per_token": 0.0},
+    )
     growth = {}
     for target in ("passthrough", "transcode", "reencode"):
         small_recs, large_recs = _records(out_small, target), _records(out_large, target)
@@ -170,11 +198,20 @@ def test_stream_delay_moves_ttft_not_inter_token_gaps(tmp_path_factory):
     out, first chunk back) and the end by 2 x D; the gaps between tokens do not change."""
     tmp = tmp_path_factory.mktemp("gt-stream")
     d = DELAY / 2
-    out, _ = _compare(tmp, "stream", {"prompt_tokens": 64, "max_tokens": 8, "stream": True}, [
-        {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
-        {"name": "passthrough-wan", "kind": "gateway", "mode": "passthrough",
-         "network": {"hop": "upstream", "delay_ms": d}},
-    ])
+    out, _ = _compare(
+        tmp,
+        "stream",
+        {"prompt_tokens": 64, "max_tokens": 8, "stream": True},
+        [
+            {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+            {
+                "name": "passthrough-wan",
+                "kind": "gateway",
+                "mode": "passthrough",
+                "network": {"hop": "upstream", "delay_ms": d},
+            },
+        ],
+    )
     # calls are interleaved one by one: each delayed call is paired with the plain one of the same cycle,
     # so the engine's own jitter (3 ms per token on asyncio timers) is not compared across moments
     pairs = _pairs(out, "passthrough", "passthrough-wan")

@@ -8,7 +8,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from pathprobe.analysis.compare import build_report, write_reports
 from pathprobe.analysis.config import parse_config
 from pathprobe.analysis.report import markdown
@@ -20,35 +19,71 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 def _records(rng, n, base_ms, stream, rnd, conc, fail=0):
     out = []
     for i in range(n):
-        net, ser, q, inf = rng.gamma(4, base_ms / 8), rng.gamma(2, 0.02), rng.exponential(0.1 * conc), 5 + rng.normal(0, 0.1)
+        net, ser, q, inf = (
+            rng.gamma(4, base_ms / 8),
+            rng.gamma(2, 0.02),
+            rng.exponential(0.1 * conc),
+            5 + rng.normal(0, 0.1),
+        )
         other = rng.gamma(2, 0.05)
         e2e = net + ser + q + inf + other
         ok = i >= fail
-        out.append({
-            "ts": 1000.0 + i * 0.01, "route": "grpc.Generate", "ok": ok, "status": "OK" if ok else "UNAVAILABLE",
-            "error": None if ok else "upstream down", "e2e_ms": e2e, "latency_ms": e2e, "client_encode_ms": 0.01,
-            "client_decode_ms": 0.01, "ttft_ms": inf / 3 + net if stream else None,
-            "itl_ms": list(rng.gamma(4, 0.25, 15)) if stream else [], "tpot_ms": 0.3 if stream else None,
-            "tokens_in": 64, "tokens_out": 16, "schedule_lag_ms": 0.0, "entries": {},
-            "split": {"e2e": e2e, "network": net, "serialization": ser, "queueing": q, "inference": inf,
-                      "other": other, "unsplit": 0.0, "network_hop1": net, "network_hop2": 0.0} if ok else None,
-            "trace_id": f"{rnd:04x}{conc:04x}{i:024x}", "_round": rnd, "_concurrency": conc,
-        })
+        out.append(
+            {
+                "ts": 1000.0 + i * 0.01,
+                "route": "grpc.Generate",
+                "ok": ok,
+                "status": "OK" if ok else "UNAVAILABLE",
+                "error": None if ok else "upstream down",
+                "e2e_ms": e2e,
+                "latency_ms": e2e,
+                "client_encode_ms": 0.01,
+                "client_decode_ms": 0.01,
+                "ttft_ms": inf / 3 + net if stream else None,
+                "itl_ms": list(rng.gamma(4, 0.25, 15)) if stream else [],
+                "tpot_ms": 0.3 if stream else None,
+                "tokens_in": 64,
+                "tokens_out": 16,
+                "schedule_lag_ms": 0.0,
+                "entries": {},
+                "split": {
+                    "e2e": e2e,
+                    "network": net,
+                    "serialization": ser,
+                    "queueing": q,
+                    "inference": inf,
+                    "other": other,
+                    "unsplit": 0.0,
+                    "network_hop1": net,
+                    "network_hop2": 0.0,
+                }
+                if ok
+                else None,
+                "trace_id": f"{rnd:04x}{conc:04x}{i:024x}",
+                "_round": rnd,
+                "_concurrency": conc,
+            }
+        )
     return out
 
 
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    cfg = parse_config({
-        "out": str(out), "bootstrap": 200,
-        "load": {"rounds": 2, "concurrency": [1, 4], "stream": True, "duration_s": 2},
-        "targets": [{"name": "direct-grpc", "kind": "direct"},
-                    {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
-                    {"name": "same", "kind": "direct"},
-                    {"name": "broken", "kind": "gateway", "mode": "reencode"},
-                    {"name": "nginx", "kind": "nginx"}],
-    })
+    cfg = parse_config(
+        {
+            "out": str(out),
+            "bootstrap": 200,
+            "load": {"rounds": 2, "concurrency": [1, 4], "stream": True, "duration_s": 2},
+            "targets": [
+                {"name": "direct-grpc", "kind": "direct"},
+                {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+                {"name": "same", "kind": "direct"},
+                {"name": "broken", "kind": "gateway", "mode": "reencode"},
+                {"name": "nginx", "kind": "nginx"},
+            ],
+        }
+    )
     rng = np.random.default_rng(0)
     base = {"direct-grpc": 1.0, "passthrough": 3.0, "same": 1.0, "broken": 1.0}
     paths = {t.name: Path_(t, url="grpc://x", status="ok") for t in cfg.targets}
@@ -107,11 +142,25 @@ def test_markdown_table(report_dir):
 def test_html_opens_in_headless_chromium(report_dir, tmp_path):
     out, _ = report_dir
     html = out / "report.html"
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-dev-shm-usage", "--hide-scrollbars"]
-    dom = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u1'}", "--virtual-time-budget=5000",
-                          "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
+    flags = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+    ]
+    dom = subprocess.run(
+        [*flags, f"--user-data-dir={tmp_path / 'u1'}", "--virtual-time-budget=5000", "--dump-dom", html.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     # the page's own script counted the plots the browser decoded (naturalWidth > 0)
     import re
@@ -121,8 +170,18 @@ def test_html_opens_in_headless_chromium(report_dir, tmp_path):
     assert total and loaded, dom.stdout[:500]
     assert int(total.group(1)) == 5 and int(loaded.group(1)) == 5  # segments, CDF, waterfall, streaming, sweep
     shot = tmp_path / "shot.png"
-    res = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'u2'}", "--window-size=1400,2400",
-                          f"--screenshot={shot}", html.as_uri()], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            *flags,
+            f"--user-data-dir={tmp_path / 'u2'}",
+            "--window-size=1400,2400",
+            f"--screenshot={shot}",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
     import matplotlib.image as mpimg
 
@@ -130,7 +189,7 @@ def test_html_opens_in_headless_chromium(report_dir, tmp_path):
     assert img.shape[0] >= 2000 and img.shape[1] >= 1300
     # not a blank page: many distinct colours (plots), and the segment colours are present
     flat = (img[..., :3] * 255).astype(int).reshape(-1, 3)
-    colours = {tuple(c) for c in flat[:: 37]}
+    colours = {tuple(c) for c in flat[::37]}
     assert len(colours) > 50
     network_blue = np.array([0x4E, 0x79, 0xA7])
     assert (np.abs(flat - network_blue).sum(axis=1) < 12).sum() > 500  # the stacked bars' network colour
@@ -144,19 +203,22 @@ CLIENT_SATURATED = json.loads(
     '"loop_busy_lag_ms": {"p50": 57.615, "p99": 102.155, "max": 102.155, "mean": 58.3945, "samples": 45}, '
     '"cpu_percent": {"mean": 89.7, "max": 92.7, "process_mean": 92.5, "process_max": 95.2}, "saturated": true, '
     '"reason": "event-loop lag p99 113.7 ms, 102.2 ms of it with the loop busy (>= 5 ms)", "contended": false, '
-    '"contended_reason": null, "lag_threshold_ms": 5.0, "cpu_threshold_percent": 90.0, "process": "local"}')
+    '"contended_reason": null, "lag_threshold_ms": 5.0, "cpu_threshold_percent": 90.0, "process": "local"}'
+)
 CLIENT_CALM = json.loads(
     '{"loop_lag_ms": {"p50": 0.418, "p99": 3.934, "max": 29.142, "mean": 0.6808, "samples": 514}, '
     '"loop_busy_lag_ms": {"p50": 0.302, "p99": 1.408, "max": 29.142, "mean": 0.5202, "samples": 514}, '
     '"cpu_percent": {"mean": 14.2, "max": 16.1, "process_mean": 17.9, "process_max": 20.1}, "saturated": false, '
     '"reason": null, "contended": false, "contended_reason": null, "lag_threshold_ms": 5.0, '
-    '"cpu_threshold_percent": 90.0, "process": "local"}')
+    '"cpu_threshold_percent": 90.0, "process": "local"}'
+)
 CLIENT_CONTENDED = json.loads(
     '{"loop_lag_ms": {"p50": 0.43, "p99": 9.301, "max": 34.685, "mean": 0.7891, "samples": 505}, '
     '"loop_busy_lag_ms": {"p50": 0.264, "p99": 1.376, "max": 34.031, "mean": 0.5367, "samples": 505}, '
     '"cpu_percent": {"mean": 14.4, "max": 16.5, "process_mean": 18.5, "process_max": 20.6}, "saturated": false, '
     '"reason": null, "contended": true, "contended_reason": "event-loop lag p99 9.3 ms while the loop itself was '
-    'mostly idle (busy lag p99 1.4 ms)", "lag_threshold_ms": 5.0, "cpu_threshold_percent": 90.0, "process": "local"}')
+    'mostly idle (busy lag p99 1.4 ms)", "lag_threshold_ms": 5.0, "cpu_threshold_percent": 90.0, "process": "local"}'
+)
 
 
 @pytest.fixture(scope="module")
@@ -164,13 +226,18 @@ def saturated_dir(tmp_path_factory):
     """Like the H200 run at c=32: the baseline's one load process saturated, its hop 1 inflated;
     the other paths' clients fine. c=1: everyone calm (transcode's runs predate the block)."""
     out = tmp_path_factory.mktemp("saturated")
-    cfg = parse_config({
-        "out": str(out), "bootstrap": 200,
-        "load": {"rounds": 2, "concurrency": [1, 32], "stream": False, "duration_s": 2},
-        "targets": [{"name": "direct-grpc", "kind": "direct"},
-                    {"name": "direct-http", "kind": "direct", "protocol": "http"},
-                    {"name": "transcode", "kind": "gateway", "mode": "transcode"}],
-    })
+    cfg = parse_config(
+        {
+            "out": str(out),
+            "bootstrap": 200,
+            "load": {"rounds": 2, "concurrency": [1, 32], "stream": False, "duration_s": 2},
+            "targets": [
+                {"name": "direct-grpc", "kind": "direct"},
+                {"name": "direct-http", "kind": "direct", "protocol": "http"},
+                {"name": "transcode", "kind": "gateway", "mode": "transcode"},
+            ],
+        }
+    )
     rng = np.random.default_rng(1)
     paths = {t.name: Path_(t, url="grpc://x", status="ok") for t in cfg.targets}
     results = {}
@@ -213,7 +280,9 @@ def test_report_json_carries_client_blocks_and_warns_where_saturated(saturated_d
     assert "client" not in t["transcode"]["by_concurrency"]["32"]  # runs without the block: nothing invented
     warns = rep["client_warnings"]
     assert [(w["concurrency"], w["kind"], w["targets"]) for w in warns] == [
-        (32, "saturated", ["direct-grpc"]), (32, "contended", ["direct-http"])]
+        (32, "saturated", ["direct-grpc"]),
+        (32, "contended", ["direct-http"]),
+    ]
     assert "client saturated at concurrency 32 in direct-grpc" in warns[0]["text"]
     assert "--processes" in warns[0]["text"]
     # every verdict at c=32 is against the saturated baseline; its difference is on hop 1 -> flagged
@@ -230,8 +299,10 @@ def test_markdown_warning_sits_under_its_concurrency(saturated_dir):
     md = markdown(report)
     c1, c32 = md.split("### concurrency 32")
     assert "client saturated" not in c1 and "client contended" not in c1
-    assert "- **WARNING**: client saturated at concurrency 32 in direct-grpc (rounds 1, 2: event-loop lag p99 113.7 ms" \
+    assert (
+        "- **WARNING**: client saturated at concurrency 32 in direct-grpc (rounds 1, 2: event-loop lag p99 113.7 ms"
         in c32
+    )
     assert "- **note**: client contended at concurrency 32 in direct-http (round 2:" in c32
     assert "- **verdict** (flagged: client saturated — not a path difference): c=32: direct-http" in c32
     assert "| direct-grpc (base) [client saturated] |" in c32 and "| direct-http |" in c32

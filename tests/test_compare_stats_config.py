@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from pathprobe.analysis import stats
 from pathprobe.analysis.config import CompareConfig, load_config, parse_config
 from pathprobe.errors import ConfigError
@@ -92,6 +91,8 @@ def test_default_config_file_equals_builtin_defaults():
         ({"load": {"arrival": "poisson"}}, "needs 'rate'"),
         ({"network": {"delay_ms": -1}}, "network.delay_ms: Input should be greater than or equal to 0"),
         ({"mode": "remote"}, "remote mode: target 'direct-grpc' needs 'address'"),
+        ({"load": {"prompt_set": "file", "prompt_file": "/no/such/prompts.jsonl"}},
+         "load: prompt_file: no such file: /no/such/prompts.jsonl"),
     ],
 )
 def test_bad_config_names_key(data, expected):
@@ -103,10 +104,14 @@ def test_bad_config_names_key(data, expected):
 
 def test_env_substitution(tmp_path):
     f = tmp_path / "c.yaml"
-    f.write_text(yaml.safe_dump({
-        "load": {"rounds": "${ROUNDS}", "max_tokens": "${MAXTOK:-7}"},
-        "targets": [{"name": "ext", "kind": "external", "address": "openai+http://${HOST}:8000"}],
-    }))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "load": {"rounds": "${ROUNDS}", "max_tokens": "${MAXTOK:-7}"},
+                "targets": [{"name": "ext", "kind": "external", "address": "openai+http://${HOST}:8000"}],
+            }
+        )
+    )
     cfg = load_config(f, env={"ROUNDS": "5", "HOST": "10.0.0.9"})
     assert cfg.load.rounds == 5 and cfg.load.max_tokens == 7
     assert cfg.targets[0].address == "openai+http://10.0.0.9:8000" and cfg.targets[0].protocol == "openai"
@@ -126,8 +131,23 @@ def test_unreadable_and_invalid_yaml(tmp_path):
 def test_cli_flags_override_and_fail_naming_key(tmp_path, capsys):
     from pathprobe.cli import main
 
-    assert main(["compare", "--print-config", "--engine", "synthetic", "--concurrency", "1,8",
-                 "--delay-ms", "5", "--targets", "direct-grpc,passthrough"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--print-config",
+                "--engine",
+                "synthetic",
+                "--concurrency",
+                "1,8",
+                "--delay-ms",
+                "5",
+                "--targets",
+                "direct-grpc,passthrough",
+            ]
+        )
+        == 0
+    )
     out = yaml.safe_load(capsys.readouterr().out)
     assert out["server"]["engine"] == "synthetic" and out["load"]["concurrency"] == [1, 8]
     assert out["network"]["delay_ms"] == 5 and out["network"]["hop"] == "upstream"

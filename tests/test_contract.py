@@ -12,8 +12,17 @@ GENERATED = ("llm_pb2.py", "llm_pb2.pyi", "llm_pb2_grpc.py")
 
 def test_stubs_match_proto(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT / "proto"), f"--python_out={tmp_path}",
-         f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}", "pathprobe/v1/llm.proto"],
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-I",
+            str(ROOT / "proto"),
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            "pathprobe/v1/llm.proto",
+        ],
         check=True,
     )
     for name in GENERATED:

@@ -9,11 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from pathprobe.server import models
-from pathprobe.server.engine.base import EngineConfig, GenParams, Generation
-from pathprobe.server.engine.hf import IncrementalDetokenizer, TransformersEngine, holdback, stop_index
 from pathprobe.errors import InvalidArgument, ResourceExhausted
+from pathprobe.server import models
+from pathprobe.server.engine.base import EngineConfig, Generation, GenParams
+from pathprobe.server.engine.hf import IncrementalDetokenizer, TransformersEngine, holdback, stop_index
 from pathprobe.timing import now_ms
 
 PROMPTS = [
@@ -214,6 +213,7 @@ def test_context_and_token_id_checks(engine: TransformersEngine) -> None:
 def test_queue_full_and_cancel_frees_slots() -> None:
     eng = make_engine(max_batch_size=1, max_queue=2, max_wait_ms=0.0)
     try:
+
         async def go():
             a = eng.generate(GenParams(prompt=PROMPTS[0], max_tokens=400, ignore_eos=True))
             ita = a.__aiter__()
@@ -277,6 +277,7 @@ def test_timing_parts_within_wall_time(engine: TransformersEngine) -> None:
 def test_queue_grows_only_beyond_batch_size() -> None:
     eng = make_engine(max_batch_size=2, max_wait_ms=1.0)
     try:
+
         async def burst(n: int) -> list[Generation]:
             gens = [eng.generate(GenParams(prompt=PROMPTS[i], max_tokens=24, ignore_eos=True)) for i in range(n)]
             await asyncio.gather(*(g.collect() for g in gens))
@@ -331,8 +332,9 @@ def test_static_cache_path_matches_dynamic(engine: TransformersEngine, prefill: 
     ``static``: newcomers prefill one at a time into bucket-sized static buffers (the path
     CUDA graphs replay for prefill), KV copied into their slots."""
     extra = {"prefill_max_len": "128"} if prefill == "static" else {}
-    eng = make_engine(max_batch_size=4, max_wait_ms=2.0,
-                      options={"static_cache": "1", "static_max_len": "256", **extra})
+    eng = make_engine(
+        max_batch_size=4, max_wait_ms=2.0, options={"static_cache": "1", "static_max_len": "256", **extra}
+    )
     try:
         assert eng.max_context == 256 and eng._static is not None
         assert eng._static.p_buckets == ([16, 32, 64, 128] if prefill == "static" else [])

@@ -11,11 +11,11 @@ import json
 from collections.abc import Iterator
 
 import pytest
-
 from pathprobe import timing
+from pathprobe.errors import ConfigError
 from pathprobe.server.engine.base import EngineConfig
 from pathprobe.server.engine.vllm_engine import INSTALL_HINT, _coerce, vllm_available
-from pathprobe.errors import ConfigError
+
 from tests.support.clients import grpc_generate, grpc_stream, http_post, sse_events
 from tests.support.procs import Server
 
@@ -43,7 +43,14 @@ def vllm_server(tmp_path_factory) -> Iterator[Server]:
     # 2 sequences at a time so a burst of 4 has to queue; the KV cache and cache folders are the
     # engine's own CPU defaults (pathprobe.vllmcpu), nothing set by hand
     srv = Server(
-        tmp_path_factory.mktemp("vllm"), "--engine", "vllm", "--model", "tiny", "--max-batch-size", "2", timeout=600,
+        tmp_path_factory.mktemp("vllm"),
+        "--engine",
+        "vllm",
+        "--model",
+        "tiny",
+        "--max-batch-size",
+        "2",
+        timeout=600,
     )
     yield srv
     srv.stop()
@@ -117,11 +124,20 @@ def test_vllm_queue_grows_beyond_its_sequences(vllm_server: Server) -> None:
 def test_vllm_openai_client(vllm_server: Server) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{vllm_server.http_url}/v1", api_key="none")
-    c = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=6,
-                                  temperature=0, extra_body={"ignore_eos": True})
+    c = client.completions.create(
+        model="tiny", prompt="The capital of France is", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert c.usage.completion_tokens == 6
-    parts = list(client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=6,
-                                           temperature=0, stream=True, extra_body={"ignore_eos": True}))
+    parts = list(
+        client.completions.create(
+            model="tiny",
+            prompt="The capital of France is",
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert "".join(p.choices[0].text for p in parts) == c.choices[0].text
 
 
@@ -142,7 +158,6 @@ def test_vllm_client_disconnect_frees_the_sequence(vllm_server: Server) -> None:
     import time
 
     import grpc
-
     from pathprobe.v1 import llm_pb2, llm_pb2_grpc
 
     with grpc.insecure_channel(vllm_server.grpc_target) as ch:
@@ -159,6 +174,9 @@ def test_vllm_client_disconnect_frees_the_sequence(vllm_server: Server) -> None:
     assert _gauge(vllm_server.http_url, "pathprobe_server_queue_depth") == 0
     # both sequence slots serve again at once: two requests, no queueing behind the aborted one
     with cf.ThreadPoolExecutor(2) as pool:
-        res = list(pool.map(lambda _: grpc_generate(vllm_server.grpc_target, prompt="Hi", max_tokens=4,
-                                                    ignore_eos=True), range(2)))
+        res = list(
+            pool.map(
+                lambda _: grpc_generate(vllm_server.grpc_target, prompt="Hi", max_tokens=4, ignore_eos=True), range(2)
+            )
+        )
     assert all(r.usage.completion_tokens == 4 for r, _ in res)

@@ -18,15 +18,23 @@ from pathlib import Path
 
 import grpc
 import pytest
-
 from pathprobe import timing
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
 from tests.support.clients import grpc_generate, grpc_stream, http_post, sse_events
 from tests.support.procs import Proc, free_port
 
 GW_ENTRIES = {"gw.decode", "gw.encode", "gw.upstream", "gw.total"}
-SRV_ENTRIES = {"srv.decode", "srv.queue", "srv.tokenize", "srv.prefill", "srv.decode_steps", "srv.detokenize",
-               "srv.encode", "srv.total"}
+SRV_ENTRIES = {
+    "srv.decode",
+    "srv.queue",
+    "srv.tokenize",
+    "srv.prefill",
+    "srv.decode_steps",
+    "srv.detokenize",
+    "srv.encode",
+    "srv.total",
+}
 REQ = {"prompt": "The capital of France is", "max_tokens": 7, "request_id": "req-1"}
 
 
@@ -34,13 +42,29 @@ REQ = {"prompt": "The capital of France is", "max_tokens": 7, "request_id": "req
 class Gateway(Proc):
     """``pathprobe gateway`` on free loopback ports; waits until it accepts connections."""
 
-    def __init__(self, tmp: Path, mode: str, upstream: str, *extra: str, env: dict[str, str] | None = None,
-                 timeout: float = 30.0) -> None:
+    def __init__(
+        self, tmp: Path, mode: str, upstream: str, *extra: str, env: dict[str, str] | None = None, timeout: float = 30.0
+    ) -> None:
         self.port = free_port()
         self.admin_port = free_port()
         self.mode = mode
-        args = [sys.executable, "-m", "pathprobe", "gateway", "--mode", mode, "--listen", f"127.0.0.1:{self.port}",
-                "--upstream", upstream, "--admin-port", str(self.admin_port), "--health-interval", "0.3", *extra]
+        args = [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "gateway",
+            "--mode",
+            mode,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--upstream",
+            upstream,
+            "--admin-port",
+            str(self.admin_port),
+            "--health-interval",
+            "0.3",
+            *extra,
+        ]
         super().__init__(args, tmp / f"gateway-{mode}-{self.port}.log", env)
         deadline = time.monotonic() + timeout
         while True:
@@ -135,8 +159,8 @@ def strip_timing(events: list) -> list:
 
 
 def check_entries(entries: dict[str, float], decode_zero: bool = False, chunks_transcoded: bool = False) -> None:
-    assert SRV_ENTRIES <= set(entries), entries
-    assert GW_ENTRIES <= set(entries), entries
+    assert set(entries) >= SRV_ENTRIES, entries
+    assert set(entries) >= GW_ENTRIES, entries
     if chunks_transcoded:
         # a transcoded stream: the chunks' decode/encode overlaps the server's work and is taken out
         # of gw.upstream (it is gw.decode / gw.encode), so gw.upstream may be below srv.total when the
@@ -154,16 +178,14 @@ def check_entries(entries: dict[str, float], decode_zero: bool = False, chunks_t
 # ------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module", params=["h2", "grpc"])
 def passthrough(request, synthetic_server, tmp_path_factory) -> Iterator[Gateway]:
-    gw = Gateway(tmp_path_factory.mktemp("gw"), "passthrough", synthetic_server.grpc_target,
-                 "--impl", request.param)
+    gw = Gateway(tmp_path_factory.mktemp("gw"), "passthrough", synthetic_server.grpc_target, "--impl", request.param)
     yield gw
     gw.stop()
 
 
 @pytest.fixture(scope="module")
 def transcode(synthetic_server, tmp_path_factory) -> Iterator[Gateway]:
-    gw = Gateway(tmp_path_factory.mktemp("gw"), "transcode", synthetic_server.grpc_target,
-                 "--max-body-bytes", "20000")
+    gw = Gateway(tmp_path_factory.mktemp("gw"), "transcode", synthetic_server.grpc_target, "--max-body-bytes", "20000")
     yield gw
     gw.stop()
 
@@ -177,8 +199,13 @@ def reencode(synthetic_server, tmp_path_factory) -> Iterator[Gateway]:
 
 @pytest.fixture(scope="module")
 def http_proxy(synthetic_server, tmp_path_factory) -> Iterator[Gateway]:
-    gw = Gateway(tmp_path_factory.mktemp("gw"), "http-proxy", f"127.0.0.1:{synthetic_server.http_port}",
-                 "--max-body-bytes", "20000")
+    gw = Gateway(
+        tmp_path_factory.mktemp("gw"),
+        "http-proxy",
+        f"127.0.0.1:{synthetic_server.http_port}",
+        "--max-body-bytes",
+        "20000",
+    )
     yield gw
     gw.stop()
 
@@ -234,8 +261,7 @@ def test_passthrough_metadata_deadline_cancel(passthrough, synthetic_server) -> 
 def test_passthrough_metrics(passthrough) -> None:
     grpc_generate(passthrough.target, **REQ)
     m = passthrough.metrics()
-    ok = [k for k in m if k.startswith("pathprobe_gateway_requests_total") and 'code="OK"' in k
-          and "Generate" in k]
+    ok = [k for k in m if k.startswith("pathprobe_gateway_requests_total") and 'code="OK"' in k and "Generate" in k]
     assert ok and sum(m[k] for k in ok) >= 1
     assert any(k.startswith("pathprobe_gateway_upstream_healthy") and v == 1 for k, v in m.items())
 
@@ -413,12 +439,20 @@ def test_no_leaks_after_failure_burst(tmp_path, synthetic_server, mode: str) -> 
             for i in range(40):
                 conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
                 if i % 2 == 0:
-                    conn.request("POST", "/v1/generate", json.dumps({"prompt": "", "max_tokens": 3}),
-                                 {"Content-Type": "application/json"})
+                    conn.request(
+                        "POST",
+                        "/v1/generate",
+                        json.dumps({"prompt": "", "max_tokens": 3}),
+                        {"Content-Type": "application/json"},
+                    )
                     assert conn.getresponse().status == 400
                 else:  # a stream the client walks away from
-                    conn.request("POST", "/v1/generate", json.dumps({**long_req, "stream": True}),
-                                 {"Content-Type": "application/json"})
+                    conn.request(
+                        "POST",
+                        "/v1/generate",
+                        json.dumps({**long_req, "stream": True}),
+                        {"Content-Type": "application/json"},
+                    )
                     resp = conn.getresponse()
                     resp.fp.readline()
                 conn.close()
@@ -456,6 +490,7 @@ def test_passthrough_body_limit_and_large_messages(tmp_path, synthetic_server, i
                 got = ("err", e.code(), e.details())
             assert got == want
             long = llm_pb2.GenerateRequest(prompt="hi", max_tokens=2000, ignore_eos=True)
+
             def content(chunks):  # emit_ms is when the server sent each chunk: it differs between two calls
                 return [(c.text, list(c.token_ids), c.finish_reason, c.usage) for c in chunks]
 
@@ -490,7 +525,7 @@ def test_stream_transcoding_is_not_counted_in_upstream(request, mode: str) -> No
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(one, range(16)))
     for e in results:
-        assert GW_ENTRIES | SRV_ENTRIES <= set(e), e
+        assert set(e) >= GW_ENTRIES | SRV_ENTRIES, e
         other = e["gw.total"] - e["gw.upstream"] - e["gw.decode"] - e["gw.encode"]
         assert other >= -0.01, e
         assert e["gw.upstream"] > 0, e

@@ -16,8 +16,9 @@ from tests.support.clients import grpc_generate, grpc_stream
 from tests.support.procs import free_port
 from tests.test_gateway import REQ
 
-pytestmark = pytest.mark.skipif(shutil.which("nginx") is None,
-                                reason="nginx is not installed (Debian: apt-get install -y nginx)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("nginx") is None, reason="nginx is not installed (Debian: apt-get install -y nginx)"
+)
 
 RENDER = Path(__file__).resolve().parent.parent / "deploy" / "nginx" / "render.py"
 
@@ -31,8 +32,11 @@ def load_render():
 
 def start_nginx(prefix: Path, listen_port: int, upstreams: list[str]) -> subprocess.Popen:
     conf = load_render()(prefix, f"127.0.0.1:{listen_port}", upstreams)
-    proc = subprocess.Popen(["nginx", "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(conf),
-                             "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["nginx", "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(conf), "-g", "daemon off;"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if proc.poll() is not None:

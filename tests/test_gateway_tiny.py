@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from pathprobe import timing
+
 from tests.support.clients import grpc_generate, grpc_stream, http_post, sse_events
 from tests.test_gateway import Gateway, check_entries, strip_timing
 
@@ -15,10 +15,12 @@ REQ = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0.0}
 
 @pytest.mark.slow
 def test_tiny_engine_through_passthrough_and_transcode(tmp_path, tiny_server) -> None:
-    gws = [Gateway(tmp_path, "passthrough", tiny_server.grpc_target),
-           Gateway(tmp_path, "transcode", tiny_server.grpc_target),
-           Gateway(tmp_path, "reencode", f"127.0.0.1:{tiny_server.http_port}"),
-           Gateway(tmp_path, "http-proxy", f"127.0.0.1:{tiny_server.http_port}")]
+    gws = [
+        Gateway(tmp_path, "passthrough", tiny_server.grpc_target),
+        Gateway(tmp_path, "transcode", tiny_server.grpc_target),
+        Gateway(tmp_path, "reencode", f"127.0.0.1:{tiny_server.http_port}"),
+        Gateway(tmp_path, "http-proxy", f"127.0.0.1:{tiny_server.http_port}"),
+    ]
     try:
         direct, _ = grpc_generate(tiny_server.grpc_target, timeout=120, **REQ)
         assert direct.usage.completion_tokens > 0

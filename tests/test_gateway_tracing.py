@@ -11,9 +11,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
-
 from pathprobe import telemetry, timing
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
 from tests.support.clients import http_post, sse_events
 from tests.support.procs import Server
 from tests.test_gateway import REQ, Gateway
@@ -32,23 +32,39 @@ def receiver():
 
 @pytest.fixture(scope="module")
 def traced_server(receiver, tmp_path_factory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("traced"), "--engine", "synthetic", "--decode-ms-per-token", "0.5",
-                 env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+    srv = Server(
+        tmp_path_factory.mktemp("traced"),
+        "--engine",
+        "synthetic",
+        "--decode-ms-per-token",
+        "0.5",
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint},
+    )
     yield srv
     srv.stop()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,impl,stream", [
-    ("passthrough", "h2", False), ("passthrough", "h2", True), ("passthrough", "grpc", False), ("passthrough", "grpc", True),
-    ("transcode", None, False), ("transcode", None, True), ("reencode", None, False), ("reencode", None, True),
-    ("http-proxy", None, False), ("http-proxy", None, True),
-])
+@pytest.mark.parametrize(
+    "mode,impl,stream",
+    [
+        ("passthrough", "h2", False),
+        ("passthrough", "h2", True),
+        ("passthrough", "grpc", False),
+        ("passthrough", "grpc", True),
+        ("transcode", None, False),
+        ("transcode", None, True),
+        ("reencode", None, False),
+        ("reencode", None, True),
+        ("http-proxy", None, False),
+        ("http-proxy", None, True),
+    ],
+)
 def test_trace_chains_client_gateway_server(tmp_path, receiver, traced_server, mode, impl, stream) -> None:
-    up = (f"127.0.0.1:{traced_server.http_port}" if mode in ("reencode", "http-proxy")
-          else traced_server.grpc_target)
-    gw = Gateway(tmp_path, mode, up, *(("--impl", impl) if impl else ()),
-                 env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+    up = f"127.0.0.1:{traced_server.http_port}" if mode in ("reencode", "http-proxy") else traced_server.grpc_target
+    gw = Gateway(
+        tmp_path, mode, up, *(("--impl", impl) if impl else ()), env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+    )
     provider = TracerProvider(resource=Resource.create({"service.name": "test-client"}))
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True)))
     tracer = provider.get_tracer("test")
@@ -60,20 +76,24 @@ def test_trace_chains_client_gateway_server(tmp_path, receiver, traced_server, m
                 with grpc.insecure_channel(gw.target) as ch:
                     stub = llm_pb2_grpc.LLMStub(ch)
                     if stream:
-                        call = stub.GenerateStream(llm_pb2.GenerateRequest(**REQ), metadata=tuple(carrier.items()),
-                                                   timeout=10)
+                        call = stub.GenerateStream(
+                            llm_pb2.GenerateRequest(**REQ), metadata=tuple(carrier.items()), timeout=10
+                        )
                         assert list(call)
                         entries = timing.from_metadata(call.trailing_metadata())
                     else:
-                        _, call = stub.Generate.with_call(llm_pb2.GenerateRequest(**REQ),
-                                                          metadata=tuple(carrier.items()), timeout=10)
+                        _, call = stub.Generate.with_call(
+                            llm_pb2.GenerateRequest(**REQ), metadata=tuple(carrier.items()), timeout=10
+                        )
                         entries = timing.from_metadata(call.trailing_metadata())
             else:
-                status, headers, body = http_post(f"{gw.url}/v1/generate", {**REQ, "stream": stream},
-                                                  headers=carrier)
+                status, headers, body = http_post(f"{gw.url}/v1/generate", {**REQ, "stream": stream}, headers=carrier)
                 assert status == 200
-                entries = (timing.parse(sse_events(body)[-2]["server_timing"]) if stream
-                           else timing.parse(headers["Server-Timing"]))
+                entries = (
+                    timing.parse(sse_events(body)[-2]["server_timing"])
+                    if stream
+                    else timing.parse(headers["Server-Timing"])
+                )
         tid = cspan.get_span_context().trace_id.to_bytes(16, "big")
         client_id = cspan.get_span_context().span_id.to_bytes(8, "big")
         provider.shutdown()
@@ -81,6 +101,7 @@ def test_trace_chains_client_gateway_server(tmp_path, receiver, traced_server, m
         def complete(spans) -> bool:
             services = {svc for svc, sp in spans if sp.trace_id == tid}
             return {"test-client", "pathprobe-gateway", "pathprobe-server"} <= services
+
         receiver.wait_for(complete, timeout=20)
         spans = receiver.trace(tid)
     finally:
@@ -109,6 +130,7 @@ def test_trace_chains_client_gateway_server(tmp_path, receiver, traced_server, m
     if mode in ("transcode", "reencode"):  # transcoding work as child spans
         children = {sp.name for sp in gw_spans if sp.parent_span_id == gw_server.span_id}
         assert {"gw.decode", "gw.encode"} <= children, children
+
     # the gateway's spans are placed where its gw.* entries were measured, so `pathprobe analyze`
     # gets the in-band values from span timing alone (µs: Server-Timing has 3 decimals)
     def dur(sp) -> float:

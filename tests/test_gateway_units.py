@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from hpack import Decoder, Encoder
-
 from pathprobe.errors import ConfigError
 from pathprobe.gateway.aio import param_of
 from pathprobe.gateway.common import forward_metadata, grpc_timeout, parse_upstreams
@@ -46,17 +45,29 @@ def test_flags_and_metadata() -> None:
     for bad in ("", "nohost", "h:0", "h:99999", "h:x"):
         with pytest.raises(ConfigError):
             parse_upstreams(bad)
-    md = forward_metadata([("traceparent", "00-ab-cd-01"), ("user-agent", "x"), ("grpc-timeout", "1S"),
-                           ("x-tenant", "t1"), ("blob-bin", b"\x00")])
+    md = forward_metadata(
+        [
+            ("traceparent", "00-ab-cd-01"),
+            ("user-agent", "x"),
+            ("grpc-timeout", "1S"),
+            ("x-tenant", "t1"),
+            ("blob-bin", b"\x00"),
+        ]
+    )
     assert md == [("traceparent", "00-ab-cd-01"), ("x-tenant", "t1"), ("blob-bin", b"\x00")]
     assert grpc_timeout(9.2e18) is None and grpc_timeout(None) is None and grpc_timeout(1.5) == 1.5
     assert param_of("max_tokens: must be > 0") == "max_tokens" and param_of("no field here") is None
 
 
 def test_request_to_json_keeps_native_types() -> None:
-    req = llm_pb2.GenerateRequest(prompt="hi", max_tokens=3, seed=2**40, stop=["\n"], ignore_eos=True,
-                                  temperature=0.5)
+    req = llm_pb2.GenerateRequest(prompt="hi", max_tokens=3, seed=2**40, stop=["\n"], ignore_eos=True, temperature=0.5)
     obj = request_to_json(req)
-    assert obj == {"prompt": "hi", "max_tokens": 3, "seed": 2**40, "stop": ["\n"], "ignore_eos": True,
-                   "temperature": 0.5}
+    assert obj == {
+        "prompt": "hi",
+        "max_tokens": 3,
+        "seed": 2**40,
+        "stop": ["\n"],
+        "ignore_eos": True,
+        "temperature": 0.5,
+    }
     assert isinstance(obj["seed"], int)  # json_format would have made it a string

@@ -10,16 +10,24 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-
 from pathprobe.errors import Unavailable
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
+
 from tests.support.clients import grpc_generate, http_post
 from tests.support.procs import Proc, Server, free_port, wait_grpc, wait_http
 from tests.test_gateway import REQ, Gateway, wait_until
 
-SYNTH = ("--engine", "synthetic", "--prefill-ms-per-token", "0.05", "--decode-ms-per-token", "1",
-         "--max-batch-size", "16")
+SYNTH = (
+    "--engine",
+    "synthetic",
+    "--prefill-ms-per-token",
+    "0.05",
+    "--decode-ms-per-token",
+    "1",
+    "--max-batch-size",
+    "16",
+)
 
 
 # ------------------------------------------------------------------------------ unit: the pool
@@ -51,7 +59,7 @@ def requests_of(srv: Server) -> float:
     with urllib.request.urlopen(f"{srv.http_url}/metrics", timeout=5) as r:
         total = 0.0
         for line in r.read().decode().splitlines():
-            if line.startswith("pathprobe_server_requests_total{") and "route=\"grpc.Generate\"" in line:
+            if line.startswith("pathprobe_server_requests_total{") and 'route="grpc.Generate"' in line:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
@@ -78,8 +86,9 @@ def test_round_robin_spreads_calls(tmp_path, two_servers, impl: str) -> None:
                 for _ in range(10):
                     stub.Generate(llm_pb2.GenerateRequest(**REQ), timeout=10)
         else:  # the frame relay balances client connections: ten clients, one connection each
-            chans = [grpc.insecure_channel(gw.target, options=[("grpc.use_local_subchannel_pool", 1)])
-                     for _ in range(10)]
+            chans = [
+                grpc.insecure_channel(gw.target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(10)
+            ]
             try:
                 for ch in chans:
                     llm_pb2_grpc.LLMStub(ch).Generate(llm_pb2.GenerateRequest(**REQ), timeout=10)
@@ -94,8 +103,9 @@ def test_round_robin_spreads_calls(tmp_path, two_servers, impl: str) -> None:
 
 def test_least_outstanding_avoids_the_busy_upstream(tmp_path, two_servers) -> None:
     a, b = two_servers
-    gw = Gateway(tmp_path, "passthrough", f"{a.grpc_target},{b.grpc_target}", "--impl", "grpc",
-                 "--balance", "least-outstanding")
+    gw = Gateway(
+        tmp_path, "passthrough", f"{a.grpc_target},{b.grpc_target}", "--impl", "grpc", "--balance", "least-outstanding"
+    )
     try:
         with grpc.insecure_channel(gw.target) as ch:
             stub = llm_pb2_grpc.LLMStub(ch)
@@ -118,7 +128,17 @@ def test_health_check_takes_out_and_puts_back(tmp_path, mode: str) -> None:
     """An upstream that stops is marked unhealthy and gets no calls; back up, it gets calls again."""
     a = Server(tmp_path, *SYNTH)
     b_grpc, b_http = free_port(), free_port()
-    b_args = [sys.executable, "-m", "pathprobe", "serve", "--grpc-port", str(b_grpc), "--http-port", str(b_http), *SYNTH]
+    b_args = [
+        sys.executable,
+        "-m",
+        "pathprobe",
+        "serve",
+        "--grpc-port",
+        str(b_grpc),
+        "--http-port",
+        str(b_http),
+        *SYNTH,
+    ]
 
     def start_b() -> Proc:
         p = Proc(b_args, tmp_path / f"b-{time.monotonic_ns()}.log")
@@ -163,8 +183,9 @@ def test_failover_kill_one_upstream_mid_run(tmp_path, impl: str) -> None:
     """Kill one of two upstreams under load: only calls in flight on it fail, with UNAVAILABLE."""
     a = Server(tmp_path, *SYNTH)
     b = Server(tmp_path, *SYNTH)
-    gw = Gateway(tmp_path, "passthrough", f"{a.grpc_target},{b.grpc_target}", "--impl", impl,
-                 "--balance", "least-outstanding")
+    gw = Gateway(
+        tmp_path, "passthrough", f"{a.grpc_target},{b.grpc_target}", "--impl", impl, "--balance", "least-outstanding"
+    )
     results: list[tuple[float, float, str]] = []  # (start, end, code)
     lock = threading.Lock()
     stop = threading.Event()

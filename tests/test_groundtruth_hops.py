@@ -60,28 +60,43 @@ def _targets() -> list[dict]:
     for path, spec in PATHS.items():
         for hop in _hops(path):
             for d in (0.0, HOPS[hop]):
-                out.append({"name": f"{path}-{hop}-{'d' if d else '0'}", **spec,
-                            "network": {"hop": hop, "delay_ms": d}})
+                out.append(
+                    {"name": f"{path}-{hop}-{'d' if d else '0'}", **spec, "network": {"hop": hop, "delay_ms": d}}
+                )
     return out
 
 
 def _run(tmp: Path, stream: bool) -> Path:
     out = tmp / ("stream" if stream else "unary")
     cfg = {
-        "out": str(out), "bootstrap": 100, "slowest": 0, "tracing": False,
+        "out": str(out),
+        "bootstrap": 100,
+        "slowest": 0,
+        "tracing": False,
         # an engine that never sleeps: its timer wake-ups on a busy 2-core machine are 1-20 ms late, engine
         # noise that would sit in e2e (not in network) and blur the comparison of the two; tokens still go
         # out as separate messages / SSE events
-        "server": {"engine": "synthetic", "prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.0,
-                   "max_batch_size": 8},
-        "load": {"duration_s": 2.0, "warmup_s": 0.3, "rounds": 1, "concurrency": [1], "stream": stream,
-                 "prompt_tokens": 32, "max_tokens": 6 if stream else 3, "interleave": "call"},
+        "server": {"engine": "synthetic", "prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.0, "max_batch_size": 8},
+        "load": {
+            "duration_s": 2.0,
+            "warmup_s": 0.3,
+            "rounds": 1,
+            "concurrency": [1],
+            "stream": stream,
+            "prompt_tokens": 32,
+            "max_tokens": 6 if stream else 3,
+            "interleave": "call",
+        },
         "targets": _targets(),
     }
     path = tmp / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path), "--no-html"],
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", str(path), "--no-html"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     # a network condition with delay 0 is "inactive" for the config: make sure the relay is there anyway
@@ -135,8 +150,9 @@ def _check(d: dict[str, float], path: str, hop: str) -> None:
     bound = max(0.1 * delay, TOL)
     assert abs(d["network-e2e"]) <= bound, where
     # the link it lands on; nginx reports nothing, so for the split both of its links are hop 1
-    moved, still = ("network_hop1", "network_hop2") if hop == "client" or path == "nginx" else \
-        ("network_hop2", "network_hop1")
+    moved, still = (
+        ("network_hop1", "network_hop2") if hop == "client" or path == "nginx" else ("network_hop2", "network_hop1")
+    )
     assert abs(d[f"{moved}-e2e"]) <= bound, where
     assert abs(d[still]) <= TOL, where
     for seg in STILL:

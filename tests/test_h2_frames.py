@@ -9,8 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pathprobe.h2frames import DATA, HEADERS, PATH, STATUS, BlockReader, frame, frames, literal
 
-NAMES = [b":path", b"grpc-status", b"grpc-message", b"server-timing", b"grpc-timeout", b"content-type",
-         b"te", b"x-custom", b"traceparent"]
+NAMES = [
+    b":path",
+    b"grpc-status",
+    b"grpc-message",
+    b"server-timing",
+    b"grpc-timeout",
+    b"content-type",
+    b"te",
+    b"x-custom",
+    b"traceparent",
+]
 header = st.tuples(st.sampled_from(NAMES), st.binary(min_size=0, max_size=40).map(lambda b: b.hex().encode()))
 block_spec = st.tuples(st.lists(header, min_size=1, max_size=8), st.booleans(), st.booleans())
 
@@ -57,15 +66,31 @@ def test_table_size_updates_and_evictions_stay_in_step() -> None:
     for i in range(60):
         if i in (10, 30):
             enc.header_table_size = 256 if i == 10 else 4096  # the next block starts with a size update
-        block = enc.encode([(b"date", f"Tue, 01 Dec 2026 15:00:{i:02d} GMT".encode()), (b"grpc-status", b"0"),
-                            (b":path", f"/svc/M{i % 7}".encode())])
+        block = enc.encode(
+            [
+                (b"date", f"Tue, 01 Dec 2026 15:00:{i:02d} GMT".encode()),
+                (b"grpc-status", b"0"),
+                (b":path", f"/svc/M{i % 7}".encode()),
+            ]
+        )
         full = ref.decode(block, raw=True)
         assert reader.read(block, PATH | STATUS) == {k: v for k, v in full if k in PATH | STATUS}
     assert list(reader.dec.header_table.dynamic_entries) == list(ref.header_table.dynamic_entries)
 
 
-@pytest.mark.parametrize("block", [b"\x80", b"\xff\xff\xff\xff", b"\x00\x05ab", b"\x0f", b"\xbf", b"\x40\x85ab",
-                                   b"\x82\x3f\xe1\x1f", b"\x3f\xff\xff\xff\x7f"])
+@pytest.mark.parametrize(
+    "block",
+    [
+        b"\x80",
+        b"\xff\xff\xff\xff",
+        b"\x00\x05ab",
+        b"\x0f",
+        b"\xbf",
+        b"\x40\x85ab",
+        b"\x82\x3f\xe1\x1f",
+        b"\x3f\xff\xff\xff\x7f",
+    ],
+)
 def test_malformed_blocks_raise_hpack_errors(block: bytes) -> None:
     with pytest.raises(HPACKError):
         BlockReader().read(block, STATUS)

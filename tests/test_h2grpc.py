@@ -22,8 +22,21 @@ ROOT = Path(__file__).resolve().parent.parent
 def gateway(synthetic_server, tmp_path_factory) -> Iterator[str]:
     """The passthrough relay in front of the server: its trailers carry a second server-timing."""
     port = free_port()
-    gw = Proc([sys.executable, "-m", "pathprobe", "gateway", "--mode", "passthrough", "--listen", f"127.0.0.1:{port}",
-               "--upstream", synthetic_server.grpc_target], tmp_path_factory.mktemp("gw") / "gw.log")
+    gw = Proc(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "gateway",
+            "--mode",
+            "passthrough",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--upstream",
+            synthetic_server.grpc_target,
+        ],
+        tmp_path_factory.mktemp("gw") / "gw.log",
+    )
     wait_grpc(f"127.0.0.1:{port}", 60, gw.popen)
     yield f"127.0.0.1:{port}"
     gw.stop()
@@ -31,9 +44,15 @@ def gateway(synthetic_server, tmp_path_factory) -> Iterator[str]:
 
 def records(address: str, specs: list[CallSpec], timeout_s: float = 30.0) -> list[tuple[dict, dict]]:
     """(grpcio record, h2 record) per spec, both made under gevent in a load-generator-like process."""
-    proc = subprocess.run([sys.executable, "-m", "tests.support.grpc_clients", address, str(timeout_s)],
-                          input=json.dumps([asdict(s) for s in specs]), capture_output=True, text=True,
-                          cwd=ROOT, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.grpc_clients", address, str(timeout_s)],
+        input=json.dumps([asdict(s) for s in specs]),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [(r["grpcio"], r["h2"]) for r in json.loads(proc.stdout)]
 
@@ -43,8 +62,10 @@ def same(a: dict, b: dict) -> None:
     for key in ("route", "ok", "status", "error", "tokens_in", "tokens_out"):
         assert a[key] == b[key], key
     assert sorted(a["entries"]) == sorted(b["entries"])
+
     def hops(rec: dict) -> list:
         return [(h["kind"], sorted(h["entries"])) for h in rec["hops"] or []]
+
     assert hops(a) == hops(b)  # hop by hop, in order (server, then gateway)
     assert len(a["itl_ms"]) == len(b["itl_ms"])  # one arrival time per stream chunk with tokens
     assert (a["split"] is None) == (b["split"] is None)
@@ -61,8 +82,11 @@ def same(a: dict, b: dict) -> None:
 def test_same_records_unary_and_stream(synthetic_server, gateway, via: str) -> None:
     address = synthetic_server.grpc_target if via == "server" else gateway
     # repeated calls: the later ones exercise the indexed (HPACK table) forms
-    specs = [CallSpec(prompt="The capital of France is", max_tokens=6, stream=stream, request_id=f"r{i}")
-             for i in range(3) for stream in (False, True)]
+    specs = [
+        CallSpec(prompt="The capital of France is", max_tokens=6, stream=stream, request_id=f"r{i}")
+        for i in range(3)
+        for stream in (False, True)
+    ]
     for (a, b), spec in zip(records(address, specs), specs):
         same(a, b)
         assert b["ok"] and b["tokens_out"] == 6
@@ -75,15 +99,17 @@ def test_same_records_unary_and_stream(synthetic_server, gateway, via: str) -> N
 
 @pytest.mark.slow
 def test_same_records_for_errors(synthetic_server) -> None:
-    specs = [CallSpec(prompt="x", max_tokens=4, stream=False, model="no-such-model"),
-             CallSpec(prompt="x", max_tokens=4, stream=True, model="no-such-model"),
-             CallSpec(prompt="still usable after an error", max_tokens=2, stream=False)]
+    specs = [
+        CallSpec(prompt="x", max_tokens=4, stream=False, model="no-such-model"),
+        CallSpec(prompt="x", max_tokens=4, stream=True, model="no-such-model"),
+        CallSpec(prompt="still usable after an error", max_tokens=2, stream=False),
+    ]
     got = records(synthetic_server.grpc_target, specs)
     for a, b in got:
         same(a, b)
     assert got[0][1]["status"] == "INVALID_ARGUMENT" and "no-such-model" in got[0][1]["error"]
     assert got[2][1]["ok"]
-    (a, b), = records(f"127.0.0.1:{free_port()}", specs[2:], 5)  # nothing listens there
+    ((a, b),) = records(f"127.0.0.1:{free_port()}", specs[2:], 5)  # nothing listens there
     assert a["status"] == b["status"] == "UNAVAILABLE"
 
 
@@ -91,15 +117,17 @@ def test_same_records_for_errors(synthetic_server) -> None:
 def test_deadline_and_large_request(tmp_path) -> None:
     slow = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "50", "--prefill-ms-per-token", "0")
     try:
-        (a, b), = records(slow.grpc_target, [CallSpec(prompt="slow", max_tokens=40, stream=False)], 0.3)
+        ((a, b),) = records(slow.grpc_target, [CallSpec(prompt="slow", max_tokens=40, stream=False)], 0.3)
         assert a["status"] == b["status"] == "DEADLINE_EXCEEDED"
         assert 250 < b["e2e_ms"] < 2000
         # after a deadline the connection still works; then a request over the 64 KiB default
         # flow-control window, sent in steps as the server opens the window (over the context
         # length: the answer says how many tokens arrived)
-        specs = [CallSpec(prompt="slow", max_tokens=40, stream=False),
-                 CallSpec(prompt="after a deadline", max_tokens=1, stream=False),
-                 CallSpec(prompt="word " * 40_000, max_tokens=1, stream=False)]
+        specs = [
+            CallSpec(prompt="slow", max_tokens=40, stream=False),
+            CallSpec(prompt="after a deadline", max_tokens=1, stream=False),
+            CallSpec(prompt="word " * 40_000, max_tokens=1, stream=False),
+        ]
         got = records(slow.grpc_target, specs, 0.3)
         assert [r[1]["status"] for r in got[:1]] == ["DEADLINE_EXCEEDED"]
         got = records(slow.grpc_target, specs[1:], 30)
@@ -118,8 +146,13 @@ def test_metadata_reaches_the_server_and_reconnects(synthetic_server) -> None:
     from pathprobe.v1 import llm_pb2
 
     req = llm_pb2.GenerateRequest(prompt="hi", max_tokens=1).SerializeToString()
-    res = ch.call("/pathprobe.v1.LLM/Generate", req, 10, [("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01")],
-                  lambda m, _t: got.append(m))
+    res = ch.call(
+        "/pathprobe.v1.LLM/Generate",
+        req,
+        10,
+        [("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01")],
+        lambda m, _t: got.append(m),
+    )
     assert res.code == 0 and len(got) == 1 and res.server_timing
     ch.close()  # the next call opens a new connection by itself
     res = ch.call("/pathprobe.v1.LLM/Nope", req, 10, None, lambda m, _t: None)

@@ -19,11 +19,23 @@ pytestmark = pytest.mark.slow
 SEGMENTS = ("network", "serialization", "queueing", "inference", "other")
 
 
-def run_load(out: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pathprobe", "load", "--headless", "--only-summary", "-L", "WARNING",
-           "--out", str(out), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+def run_load(
+    out: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pathprobe",
+        "load",
+        "--headless",
+        "--only-summary",
+        "-L",
+        "WARNING",
+        "--out",
+        str(out),
+        *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return proc
 
@@ -78,8 +90,11 @@ ROUTES = [
 
 @pytest.mark.parametrize(("kind", "stream", "extra", "route"), ROUTES, ids=[r[3] for r in ROUTES])
 def test_load_each_route_prints_table_and_writes_files(synthetic_server, tmp_path, kind, stream, extra, route):
-    host = {"grpc": f"grpc://{synthetic_server.grpc_target}", "http": synthetic_server.http_url,
-            "openai": "openai+" + synthetic_server.http_url}[kind]
+    host = {
+        "grpc": f"grpc://{synthetic_server.grpc_target}",
+        "http": synthetic_server.http_url,
+        "openai": "openai+" + synthetic_server.http_url,
+    }[kind]
     args = ["-H", host, "-u", "2", "-r", "2", "-t", "2s", "--max-tokens", "4", "--tokenizer", "none", *extra]
     if stream:
         args.append("--stream")
@@ -97,8 +112,21 @@ def test_load_each_route_prints_table_and_writes_files(synthetic_server, tmp_pat
 
 def test_every_request_is_accounted_for_including_errors(tmp_path):
     port = free_port()  # nothing listens: every request fails, none is dropped
-    run_load(tmp_path, "-H", f"grpc://127.0.0.1:{port}", "-u", "2", "-r", "2", "-t", "2s", "--tokenizer", "none",
-             "--timeout-s", "1")
+    run_load(
+        tmp_path,
+        "-H",
+        f"grpc://127.0.0.1:{port}",
+        "-u",
+        "2",
+        "-r",
+        "2",
+        "-t",
+        "2s",
+        "--tokenizer",
+        "none",
+        "--timeout-s",
+        "1",
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     recs = load_records(tmp_path)
     t = summary["totals"]
@@ -109,11 +137,33 @@ def test_every_request_is_accounted_for_including_errors(tmp_path):
 
 
 def test_inference_segment_matches_synthetic_engine_time(tmp_path_factory, tmp_path):
-    srv = Server(tmp_path_factory.mktemp("syn5"), "--engine", "synthetic", "--prefill-ms-per-token", "0.1",
-                 "--decode-ms-per-token", "5", "--max-batch-size", "4")
+    srv = Server(
+        tmp_path_factory.mktemp("syn5"),
+        "--engine",
+        "synthetic",
+        "--prefill-ms-per-token",
+        "0.1",
+        "--decode-ms-per-token",
+        "5",
+        "--max-batch-size",
+        "4",
+    )
     try:
-        run_load(tmp_path, "-H", f"grpc://{srv.grpc_target}", "-u", "1", "-r", "1", "-t", "3s",
-                 "--max-tokens", "9", "--tokenizer", "none")
+        run_load(
+            tmp_path,
+            "-H",
+            f"grpc://{srv.grpc_target}",
+            "-u",
+            "1",
+            "-r",
+            "1",
+            "-t",
+            "3s",
+            "--max-tokens",
+            "9",
+            "--tokenizer",
+            "none",
+        )
     finally:
         srv.stop()
     recs = [r for r in load_records(tmp_path) if r["ok"]]
@@ -125,7 +175,8 @@ def test_inference_segment_matches_synthetic_engine_time(tmp_path_factory, tmp_p
         # the segment is exactly the engine's own entries, nothing of the path leaks in
         e = r["entries"]
         assert r["split"]["inference"] == pytest.approx(
-            e["srv.tokenize"] + e["srv.prefill"] + e["srv.decode_steps"] + e["srv.detokenize"])
+            e["srv.tokenize"] + e["srv.prefill"] + e["srv.decode_steps"] + e["srv.detokenize"]
+        )
         assert r["split"]["queueing"] < 1.0
     ratios.sort()
     # median within 10% (single requests can oversleep on a busy machine)
@@ -133,8 +184,17 @@ def test_inference_segment_matches_synthetic_engine_time(tmp_path_factory, tmp_p
 
 
 def test_queueing_rises_with_more_users_than_slots_while_inference_stays(tmp_path_factory, tmp_path):
-    srv = Server(tmp_path_factory.mktemp("syn2"), "--engine", "synthetic", "--prefill-ms-per-token", "0.05",
-                 "--decode-ms-per-token", "4", "--max-batch-size", "2")
+    srv = Server(
+        tmp_path_factory.mktemp("syn2"),
+        "--engine",
+        "synthetic",
+        "--prefill-ms-per-token",
+        "0.05",
+        "--decode-ms-per-token",
+        "4",
+        "--max-batch-size",
+        "2",
+    )
     try:
         few, many = tmp_path / "u1", tmp_path / "u8"
         common = ["-H", f"grpc://{srv.grpc_target}", "-t", "3s", "--max-tokens", "8", "--tokenizer", "none"]
@@ -152,8 +212,25 @@ def test_queueing_rises_with_more_users_than_slots_while_inference_stays(tmp_pat
 
 def test_open_loop_records_schedule_lag_and_latency_from_intended_time(synthetic_server, tmp_path):
     # one user, ~20 ms per request (16 tokens x 1 ms + prefill), asked for 100 req/s: it falls behind
-    run_load(tmp_path, "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "1", "-r", "1", "-t", "3s",
-             "--max-tokens", "16", "--tokenizer", "none", "--arrival", "constant", "--rate", "100")
+    run_load(
+        tmp_path,
+        "-H",
+        f"grpc://{synthetic_server.grpc_target}",
+        "-u",
+        "1",
+        "-r",
+        "1",
+        "-t",
+        "3s",
+        "--max-tokens",
+        "16",
+        "--tokenizer",
+        "none",
+        "--arrival",
+        "constant",
+        "--rate",
+        "100",
+    )
     recs = [r for r in load_records(tmp_path) if r["ok"]]
     lags = [r["schedule_lag_ms"] for r in recs]
     assert max(lags) > 200.0 and lags[-1] > lags[0]
@@ -167,8 +244,25 @@ def test_open_loop_records_schedule_lag_and_latency_from_intended_time(synthetic
 
 
 def test_open_loop_poisson_keeps_the_asked_rate_when_there_is_capacity(synthetic_server, tmp_path):
-    run_load(tmp_path, "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "8", "-r", "8", "-t", "4s",
-             "--max-tokens", "2", "--tokenizer", "none", "--arrival", "poisson", "--rate", "40")
+    run_load(
+        tmp_path,
+        "-H",
+        f"grpc://{synthetic_server.grpc_target}",
+        "-u",
+        "8",
+        "-r",
+        "8",
+        "-t",
+        "4s",
+        "--max-tokens",
+        "2",
+        "--tokenizer",
+        "none",
+        "--arrival",
+        "poisson",
+        "--rate",
+        "40",
+    )
     recs = load_records(tmp_path)
     # ~40/s over ~4 s (spawn and stop edges trimmed by the tolerance)
     assert 100 <= len(recs) <= 220
@@ -177,10 +271,30 @@ def test_open_loop_poisson_keeps_the_asked_rate_when_there_is_capacity(synthetic
 
 def test_concurrency_sweep_in_one_command(synthetic_server, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "load", "-H", f"grpc://{synthetic_server.grpc_target}",
-         "--sweep", "1,3", "-t", "2s", "--max-tokens", "4", "--tokenizer", "none", "--only-summary",
-         "-L", "WARNING", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "load",
+            "-H",
+            f"grpc://{synthetic_server.grpc_target}",
+            "--sweep",
+            "1,3",
+            "-t",
+            "2s",
+            "--max-tokens",
+            "4",
+            "--tokenizer",
+            "none",
+            "--only-summary",
+            "-L",
+            "WARNING",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode in (0, 1), proc.stderr
     sweep = json.loads((tmp_path / "sweep.json").read_text())
@@ -195,19 +309,68 @@ def test_master_and_two_workers_totals_equal_sum_of_workers(synthetic_server, tm
     host = f"grpc://{synthetic_server.grpc_target}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     workers = [
-        Proc([sys.executable, "-m", "pathprobe", "load", "--worker", "--master-host", "127.0.0.1",
-              "--master-port", str(port), "--tokenizer", "none", "-L", "WARNING"],
-             tmp_path / f"worker{i}.log", env)
+        Proc(
+            [
+                sys.executable,
+                "-m",
+                "pathprobe",
+                "load",
+                "--worker",
+                "--master-host",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--tokenizer",
+                "none",
+                "-L",
+                "WARNING",
+            ],
+            tmp_path / f"worker{i}.log",
+            env,
+        )
         for i in range(2)
     ]
     try:
         master = subprocess.run(
-            [sys.executable, "-m", "pathprobe", "load", "--master", "--master-bind-host", "127.0.0.1",
-             "--master-bind-port", str(port), "--expect-workers", "2", "--headless", "-H", host,
-             "-u", "4", "-r", "4", "-t", "4s", "--max-tokens", "4", "--tokenizer", "none", "--stream",
-             "--arrival", "constant", "--rate", "40",
-             "--out", str(tmp_path / "out"), "--only-summary", "-L", "WARNING"],
-            capture_output=True, text=True, timeout=180,
+            [
+                sys.executable,
+                "-m",
+                "pathprobe",
+                "load",
+                "--master",
+                "--master-bind-host",
+                "127.0.0.1",
+                "--master-bind-port",
+                str(port),
+                "--expect-workers",
+                "2",
+                "--headless",
+                "-H",
+                host,
+                "-u",
+                "4",
+                "-r",
+                "4",
+                "-t",
+                "4s",
+                "--max-tokens",
+                "4",
+                "--tokenizer",
+                "none",
+                "--stream",
+                "--arrival",
+                "constant",
+                "--rate",
+                "40",
+                "--out",
+                str(tmp_path / "out"),
+                "--only-summary",
+                "-L",
+                "WARNING",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         assert master.returncode in (0, 1), master.stdout + master.stderr
         for w in workers:
@@ -225,9 +388,11 @@ def test_master_and_two_workers_totals_equal_sum_of_workers(synthetic_server, tm
     route = "grpc.GenerateStream"
     for m in ("e2e", "network", "inference", "ttft", "itl"):
         assert total["routes"][route]["metrics"][m]["count"] == sum(
-            p["routes"][route]["metrics"][m]["count"] for p in parts)
+            p["routes"][route]["metrics"][m]["count"] for p in parts
+        )
         assert total["routes"][route]["metrics"][m]["max"] == max(
-            p["routes"][route]["metrics"][m]["max"] for p in parts)
+            p["routes"][route]["metrics"][m]["max"] for p in parts
+        )
     recs = load_records(out)
     assert len(recs) == total["totals"]["requests"]
     assert {r["worker"] for r in recs} == {"0", "1"}
@@ -239,9 +404,33 @@ def test_master_and_two_workers_totals_equal_sum_of_workers(synthetic_server, tm
 def test_live_view_in_locust_web_ui(synthetic_server, tmp_path):
     web_port = free_port()
     proc = Proc(
-        [sys.executable, "-m", "pathprobe", "load", "-H", f"grpc://{synthetic_server.grpc_target}",
-         "--autostart", "-u", "2", "-r", "2", "-t", "30s", "--web-host", "127.0.0.1", "--web-port", str(web_port),
-         "--max-tokens", "4", "--tokenizer", "none", "--out", str(tmp_path / "out"), "-L", "WARNING"],
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "load",
+            "-H",
+            f"grpc://{synthetic_server.grpc_target}",
+            "--autostart",
+            "-u",
+            "2",
+            "-r",
+            "2",
+            "-t",
+            "30s",
+            "--web-host",
+            "127.0.0.1",
+            "--web-port",
+            str(web_port),
+            "--max-tokens",
+            "4",
+            "--tokenizer",
+            "none",
+            "--out",
+            str(tmp_path / "out"),
+            "-L",
+            "WARNING",
+        ],
         tmp_path / "web.log",
     )
     base = f"http://127.0.0.1:{web_port}"
@@ -281,9 +470,24 @@ def test_trace_has_client_server_and_engine_spans(tmp_path_factory, tmp_path, ot
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint}
     srv = Server(tmp_path_factory.mktemp("traced"), "--engine", "synthetic", "--decode-ms-per-token", "1", env=env)
     try:
-        run_load(tmp_path, "-H", f"grpc://{srv.grpc_target}", "-u", "1", "-r", "1", "-t", "2s",
-                 "--max-tokens", "3", "--tokenizer", "none", "--traces-file", str(tmp_path / "client.jsonl"),
-                 env=env)
+        run_load(
+            tmp_path,
+            "-H",
+            f"grpc://{srv.grpc_target}",
+            "-u",
+            "1",
+            "-r",
+            "1",
+            "-t",
+            "2s",
+            "--max-tokens",
+            "3",
+            "--tokenizer",
+            "none",
+            "--traces-file",
+            str(tmp_path / "client.jsonl"),
+            env=env,
+        )
         recs = [r for r in load_records(tmp_path) if r["ok"]]
         assert recs and all(r["trace_id"] for r in recs)
         rec = recs[-1]  # (the first request also pays one-time set-up inside its span)
@@ -292,7 +496,9 @@ def test_trace_has_client_server_and_engine_spans(tmp_path_factory, tmp_path, ot
         def complete(spans):
             services = {s for s, sp in spans if sp.trace_id == tid}
             names = {sp.name for _, sp in spans if sp.trace_id == tid}
-            return "pathprobe-loadgen" in services and len(services) >= 2 and any(n.startswith("engine.") for n in names)
+            return (
+                "pathprobe-loadgen" in services and len(services) >= 2 and any(n.startswith("engine.") for n in names)
+            )
 
         otlp_receiver.wait_for(complete, timeout=20)
     finally:
@@ -320,12 +526,39 @@ def test_load_through_passthrough_gateway_splits_both_hops(synthetic_server, tmp
     from tests.support.procs import wait_grpc
 
     port = free_port()
-    gw = Proc([sys.executable, "-m", "pathprobe", "gateway", "--mode", "passthrough", "--listen",
-               f"127.0.0.1:{port}", "--upstream", synthetic_server.grpc_target], tmp_path / "gw.log")
+    gw = Proc(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "gateway",
+            "--mode",
+            "passthrough",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--upstream",
+            synthetic_server.grpc_target,
+        ],
+        tmp_path / "gw.log",
+    )
     try:
         wait_grpc(f"127.0.0.1:{port}", 60, gw.popen)
-        run_load(tmp_path / "out", "-H", f"grpc://127.0.0.1:{port}", "-u", "2", "-r", "2", "-t", "2s",
-                 "--max-tokens", "4", "--tokenizer", "none", "--stream")
+        run_load(
+            tmp_path / "out",
+            "-H",
+            f"grpc://127.0.0.1:{port}",
+            "-u",
+            "2",
+            "-r",
+            "2",
+            "-t",
+            "2s",
+            "--max-tokens",
+            "4",
+            "--tokenizer",
+            "none",
+            "--stream",
+        )
     finally:
         gw.stop()
     recs = [r for r in load_records(tmp_path / "out") if r["ok"]]
@@ -339,8 +572,20 @@ def test_load_through_passthrough_gateway_splits_both_hops(synthetic_server, tmp
 
 
 def test_load_against_the_tiny_model(tiny_server, tmp_path):
-    proc = run_load(tmp_path, "-H", f"grpc://{tiny_server.grpc_target}", "-u", "1", "-r", "1", "-t", "3s",
-                    "--max-tokens", "4", "--stream")  # default tokenizer: tiny, prompt of exactly 64 tokens
+    proc = run_load(
+        tmp_path,
+        "-H",
+        f"grpc://{tiny_server.grpc_target}",
+        "-u",
+        "1",
+        "-r",
+        "1",
+        "-t",
+        "3s",
+        "--max-tokens",
+        "4",
+        "--stream",
+    )  # default tokenizer: tiny, prompt of exactly 64 tokens
     recs = [r for r in load_records(tmp_path) if r["ok"]]
     assert recs and "grpc.GenerateStream:" in proc.stdout
     for r in recs:
@@ -351,10 +596,29 @@ def test_load_against_the_tiny_model(tiny_server, tmp_path):
 
 def test_compatible_with_locust_otel(synthetic_server, tmp_path, otlp_receiver):
     # Locust's --otel owns the tracer provider; pathprobe's CLIENT spans go through it
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint, "OTEL_EXPORTER_OTLP_INSECURE": "true",
-           "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
-    run_load(tmp_path, "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "1", "-r", "1", "-t", "2s",
-             "--max-tokens", "2", "--tokenizer", "none", "--otel", env=env)
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+    }
+    run_load(
+        tmp_path,
+        "-H",
+        f"grpc://{synthetic_server.grpc_target}",
+        "-u",
+        "1",
+        "-r",
+        "1",
+        "-t",
+        "2s",
+        "--max-tokens",
+        "2",
+        "--tokenizer",
+        "none",
+        "--otel",
+        env=env,
+    )
     recs = [r for r in load_records(tmp_path) if r["ok"]]
     assert recs and all(r["trace_id"] for r in recs)
     ids = {bytes.fromhex(r["trace_id"]) for r in recs}

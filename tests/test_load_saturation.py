@@ -16,15 +16,29 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from pathprobe.loadgen import hist, monitor
 
 pytestmark = pytest.mark.slow
 
 
 def run_load(out: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pathprobe", "load", "--headless", "--only-summary", "-L", "WARNING",
-           "--tokenizer", "none", "--max-tokens", "4", "--out", str(out), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pathprobe",
+        "load",
+        "--headless",
+        "--only-summary",
+        "-L",
+        "WARNING",
+        "--tokenizer",
+        "none",
+        "--max-tokens",
+        "4",
+        "--out",
+        str(out),
+        *args,
+    ]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env={**os.environ})
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return proc
@@ -62,15 +76,27 @@ def test_light_run_is_not_saturated(synthetic_server, tmp_path):
 
 def test_busy_client_is_reported_saturated_with_a_warning(synthetic_server, tmp_path):
     out = tmp_path / "busy"
-    proc = run_load(out, "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "4", "-r", "4", "-t", "3s",
-                    "--pathprobe-busy-ms", "20")
+    proc = run_load(
+        out,
+        "-H",
+        f"grpc://{synthetic_server.grpc_target}",
+        "-u",
+        "4",
+        "-r",
+        "4",
+        "-t",
+        "3s",
+        "--pathprobe-busy-ms",
+        "20",
+    )
     c = client_block(out / "summary.json")
     assert c["saturated"] is True, c
     assert "event-loop" in c["reason"]
     # while one user burns 20 ms the others' responses wait: the loop wakes >= 5 ms late
     assert c["loop_busy_lag_ms"]["p99"] >= 5.0
-    assert ("WARNING: client saturated: network hop 1 includes client-side waiting; "
-            "use --processes N or more workers") in proc.stdout
+    assert (
+        "WARNING: client saturated: network hop 1 includes client-side waiting; use --processes N or more workers"
+    ) in proc.stdout
     # ... and that waiting is measured per request as the client's own (client_wait), instead of
     # ending up as network hop 1 (before the switch trace, hop 1's p50 was >= 5 ms here)
     s = json.loads((out / "summary.json").read_text())
@@ -81,8 +107,21 @@ def test_busy_client_is_reported_saturated_with_a_warning(synthetic_server, tmp_
 
 def test_workers_blocks_are_merged_exactly(synthetic_server, tmp_path):
     out = tmp_path / "procs"
-    proc = run_load(out, "-H", f"grpc://{synthetic_server.grpc_target}", "-u", "4", "-r", "4", "-t", "3s",
-                    "--processes", "2", "--pathprobe-busy-ms", "20")
+    proc = run_load(
+        out,
+        "-H",
+        f"grpc://{synthetic_server.grpc_target}",
+        "-u",
+        "4",
+        "-r",
+        "4",
+        "-t",
+        "3s",
+        "--processes",
+        "2",
+        "--pathprobe-busy-ms",
+        "20",
+    )
     c = client_block(out / "summary.json")
     parts = [client_block(p) for p in sorted(out.glob("worker-*.json"))]
     assert len(parts) == 2 and len(c["processes"]) == 2
@@ -97,9 +136,17 @@ def _wire(lags_ms: list[float], busy_ms: list[float], cpu_s: float, wall_s: floa
     lag, busy = hist.new_histogram(), hist.new_histogram()
     hist.record_many(lag, lags_ms)
     hist.record_many(busy, busy_ms)
-    return {"lag_hist": hist.encode(lag), "busy_hist": hist.encode(busy), "lag_sum_ms": sum(lags_ms),
-            "busy_sum_ms": sum(busy_ms), "cpu_total_s": cpu_s, "proc_total_s": cpu_s, "wall_total_s": wall_s,
-            "cpu_windows": [100.0 * cpu_s / wall_s], "proc_windows": [100.0 * cpu_s / wall_s]}
+    return {
+        "lag_hist": hist.encode(lag),
+        "busy_hist": hist.encode(busy),
+        "lag_sum_ms": sum(lags_ms),
+        "busy_sum_ms": sum(busy_ms),
+        "cpu_total_s": cpu_s,
+        "proc_total_s": cpu_s,
+        "wall_total_s": wall_s,
+        "cpu_windows": [100.0 * cpu_s / wall_s],
+        "proc_windows": [100.0 * cpu_s / wall_s],
+    }
 
 
 def test_merge_blocks_units():

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from pathprobe.segments import SEGMENTS
+
 from tests.support.procs import Server
 
 pytestmark = pytest.mark.slow
@@ -24,8 +24,28 @@ pytest.importorskip("openai")
 
 def _load(tmp: Path, host: str, stream: bool) -> list[dict]:
     out = tmp / f"load-{host.split(':')[0]}-{stream}"
-    args = [sys.executable, "-m", "pathprobe", "load", "--headless", "-H", host, "-u", "1", "-r", "1", "-t", "4s",
-            "--max-tokens", "6", "--out", str(out), "--only-summary", "--loglevel", "WARNING"]
+    args = [
+        sys.executable,
+        "-m",
+        "pathprobe",
+        "load",
+        "--headless",
+        "-H",
+        host,
+        "-u",
+        "1",
+        "-r",
+        "1",
+        "-t",
+        "4s",
+        "--max-tokens",
+        "6",
+        "--out",
+        str(out),
+        "--only-summary",
+        "--loglevel",
+        "WARNING",
+    ]
     if stream:
         args.append("--stream")
     res = subprocess.run(args, capture_output=True, text=True, timeout=180)

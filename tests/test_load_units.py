@@ -6,7 +6,6 @@ import json
 import random
 
 import pytest
-
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen import hist
 from pathprobe.loadgen.arrival import Schedule
@@ -17,8 +16,9 @@ from pathprobe.loadgen.targets import parse_host
 
 def test_record_many_matches_record_value_bucket_for_bucket():
     rng = random.Random(1)
-    vals = [rng.choice([rng.uniform(0, 3), rng.uniform(0, 400), rng.uniform(0, 90_000), -0.5, 0.0])
-            for _ in range(5000)]
+    vals = [
+        rng.choice([rng.uniform(0, 3), rng.uniform(0, 400), rng.uniform(0, 90_000), -0.5, 0.0]) for _ in range(5000)
+    ]
     a, b = hist.new_histogram(), hist.new_histogram()
     for v in vals:
         a.record_value(max(0, int(round(v * 1000))))
@@ -55,17 +55,40 @@ def test_recycled_histogram_is_as_good_as_a_fresh_one():
 
 
 def _rec(route: str, ok: bool, e2e: float, status: str = "OK") -> dict:
-    split = {"e2e": e2e, "network": e2e / 2, "serialization": 0.1, "queueing": 0.0,
-             "inference": e2e / 2 - 0.1, "other": 0.0, "unsplit": 0.0, "network_hop1": e2e / 2, "network_hop2": 0.0}
-    return {"ts": 1.0, "route": route, "ok": ok, "status": status, "e2e_ms": e2e, "latency_ms": e2e,
-            "client_encode_ms": 0.01, "client_decode_ms": 0.02, "schedule_lag_ms": 0.0,
-            "split": split if ok else None, "ttft_ms": None, "itl_ms": [], "tpot_ms": None}
+    split = {
+        "e2e": e2e,
+        "network": e2e / 2,
+        "serialization": 0.1,
+        "queueing": 0.0,
+        "inference": e2e / 2 - 0.1,
+        "other": 0.0,
+        "unsplit": 0.0,
+        "network_hop1": e2e / 2,
+        "network_hop2": 0.0,
+    }
+    return {
+        "ts": 1.0,
+        "route": route,
+        "ok": ok,
+        "status": status,
+        "e2e_ms": e2e,
+        "latency_ms": e2e,
+        "client_encode_ms": 0.01,
+        "client_decode_ms": 0.02,
+        "schedule_lag_ms": 0.0,
+        "split": split if ok else None,
+        "ttft_ms": None,
+        "itl_ms": [],
+        "tpot_ms": None,
+    }
 
 
 def test_wire_merge_equals_single_aggregation():
     rng = random.Random(2)
-    recs = [_rec(rng.choice(["grpc.Generate", "http.generate"]), rng.random() > 0.1, rng.uniform(1, 50),
-                 "UNAVAILABLE") for _ in range(600)]
+    recs = [
+        _rec(rng.choice(["grpc.Generate", "http.generate"]), rng.random() > 0.1, rng.uniform(1, 50), "UNAVAILABLE")
+        for _ in range(600)
+    ]
     for r in recs:
         if r["ok"]:
             r["status"] = "OK"
@@ -90,8 +113,13 @@ def test_wire_merge_equals_single_aggregation():
 
 def test_stopped_requests_are_counted_apart_from_errors():
     agg = Aggregator()
-    agg.add_batch([_rec("grpc.Generate", True, 5), _rec("grpc.Generate", False, 2, "STOPPED"),
-                   _rec("grpc.Generate", False, 3, "UNAVAILABLE")])
+    agg.add_batch(
+        [
+            _rec("grpc.Generate", True, 5),
+            _rec("grpc.Generate", False, 2, "STOPPED"),
+            _rec("grpc.Generate", False, 3, "UNAVAILABLE"),
+        ]
+    )
     t = agg.totals()
     assert t == {"requests": 3, "ok": 1, "errors": 1, "stopped": 1, "errors_by_status": {"UNAVAILABLE": 1}}
 
@@ -145,6 +173,7 @@ def test_cli_option_helpers_and_validation(tmp_path):
     with pytest.raises(ConfigError, match="tokenizer"):
         validate(["--tokenizer", "preset:gpt-9"])
     validate(["--tokenizer", "preset:llama-3-8b", "--metrics-port", "0"])
+    validate(["--tokenizer", "preset:llama-3-8b@tiny"])
 
 
 def test_openai_sdk_target_without_the_sdk_is_a_clear_error():
@@ -166,9 +195,58 @@ sys.exit(main(['load', '--headless', '-t', '1s', '-H', 'openai-sdk+http://127.0.
     assert "host:" in proc.stderr and "openai" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_preset_tokenizer_without_transformers_is_a_clear_error(tmp_path):
+    """A [loadgen] install cannot build a preset's tokenizer: exit 2 naming --tokenizer, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'transformers':  # as if not installed
+            raise ModuleNotFoundError('No module named ' + repr(name), name=name)
+sys.meta_path.insert(0, Block())
+from pathprobe.cli import main
+from pathprobe.errors import ConfigError
+from pathprobe.loadgen import prompts
+try:
+    prompts.load_tokenizer('preset:llama-3-8b')
+except ConfigError as exc:
+    assert exc.message.startswith('tokenizer:'), exc.message
+else:
+    raise AssertionError('no error')
+sys.exit(main(['load', '--headless', '-t', '1s', '-H', 'grpc://127.0.0.1:9', '--tokenizer', 'preset:llama-3-8b']))
+"""
+    env = {**os.environ, "PATHPROBE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "tokenizer:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["http", "openai"])
+def test_http_target_to_a_closed_port_reports_the_connection_error(kind):
+    """Nothing listening: the call fails with the connection's own error (was an AttributeError, since the
+    request headers were only set once a TCP handshake had succeeded)."""
+    import socket
+
+    from pathprobe.loadgen.targets import CallSpec, Outcome, make_target
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends
+    target = make_target(f"{'openai+' if kind == 'openai' else ''}http://127.0.0.1:{port}", 5)
+    try:
+        with pytest.raises(OSError):
+            target.call(CallSpec(prompt="hello", max_tokens=2, stream=False), {}, Outcome())
+    finally:
+        target.close()
+
+
 def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():
-    from pathprobe.server import models
     from pathprobe.loadgen import prompts
+    from pathprobe.server import models
 
     tok = models.load_tokenizer("tiny")
     ps = prompts.build("fixed", tokens=64, tokenizer="tiny")
@@ -203,8 +281,9 @@ def test_prompts_cut_without_torch_or_transformers_match_the_servers_tokenizer(t
     from pathprobe.server import models
 
     env = {**os.environ, "PATHPROBE_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "-c", _NO_TORCH_PROMPTS], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH_PROMPTS], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     texts = json.loads(proc.stdout)
     assert not (tmp_path / "cache" / f"tiny-v{models.TINY_VERSION}").exists()  # no model was built
@@ -231,8 +310,13 @@ def test_fast_timing_parse_agrees_with_timing_parse():
     from pathprobe import timing
     from pathprobe.loadgen.targets import parse_timing
 
-    for s in ["srv.decode;dur=0.012, srv.total;dur=19.500, gw.total;dur=20.1", 'a;desc="x";dur=1.5, b, c;dur="2"',
-              "", "x;dur=abc", " spaced ;dur=3 , y;dur=1e-3"]:
+    for s in [
+        "srv.decode;dur=0.012, srv.total;dur=19.500, gw.total;dur=20.1",
+        'a;desc="x";dur=1.5, b, c;dur="2"',
+        "",
+        "x;dur=abc",
+        " spaced ;dur=3 , y;dur=1e-3",
+    ]:
         assert parse_timing(s) == timing.parse(s), s
 
 

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from pathprobe.server import models
 from pathprobe.errors import ConfigError
+from pathprobe.server import models
 
 
 def test_tiny_is_deterministic(tmp_path: Path) -> None:
@@ -104,16 +103,22 @@ def test_errors_name_the_problem(tmp_path: Path) -> None:
 def test_make_model_cli(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pathprobe", "make-model", "--out", str(tmp_path / "m")],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.strip() == str(tmp_path / "m")
     assert (tmp_path / "m" / "model.safetensors").is_file()
     out = subprocess.run(
         [sys.executable, "-m", "pathprobe", "make-model", "--preset", "qwen2.5-0.5b", "--out", str(tmp_path / "q")],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert json.loads((tmp_path / "q" / "config.json").read_text())["model_type"] == "qwen2"
     bad = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "make-model", "--preset", "nope"], capture_output=True, text=True,
+        [sys.executable, "-m", "pathprobe", "make-model", "--preset", "nope"],
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 2 and "unknown preset" in bad.stderr

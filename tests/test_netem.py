@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from pathprobe.netem import DelayRelay, LinkSpec
 
 
@@ -95,13 +94,12 @@ def test_upstream_down_resets_client():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[:2]  # bound, not listening: connect is refused
-        with DelayRelay(dead, LinkSpec(delay_ms=1)) as r:
-            with socket.create_connection(("127.0.0.1", r.port)) as c:
-                c.settimeout(5)
-                try:
-                    assert c.recv(10) == b""
-                except ConnectionResetError:
-                    pass
+        with DelayRelay(dead, LinkSpec(delay_ms=1)) as r, socket.create_connection(("127.0.0.1", r.port)) as c:
+            c.settimeout(5)
+            try:
+                assert c.recv(10) == b""
+            except ConnectionResetError:
+                pass
 
 
 def test_cli_runs_relay(echo):
@@ -109,9 +107,22 @@ def test_cli_runs_relay(echo):
     port.bind(("127.0.0.1", 0))
     p = port.getsockname()[1]
     port.close()
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "netem", "--listen", f"127.0.0.1:{p}",
-                             "--upstream", f"{echo[0]}:{echo[1]}", "--delay-ms", "3"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "netem",
+            "--listen",
+            f"127.0.0.1:{p}",
+            "--upstream",
+            f"{echo[0]}:{echo[1]}",
+            "--delay-ms",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert f"127.0.0.1:{p}" in line and "delay 3 ms one-way" in line
@@ -119,6 +130,7 @@ def test_cli_runs_relay(echo):
     finally:
         proc.terminate()
         proc.wait(10)
-    bad = subprocess.run([sys.executable, "-m", "pathprobe", "netem", "--upstream", "nohost"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "netem", "--upstream", "nohost"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "--upstream: expected HOST:PORT" in bad.stderr

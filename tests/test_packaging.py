@@ -12,7 +12,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # repository folder -> import path inside the distribution
-LAYOUT = {"core": "pathprobe", "server": "pathprobe/server", "gateway": "pathprobe/gateway", "loadgen": "pathprobe/loadgen"}
+LAYOUT = {
+    "core": "pathprobe",
+    "server": "pathprobe/server",
+    "gateway": "pathprobe/gateway",
+    "loadgen": "pathprobe/loadgen",
+}
 
 
 def _tree_modules() -> set[str]:
@@ -28,7 +33,18 @@ def _tree_modules() -> set[str]:
 @pytest.mark.slow
 def test_wheel_contains_every_module(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
         check=True,
     )
     (wheel,) = tmp_path.glob("pathprobe-*.whl")
@@ -69,7 +85,9 @@ except SystemExit as exc:
         ("loadgen", "load", {"torch", "transformers", "scipy", "matplotlib"}, {"locustfile"}),
     ],
 )
-def test_component_imports_without_heavy_dependencies(component: str, verb: str, blocked: set[str], skip: set[str]) -> None:
+def test_component_imports_without_heavy_dependencies(
+    component: str, verb: str, blocked: set[str], skip: set[str]
+) -> None:
     code = _BLOCK_HEAVY.replace("{BLOCKED}", repr(blocked)).replace("{SKIP}", repr(skip))
     code = code.replace("{component}", component).replace("{verb}", verb)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -82,9 +100,22 @@ def test_component_extra_resolves_without_torch(extra: str, tmp_path: Path) -> N
     """What `pip install 'pathprobe[EXTRA]'` would install into a fresh environment."""
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--no-build-isolation",
-         "--report", str(report), f"{ROOT}[{extra}]"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-build-isolation",
+            "--report",
+            str(report),
+            f"{ROOT}[{extra}]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if proc.returncode != 0 and "Could not find a version" in proc.stderr:
         pytest.skip(f"no package index reachable: {proc.stderr[-300:]}")

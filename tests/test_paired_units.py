@@ -11,12 +11,28 @@ from pathprobe.analysis.traces import Span, Trace
 
 
 def _rec(cycle: int, rnd: int, tax: float, engine: float, srv: bool = True) -> dict:
-    return {"ok": True, "cycle": cycle, "_round": rnd, "_concurrency": 1, "worker": "local", "user": 0,
-            "e2e_ms": tax + engine, "status": "OK",
-            "entries": {"srv.total": engine + 0.2} if srv else {},
-            "split": {"e2e": tax + engine, "network": tax * 0.6, "network_hop1": tax * 0.6, "network_hop2": 0.0,
-                      "serialization": tax * 0.1, "queueing": 0.0, "inference": engine, "other": tax * 0.3,
-                      "unsplit": 0.0}}
+    return {
+        "ok": True,
+        "cycle": cycle,
+        "_round": rnd,
+        "_concurrency": 1,
+        "worker": "local",
+        "user": 0,
+        "e2e_ms": tax + engine,
+        "status": "OK",
+        "entries": {"srv.total": engine + 0.2} if srv else {},
+        "split": {
+            "e2e": tax + engine,
+            "network": tax * 0.6,
+            "network_hop1": tax * 0.6,
+            "network_hop2": 0.0,
+            "serialization": tax * 0.1,
+            "queueing": 0.0,
+            "inference": engine,
+            "other": tax * 0.3,
+            "unsplit": 0.0,
+        },
+    }
 
 
 def _runs(extra_ms: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -67,13 +83,23 @@ def _span(tid: str, sid: str, parent: str, name: str, kind: str, service: str) -
 def test_trace_completeness_names_what_is_missing():
     want = expected_services({"kind": "gateway"})
     assert want == ["pathprobe-loadgen", "pathprobe-gateway", "pathprobe-server", "engine"]
-    full = Trace("t1", [_span("t1", "a", "", "grpc.Generate", "CLIENT", "pathprobe-loadgen"),
-                        _span("t1", "b", "a", "gw", "SERVER", "pathprobe-gateway"),
-                        _span("t1", "c", "b", "srv", "SERVER", "pathprobe-server"),
-                        _span("t1", "d", "c", "engine.prefill", "INTERNAL", "pathprobe-server")])
-    no_gw = Trace("t2", [_span("t2", "a", "", "grpc.Generate", "CLIENT", "pathprobe-loadgen"),
-                         _span("t2", "c", "a", "srv", "SERVER", "pathprobe-server"),
-                         _span("t2", "d", "c", "engine.prefill", "INTERNAL", "pathprobe-server")])
+    full = Trace(
+        "t1",
+        [
+            _span("t1", "a", "", "grpc.Generate", "CLIENT", "pathprobe-loadgen"),
+            _span("t1", "b", "a", "gw", "SERVER", "pathprobe-gateway"),
+            _span("t1", "c", "b", "srv", "SERVER", "pathprobe-server"),
+            _span("t1", "d", "c", "engine.prefill", "INTERNAL", "pathprobe-server"),
+        ],
+    )
+    no_gw = Trace(
+        "t2",
+        [
+            _span("t2", "a", "", "grpc.Generate", "CLIENT", "pathprobe-loadgen"),
+            _span("t2", "c", "a", "srv", "SERVER", "pathprobe-server"),
+            _span("t2", "d", "c", "engine.prefill", "INTERNAL", "pathprobe-server"),
+        ],
+    )
     recs = [{"ok": True, "trace_id": "t1"}, {"ok": True, "trace_id": "t2"}, {"ok": True, "trace_id": "t3"}]
     out = trace_completeness(recs, {"t1": full, "t2": no_gw}, want)
     assert out["complete"] == 1 and out["requests"] == 3 and abs(out["share"] - 1 / 3) < 1e-9

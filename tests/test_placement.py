@@ -47,10 +47,15 @@ def test_env_overrides_and_bad_mode(monkeypatch) -> None:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_processes_run_on_their_cores(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv(ENV_PLACEMENT, raising=False)
-    cfg = CompareConfig.model_validate({
-        "placement": "on", "out": str(tmp_path), "tracing": False,
-        "server": {"engine": "synthetic", "prefill_ms_per_token": 0, "decode_ms_per_token": 0},
-        "targets": [{"name": "pt", "kind": "gateway", "mode": "passthrough"}]})
+    cfg = CompareConfig.model_validate(
+        {
+            "placement": "on",
+            "out": str(tmp_path),
+            "tracing": False,
+            "server": {"engine": "synthetic", "prefill_ms_per_token": 0, "decode_ms_per_token": 0},
+            "targets": [{"name": "pt", "kind": "gateway", "mode": "passthrough"}],
+        }
+    )
     stack = Stack(cfg, tmp_path, lambda _m: None)
     try:
         stack.start_server()
@@ -70,12 +75,39 @@ def test_processes_run_on_their_cores(tmp_path, monkeypatch) -> None:
 @pytest.mark.slow
 def test_compare_reports_its_placement(tmp_path) -> None:
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", "--engine", "synthetic",
-                          "--decode-ms-per-token", "0.2", "--duration", "1", "--warmup", "0.5", "--rounds", "1",
-                          "--concurrency", "1", "--targets", "direct-grpc,passthrough", "--no-tracing", "--no-html",
-                          "--placement", "on", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={k: v for k, v in os.environ.items() if k != ENV_PLACEMENT})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "compare",
+            "--engine",
+            "synthetic",
+            "--decode-ms-per-token",
+            "0.2",
+            "--duration",
+            "1",
+            "--warmup",
+            "0.5",
+            "--rounds",
+            "1",
+            "--concurrency",
+            "1",
+            "--targets",
+            "direct-grpc,passthrough",
+            "--no-tracing",
+            "--no-html",
+            "--placement",
+            "on",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != ENV_PLACEMENT},
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     pl = json.loads((out / "report.json").read_text())["meta"]["placement"]
     assert pl["enabled"] and pl["server"] and pl["load"] and not set(pl["server"]) & set(pl["load"])

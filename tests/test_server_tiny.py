@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from pathprobe import timing
+
 from tests.support.clients import grpc_generate, grpc_stream, http_post, sse_events
 from tests.test_server import assert_complete_split
 
@@ -37,13 +37,18 @@ def test_tiny_all_front_ends_agree(tiny_server) -> None:
 def test_tiny_openai_client(tiny_server) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{tiny_server.http_url}/v1", api_key="none")
-    c = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=6,
-                                  temperature=0, extra_body={"ignore_eos": True})
+    c = client.completions.create(
+        model="tiny", prompt="The capital of France is", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert c.usage.completion_tokens == 6
     chat = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5, temperature=0)
+        model="tiny", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5, temperature=0
+    )
     assert_complete_split(timing.parse(chat.headers["server-timing"]))
-    parts = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Say hi"}],
-                                                max_tokens=5, temperature=0, stream=True))
+    parts = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5, temperature=0, stream=True
+        )
+    )
     assert "".join(p.choices[0].delta.content or "" for p in parts) == chat.parse().choices[0].message.content
     assert_complete_split(timing.parse(parts[-1].model_extra["server_timing"]))

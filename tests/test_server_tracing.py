@@ -29,19 +29,33 @@ def _ms(span) -> float:
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 def test_server_spans_match_inband(tmp_path, otlp_receiver, transport: str) -> None:
-    srv = Server(tmp_path, "--engine", "synthetic", "--prefill-ms-per-token", "0.2", "--decode-ms-per-token", "2",
-                 env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint})
+    srv = Server(
+        tmp_path,
+        "--engine",
+        "synthetic",
+        "--prefill-ms-per-token",
+        "0.2",
+        "--decode-ms-per-token",
+        "2",
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint},
+    )
     try:
         traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
         if transport == "grpc":
-            _, entries = grpc_generate(srv.grpc_target, metadata=(("traceparent", traceparent),),
-                                       prompt="The capital of France is", max_tokens=6)
+            _, entries = grpc_generate(
+                srv.grpc_target,
+                metadata=(("traceparent", traceparent),),
+                prompt="The capital of France is",
+                max_tokens=6,
+            )
         else:
             from pathprobe import timing
 
-            status, headers, _ = http_post(f"{srv.http_url}/v1/generate",
-                                           {"prompt": "The capital of France is", "max_tokens": 6},
-                                           headers={"traceparent": traceparent})
+            status, headers, _ = http_post(
+                f"{srv.http_url}/v1/generate",
+                {"prompt": "The capital of France is", "max_tokens": 6},
+                headers={"traceparent": traceparent},
+            )
             assert status == 200
             entries = timing.parse(headers["Server-Timing"])
         tid = bytes.fromhex(TRACE_ID)

@@ -32,17 +32,52 @@ TOKENS = 12
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("chunks"), "--engine", "synthetic", "--prefill-ms-per-token", "0",
-                 "--decode-ms-per-token", str(DECODE_MS), "--max-batch-size", "4")
+    srv = Server(
+        tmp_path_factory.mktemp("chunks"),
+        "--engine",
+        "synthetic",
+        "--prefill-ms-per-token",
+        "0",
+        "--decode-ms-per-token",
+        str(DECODE_MS),
+        "--max-batch-size",
+        "4",
+    )
     yield srv
     srv.stop()
 
 
 def _load(url: str, out: Path, seconds: int = 2) -> list[dict]:
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "load", "--headless", "-H", url, "--stream",
-                          "-u", "1", "-r", "1", "-t", f"{seconds}s", "--out", str(out), "--max-tokens", str(TOKENS),
-                          "--tokenizer", "none", "--only-summary", "--loglevel", "WARNING"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "load",
+            "--headless",
+            "-H",
+            url,
+            "--stream",
+            "-u",
+            "1",
+            "-r",
+            "1",
+            "-t",
+            f"{seconds}s",
+            "--out",
+            str(out),
+            "--max-tokens",
+            str(TOKENS),
+            "--tokenizer",
+            "none",
+            "--only-summary",
+            "--loglevel",
+            "WARNING",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     recs = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
     ok = [r for r in recs if r["ok"]]
@@ -89,8 +124,11 @@ http {{
   }}
 }}
 """)
-    proc = subprocess.Popen(["nginx", "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(conf),
-                             "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["nginx", "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(conf), "-g", "daemon off;"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -124,8 +162,13 @@ def test_nginx_proxy_buffering_on_sse_is_flagged_and_off_is_not(server, tmp_path
 
 
 def _stream(emit: list[float], arrival: list[float], wait: float = 0.0) -> dict:
-    return {"ok": True, "emit_ms": emit, "ttft_ms": arrival[0],
-            "itl_ms": [b - a for a, b in itertools.pairwise(arrival)], "client_wait_total_ms": wait}
+    return {
+        "ok": True,
+        "emit_ms": emit,
+        "ttft_ms": arrival[0],
+        "itl_ms": [b - a for a, b in itertools.pairwise(arrival)],
+        "client_wait_total_ms": wait,
+    }
 
 
 def test_held_back_chunks_are_buffering_unless_the_client_itself_was_waiting():

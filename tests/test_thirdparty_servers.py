@@ -68,8 +68,22 @@ def silent(tmp_path_factory) -> Iterator[OpenAIServer]:
 
 
 def _load(out: Path, url: str, *extra: str, scheme: str = "openai+", seconds: int = 3) -> list[dict]:
-    run_load(out, "-H", scheme + url, "-u", "1", "-r", "1", "-t", f"{seconds}s", "--max-tokens", "4",
-             "--tokenizer", "none", *extra)
+    run_load(
+        out,
+        "-H",
+        scheme + url,
+        "-u",
+        "1",
+        "-r",
+        "1",
+        "-t",
+        f"{seconds}s",
+        "--max-tokens",
+        "4",
+        "--tokenizer",
+        "none",
+        *extra,
+    )
     recs = [r for r in load_records(out) if r["ok"]]
     assert len(recs) >= 5, recs[:2]
     for r in recs:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pathprobe import timing
 from pathprobe.segments import SEGMENTS, split
 
@@ -26,8 +25,16 @@ def test_append_keeps_upstream_and_adds_own() -> None:
 
 @pytest.mark.parametrize("via_gateway", [False, True])
 def test_split_adds_up_to_e2e(via_gateway: bool) -> None:
-    entries = {"srv.decode": 0.1, "srv.queue": 2.0, "srv.tokenize": 0.3, "srv.prefill": 5.0,
-               "srv.decode_steps": 20.0, "srv.detokenize": 0.4, "srv.encode": 0.2, "srv.total": 29.0}
+    entries = {
+        "srv.decode": 0.1,
+        "srv.queue": 2.0,
+        "srv.tokenize": 0.3,
+        "srv.prefill": 5.0,
+        "srv.decode_steps": 20.0,
+        "srv.detokenize": 0.4,
+        "srv.encode": 0.2,
+        "srv.total": 29.0,
+    }
     if via_gateway:
         entries |= {"gw.decode": 0.5, "gw.encode": 0.6, "gw.upstream": 30.5, "gw.total": 32.0}
     s = split(35.0, entries, client_encode_ms=0.05, client_decode_ms=0.07)
@@ -96,12 +103,15 @@ def test_hop_that_reports_only_its_total_keeps_what_it_forwarded_unsplit() -> No
     assert s.links == pytest.approx((4.0,)) and s.unsplit == pytest.approx(25.0) and s.other == 0.0
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("127.0.0.1:8000", ("127.0.0.1", 8000)),
-    ("[::1]:9000", ("::1", 9000)),
-    ("grpc://10.1.2.3:50051", ("10.1.2.3", 50051)),
-    ("http://example.internal:80/v1", ("example.internal", 80)),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("127.0.0.1:8000", ("127.0.0.1", 8000)),
+        ("[::1]:9000", ("::1", 9000)),
+        ("grpc://10.1.2.3:50051", ("10.1.2.3", 50051)),
+        ("http://example.internal:80/v1", ("example.internal", 80)),
+    ],
+)
 def test_one_address_parser(value: str, expected: tuple[str, int]) -> None:
     from pathprobe.address import parse_hostport
 

@@ -32,20 +32,40 @@ D_UP, D_CLIENT = 3.0, 2.0
 def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("witness")
     cfg = {
-        "out": str(tmp / "out"), "bootstrap": 100, "slowest": 0, "tracing": False, "witness": "pcap",
+        "out": str(tmp / "out"),
+        "bootstrap": 100,
+        "slowest": 0,
+        "tracing": False,
+        "witness": "pcap",
         "server": {"engine": "synthetic", "prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.0},
-        "load": {"duration_s": 2, "warmup_s": 0.3, "rounds": 1, "concurrency": [1], "stream": False,
-                 "max_tokens": 3, "prompt_tokens": 32},
+        "load": {
+            "duration_s": 2,
+            "warmup_s": 0.3,
+            "rounds": 1,
+            "concurrency": [1],
+            "stream": False,
+            "max_tokens": 3,
+            "prompt_tokens": 32,
+        },
         "targets": [
-            {"name": f"pt-{hop}-{'d' if d else '0'}", "kind": "gateway", "mode": "passthrough",
-             "network": {"hop": hop, "delay_ms": d}}
-            for hop, delay in (("upstream", D_UP), ("client", D_CLIENT)) for d in (0.0, delay)
+            {
+                "name": f"pt-{hop}-{'d' if d else '0'}",
+                "kind": "gateway",
+                "mode": "passthrough",
+                "network": {"hop": hop, "delay_ms": d},
+            }
+            for hop, delay in (("upstream", D_UP), ("client", D_CLIENT))
+            for d in (0.0, delay)
         ],
     }
     path = tmp / "w.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(path), "--no-html"],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", str(path), "--no-html"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return json.loads((tmp / "out" / "report.json").read_text())
 

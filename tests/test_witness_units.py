@@ -14,20 +14,26 @@ def _request(t0: int, *, extra: list[Packet] = ()) -> tuple[dict, list[Packet]]:
     +2.6; the server answers at +3.6; the gateway answers at +3.9; the relay forwards at +5.9; the
     client's timing ends at +6.2."""
     pk = [
-        Packet(t0 + int(0.3 * MS), 50001, 7000, 100),   # client -> relay
-        Packet(t0 + int(2.3 * MS), 50002, 8000, 100),   # relay -> gateway
-        Packet(t0 + int(2.6 * MS), 50003, 9000, 100),   # gateway -> server
-        Packet(t0 + int(3.6 * MS), 9000, 50003, 80),    # server -> gateway
-        Packet(t0 + int(3.9 * MS), 8000, 50002, 80),    # gateway -> relay
-        Packet(t0 + int(5.9 * MS), 7000, 50001, 80),    # relay -> client
+        Packet(t0 + int(0.3 * MS), 50001, 7000, 100),  # client -> relay
+        Packet(t0 + int(2.3 * MS), 50002, 8000, 100),  # relay -> gateway
+        Packet(t0 + int(2.6 * MS), 50003, 9000, 100),  # gateway -> server
+        Packet(t0 + int(3.6 * MS), 9000, 50003, 80),  # server -> gateway
+        Packet(t0 + int(3.9 * MS), 8000, 50002, 80),  # gateway -> relay
+        Packet(t0 + int(5.9 * MS), 7000, 50001, 80),  # relay -> client
         *extra,
     ]
     pk.sort(key=lambda p: p.ts_ns)
-    rec = {"ok": True, "t0_wall_ns": t0, "e2e_ms": 6.2, "client_encode_ms": 0.1, "client_decode_ms": 0.05,
-           # gateway: 1.5 ms of its 1.6 ms packet window; upstream call 1.1 ms around a 1.0 ms link window
-           # server: 0.9 ms of its 1.0 ms window
-           "entries": {"srv.total": 0.9, "gw.upstream": 1.1, "gw.total": 1.5},
-           "split": {"network_hop1": 6.2 - 0.15 - 1.5, "network_hop2": 1.1 - 0.9}}
+    rec = {
+        "ok": True,
+        "t0_wall_ns": t0,
+        "e2e_ms": 6.2,
+        "client_encode_ms": 0.1,
+        "client_decode_ms": 0.05,
+        # gateway: 1.5 ms of its 1.6 ms packet window; upstream call 1.1 ms around a 1.0 ms link window
+        # server: 0.9 ms of its 1.0 ms window
+        "entries": {"srv.total": 0.9, "gw.upstream": 1.1, "gw.total": 1.5},
+        "split": {"network_hop1": 6.2 - 0.15 - 1.5, "network_hop2": 1.1 - 0.9},
+    }
     return rec, pk
 
 
@@ -54,8 +60,9 @@ def test_another_connection_on_a_shared_port_is_ignored():
     recs, pkts = [], []
     for i in range(5):
         t0 = 10**18 + i * 50 * MS
-        extra = [Packet(t0 + int(1.0 * MS), 40000, 9000, 30), Packet(t0 + int(1.1 * MS), 9000, 40000, 30)] \
-            if i == 2 else []
+        extra = (
+            [Packet(t0 + int(1.0 * MS), 40000, 9000, 30), Packet(t0 + int(1.1 * MS), 9000, 40000, 30)] if i == 2 else []
+        )
         r, p = _request(t0, extra=extra)
         recs.append(r)
         pkts += p

@@ -27,7 +27,7 @@ def register(subparsers) -> None:
                    help="OTLP JSON / JSON lines / Jaeger JSON files or folders")
     p.add_argument("--jaeger", metavar="URL",
                    help="Jaeger query base URL, e.g. http://127.0.0.1:16686 (uses /api/v3/traces)")
-    p.add_argument("--service", help="with --jaeger: service whose traces to fetch (e.g. pathprobe-load)")
+    p.add_argument("--service", help="with --jaeger: service whose traces to fetch (e.g. pathprobe-loadgen)")
     p.add_argument("--operation", help="with --jaeger: only this operation (span name)")
     p.add_argument("--lookback", default="1h", help="with --jaeger: how far back (30m, 2h, 1d); default 1h")
     p.add_argument("--limit", type=int, default=1000, help="with --jaeger: max traces (default 1000)")

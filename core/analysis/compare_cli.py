@@ -30,23 +30,32 @@ def _csv_ints(flag: str):
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("compare", help=HELP, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "compare", help=HELP, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("config", nargs="?", help="YAML config (see configs/default.yaml)")
     p.add_argument("--out", help="output folder (default: pathprobe-compare)")
     p.add_argument("--targets", help="comma-separated target names to run (others disabled)")
     p.add_argument("--baseline", help="target every other is tested against (default: the first)")
     p.add_argument("--remote", action="store_true", help="remote mode: start nothing, use each target's address")
-    p.add_argument("--target", action="append", default=[], metavar="NAME=URL",
-                   help="add an external target (grpc://H:P, http://H:P, openai+http://H:P); repeatable")
+    p.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="add an external target (grpc://H:P, http://H:P, openai+http://H:P); repeatable",
+    )
     g = p.add_argument_group("server (local mode)")
     g.add_argument("--engine", choices=("synthetic", "transformers", "vllm"))
     g.add_argument("--model")
     g.add_argument("--max-batch-size", type=int)
     g.add_argument("--prefill-ms-per-token", type=float)
     g.add_argument("--decode-ms-per-token", type=float)
-    g.add_argument("--placement", choices=("auto", "on", "off"),
-                   help="pin server, proxies and load generator to separate cores (auto: from 3 cores)")
+    g.add_argument(
+        "--placement",
+        choices=("auto", "on", "off"),
+        help="pin server, proxies and load generator to separate cores (auto: from 3 cores)",
+    )
     g = p.add_argument_group("load")
     g.add_argument("--duration", type=float, help="seconds per configuration, round and concurrency")
     g.add_argument("--warmup", type=float, help="warm-up seconds per configuration")
@@ -66,18 +75,26 @@ def register(subparsers) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--no-tracing", action="store_true", help="no trace files (no slowest-trace list)")
     g.add_argument("--no-html", action="store_true")
-    g.add_argument("--witness", choices=("none", "pcap"),
-                   help="pcap: capture the packets (tcpdump, root) and split each link's network into wire and "
-                        "stack time per request at concurrency 1 (report.json targets.*.witness)")
+    g.add_argument(
+        "--witness",
+        choices=("none", "pcap"),
+        help="pcap: capture the packets (tcpdump, root) and split each link's network into wire and "
+        "stack time per request at concurrency 1 (report.json targets.*.witness)",
+    )
     g.add_argument("--json-only", action="store_true", help="print report.json instead of the table")
     g.add_argument("--print-config", action="store_true", help="print the effective config and exit")
-    g.add_argument("--rerender", metavar="OUT", help="rebuild OUT's reports from its runs/ without running anything "
-                   "(with --baseline, to test against another configuration)")
+    g.add_argument(
+        "--rerender",
+        metavar="OUT",
+        help="rebuild OUT's reports from its runs/ without running anything "
+        "(with --baseline, to test against another configuration)",
+    )
     p.set_defaults(func=run)
 
 
 def apply_flags(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Merge flags into the raw config mapping (before validation, so errors name keys)."""
+
     def put(section: str | None, key: str, value: Any) -> None:
         if value is None:
             return
@@ -143,7 +160,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     import yaml
-
     from pathprobe.analysis.config import parse_config
 
     if args.rerender:

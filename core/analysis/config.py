@@ -120,6 +120,8 @@ class LoadConfig(_Strict):
             raise ValueError(f"arrival '{self.arrival}' needs 'rate' (requests per second)")
         if self.prompt_set == "file" and not self.prompt_file:
             raise ValueError("prompt_set 'file' needs 'prompt_file'")
+        if self.prompt_file and not os.path.isfile(self.prompt_file):  # found before any process starts
+            raise ValueError(f"prompt_file: no such file: {self.prompt_file}")
         return self
 
 

@@ -15,8 +15,14 @@ from pathprobe.analysis.hops import format_path
 from pathprobe.analysis.report import ESTIMATED_NOTE, SEG_COLS, fmt_ms, metric_values, seg_cell
 from pathprobe.segments import SEGMENTS
 
-SEG_COLORS = {"network": "#4e79a7", "serialization": "#f28e2b", "queueing": "#e15759",
-              "inference": "#59a14f", "other": "#9c755f", "unsplit": "#bab0ac"}
+SEG_COLORS = {
+    "network": "#4e79a7",
+    "serialization": "#f28e2b",
+    "queueing": "#e15759",
+    "inference": "#59a14f",
+    "other": "#9c755f",
+    "unsplit": "#bab0ac",
+}
 
 
 def _png(fig: Any) -> str:
@@ -42,8 +48,11 @@ def _plain_log_axis(ax: Any) -> None:
 
 
 def _names(report: Mapping[str, Any], conc: int) -> list[str]:
-    return [n for n, t in report["targets"].items() if str(conc) in t.get("by_concurrency", {})
-            and t["by_concurrency"][str(conc)]["ok"] > 0]
+    return [
+        n
+        for n, t in report["targets"].items()
+        if str(conc) in t.get("by_concurrency", {}) and t["by_concurrency"][str(conc)]["ok"] > 0
+    ]
 
 
 def plot_segments(report: Mapping[str, Any]) -> str | None:
@@ -52,8 +61,9 @@ def plot_segments(report: Mapping[str, Any]) -> str | None:
     concs = report["concurrency"]
     if not any(_names(report, c) for c in concs):
         return None
-    fig, axes = plt.subplots(1, len(concs), figsize=(5.5 * len(concs), 0.5 + 0.45 * len(report["targets"]) + 1),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(concs), figsize=(5.5 * len(concs), 0.5 + 0.45 * len(report["targets"]) + 1), squeeze=False
+    )
     for ax, conc in zip(axes[0], concs):
         names = _names(report, conc)
         left = [0.0] * len(names)
@@ -64,8 +74,15 @@ def plot_segments(report: Mapping[str, Any]) -> str | None:
             if seg == "network" and any(g.get("network_estimated") for g in groups):
                 # an estimated network (a transport round trip, not the request's own) is hatched
                 est = [v if g.get("network_estimated") else 0.0 for v, g in zip(vals, groups)]
-                ax.barh(names, est, left=left, color=SEG_COLORS[seg], hatch="///", edgecolor="white",
-                        label="network (estimated)")
+                ax.barh(
+                    names,
+                    est,
+                    left=left,
+                    color=SEG_COLORS[seg],
+                    hatch="///",
+                    edgecolor="white",
+                    label="network (estimated)",
+                )
             left = [a + b for a, b in zip(left, vals)]
         ax.invert_yaxis()
         ax.set_xlabel("ms per request (mean)")
@@ -102,21 +119,26 @@ def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequ
     return _png(fig)
 
 
-def plot_waterfalls(report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
-                    ) -> str | None:
+def plot_waterfalls(
+    report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
+) -> str | None:
     """One typical request (median e2e, highest concurrency) per configuration as a waterfall."""
     import matplotlib.pyplot as plt
-
     from pathprobe.analysis.waterfall import bars, representative
 
     conc = max(report["concurrency"])
-    picked = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]
-    picked = [(n, r) for n, r in picked if r is not None]
+    reps = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]
+    picked = [(n, r) for n, r in reps if r is not None]
     if not picked:
         return None
     heights = [len({b.row for b in bars(r)}) for _, r in picked]
-    fig, axes = plt.subplots(len(picked), 1, figsize=(10, sum(0.45 * h + 0.9 for h in heights)), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(picked),
+        1,
+        figsize=(10, sum(0.45 * h + 0.9 for h in heights)),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     for ax, (name, rec) in zip(axes[:, 0], picked):
         bs = bars(rec)
         rows = list(dict.fromkeys(b.row for b in bs))
@@ -125,8 +147,16 @@ def plot_waterfalls(report: Mapping[str, Any], records: Mapping[str, Mapping[int
             if b.part == "span":
                 ax.barh(y, b.dur, left=b.start, color="#e8e8e8", edgecolor="#888888", height=0.7)
             elif b.part == "unsplit":
-                ax.barh(y, b.dur, left=b.start, color=SEG_COLORS["unsplit"], hatch="xx", edgecolor="white",
-                        height=0.7, label="unsplit (reports nothing)")
+                ax.barh(
+                    y,
+                    b.dur,
+                    left=b.start,
+                    color=SEG_COLORS["unsplit"],
+                    hatch="xx",
+                    edgecolor="white",
+                    height=0.7,
+                    label="unsplit (reports nothing)",
+                )
             else:
                 ax.barh(y, b.dur, left=b.start, color=SEG_COLORS.get(b.part, "#999999"), height=0.45)
         ax.set_yticks(range(len(rows)), rows, fontsize=8)
@@ -134,12 +164,14 @@ def plot_waterfalls(report: Mapping[str, Any], records: Mapping[str, Mapping[int
         est = " (network estimated)" if rec["split"].get("network_estimated") else ""
         ax.set_title(f"{name}: one request of {rec['e2e_ms']:.2f} ms (median){est}", fontsize=9)
         ax.grid(axis="x", alpha=0.3)
-    axes[-1][0].set_xlabel("ms from the client's send (a component is drawn centred in its caller: only "
-                           "durations are measured)")
+    axes[-1][0].set_xlabel(
+        "ms from the client's send (a component is drawn centred in its caller: only durations are measured)"
+    )
     handles = [plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS[s]) for s in ("serialization", "queueing", "inference")]
     handles.append(plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS["unsplit"], hatch="xx"))
-    axes[0][0].legend(handles, ["serialization", "queueing", "inference", "unsplit (reports nothing)"],
-                      fontsize=7, loc="lower right")
+    axes[0][0].legend(
+        handles, ["serialization", "queueing", "inference", "unsplit (reports nothing)"], fontsize=7, loc="lower right"
+    )
     fig.tight_layout(h_pad=1.5)
     return _png(fig)
 
@@ -183,18 +215,26 @@ def plot_hops(report: Mapping[str, Any]) -> str | None:
     import matplotlib.pyplot as plt
 
     conc = max(report["concurrency"])
-    rows = [(n, t["by_concurrency"][str(conc)]["path"]) for n, t in report["targets"].items()
-            if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")]
+    rows = [
+        (n, t["by_concurrency"][str(conc)]["path"])
+        for n, t in report["targets"].items()
+        if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")
+    ]
     if not rows:
         return None
-    colors = {"link": ("#4e79a7", "#a0cbe8"), "serialization": "#f28e2b", "own": "#9c755f",
-              "server": "#59a14f", "unsplit": "#bab0ac"}
+    link_colors = ("#4e79a7", "#a0cbe8")  # alternating, link by link
+    colors = {
+        "serialization": "#f28e2b",
+        "own": "#9c755f",
+        "server": "#59a14f",
+        "unsplit": "#bab0ac",
+    }
     fig, ax = plt.subplots(figsize=(11, 0.6 + 0.45 * len(rows) + 1))
-    for y, (name, path) in enumerate(rows):
+    for y, (_name, path) in enumerate(rows):
         left = 0.0
         pieces: list[tuple[float, str, str | None]] = []
         for j, link in enumerate(path["links"]):
-            pieces.append((link["mean_ms"], colors["link"][j % 2], f"{j + 1}"))
+            pieces.append((link["mean_ms"], link_colors[j % 2], f"{j + 1}"))
             if j < len(path["hops"]):
                 h = path["hops"][j]
                 pieces.append((h["serialization_mean_ms"], colors["serialization"], None))
@@ -214,11 +254,17 @@ def plot_hops(report: Mapping[str, Any]) -> str | None:
     ax.invert_yaxis()
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=colors["link"][0], label="network, link by link (numbered from the client)"),
-                       Patch(color=colors["serialization"], label="a hop's serialization"),
-                       Patch(color=colors["own"], label="a hop's own time"),
-                       Patch(color=colors["server"], label="server: queue + inference"),
-                       Patch(color=colors["unsplit"], label="unsplit")], fontsize=7, loc="lower right")
+    ax.legend(
+        handles=[
+            Patch(color=link_colors[0], label="network, link by link (numbered from the client)"),
+            Patch(color=colors["serialization"], label="a hop's serialization"),
+            Patch(color=colors["own"], label="a hop's own time"),
+            Patch(color=colors["server"], label="server: queue + inference"),
+            Patch(color=colors["unsplit"], label="unsplit"),
+        ],
+        fontsize=7,
+        loc="lower right",
+    )
     ax.set_xlabel("ms per request (mean)")
     ax.set_title(f"hop by hop, concurrency {conc}")
     ax.grid(axis="x", alpha=0.3)
@@ -294,29 +340,54 @@ window.addEventListener('load', function () {
 
 def _table(report: Mapping[str, Any], conc: int) -> str:
     primary = report["method"]["primary_metric"]
-    head = ["config", "ok", "err", "req/s", f"{primary} p50", "95% CI", "p95", "p99", *SEGMENTS,
-            "hop1", "hop2", "Δp50", "p (Holm)", "Cliff's δ", "Cohen's d"]
+    head = [
+        "config",
+        "ok",
+        "err",
+        "req/s",
+        f"{primary} p50",
+        "95% CI",
+        "p95",
+        "p99",
+        *SEGMENTS,
+        "hop1",
+        "hop2",
+        "Δp50",
+        "p (Holm)",
+        "Cliff's δ",
+        "Cohen's d",
+    ]
     rows = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for name, t in report["targets"].items():
         g = t.get("by_concurrency", {}).get(str(conc))
         if g is None:
-            rows.append(f"<tr class='{t['status']}'><td>{html.escape(name)}</td>"
-                        f"<td colspan='{len(head) - 1}' style='text-align:left'>{t['status']}: "
-                        f"{html.escape(str(t.get('reason', '')))}</td></tr>")
+            rows.append(
+                f"<tr class='{t['status']}'><td>{html.escape(name)}</td>"
+                f"<td colspan='{len(head) - 1}' style='text-align:left'>{t['status']}: "
+                f"{html.escape(str(t.get('reason', '')))}</td></tr>"
+            )
             continue
         p = g.get(primary, {})
         seg = g["segments"]
         c = g.get("comparison") or {}
         cells = [
-            name + (" (base)" if name == report["baseline"] else "") + (" FAILED" if t["status"] == "failed" else "")
+            name
+            + (" (base)" if name == report["baseline"] else "")
+            + (" FAILED" if t["status"] == "failed" else "")
             + (" [client saturated]" if (g.get("client") or {}).get("saturated") else ""),
-            str(g["ok"]), str(g["errors"]), fmt_ms(g["rps"], 1),
+            str(g["ok"]),
+            str(g["errors"]),
+            fmt_ms(g["rps"], 1),
             fmt_ms(p.get("p50", {}).get("value")),
             f"{fmt_ms(p.get('p50', {}).get('lo'))} – {fmt_ms(p.get('p50', {}).get('hi'))}",
-            fmt_ms(p.get("p95", {}).get("value")), fmt_ms(p.get("p99", {}).get("value")),
-            *[seg_cell(g, s) for s in SEGMENTS], *[fmt_ms(seg[s].get("mean")) for s in ("network_hop1", "network_hop2")],
-            f"{c['p50_diff_ms']:+.3f}" if c else "–", f"{c['p_adjusted']:.2g}" if c else "–",
-            f"{c['cliffs_delta']:+.2f} ({c['magnitude']})" if c else "–", f"{c['cohens_d']:+.2f}" if c else "–",
+            fmt_ms(p.get("p95", {}).get("value")),
+            fmt_ms(p.get("p99", {}).get("value")),
+            *[seg_cell(g, s) for s in SEGMENTS],
+            *[fmt_ms(seg[s].get("mean")) for s in ("network_hop1", "network_hop2")],
+            f"{c['p50_diff_ms']:+.3f}" if c else "–",
+            f"{c['p_adjusted']:.2g}" if c else "–",
+            f"{c['cliffs_delta']:+.2f} ({c['magnitude']})" if c else "–",
+            f"{c['cohens_d']:+.2f}" if c else "–",
         ]
         rows.append(f"<tr class='{t['status']}'>" + "".join(f"<td>{html.escape(x)}</td>" for x in cells) + "</tr>")
     return "<table>" + "".join(rows) + "</table>"
@@ -332,44 +403,76 @@ def render(
 
     matplotlib.use("Agg")
     plots = [
-        ("Where the time goes", "Mean milliseconds per request in each segment; the bar's length is the mean "
-         "end-to-end time.", plot_segments(report)),
-        ("Hop by hop", "Each path from the client inwards: the network of every link (numbered), each reporting "
-         "hop's serialization and own time, the server's queue and inference (means).", plot_hops(report)),
-        ("Latency distribution", "Empirical CDF of every measured request (rounds pooled).",
-         plot_cdfs(report, samples)),
-        ("One request, hop by hop", "A typical request (median end-to-end, highest concurrency) of each "
-         "configuration: client, each reporting hop, the server and its engine phases; a part inside a "
-         "component that reports nothing is hatched (unsplit), with the phases its engine reported drawn "
-         "inside it.", plot_waterfalls(report, records)),
-        ("Streaming: TTFT and inter-token latency", "Client-observed, highest concurrency.",
-         plot_streaming(report, records)),
-        ("Concurrency sweep", "p50 with its 95% bootstrap interval, p99 dashed; throughput on the right.",
-         plot_sweep(report)),
+        (
+            "Where the time goes",
+            "Mean milliseconds per request in each segment; the bar's length is the mean end-to-end time.",
+            plot_segments(report),
+        ),
+        (
+            "Hop by hop",
+            "Each path from the client inwards: the network of every link (numbered), each reporting "
+            "hop's serialization and own time, the server's queue and inference (means).",
+            plot_hops(report),
+        ),
+        (
+            "Latency distribution",
+            "Empirical CDF of every measured request (rounds pooled).",
+            plot_cdfs(report, samples),
+        ),
+        (
+            "One request, hop by hop",
+            "A typical request (median end-to-end, highest concurrency) of each "
+            "configuration: client, each reporting hop, the server and its engine phases; a part inside a "
+            "component that reports nothing is hatched (unsplit), with the phases its engine reported drawn "
+            "inside it.",
+            plot_waterfalls(report, records),
+        ),
+        (
+            "Streaming: TTFT and inter-token latency",
+            "Client-observed, highest concurrency.",
+            plot_streaming(report, records),
+        ),
+        (
+            "Concurrency sweep",
+            "p50 with its 95% bootstrap interval, p99 dashed; throughput on the right.",
+            plot_sweep(report),
+        ),
     ]
     meta = report["meta"]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>pathprobe compare</title>"
-             f"<style>{_CSS}</style><script>{_JS}</script></head><body>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>pathprobe compare</title>"
+        f"<style>{_CSS}</style><script>{_JS}</script></head><body>"
+    ]
     parts.append("<h1>pathprobe compare</h1>")
-    parts.append("<p class='meta'>" + html.escape(
-        f"{meta.get('started', '')} · engine {meta.get('engine', '')} · {meta.get('host', '')} · "
-        f"{meta.get('cpus', '')} CPUs · pathprobe {meta.get('versions', {}).get('pathprobe', '')}") + "</p>")
+    parts.append(
+        "<p class='meta'>"
+        + html.escape(
+            f"{meta.get('started', '')} · engine {meta.get('engine', '')} · {meta.get('host', '')} · "
+            f"{meta.get('cpus', '')} CPUs · pathprobe {meta.get('versions', {}).get('pathprobe', '')}"
+        )
+        + "</p>"
+    )
     if meta.get("placement"):
         from pathprobe.analysis.report import placement_line
 
         parts.append("<p class='meta'>" + html.escape(placement_line(meta["placement"])) + "</p>")
-    parts.append(f"<p>baseline <b>{html.escape(report['baseline'])}</b>. "
-                 f"{html.escape(report['method']['summary'])}</p>")
+    parts.append(
+        f"<p>baseline <b>{html.escape(report['baseline'])}</b>. {html.escape(report['method']['summary'])}</p>"
+    )
     net = report.get("network")
     if net:
-        parts.append(f"<p>Network condition on hop <b>{html.escape(net['hop'])}</b>: {html.escape(net['describe'])}; "
-                     f"expected +{net['expected_request_ms']:g} ms per request.</p>")
+        parts.append(
+            f"<p>Network condition on hop <b>{html.escape(net['hop'])}</b>: {html.escape(net['describe'])}; "
+            f"expected +{net['expected_request_ms']:g} ms per request.</p>"
+        )
     parts.append("<h2>Verdicts</h2>")
     if report["verdicts"]:
         for v in report["verdicts"]:
             if v.get("client_flag"):
-                parts.append(f"<div class='verdict flagged'><b>flagged: {html.escape(v['client_flag'])}</b> · "
-                             f"{html.escape(v['text'])}</div>")
+                parts.append(
+                    f"<div class='verdict flagged'><b>flagged: {html.escape(v['client_flag'])}</b> · "
+                    f"{html.escape(v['text'])}</div>"
+                )
             else:
                 parts.append(f"<div class='verdict'>{html.escape(v['text'])}</div>")
     else:
@@ -377,29 +480,43 @@ def render(
     for conc in report["concurrency"]:
         parts.append(f"<h2>Concurrency {conc}</h2>")
         parts.append(_table(report, conc))
-        if any(t.get("by_concurrency", {}).get(str(conc), {}).get("network_estimated")
-               for t in report["targets"].values()):
+        if any(
+            t.get("by_concurrency", {}).get(str(conc), {}).get("network_estimated") for t in report["targets"].values()
+        ):
             parts.append(f"<p class='estimated'>{html.escape(ESTIMATED_NOTE)}.</p>")
         for w in report.get("client_warnings") or []:
             if w["concurrency"] == conc:
-                cls, label = (("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note"))
+                cls, label = ("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note")
                 parts.append(f"<div class='{cls}'><b>{label}:</b> {html.escape(w['text'])}</div>")
-        paths = [(n, t["by_concurrency"][str(conc)]["path"]) for n, t in report["targets"].items()
-                 if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")]
+        paths = [
+            (n, t["by_concurrency"][str(conc)]["path"])
+            for n, t in report["targets"].items()
+            if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")
+        ]
         if paths:
-            parts.append("<p>Hop by hop (means, ms: the network of each link, and each reporting hop's own "
-                         "time and serialization):</p><ul class='hops'>"
-                         + "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(format_path(pth))}</li>"
-                                   for n, pth in paths) + "</ul>")
+            parts.append(
+                "<p>Hop by hop (means, ms: the network of each link, and each reporting hop's own "
+                "time and serialization):</p><ul class='hops'>"
+                + "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(format_path(pth))}</li>" for n, pth in paths)
+                + "</ul>"
+            )
         for sr in report.get("self_reports") or []:
             if sr["concurrency"] == conc:
-                parts.append(f"<div class='self-report'><b>self-report</b> {html.escape(sr['target'])}: "
-                             f"{html.escape(sr['text'])}</div>")
-        cpu = [(n, t["by_concurrency"][str(conc)]["path_cpu"]) for n, t in report["targets"].items()
-               if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path_cpu")]
+                parts.append(
+                    f"<div class='self-report'><b>self-report</b> {html.escape(sr['target'])}: "
+                    f"{html.escape(sr['text'])}</div>"
+                )
+        cpu = [
+            (n, t["by_concurrency"][str(conc)]["path_cpu"])
+            for n, t in report["targets"].items()
+            if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path_cpu")
+        ]
         if cpu:
-            parts.append("<p>CPU per request of each path's own processes (gateway / proxy, not the server): "
-                         + html.escape(", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu)) + "</p>")
+            parts.append(
+                "<p>CPU per request of each path's own processes (gateway / proxy, not the server): "
+                + html.escape(", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu))
+                + "</p>"
+            )
     for title, caption, png in plots:
         if png is None:
             continue
@@ -422,24 +539,33 @@ def render(
                 parts.append(f"<li>{html.escape(label)}</li>")
         parts.append("</ul>")
     if any_slow:
-        parts.append("<p>Open a trace file in Jaeger's UI (Search → Upload / JSON File), or run "
-                     "<code>pathprobe analyze FILE</code>.</p>")
+        parts.append(
+            "<p>Open a trace file in Jaeger's UI (Search → Upload / JSON File), or run "
+            "<code>pathprobe analyze FILE</code>.</p>"
+        )
     else:
         parts.append("<p>No traces were recorded (tracing off).</p>")
     problems = [(n, t) for n, t in report["targets"].items() if t["status"] in ("failed", "skipped")]
     if problems:
         parts.append("<h2>Failed and skipped</h2><ul>")
-        parts.extend(f"<li class='{t['status']}'><b>{html.escape(n)}</b>: {t['status']}: "
-                     f"{html.escape(str(t.get('reason', '')))}</li>" for n, t in problems)
+        parts.extend(
+            f"<li class='{t['status']}'><b>{html.escape(n)}</b>: {t['status']}: "
+            f"{html.escape(str(t.get('reason', '')))}</li>"
+            for n, t in problems
+        )
         parts.append("</ul>")
     cold = [(n, t["cold_start"]) for n, t in report["targets"].items() if t.get("cold_start")]
     if cold:
-        parts.append("<h2>Cold start</h2><p>First request after each path came up (not in the figures above), "
-                     "and the warm-up's median.</p><table><tr><th>config</th><th>first request ms</th>"
-                     "<th>warm-up p50 ms</th><th>warm-up requests</th></tr>")
+        parts.append(
+            "<h2>Cold start</h2><p>First request after each path came up (not in the figures above), "
+            "and the warm-up's median.</p><table><tr><th>config</th><th>first request ms</th>"
+            "<th>warm-up p50 ms</th><th>warm-up requests</th></tr>"
+        )
         for n, c in cold:
-            parts.append(f"<tr><td>{html.escape(n)}</td><td>{fmt_ms(c['first_ms'])}</td>"
-                         f"<td>{fmt_ms(c.get('warmup_p50_ms'))}</td><td>{c.get('n', 0)}</td></tr>")
+            parts.append(
+                f"<tr><td>{html.escape(n)}</td><td>{fmt_ms(c['first_ms'])}</td>"
+                f"<td>{fmt_ms(c.get('warmup_p50_ms'))}</td><td>{c.get('n', 0)}</td></tr>"
+            )
         parts.append("</table>")
     parts.append("<h2>Method</h2><pre>" + html.escape(json.dumps(report["method"], indent=1)) + "</pre>")
     parts.append("</body></html>")

@@ -54,8 +54,9 @@ def _key(rec: Mapping[str, Any]) -> tuple[Any, ...] | None:
     return (rec.get("_round"), rec.get("_concurrency"), rec.get("worker"), rec.get("user"), rec["cycle"])
 
 
-def pairs(records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]
-          ) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+def pairs(
+    records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]
+) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
     """(call, baseline call) of the same cycle, both ok with a split."""
     base = {_key(r): r for r in baseline if r.get("ok") and r.get("split") and _key(r) is not None}
     out = []
@@ -81,14 +82,14 @@ def tax_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for m in ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "unsplit"):
         x = np.asarray([_value(r, m) for r in ok], dtype=float)
         out[m] = {"p50": float(np.median(x)), "mean": float(x.mean())}
-    engine = np.asarray([float(r["split"].get("queueing", 0.0)) + float(r["split"].get("inference", 0.0))
-                         for r in ok])
+    engine = np.asarray([float(r["split"].get("queueing", 0.0)) + float(r["split"].get("inference", 0.0)) for r in ok])
     out["engine"] = {"p50": float(np.median(engine)), "mean": float(engine.mean())}
     return out
 
 
-def paired(records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]], *,
-           n_boot: int = 1000) -> dict[str, Any]:
+def paired(
+    records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]], *, n_boot: int = 1000
+) -> dict[str, Any]:
     """Paired per-call differences (configuration - baseline) per metric: median with 95% CI, mean."""
     import numpy as np
 
@@ -133,17 +134,34 @@ def judge(per_target: dict[str, dict[str, Any]], baseline: str, conc: int, alpha
         # and every round on that side of the minimum too: drift between rounds (a shared machine's
         # load changes minute to minute) must not decide it
         rounds = list(r.get("rounds", {}).values())
-        steady = bool(rounds) and (all(v >= floor for v in rounds) if med["value"] > 0 else
-                                   all(v <= -floor for v in rounds))
+        steady = bool(rounds) and (
+            all(v >= floor for v in rounds) if med["value"] > 0 else all(v <= -floor for v in rounds)
+        )
         r["rounds_agree"] = steady
         r["significant"] = bool(not math.isnan(p_adj) and p_adj < alpha and beyond and steady)
         if not r["significant"]:
             continue
-        parts = sorted(((m, r[m]["median"]["value"]) for m in ("network_hop1", "network_hop2", "serialization",
-                                                                "other", "unsplit")), key=lambda kv: -abs(kv[1]))
-        text = (f"c={conc}: {name} costs {med['value']:+.3f} ms of path tax per call vs {baseline} "
-                f"(paired median [95% CI {med['lo']:+.3f}, {med['hi']:+.3f}], n={r['n']} pairs, Wilcoxon p="
-                f"{p_adj:.2g} Holm); mostly " + ", ".join(f"{m} {v:+.3f} ms" for m, v in parts[:2]))
-        verdicts.append({"concurrency": conc, "target": name, "text": text, "kind": "path_tax",
-                         "path_tax_diff_ms": med["value"], "client_flag": None, "client_saturated": []})
+        parts = sorted(
+            (
+                (m, r[m]["median"]["value"])
+                for m in ("network_hop1", "network_hop2", "serialization", "other", "unsplit")
+            ),
+            key=lambda kv: -abs(kv[1]),
+        )
+        text = (
+            f"c={conc}: {name} costs {med['value']:+.3f} ms of path tax per call vs {baseline} "
+            f"(paired median [95% CI {med['lo']:+.3f}, {med['hi']:+.3f}], n={r['n']} pairs, Wilcoxon p="
+            f"{p_adj:.2g} Holm); mostly " + ", ".join(f"{m} {v:+.3f} ms" for m, v in parts[:2])
+        )
+        verdicts.append(
+            {
+                "concurrency": conc,
+                "target": name,
+                "text": text,
+                "kind": "path_tax",
+                "path_tax_diff_ms": med["value"],
+                "client_flag": None,
+                "client_saturated": [],
+            }
+        )
     return verdicts

@@ -56,14 +56,22 @@ class Placement:
         return lambda: os.sched_setaffinity(0, cpus)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "reason": self.reason, "available": list(self.available),
-                "server": list(self.server), "proxies": list(self.proxies), "load": list(self.load)}
+        return {
+            "enabled": self.enabled,
+            "reason": self.reason,
+            "available": list(self.available),
+            "server": list(self.server),
+            "proxies": list(self.proxies),
+            "load": list(self.load),
+        }
 
     def describe(self) -> str:
         if not self.enabled:
             return f"CPU placement: off ({self.reason})"
-        return (f"CPU placement: engine/server on cores {_span(self.server)}, proxies on {_span(self.proxies)}, "
-                f"load generator on {_span(self.load)} ({self.reason})")
+        return (
+            f"CPU placement: engine/server on cores {_span(self.server)}, proxies on {_span(self.proxies)}, "
+            f"load generator on {_span(self.load)} ({self.reason})"
+        )
 
 
 def _span(cpus: tuple[int, ...]) -> str:
@@ -91,11 +99,21 @@ def plan(mode: str = "auto", cpus: tuple[int, ...] | None = None) -> Placement:
     if n < 2:
         return Placement(False, f"{n} core available: nothing to separate", available=cpus)
     if mode == "auto" and n < MIN_CORES_AUTO:
-        return Placement(False, f"only {n} cores: auto pins from {MIN_CORES_AUTO}; placement: on pins anyway "
-                                "(engine on one core, the rest on the other)", available=cpus)
+        return Placement(
+            False,
+            f"only {n} cores: auto pins from {MIN_CORES_AUTO}; placement: on pins anyway "
+            "(engine on one core, the rest on the other)",
+            available=cpus,
+        )
     if n == 2:  # engine alone; proxies and load generator share the other core
-        return Placement(True, "2 cores: the engine alone on one, proxies and load generator on the other",
-                         server=cpus[1:], proxies=cpus[:1], load=cpus[:1], available=cpus)
+        return Placement(
+            True,
+            "2 cores: the engine alone on one, proxies and load generator on the other",
+            server=cpus[1:],
+            proxies=cpus[:1],
+            load=cpus[:1],
+            available=cpus,
+        )
     share = max(1, n // 8)
-    load, proxies, server = cpus[:share], cpus[share:2 * share], cpus[2 * share:]
+    load, proxies, server = cpus[:share], cpus[share : 2 * share], cpus[2 * share :]
     return Placement(True, f"{n} cores, mode {mode}", server=server, proxies=proxies, load=load, available=cpus)

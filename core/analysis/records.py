@@ -35,8 +35,9 @@ def agreement(
 ) -> dict[str, Any]:
     """Match trace splits to records by trace id; per segment, how far apart they are."""
     by_id = {r["trace_id"]: r for r in records if r.get("trace_id") and r.get("split")}
-    per: dict[str, dict[str, Any]] = {k: {"n": 0, "outside": 0, "max_abs_diff_ms": 0.0, "worst_trace": None}
-                                      for k in ("e2e", *SPLIT_KEYS)}
+    per: dict[str, dict[str, Any]] = {
+        k: {"n": 0, "outside": 0, "max_abs_diff_ms": 0.0, "worst_trace": None} for k in ("e2e", *SPLIT_KEYS)
+    }
     matched = 0
     for ts in trace_splits:
         rec = by_id.get(ts.trace_id)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 PERCENTILES = (50.0, 95.0, 99.0)
 #: Cliff's delta magnitude thresholds (Romano et al. 2006).
@@ -38,7 +41,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def bootstrap_percentiles(
-    values: Sequence[float],
+    values: Sequence[float] | npt.NDArray[Any],
     qs: Sequence[float] = PERCENTILES,
     *,
     n_boot: int = 1000,
@@ -217,7 +220,9 @@ def judge(
     for comp, name, p_adj in zip(comparisons, names, adjusted):
         comp.p_adjusted = p_adj
         comp.significant = (
-            not math.isnan(p_adj) and p_adj < alpha and not math.isnan(comp.cliffs_delta)
+            not math.isnan(p_adj)
+            and p_adj < alpha
+            and not math.isnan(comp.cliffs_delta)
             and abs(comp.cliffs_delta) >= min_effect
         )
         if comp.significant:

@@ -128,7 +128,7 @@ def spans_from_otlp(doc: dict[str, Any]) -> Iterator[Span]:
 
 
 def _jaeger_tag(tag: dict[str, Any]) -> Any:
-    v = tag.get("value")
+    v: Any = tag.get("value")
     t = str(tag.get("type", "string")).lower()
     if t in ("int64", "int"):
         return int(v)
@@ -337,23 +337,30 @@ def to_otlp_json(trace: Trace) -> dict[str, Any]:
     resource_spans = []
     for service, spans in by_service.items():
         resource = dict(spans[0].resource) or {"service.name": service}
-        resource_spans.append({
-            "resource": {"attributes": attributes(resource)},
-            "scopeSpans": [{
-                "scope": {"name": spans[0].scope or "pathprobe"},
-                "spans": [{
-                    "traceId": s.trace_id,
-                    "spanId": s.span_id,
-                    **({"parentSpanId": s.parent_id} if s.parent_id else {}),
-                    "name": s.name,
-                    "kind": _KIND_NUM.get(s.kind, 1),
-                    "startTimeUnixNano": str(s.start_ns),
-                    "endTimeUnixNano": str(s.end_ns),
-                    "attributes": attributes(s.attributes),
-                    "status": s.status,
-                } for s in spans],
-            }],
-        })
+        resource_spans.append(
+            {
+                "resource": {"attributes": attributes(resource)},
+                "scopeSpans": [
+                    {
+                        "scope": {"name": spans[0].scope or "pathprobe"},
+                        "spans": [
+                            {
+                                "traceId": s.trace_id,
+                                "spanId": s.span_id,
+                                **({"parentSpanId": s.parent_id} if s.parent_id else {}),
+                                "name": s.name,
+                                "kind": _KIND_NUM.get(s.kind, 1),
+                                "startTimeUnixNano": str(s.start_ns),
+                                "endTimeUnixNano": str(s.end_ns),
+                                "attributes": attributes(s.attributes),
+                                "status": s.status,
+                            }
+                            for s in spans
+                        ],
+                    }
+                ],
+            }
+        )
     return {"resourceSpans": resource_spans}
 
 
@@ -391,20 +398,23 @@ def to_jaeger_json(traces: Iterable[Trace]) -> dict[str, Any]:
             if code in (2, "STATUS_CODE_ERROR"):
                 tags["error"] = True
                 tags["otel.status_description"] = s.status.get("message", "")
-            spans.append({
-                "traceID": s.trace_id,
-                "spanID": s.span_id,
-                "operationName": s.name,
-                "references": [{"refType": "CHILD_OF", "traceID": s.trace_id, "spanID": s.parent_id}]
-                if s.parent_id else [],
-                "startTime": s.start_ns // 1000,
-                "duration": max(0, (s.end_ns - s.start_ns) // 1000),
-                "tags": _jaeger_tags(tags),
-                "logs": [],
-                "processID": pid,
-                "warnings": None,
-                "flags": 1,
-            })
+            spans.append(
+                {
+                    "traceID": s.trace_id,
+                    "spanID": s.span_id,
+                    "operationName": s.name,
+                    "references": [{"refType": "CHILD_OF", "traceID": s.trace_id, "spanID": s.parent_id}]
+                    if s.parent_id
+                    else [],
+                    "startTime": s.start_ns // 1000,
+                    "duration": max(0, (s.end_ns - s.start_ns) // 1000),
+                    "tags": _jaeger_tags(tags),
+                    "logs": [],
+                    "processID": pid,
+                    "warnings": None,
+                    "flags": 1,
+                }
+            )
         data.append({"traceID": trace.trace_id, "spans": spans, "processes": processes, "warnings": None})
     return {"data": data, "total": 0, "limit": 0, "offset": 0, "errors": None}
 
@@ -416,8 +426,9 @@ def write_trace_file(traces: Iterable[Trace], path: str | os.PathLike[str], fmt:
     if fmt == "jaeger":
         out.write_text(json.dumps(to_jaeger_json(traces), indent=1), encoding="utf-8")
     elif fmt == "otlp":
-        out.write_text("\n".join(json.dumps(to_otlp_json(t), separators=(",", ":")) for t in traces) + "\n",
-                       encoding="utf-8")
+        out.write_text(
+            "\n".join(json.dumps(to_otlp_json(t), separators=(",", ":")) for t in traces) + "\n", encoding="utf-8"
+        )
     else:
         raise ConfigError(f"--format: expected jaeger or otlp, got {fmt!r}")
     return out

@@ -169,8 +169,11 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     use_attrs = source == "attributes"
     servers = [s for s in trace.spans if _is_server_hop(trace, s)]
     gateways = [s for s in trace.spans if s not in servers and _is_gateway_hop(trace, s)]
-    clients = [s for s in trace.spans if s.kind == "CLIENT" and not any(a.kind in ("SERVER", "CLIENT")
-                                                                         for a in trace.ancestors(s))]
+    clients = [
+        s
+        for s in trace.spans
+        if s.kind == "CLIENT" and not any(a.kind in ("SERVER", "CLIENT") for a in trace.ancestors(s))
+    ]
     client = clients[0] if clients else None
     hops: list[str] = []
     problem = None
@@ -198,13 +201,12 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     if srv is not None:
         hops.append(f"server:{srv.service or srv.name}")
     entries: dict[str, float] = timing.Chain(chain_hops)
-    if use_attrs:
-        if client is not None:
-            st = _first(client.attributes, TIMING_KEYS)
-            if isinstance(st, str):
-                # what the client received is the whole chain, every hop apart
-                received = timing.parse_chain(st)
-                entries = timing.Chain((*received.hops,)) if received.hops else entries
+    if use_attrs and client is not None:
+        st = _first(client.attributes, TIMING_KEYS)
+        if isinstance(st, str):
+            # what the client received is the whole chain, every hop apart
+            received = timing.parse_chain(st)
+            entries = timing.Chain((*received.hops,)) if received.hops else entries
     enc = dec = 0.0
     route = ""
     if client is not None:
@@ -213,8 +215,12 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         route = str(_first(attrs, ROUTE_KEYS) or client.name)
         enc = float(_first(attrs, ENC_KEYS) or 0.0)
         dec = float(_first(attrs, DEC_KEYS) or 0.0)
-        if use_attrs and _first(attrs, ENC_KEYS) is None and _first(attrs, DEC_KEYS) is None \
-                and CLIENT_SER_KEY in attrs:
+        if (
+            use_attrs
+            and _first(attrs, ENC_KEYS) is None
+            and _first(attrs, DEC_KEYS) is None
+            and CLIENT_SER_KEY in attrs
+        ):
             # client encode + decode = the client's serialization total minus the hops' own
             enc = max(0.0, float(attrs[CLIENT_SER_KEY]) - _hops_serialization(entries))
         e2e_attr = _first(attrs, E2E_KEYS)
@@ -225,8 +231,18 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     else:
         outer = path_gws[0] if path_gws else srv
         if outer is None:
-            return TraceSplit(trace.trace_id, "", None, entries, "none", 0.0, 0.0, hops, False,
-                              "no client, gateway or server span in this trace")
+            return TraceSplit(
+                trace.trace_id,
+                "",
+                None,
+                entries,
+                "none",
+                0.0,
+                0.0,
+                hops,
+                False,
+                "no client, gateway or server span in this trace",
+            )
         route = outer.name
         e2e, e2e_source = outer.duration_ms, "outermost server span"
         problem = problem or "no client span: network hop 1 is not measured (e2e = outermost server span)"
@@ -236,8 +252,9 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         report = serverreports.from_vllm_span(engine.attributes) if engine is not None else None
         if report is not None:
             hops.append(f"engine:{engine.service or engine.name}")  # type: ignore[union-attr]
-            problem = problem or ("the server reports its engine's phases only (vLLM's llm_request span): "
-                                  "the rest of its time is unsplit")
+            problem = problem or (
+                "the server reports its engine's phases only (vLLM's llm_request span): the rest of its time is unsplit"
+            )
         else:
             problem = problem or "no server span (a server that exports no traces?): its time is unsplit"
     if client is not None:
@@ -249,6 +266,9 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     est = serverreports.network_estimate(entries, float(client_est) if client_est is not None else None)
     # the load generator's own wait, as it booked it (never more than the client's link took)
     wait = float(_first(client.attributes, WAIT_KEYS) or 0.0) if client is not None else 0.0
-    sp = (serverreports.split(e2e, entries, report, enc, dec, network_estimate_ms=est, client_wait_ms=wait)
-          if not math.isnan(e2e) else None)
+    sp = (
+        serverreports.split(e2e, entries, report, enc, dec, network_estimate_ms=est, client_wait_ms=wait)
+        if not math.isnan(e2e)
+        else None
+    )
     return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem, report)

@@ -73,14 +73,31 @@ class Capture:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         expr = " or ".join(f"tcp port {p}" for p in self.ports)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - open while tcpdump runs
-        self.proc = subprocess.Popen([exe, "-i", self.interface, "--time-stamp-precision=nano", "-U", "-n",
-                                      "-s", "256", "-w", str(self.path), expr],
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "-i",
+                self.interface,
+                "--time-stamp-precision=nano",
+                "-U",
+                "-n",
+                "-s",
+                "256",
+                "-w",
+                str(self.path),
+                expr,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise PathprobeError(f"witness pcap: tcpdump exited with code {self.proc.returncode}: "
-                                     f"{self.log_path.read_text(errors='replace').strip()[-300:]}")
+                raise PathprobeError(
+                    f"witness pcap: tcpdump exited with code {self.proc.returncode}: "
+                    f"{self.log_path.read_text(errors='replace').strip()[-300:]}"
+                )
             if b"listening on" in self.log_path.read_bytes():
                 return self
             time.sleep(0.05)
@@ -130,7 +147,7 @@ def _h2_control_only(payload: bytes, size: int) -> bool:
     while i < size:
         if i + 9 > size:
             return False
-        length = int.from_bytes(payload[i:i + 3], "big")
+        length = int.from_bytes(payload[i : i + 3], "big")
         if payload[i + 3] not in _H2_CONTROL:
             return False
         i += 9 + length
@@ -235,8 +252,9 @@ def window_peers(pkts: Sequence[Packet], ports: Iterable[int], usual: Mapping[in
     return out
 
 
-def witness_request(rec: Mapping[str, Any], pkts: Sequence[Packet], path: Chain,
-                    peers: Mapping[int, int] | None = None) -> dict[str, Any] | None:
+def witness_request(
+    rec: Mapping[str, Any], pkts: Sequence[Packet], path: Chain, peers: Mapping[int, int] | None = None
+) -> dict[str, Any] | None:
     """Wire and stack times (ms) per link for one request; None when its packets are not all there.
 
     ``pkts``: the capture's data packets inside the request's window; ``peers``: the connection of
@@ -247,21 +265,25 @@ def witness_request(rec: Mapping[str, Any], pkts: Sequence[Packet], path: Chain,
     e = rec.get("entries") or {}
     ms = 1e-6
     links: list[dict[str, Any]] = []
-    edges = []  # per link: (enter_req, arrive_req, leave_resp, exit_resp)
+    edges: list[tuple[int, int, int, int]] = []  # per link: (enter_req, arrive_req, leave_resp, exit_resp)
     for link in path.links:
         entry, inner = link.ports[0], link.ports[-1]
-        edge = (_first(pkts, entry, peers), _first(pkts, inner, peers), _last(pkts, inner, peers),
-                _last(pkts, entry, peers))
-        if any(v is None for v in edge):
+        enter_req, arrive_req = _first(pkts, entry, peers), _first(pkts, inner, peers)
+        leave_resp, exit_resp = _last(pkts, inner, peers), _last(pkts, entry, peers)
+        if enter_req is None or arrive_req is None or leave_resp is None or exit_resp is None:
             return None
-        edges.append(edge)
+        edges.append((enter_req, arrive_req, leave_resp, exit_resp))
     for i, (link, edge) in enumerate(zip(path.links, edges)):
         enter_req, arrive_req, leave_resp, exit_resp = edge
         wire = ((arrive_req - enter_req) + (exit_resp - leave_resp)) * ms
         # the outer side of the link: the client, or the hop before (its upstream side)
         if i == 0:
-            outer = ((enter_req - t0) * ms - float(rec.get("client_encode_ms") or 0.0)
-                     + (t_end - exit_resp) * ms - float(rec.get("client_decode_ms") or 0.0))
+            outer = (
+                (enter_req - t0) * ms
+                - float(rec.get("client_encode_ms") or 0.0)
+                + (t_end - exit_resp) * ms
+                - float(rec.get("client_decode_ms") or 0.0)
+            )
             outer_name = "client"
         else:
             prev = path.links[i - 1].inner
@@ -280,11 +302,28 @@ def witness_request(rec: Mapping[str, Any], pkts: Sequence[Packet], path: Chain,
             nxt = edges[i + 1] if i + 1 < len(edges) else None
             silent = (window_in - ((nxt[3] - nxt[0]) * ms)) if nxt else window_in
             inner_stack, inner_name = 0.0, "silent"
-            links.append({"wire": wire, "stack_outer": outer, "outer": outer_name, "stack_inner": inner_stack,
-                          "inner": inner_name, "silent_hop": silent, "network": wire + outer + inner_stack + silent})
+            links.append(
+                {
+                    "wire": wire,
+                    "stack_outer": outer,
+                    "outer": outer_name,
+                    "stack_inner": inner_stack,
+                    "inner": inner_name,
+                    "silent_hop": silent,
+                    "network": wire + outer + inner_stack + silent,
+                }
+            )
             continue
-        links.append({"wire": wire, "stack_outer": outer, "outer": outer_name, "stack_inner": inner_stack,
-                      "inner": inner_name, "network": wire + outer + inner_stack})
+        links.append(
+            {
+                "wire": wire,
+                "stack_outer": outer,
+                "outer": outer_name,
+                "stack_inner": inner_stack,
+                "inner": inner_name,
+                "network": wire + outer + inner_stack,
+            }
+        )
     return {"links": links}
 
 
@@ -342,7 +381,8 @@ def analyze(records: Sequence[Mapping[str, Any]], packets: Sequence[Packet], pat
             for side in ("stack_outer", "stack_inner"):
                 if link[side] < NEGATIVE_MS:
                     neg[f"link{i}.{side}"] = neg.get(f"link{i}.{side}", 0) + 1
-    out["negative_stacks"] = sum(1 for w, _ in per if any(min(link["stack_outer"], link["stack_inner"]) < NEGATIVE_MS
-                                                          for link in w["links"]))
+    out["negative_stacks"] = sum(
+        1 for w, _ in per if any(min(link["stack_outer"], link["stack_inner"]) < NEGATIVE_MS for link in w["links"])
+    )
     out["negative_by"] = neg
     return out

@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--loss: must be in [0, 1)")
     spec = LinkSpec(args.delay_ms, args.jitter_ms, args.loss, args.rto_ms, args.rate_mbit)
     try:
-        relay = DelayRelay(parse_hostport(args.upstream, "--upstream"), spec,
-                           parse_hostport(args.listen, "--listen"), seed=args.seed)
+        relay = DelayRelay(
+            parse_hostport(args.upstream, "--upstream"), spec, parse_hostport(args.listen, "--listen"), seed=args.seed
+        )
     except OSError as exc:
         raise ConfigError(f"--listen {args.listen}: cannot bind: {exc.strerror or exc}") from None
     relay.start()

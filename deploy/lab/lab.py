@@ -1,7 +1,7 @@
 """A multi-host lab on one machine: client, gateway and server each in its own network
 namespace, joined by veth links, with an optional one-way delay on one link.
 
-    sudo python deploy/lab/lab.py run --delay-ms 10 --link gateway-server -t 10s --out out/lab
+    sudo .venv/bin/python deploy/lab/lab.py run --delay-ms 10 --link gateway-server -t 10s --out out/lab
 
     client ns                 gateway ns                       server ns
     pathprobe load  --veth--  pathprobe gateway  --veth--  [delay relay] -> pathprobe serve

@@ -1,7 +1,7 @@
 """Render nginx.conf.template into a runnable nginx prefix folder.
 
-    python deploy/nginx/render.py --prefix /tmp/ngx --listen 127.0.0.1:9080 --upstream 127.0.0.1:50051
-    nginx -p /tmp/ngx -e /tmp/ngx/error.log -c /tmp/ngx/nginx.conf -g 'daemon off;'
+python deploy/nginx/render.py --prefix /tmp/ngx --listen 127.0.0.1:9080 --upstream 127.0.0.1:50051
+nginx -p /tmp/ngx -e /tmp/ngx/error.log -c /tmp/ngx/nginx.conf -g 'daemon off;'
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ def render(prefix: str | os.PathLike, listen: str, upstreams: list[str], workers
     prefix = Path(prefix).resolve()
     (prefix / "tmp").mkdir(parents=True, exist_ok=True)
     text = Template(TEMPLATE.read_text()).substitute(
-        PREFIX=str(prefix), LISTEN=listen, WORKERS=str(workers),
-        UPSTREAMS="\n        ".join(f"server {u};" for u in upstreams))
+        PREFIX=str(prefix),
+        LISTEN=listen,
+        WORKERS=str(workers),
+        UPSTREAMS="\n        ".join(f"server {u};" for u in upstreams),
+    )
     out = prefix / "nginx.conf"
     out.write_text(text)
     return out

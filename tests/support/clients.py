@@ -8,7 +8,6 @@ import urllib.request
 from typing import Any
 
 import grpc
-
 from pathprobe import timing
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc
 
@@ -32,12 +31,14 @@ def grpc_stream(target: str, metadata: tuple = (), timeout: float = 30, **fields
         return chunks, timing.from_metadata(call.trailing_metadata())
 
 
-def http_post(url: str, body: Any, headers: dict[str, str] | None = None, raw: bytes | None = None,
-              timeout: float = 30) -> tuple[int, Any, bytes]:
+def http_post(
+    url: str, body: Any, headers: dict[str, str] | None = None, raw: bytes | None = None, timeout: float = 30
+) -> tuple[int, Any, bytes]:
     """(status, headers (case-insensitive, as HTTP has them), body)."""
     data = raw if raw is not None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.headers, resp.read()
@@ -51,6 +52,6 @@ def sse_events(body: bytes) -> list[Any]:
     for block in body.decode().split("\n\n"):
         for line in block.splitlines():
             if line.startswith("data: "):
-                payload = line[len("data: "):]
+                payload = line[len("data: ") :]
                 out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out

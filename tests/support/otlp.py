@@ -15,12 +15,10 @@ class _Service(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: OTLPReceiver) -> None:
         self.receiver = receiver
 
-    def Export(self, request, context):  # noqa: N802 (gRPC method name)
+    def Export(self, request, context):
         with self.receiver.lock:
             for rs in request.resource_spans:
-                service = next(
-                    (a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), ""
-                )
+                service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
                 for ss in rs.scope_spans:
                     for span in ss.spans:
                         self.receiver.spans.append((service, span))
@@ -74,8 +72,9 @@ class OTLPReceiver:
         req = ExportTraceServiceRequest()
         for service, spans in by_service.items():
             rs = req.resource_spans.add()
-            rs.resource.attributes.append(common_pb2.KeyValue(
-                key="service.name", value=common_pb2.AnyValue(string_value=service)))
+            rs.resource.attributes.append(
+                common_pb2.KeyValue(key="service.name", value=common_pb2.AnyValue(string_value=service))
+            )
             rs.scope_spans.add().spans.extend(spans)
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(json_format.MessageToJson(req))
