@@ -6,6 +6,8 @@ gateway and the load generator report the same failure the same way.
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 
@@ -18,6 +20,27 @@ class PathprobeError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+    def to_json(self) -> dict[str, Any]:
+        return error_json(self.http_status, self.grpc_code, self.message, getattr(self, "field", None))
+
+
+def error_json(status: int, code: grpc.StatusCode, message: str, param: str | None = None) -> dict[str, Any]:
+    """The one JSON error shape of every HTTP answer (server and gateway, bodies and SSE events).
+
+    OpenAI-compatible (``message``, ``type``, ``code``, ``param``) plus the gRPC ``status``
+    name; ``type`` is ``invalid_request_error`` for a 400, else the gRPC status in lower case.
+    """
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status == 400 else code.name.lower(),
+            "code": status,
+            "status": code.name,
+            "param": param,
+        }
+    }
 
 
 class InvalidArgument(PathprobeError):
@@ -42,10 +65,18 @@ class Unimplemented(PathprobeError):
 
 
 class ResourceExhausted(PathprobeError):
-    """The engine queue is full (or a body is over the size limit)."""
+    """The engine queue is full (or a body is over the size limit).
+
+    ``retry_after_ms``: when the caller may try again (sent as ``Retry-After`` /
+    ``grpc-retry-pushback-ms``); None for a request that will never fit.
+    """
 
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     http_status = 429
+
+    def __init__(self, message: str, retry_after_ms: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 class PayloadTooLarge(ResourceExhausted):
@@ -65,6 +96,13 @@ class DeadlineExceeded(PathprobeError):
 class Cancelled(PathprobeError):
     grpc_code = grpc.StatusCode.CANCELLED
     http_status = 499
+
+
+class Unauthenticated(PathprobeError):
+    """No credential, or one that does not match (the message never echoes it)."""
+
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 401
 
 
 class ConfigError(PathprobeError):

@@ -48,16 +48,30 @@ def frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
 
 
+class FrameError(Exception):
+    """A frame the relay cannot pass on (RFC 9113 connection error); ``code`` is the h2 error code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:  # 1 = PROTOCOL_ERROR
+        super().__init__(message)
+        self.code = code
+
+
 def fragment(flags: int, payload: bytes) -> tuple[bytes, bytes]:
-    """(priority prefix, header block fragment) of a HEADERS payload, padding removed."""
+    """(priority prefix, header block fragment) of a HEADERS payload, padding removed.
+
+    Raises FrameError for a pad length or priority block the frame does not hold."""
     start, end = 0, len(payload)
     if flags & PADDED:
+        if not payload:
+            raise FrameError("HEADERS: PADDED without a pad length")
         end -= payload[0]
         start = 1
     prio = b""
     if flags & F_PRIORITY:
         prio = payload[start : start + 5]
         start += 5
+    if start > end:
+        raise FrameError("HEADERS: padding or priority longer than the frame")
     return prio, payload[start:end]
 
 

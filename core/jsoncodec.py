@@ -8,9 +8,11 @@ the field.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from pathprobe.errors import InvalidArgument
@@ -26,6 +28,8 @@ def loads_object(body: bytes) -> dict[str, Any]:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument("body", f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument("body", "malformed JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise InvalidArgument("body", f"must be a JSON object, got {type(obj).__name__}")
     return obj
@@ -75,6 +79,11 @@ _SCALAR_TYPES = {
 }
 
 
+_INT64 = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                    FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
+_DECIMAL = re.compile(r"-?[0-9]{1,20}")
+
+
 def _kind(fd) -> str:  # noqa: ANN001 (protobuf FieldDescriptor)
     t = fd.type
     if t == fd.TYPE_STRING:
@@ -97,6 +106,8 @@ def _check_type(key: str, fd, value: Any) -> None:  # noqa: ANN001
             if isinstance(item, bool) and kind != "bool" or not isinstance(item, allowed):
                 raise InvalidArgument(f"{key}[{i}]", f"must be {kind}, got {type(item).__name__}")
         return
+    if kind == "int" and fd.type in _INT64 and isinstance(value, str) and _DECIMAL.fullmatch(value):
+        return  # the proto3 JSON mapping writes 64-bit integers as strings (to_dict does): read them back
     if isinstance(value, bool) and kind != "bool" or not isinstance(value, allowed):
         raise InvalidArgument(key, f"must be {kind}, got {type(value).__name__}")
     if kind == "int" and fd.type == fd.TYPE_INT32 and not -(2**31) <= value < 2**31:

@@ -13,6 +13,7 @@ import grpc
 from aiohttp import web
 
 from pathprobe import telemetry, timing
+from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, retry_after_header
 from pathprobe.gateway.common import dumps, error_json, http_status_of
 from pathprobe.timing import now_ms
 
@@ -29,11 +30,21 @@ def param_of(message: str) -> str | None:
 
 def json_error(code: grpc.StatusCode, message: str, entries: Mapping[str, float] | None = None,
                upstream_timing: str | None = None, status: int | None = None,
-               param: str | None = None) -> web.Response:
+               param: str | None = None, server_timing: str | None = None,
+               retry_after: str | None = None) -> web.Response:
+    """Every HTTP error answer of the gateway (the body is :func:`pathprobe.errors.error_json`).
+
+    ``server_timing``: the Server-Timing value already made; else upstream's + ``entries``.
+    ``retry_after``: the ``Retry-After`` value (an overload refusal's, ours or the upstream's).
+    """
     status = status or http_status_of(code)
     headers = {}
-    if entries is not None or upstream_timing:
+    if server_timing is not None:
+        headers[timing.HTTP_HEADER] = server_timing
+    elif entries is not None or upstream_timing:
         headers[timing.HTTP_HEADER] = timing.append(upstream_timing, entries or {})
+    if retry_after:
+        headers[RETRY_AFTER] = retry_after
     body = error_json(status, code, message, param if param is not None else param_of(message))
     return web.Response(status=status, body=dumps(body), content_type="application/json", headers=headers)
 
@@ -115,15 +126,18 @@ class Spans:
         self.end_client(self.server, attrs, error, self.t0 if total_ms is not None else None, total_ms)
 
 
-def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], host: str, port: int, label: str,
+def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], cfg: Any, pool: Any, label: str,
                 on_cleanup: Callable[[], Awaitable[None]] | None = None) -> int:
-    """Serve an aiohttp app until SIGTERM/SIGINT."""
+    """Serve an aiohttp app on ``cfg.listen`` (TLS with ``cfg.tls``) until SIGTERM/SIGINT, then drain:
+    health 503 for ``cfg.drain_delay_s``, listener closed, in-flight calls get ``cfg.drain_grace_s``."""
+    host, port = cfg.listen_host, cfg.listen_port
 
     async def main() -> None:
         app = await app_factory()
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=cfg.drain_grace_s)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_port=True)
+        ssl_ctx = cfg.tls.server_context(alpn=("http/1.1",)) if cfg.tls else None
+        site = web.TCPSite(runner, host, port, reuse_port=True, ssl_context=ssl_ctx)
         await site.start()
         bound = site._server.sockets[0].getsockname()[1] if site._server else port  # type: ignore[union-attr]
         print(f"pathprobe gateway: {label} listening on {host}:{bound}", flush=True)
@@ -132,6 +146,11 @@ def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], host: str
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        pool.draining = True
+        log.warning("draining: health 503; listener closes in %.1f s, in-flight calls get %.1f s",
+                    cfg.drain_delay_s, cfg.drain_grace_s)
+        if cfg.drain_delay_s > 0:
+            await asyncio.sleep(cfg.drain_delay_s)
         await runner.cleanup()
         if on_cleanup is not None:
             await on_cleanup()
@@ -142,3 +161,16 @@ def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], host: str
 
 def elapsed(t0: float) -> float:
     return now_ms() - t0
+
+
+def retry_after_of(exc: Any = None, metadata: Any = None) -> str | None:
+    """``Retry-After`` from our own refusal (``retry_after_ms``) or an upstream's gRPC pushback."""
+    ms = getattr(exc, "retry_after_ms", None)
+    if ms is None:
+        for k, v in metadata or ():
+            if k == PUSHBACK_KEY:
+                try:
+                    ms = float(v)
+                except (TypeError, ValueError):
+                    ms = None
+    return retry_after_header(ms) if ms is not None else None

@@ -17,59 +17,74 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def register(subparsers: Any) -> None:
+    """Flags default to None so :class:`GatewayConfig` can apply the environment, then its defaults."""
+    from pathprobe.gateway.config import ENV
+
     p = subparsers.add_parser("gateway", help="proxy gRPC/HTTP to model servers, adding gw.* timing",
-                              description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--mode", choices=MODES, default="passthrough")
-    p.add_argument("--listen", default="127.0.0.1:8600", metavar="HOST:PORT",
-                   help="address to serve on (port 0 picks a free one)")
+                              description=__doc__.splitlines()[0] if __doc__ else None,
+                              epilog="Every flag can also come from the environment variable "
+                                     "PATHPROBE_GATEWAY_<FLAG> (e.g. " + ENV["upstream"] + "); a flag wins.")
+    p.add_argument("--mode", choices=MODES, help="default: passthrough")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="address to serve on (port 0 picks a free one; default 127.0.0.1:8600)")
     p.add_argument("--upstream", metavar="HOST:PORT[,HOST:PORT...]",
                    help="model servers: their gRPC port (passthrough, transcode) or HTTP port (reencode, http-proxy)")
     p.add_argument("--upstream-http", metavar="HOST:PORT[,...]",
                    help="HTTP upstreams for reencode / http-proxy (default: --upstream)")
-    p.add_argument("--balance", choices=("round-robin", "least-outstanding"), default="round-robin")
-    p.add_argument("--health-interval", type=float, default=1.0, metavar="S",
-                   help="seconds between active health checks (0 = off)")
-    p.add_argument("--health-timeout", type=float, default=1.0, metavar="S")
-    p.add_argument("--unhealthy-after", type=int, default=2, metavar="N",
-                   help="consecutive failed checks that take an upstream out")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                   help="upstream timeout when the caller sets no deadline (HTTP callers never do)")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
-                   help="largest request body / message accepted (RESOURCE_EXHAUSTED / HTTP 413 above)")
-    p.add_argument("--admin-port", type=int, default=0, help="serve Prometheus /metrics here (0 = off)")
-    p.add_argument("--admin-host", default=None, help="default: the --listen host")
-    p.add_argument("--threads", type=int, default=64, help="passthrough: handler threads (= concurrent calls)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="passthrough: processes sharing the port with SO_REUSEPORT")
-    p.add_argument("--worker-child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--impl", choices=("h2", "grpc"), default="h2",
-                   help="passthrough: relay HTTP/2 streams (h2, like nginx) or terminate gRPC with grpcio (grpc)")
-    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
-                   help="passthrough h2: event loop (auto = uvloop when installed: measured ~10%% less added latency)")
-    p.add_argument("--no-decode-metadata", action="store_true",
+    p.add_argument("--balance", choices=("round-robin", "least-outstanding"), help="default: round-robin")
+    p.add_argument("--health-interval", type=float, metavar="S",
+                   help="seconds between active health checks (0 = off; default 1)")
+    p.add_argument("--health-timeout", type=float, metavar="S", help="default 1")
+    p.add_argument("--unhealthy-after", type=int, metavar="N",
+                   help="consecutive failed checks that take an upstream out (default 2)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="upstream timeout when the caller sets no deadline (default 600)")
+    p.add_argument("--max-body-bytes", type=int,
+                   help="largest request body / message accepted (RESOURCE_EXHAUSTED / HTTP 413 above; default 4 MiB)")
+    p.add_argument("--admin-port", type=int, help="serve Prometheus /metrics here (0 = off, the default)")
+    p.add_argument("--admin-host", help="default: the --listen host")
+    p.add_argument("--threads", type=int, help="passthrough grpc: handler threads (= concurrent calls; default 64)")
+    p.add_argument("--workers", type=int, help="passthrough: processes sharing the port with SO_REUSEPORT (default 1)")
+    p.add_argument("--worker-child", action="store_const", const=True, help=argparse.SUPPRESS)
+    p.add_argument("--impl", choices=("h2", "grpc"),
+                   help="passthrough: relay HTTP/2 streams (h2, like nginx; the default) or terminate gRPC with "
+                        "grpcio (grpc)")
+    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"),
+                   help="passthrough h2: event loop (auto, the default = uvloop when installed: measured ~10%% less "
+                        "added latency)")
+    p.add_argument("--no-decode-metadata", dest="decode_metadata", action="store_const", const=False,
                    help="passthrough h2: skip HPACK-decoding headers for metrics (method/status labels become '?')")
-    p.add_argument("--grpc-poller", choices=("legacy", "default"), default="legacy",
-                   help="passthrough: grpcio's older poller does fewer thread hand-offs per call (measured faster)")
-    p.add_argument("--pool-size", type=int, default=64, help="HTTP upstream keep-alive connections per upstream")
+    p.add_argument("--grpc-poller", choices=("legacy", "default"),
+                   help="passthrough grpc: grpcio's older poller (legacy, the default) does fewer thread hand-offs "
+                        "per call (measured faster)")
+    p.add_argument("--pool-size", type=int, help="HTTP upstream keep-alive connections per upstream (default 64)")
     p.add_argument("--traces-file", help="also write spans to this OTLP JSON lines file")
-    p.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS)
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="default WARNING")
+    p.add_argument("--max-inflight", type=int, metavar="N",
+                   help="calls in flight per upstream at most; past it 429 / RESOURCE_EXHAUSTED at once (0 = no cap)")
+    p.add_argument("--retry-after-ms", type=float, metavar="MS",
+                   help="retry hint of such a refusal (Retry-After / grpc-retry-pushback-ms; default 1000)")
+    p.add_argument("--drain-delay-s", type=float, metavar="S",
+                   help="on SIGTERM: seconds health says NOT_SERVING before new calls are refused (default 0)")
+    p.add_argument("--drain-grace-s", type=float, metavar="S",
+                   help="on SIGTERM: seconds in-flight calls get to finish (default 30)")
+    a = p.add_argument_group("auth")
+    a.add_argument("--api-key", metavar="KEY[,KEY...]",
+                   help="require 'authorization: Bearer KEY' (or 'x-api-key') from clients (401 / UNAUTHENTICATED)")
+    a.add_argument("--upstream-api-key", metavar="KEY",
+                   help="send 'authorization: Bearer KEY' upstream instead of the client's credential "
+                        "(default: the client's goes upstream unchanged)")
+    t = p.add_argument_group("TLS")
+    t.add_argument("--tls-cert", help="serve TLS to clients with this certificate chain (PEM)")
+    t.add_argument("--tls-key", help="its private key (PEM)")
+    t.add_argument("--tls-ca", help="require client certificates signed by this CA (mTLS)")
+    t.add_argument("--upstream-tls", action="store_const", const=True,
+                   help="call the upstreams over TLS (verified against --upstream-ca, else the system CAs)")
+    t.add_argument("--upstream-ca", help="CA that signs the upstreams' certificates (implies --upstream-tls)")
+    t.add_argument("--upstream-cert", help="client certificate for upstreams that want mTLS")
+    t.add_argument("--upstream-key", help="its private key")
+    t.add_argument("--upstream-server-name", help="name expected in the upstreams' certificates (default: the host)")
     p.set_defaults(func=run)
-
-
-def _check_numbers(args: argparse.Namespace) -> None:
-    from pathprobe.errors import ConfigError
-
-    at_least_one = ("max_body_bytes", "workers", "threads", "unhealthy_after", "pool_size")
-    for name in at_least_one:
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
-    for name in ("timeout", "health_timeout"):
-        if not getattr(args, name) > 0:  # also rejects nan
-            raise ConfigError(f"--{name.replace('_', '-')}: must be > 0 seconds, got {getattr(args, name)}")
-    if not args.health_interval >= 0:
-        raise ConfigError(f"--health-interval: must be >= 0 seconds (0 = off), got {args.health_interval}")
-    if not 0 <= args.admin_port <= 65535:
-        raise ConfigError(f"--admin-port: must be a TCP port, 0..65535 (0 = off), got {args.admin_port}")
 
 
 def _check_free(host: str, port: int, flag: str) -> None:
@@ -95,28 +110,26 @@ def _check_free(host: str, port: int, flag: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathprobe.gateway.config import GatewayConfig
+
+    return serve(GatewayConfig.from_values(vars(args)))
+
+
+def serve(cfg: Any) -> int:
+    """Run the gateway described by a :class:`~pathprobe.gateway.config.GatewayConfig`."""
     import logging
 
-    from pathprobe.errors import ConfigError
-    from pathprobe.gateway.common import parse_hostport, parse_upstreams
-
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+    logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.WARNING),
                         format="%(asctime)s gateway %(levelname)s %(message)s")
-    args.listen_host, args.listen_port = parse_hostport(args.listen, "--listen")
-    http_upstream = args.mode in ("reencode", "http-proxy")
-    raw = (args.upstream_http or args.upstream) if http_upstream else args.upstream
-    if not raw:
-        flag = "--upstream-http or --upstream" if http_upstream else "--upstream"
-        raise ConfigError(f"{flag}: required for --mode {args.mode}")
-    targets = parse_upstreams(raw, "--upstream-http" if http_upstream and args.upstream_http else "--upstream")
-    _check_numbers(args)
-    if args.workers > 1 and args.listen_port == 0:
-        raise ConfigError("--workers: the processes share one port; give --listen a fixed port, not 0")
-    if not args.worker_child:
-        _check_free(args.listen_host, args.listen_port, "--listen")
+    from pathprobe.errors import ConfigError
 
-    if args.mode == "passthrough" and args.impl == "grpc" and args.grpc_poller == "legacy" and "GRPC_EXPERIMENTS" not in os.environ \
-            and "gateway" in sys.argv:
+    if cfg.workers > 1 and cfg.listen_port == 0:
+        raise ConfigError("--workers: the processes share one port; give --listen a fixed port, not 0")
+    if not cfg.worker_child:
+        _check_free(cfg.listen_host, cfg.listen_port, "--listen")
+
+    if cfg.mode == "passthrough" and cfg.impl == "grpc" and cfg.grpc_poller == "legacy" \
+            and "GRPC_EXPERIMENTS" not in os.environ and "gateway" in sys.argv:
         # The poller is chosen when grpc core starts: re-exec with it set (same pid).
         from pathprobe.gateway.passthrough import LEGACY_POLLER
 
@@ -127,37 +140,40 @@ def run(args: argparse.Namespace) -> int:
     from pathprobe.gateway.metrics import Metrics
     from pathprobe.gateway.upstreams import HealthChecker, Pool
 
-    provider = telemetry.setup_tracing("pathprobe-gateway", traces_file=args.traces_file,
-                                       attributes={"pathprobe.gateway.mode": args.mode})
-    pool = Pool(targets, "http" if http_upstream else "grpc", args.balance)
-    metrics = Metrics(args.mode, pool)
-    if args.admin_port and not args.worker_child:
-        admin_host = args.admin_host or args.listen_host
+    provider = telemetry.setup_tracing("pathprobe-gateway", traces_file=cfg.traces_file,
+                                       attributes={"pathprobe.gateway.mode": cfg.mode})
+    pool = Pool(cfg.targets, "http" if cfg.http_upstream else "grpc", cfg.balance, cfg.max_inflight,
+                cfg.retry_after_ms)
+    metrics = Metrics(cfg.mode, pool)
+    if cfg.admin_port and not cfg.worker_child:
+        admin_host = cfg.admin_host or cfg.listen_host
         try:
-            metrics.serve(admin_host, args.admin_port)
+            metrics.serve(admin_host, cfg.admin_port)
         except OSError as exc:
-            raise ConfigError(f"--admin-port: cannot bind {admin_host}:{args.admin_port}: {exc.strerror}") from None
-    health = HealthChecker(pool, args.health_interval, args.health_timeout, args.unhealthy_after).start()
+            raise ConfigError(f"--admin-port: cannot bind {admin_host}:{cfg.admin_port}: {exc.strerror}") from None
+    health = HealthChecker(pool, cfg.health_interval, cfg.health_timeout, cfg.unhealthy_after,
+                           cfg.upstream_tls_files).start()
+    tracing = provider is not None
     try:
-        if args.mode == "passthrough" and args.impl == "h2":
+        if cfg.mode == "passthrough" and cfg.impl == "h2":
             from pathprobe.gateway.h2proxy import serve as serve_h2
 
-            return serve_h2(args, pool, metrics, provider is not None)
-        if args.mode == "passthrough":
-            from pathprobe.gateway.passthrough import serve
+            return serve_h2(cfg, pool, metrics, tracing)
+        if cfg.mode == "passthrough":
+            from pathprobe.gateway.passthrough import serve as serve_grpc
 
-            return serve(args, pool, metrics, provider is not None)
-        if args.mode == "transcode":
+            return serve_grpc(cfg, pool, metrics, tracing)
+        if cfg.mode == "transcode":
             from pathprobe.gateway.transcode import serve as serve_transcode
 
-            return serve_transcode(args, pool, metrics, provider is not None)
-        if args.mode == "reencode":
+            return serve_transcode(cfg, pool, metrics, tracing)
+        if cfg.mode == "reencode":
             from pathprobe.gateway.reencode import serve as serve_reencode
 
-            return serve_reencode(args, pool, metrics, provider is not None)
+            return serve_reencode(cfg, pool, metrics, tracing)
         from pathprobe.gateway.httpproxy import serve as serve_http
 
-        return serve_http(args, pool, metrics, provider is not None)
+        return serve_http(cfg, pool, metrics, tracing)
     finally:
         health.stop()
         telemetry.shutdown(provider)

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from pathprobe import address, jsoncodec
-from pathprobe.errors import GRPC_TO_HTTP, ConfigError, PathprobeError
+from pathprobe.errors import GRPC_TO_HTTP, ConfigError, PathprobeError, error_json
 
 MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 BALANCE = ("round-robin", "least-outstanding")
@@ -46,6 +46,26 @@ def forward_metadata(invocation: Any) -> list[tuple[str, str | bytes]]:
     return [(k, v) for k, v in (invocation or ()) if k[0] != ":" and k not in _DROP_METADATA]
 
 
+_CREDENTIALS = ("authorization", "x-api-key")
+
+
+def upstream_credentials(items: list[tuple[str, Any]], replacement: str | None) -> list[tuple[str, Any]]:
+    """Metadata/headers for the upstream: the client's credential, or ``replacement`` in its place."""
+    if replacement is None:
+        return items
+    return [(k, v) for k, v in items if k.lower() not in _CREDENTIALS] + [("authorization", replacement)]
+
+
+def client_credentials(headers: Any) -> list[tuple[str, str]]:
+    """The credential headers a client sent (to forward upstream unchanged)."""
+    out = []
+    for k in _CREDENTIALS:
+        v = headers.get(k)
+        if v:
+            out.append((k, v))
+    return out
+
+
 def grpc_timeout(time_remaining: float | None) -> float | None:
     """The sync server reports 'no deadline' as ~9.2e18 s; the channel wants None."""
     if time_remaining is None or time_remaining > 1e8:
@@ -53,25 +73,24 @@ def grpc_timeout(time_remaining: float | None) -> float | None:
     return time_remaining
 
 
-def error_json(status: int, code: grpc.StatusCode, message: str, param: str | None = None) -> dict[str, Any]:
-    """The same error shape as the server's HTTP front end."""
-    return {
-        "error": {
-            "message": message,
-            "type": "invalid_request_error" if status == 400 else code.name.lower(),
-            "code": status,
-            "status": code.name,
-            "param": param,
-        }
-    }
-
-
 def exc_json(exc: PathprobeError) -> dict[str, Any]:
-    return error_json(exc.http_status, exc.grpc_code, exc.message, getattr(exc, "field", None))
+    return exc.to_json()
 
 
 def http_status_of(code: grpc.StatusCode) -> int:
     return GRPC_TO_HTTP.get(code, 500)
+
+
+def error_event(code: grpc.StatusCode, message: str, status: int | None = None,
+                server_timing: str | None = None) -> bytes:
+    """An error inside an SSE stream that has already started (the same shape as error bodies)."""
+    obj = error_json(status or http_status_of(code), code, message)
+    if server_timing:
+        obj["server_timing"] = server_timing
+    return b"data: " + jsoncodec.dumps(obj) + b"\n\n"
+
+
+__all__ = ["error_json"]
 
 
 def dumps(obj: Any) -> bytes:

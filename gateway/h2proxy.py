@@ -33,12 +33,14 @@ import logging
 import signal
 import subprocess
 import sys
-from typing import Any
 from urllib.parse import quote
 
 from hpack.exceptions import HPACKError
 from pathprobe import telemetry, timing
-from pathprobe.errors import Unavailable
+from pathprobe.auth import ApiKeys
+from pathprobe.deadline import PUSHBACK_KEY
+from pathprobe.errors import PathprobeError, Unavailable
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.h2frames import (
@@ -58,6 +60,7 @@ from pathprobe.h2frames import (
     STATUS,
     WINDOW_UPDATE,
     BlockReader,
+    FrameError,
     fragment,
     frame,
     frames,
@@ -65,6 +68,7 @@ from pathprobe.h2frames import (
     literal_block,
 )
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -74,8 +78,10 @@ CODE_NAMES = {"0": "OK", "1": "CANCELLED", "2": "UNKNOWN", "3": "INVALID_ARGUMEN
               "13": "INTERNAL", "14": "UNAVAILABLE", "15": "DATA_LOSS", "16": "UNAUTHENTICATED"}
 
 
-def grpc_error_block(code: int, message: str, own: dict[str, float], with_status: bool) -> bytes:
+def grpc_error_block(code: int, message: str, own: dict[str, float], with_status: bool,
+                     extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
     h = [(b":status", b"200"), (b"content-type", b"application/grpc")] if with_status else []
+    h += extra or []
     h += [(b"grpc-status", str(code).encode()), (b"grpc-message", quote(message, safe=" :/()=,.;'-_").encode()),
           (timing.METADATA_KEY.encode(), timing.format_entries(own).encode())]
     return literal_block(h)
@@ -99,11 +105,19 @@ class Stream:
 
 class Relay:
     def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, max_body: int,
-                 decode: bool = True) -> None:
+                 decode: bool = True, upstream_tls: TlsFiles | None = None, auth: ApiKeys | None = None,
+                 upstream_authorization: str | None = None) -> None:
         self.pool = pool
+        self.auth = auth or ApiKeys()
+        self.upstream_authorization = upstream_authorization.encode() if upstream_authorization else None
+        #: TLS to the upstreams (ALPN h2), and the name their certificates must carry
+        self.upstream_ssl = upstream_tls.client_context(alpn=("h2",)) if upstream_tls is not None else None
+        self.upstream_server_name = upstream_tls.server_name if upstream_tls is not None else None
         self.metrics = metrics
         self.tracing = tracing
-        self.decode = decode or tracing
+        #: request header blocks decoded and re-encoded (as literals: no HPACK table moves) before forwarding
+        self.rewrite = tracing or bool(self.auth) or self.upstream_authorization is not None or bool(pool.max_inflight)
+        self.decode = decode or self.rewrite
         self.tracer = telemetry.get_tracer("pathprobe.gateway") if tracing else None
         self.max_body = max_body
         self.clients: set[ClientConn] = set()
@@ -148,6 +162,7 @@ class ClientConn(asyncio.Protocol):
         self.dead = False
         self.dead_why = ""
         self.dropped_sids: set[int] = set()
+        self.unforwarded: set[int] = set()  # streams refused before the upstream saw them: none of their frames go
         self.finishes: list[tuple[Stream, dict[str, float]]] = []  # acting as a minimal HTTP/2 server that refuses every call
 
     # ---------------------------------------------------------------- connection set-up
@@ -172,7 +187,12 @@ class ClientConn(asyncio.Protocol):
     async def _open(self, u: Upstream, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.create_connection(lambda: UpstreamProto(self), host, port)
+            ssl_ctx = self.relay.upstream_ssl
+            if ssl_ctx is None:
+                await loop.create_connection(lambda: UpstreamProto(self), host, port)
+            else:
+                await loop.create_connection(lambda: UpstreamProto(self), host, port, ssl=ssl_ctx,
+                                             server_hostname=self.relay.upstream_server_name or host)
         except OSError as exc:
             why = f"upstream {u.target}: connect failed: {exc.strerror or exc}"
             u.mark(False, why)
@@ -269,6 +289,15 @@ class ClientConn(asyncio.Protocol):
         relay = self.relay
         start = end = pos  # what is consumed: up to the end of the last whole frame
         for pos, end, ftype, flags, sid in frames(buf, start):
+            if self.unforwarded and ftype not in (HEADERS, CONTINUATION) and sid in self.unforwarded:
+                # the upstream never saw this stream: RST_STREAM / WINDOW_UPDATE on it would be a connection error
+                if run < pos:
+                    out.append(bytes(buf[run:pos]))
+                run = end
+                length = end - pos - 9
+                if ftype == DATA and length and self.transport is not None:  # give the client's window back
+                    self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
+                continue
             if ftype == DATA:
                 length = end - pos - 9
                 st = self.streams.get(sid)
@@ -296,7 +325,11 @@ class ClientConn(asyncio.Protocol):
                         new_streams.append(st)
                         if self.upstream is not None:
                             self.upstream.outstanding += 1
-                    _prio, frag = fragment(flags, payload)
+                    try:
+                        _prio, frag = fragment(flags, payload)
+                    except FrameError as exc:
+                        self.connection_error(exc)
+                        return
                     self.c_hdr = (sid, flags, bytearray(frag))
                 else:
                     if self.c_hdr is not None:
@@ -304,16 +337,20 @@ class ClientConn(asyncio.Protocol):
                 if flags & END_HEADERS and self.c_hdr is not None:
                     hsid, hflags, block = self.c_hdr
                     self.c_hdr = None
-                    if relay.tracing:
-                        # rewrite the whole block (decoded now) with the CLIENT span's traceparent
+                    if relay.rewrite:
+                        # rewrite the whole block (decoded now): key checked, credential replaced,
+                        # the CLIENT span's traceparent
                         if run < pos:
                             out.append(bytes(buf[run:pos]))
                         run = end
-                        out.append(frame(HEADERS, (hflags & END_STREAM) | END_HEADERS, hsid,
-                                         self._traced_block(hsid, bytes(block))))
+                        new = self._rewrite_block(hsid, bytes(block))
+                        if self.dead:  # a connection error: nothing more goes anywhere
+                            return
+                        if new is not None:
+                            out.append(frame(HEADERS, (hflags & END_STREAM) | END_HEADERS, hsid, new))
                     elif relay.decode:
                         decode_after.append((hsid, bytes(block)))
-                elif relay.tracing:
+                elif relay.rewrite:
                     if run < pos:
                         out.append(bytes(buf[run:pos]))
                     run = end
@@ -357,19 +394,76 @@ class ClientConn(asyncio.Protocol):
         except HPACKError as exc:
             log.warning("cannot decode a client header block: %s", exc)
             return []
+        self._label(sid, headers)
+        return headers
+
+    def connection_error(self, exc: FrameError) -> None:
+        """The client broke the protocol: GOAWAY with the error, its streams end, both connections close."""
+        log.info("client connection error (h2 error %d): %s", exc.code, exc)
+        if self.transport is not None:
+            self.transport.write(frame(GOAWAY, 0, 0, self.max_sid.to_bytes(4, "big") + exc.code.to_bytes(4, "big")
+                                       + str(exc).encode()[:200]))
+            self.transport.close()
+        for st in list(self.streams.values()):
+            self._finish(st, "1", f"client connection error: {exc}")
+        self.dead = True
+        self.dead_why = str(exc)
+        if self.up is not None and self.up.transport is not None:
+            self.up.transport.close()
+
+    def _label(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
         st = self.streams.get(sid)
         if st is not None:
             for k, v in headers:
                 if k == b":path":
                     st.method = v.decode(errors="replace")
                     break
-        return headers
 
-    def _traced_block(self, sid: int, block: bytes) -> bytes:
+    def _rewrite_block(self, sid: int, block: bytes) -> bytes | None:
+        """A request header block to forward, or None when the caller's key is refused (the
+        client then gets a trailers-only UNAUTHENTICATED and the upstream never sees the stream)."""
+        relay = self.relay
+        try:
+            headers = self.cdec.decode_all(block)
+        except HPACKError as exc:  # the header table is out of step now: the connection cannot go on
+            self.connection_error(FrameError(f"cannot decode a header block: {exc}", 9))  # COMPRESSION_ERROR
+            return None
+        self._label(sid, headers)
+        st = self.streams.get(sid)
+        if st is not None:
+            try:
+                if relay.auth:
+                    relay.auth.check_mapping({k.decode(errors="replace"): v.decode(errors="replace")
+                                              for k, v in headers})
+                if self.upstream is not None and relay.pool.over_cap(self.upstream):
+                    raise relay.pool.full()
+            except PathprobeError as exc:
+                self._refuse(st, exc)
+                return None
+        if relay.upstream_authorization is not None:
+            headers = [(k, v) for k, v in headers if k not in (b"authorization", b"x-api-key")]
+            headers.append((b"authorization", relay.upstream_authorization))
+        if relay.tracing:
+            return self._traced_block(sid, headers)
+        return literal_block(headers)
+
+    def _refuse(self, st: Stream, exc: PathprobeError) -> None:
+        """Answer a stream trailers-only (with the retry hint of an overload refusal); the
+        upstream never sees it."""
+        self.unforwarded.add(st.sid)
+        own = self._own(st)
+        code = exc.grpc_code.value[0]
+        retry = getattr(exc, "retry_after_ms", None)
+        extra = [(PUSHBACK_KEY.encode(), str(int(retry)).encode())] if retry is not None else []
+        if self.transport is not None:
+            self.transport.write(frame(HEADERS, END_STREAM | END_HEADERS, st.sid,
+                                       grpc_error_block(code, exc.message, own, True, extra)))
+        self._finish(st, str(code), exc.message, own, None, True)
+
+    def _traced_block(self, sid: int, headers: list[tuple[bytes, bytes]]) -> bytes:
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
-        headers = self._decode_request_all(sid, block)
         st = self.streams.get(sid)
         carrier = {k.decode(): v.decode() for k, v in headers if k in (b"traceparent", b"tracestate")}
         if st is None:
@@ -424,7 +518,13 @@ class ClientConn(asyncio.Protocol):
             if ftype in (HEADERS, CONTINUATION):
                 payload = bytes(buf[pos + 9:end])
                 if ftype == HEADERS:
-                    prio, frag = fragment(flags, payload)
+                    try:
+                        prio, frag = fragment(flags, payload)
+                    except FrameError as exc:  # the upstream broke the protocol: as if it went away
+                        if self.up is not None and self.up.transport is not None:
+                            self.up.transport.close()
+                        self.upstream_lost(exc)
+                        return
                     self.u_hdr = (sid, flags, prio, bytearray(frag))
                 elif self.u_hdr is not None:
                     self.u_hdr[3].extend(payload)
@@ -478,7 +578,12 @@ class ClientConn(asyncio.Protocol):
                         fields = dict(headers)
                     else:  # keeps the table in step; response headers need nothing else
                         fields = self.udec.read(resp_block, STATUS if trailers else NOTHING)
-                except HPACKError:
+                except HPACKError as exc:  # the status stays unknown: counted and logged, not guessed
+                    target = self.upstream.target if self.upstream else "?"
+                    log.warning("upstream %s: cannot decode a %s block of stream %d: %s", target,
+                                "trailer" if trailers else "header", sid, exc)
+                    if self.relay.metrics is not None:
+                        self.relay.metrics.trailer_error(target, type(exc).__name__)
                     continue
                 if trailers and b"grpc-status" in fields:
                     codes[sid] = fields[b"grpc-status"].decode()
@@ -521,6 +626,16 @@ class ClientConn(asyncio.Protocol):
                     s.set_status(Status(StatusCode.ERROR, error or f"grpc-status {code}"))
                 s.end(end_time=telemetry.mono_ms_to_wall_ns(end))
 
+    def goaway(self) -> None:
+        """Tell the client no stream after the ones it opened will be served (graceful drain)."""
+        if self.u_hdr is not None:  # never between the frames of one header block
+            asyncio.get_running_loop().call_later(0.005, self.goaway)
+            return
+        if self.transport is not None and self.preface:
+            self.transport.write(frame(GOAWAY, 0, 0, self.max_sid.to_bytes(4, "big") + (0).to_bytes(4, "big")))
+        if not self.streams and self.transport is not None:
+            self.transport.close()
+
     def upstream_lost(self, exc: Exception | None) -> None:
         """The upstream went away: fail what was in flight, GOAWAY the client, close."""
         u = self.upstream
@@ -547,31 +662,51 @@ class ClientConn(asyncio.Protocol):
             self.up.transport.close()
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
+async def drain(relay: Relay, server: asyncio.Server, delay_s: float, grace_s: float) -> None:
+    """SIGTERM: listener closed (after ``delay_s``), GOAWAY to every client naming the last stream
+    it opened (the client sends later calls elsewhere), in-flight streams get ``grace_s``."""
+    relay.pool.draining = True
+    if delay_s > 0:
+        await asyncio.sleep(delay_s)
+    server.close()
+    for c in list(relay.clients):
+        c.goaway()
+    deadline = asyncio.get_running_loop().time() + grace_s
+    while any(c.streams for c in relay.clients) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+    left = sum(len(c.streams) for c in relay.clients)
+    if left:
+        log.warning("drain: %d stream(s) still open after %.1f s; closing", left, grace_s)
+    for c in list(relay.clients):
+        if c.transport is not None:
+            c.transport.close()
+
+
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
     children: list[subprocess.Popen] = []
-    if args.workers > 1 and not args.worker_child:
-        for _ in range(1, args.workers):
+    if cfg.workers > 1 and not cfg.worker_child:
+        for _ in range(1, cfg.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *sys.argv[1:], "--worker-child"]))
-    relay = Relay(pool, metrics, tracing, args.max_body_bytes, decode=not args.no_decode_metadata)
+    relay = Relay(pool, metrics, tracing, cfg.max_body_bytes, decode=cfg.decode_metadata,
+                  upstream_tls=cfg.upstream_tls_files, auth=cfg.auth,
+                  upstream_authorization=cfg.upstream_authorization)
+    ssl_ctx = cfg.tls.server_context(alpn=("h2",)) if cfg.tls else None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: ClientConn(relay), args.listen_host, args.listen_port,
-                                          reuse_port=True, backlog=1024)
+        server = await loop.create_server(lambda: ClientConn(relay), cfg.listen_host, cfg.listen_port,
+                                          reuse_port=True, backlog=1024, ssl=ssl_ctx)
         bound = server.sockets[0].getsockname()[1]
-        print(f"pathprobe gateway: passthrough (HTTP/2 frame relay) listening on {args.listen_host}:{bound} -> "
+        print(f"pathprobe gateway: passthrough (HTTP/2 frame relay) listening on {cfg.listen_host}:{bound} -> "
               f"{pool.names()}", flush=True)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        server.close()
-        for c in list(relay.clients):
-            if c.transport is not None:
-                c.transport.close()
+        await drain(relay, server, cfg.drain_delay_s, cfg.drain_grace_s)
 
     try:
-        loop = getattr(args, "loop", "asyncio")
+        loop = cfg.loop
         if loop == "auto":
             try:
                 import uvloop

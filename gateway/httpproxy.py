@@ -19,12 +19,18 @@ from aiohttp import web
 from pathprobe import timing
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
-from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
-from pathprobe.gateway.common import HOP_BY_HOP, Entries
+from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
+from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
+from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
 from pathprobe.gateway.httpup import body_error, make_session
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
+
+
+#: paths any caller may read through the proxy (the upstream's probes and metrics)
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 
 
 def _req_headers(h: Any) -> dict[str, str]:
@@ -32,8 +38,8 @@ def _req_headers(h: Any) -> dict[str, str]:
 
 
 class HttpProxy:
-    def __init__(self, args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> None:
-        self.args = args
+    def __init__(self, cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.tracing = tracing
@@ -46,18 +52,20 @@ class HttpProxy:
         route = f"{request.method} {request.path}"
         spans = Spans(self.tracing, route, request.headers,
                       {"http.request.method": request.method, "url.path": request.path,
-                       "network.protocol.name": "http", "server.port": self.args.listen_port,
+                       "network.protocol.name": "http", "server.port": self.cfg.listen_port,
                        "pathprobe.gateway.mode": "http-proxy"}, t0)
         up = None
         status = 0
         try:
-            if request.content_length is not None and request.content_length > self.args.max_body_bytes:
+            if request.path not in OPEN_PATHS:
+                self.cfg.auth.check_mapping(request.headers)
+            if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
-                                      f"{self.args.max_body_bytes}")
+                                      f"{self.cfg.max_body_bytes}")
             try:
                 body = await request.read() if request.body_exists else None
             except web.HTTPRequestEntityTooLarge:
-                raise PayloadTooLarge(f"body: over the limit of {self.args.max_body_bytes} bytes") from None
+                raise PayloadTooLarge(f"body: over the limit of {self.cfg.max_body_bytes} bytes") from None
             up = await request_(self, request, body, spans)
             resp = up.resp
             status = resp.status
@@ -69,7 +77,7 @@ class HttpProxy:
             try:
                 data = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
-                raise body_error(up.upstream, exc, self.args.timeout) from None
+                raise body_error(up.upstream, exc, self.cfg.timeout) from None
             ent.upstream = now_ms() - up.t0
             Spans.end_client(up.cspan, {"http.response.status_code": status}, None, up.t0, ent.upstream)
             ent.connect = self.connects.get(up.upstream.target)
@@ -83,7 +91,7 @@ class HttpProxy:
             self.metrics.observe(route, str(exc.http_status), ent.total, up.upstream.target if up else None,
                                  ent.upstream)
             r = json_error(exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status,
-                           param=getattr(exc, "field", None))
+                           param=getattr(exc, "field", None), retry_after=retry_after_of(exc))
             spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total,
                       r.headers.get(timing.HTTP_HEADER))
             return r
@@ -110,12 +118,9 @@ class HttpProxy:
                         data = self._rewrite(data, up, t0, ent, spans)
                     await out.write(data)
             except (TimeoutError, aiohttp.ClientError) as exc:
-                err = body_error(up.upstream, exc, self.args.timeout)
+                err = body_error(up.upstream, exc, self.cfg.timeout)
                 code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)
-                from pathprobe.gateway.common import error_json
-
-                ev = error_json(getattr(err, "http_status", 503), code, str(err))
-                await out.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                await out.write(error_event(code, str(err), getattr(err, "http_status", 503)))
                 status = getattr(err, "http_status", 503)
             if event:
                 await out.write(b"".join(event))
@@ -160,19 +165,23 @@ def _final_usage(data: bytes) -> bool:
 
 
 async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, spans: Spans) -> Any:
+    headers = dict(upstream_credentials(list(_req_headers(request.headers).items()), proxy.cfg.upstream_authorization))
+    caller = parse_timeout(request.headers.get(TIMEOUT_HEADER))  # forwarded as is; also bounds our wait
+    timeout = min(caller, proxy.cfg.timeout) if caller else proxy.cfg.timeout
     return await httpup.request(proxy.session, proxy.pool, request.method, request.path_qs,
-                         _req_headers(request.headers), body, proxy.args.timeout, spans)
+                         headers, body, timeout, spans,
+                                proxy.cfg.upstream_scheme)
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
-    p = HttpProxy(args, pool, metrics, tracing)
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> int:
+    p = HttpProxy(cfg, pool, metrics, tracing)
 
     async def factory() -> web.Application:
-        p.session = make_session(args.pool_size, p.connects)
+        p.session = make_session(cfg.pool_size, p.connects, cfg.upstream_tls_files)
         # a few TCP handshakes to each upstream before serving, off the event loop: gw.connect is
         # the shortest round trip seen, not one connect that a busy loop stretched
         await asyncio.gather(*(p.connects.probe(u.target) for u in pool.upstreams))
-        app = web.Application(client_max_size=args.max_body_bytes)
+        app = web.Application(client_max_size=cfg.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", p.handle)
         return app
 
@@ -180,4 +189,4 @@ def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
         if p.session is not None:
             await p.session.close()
 
-    return run_aiohttp(factory, args.listen_host, args.listen_port, f"http-proxy -> HTTP {pool.names()}", cleanup)
+    return run_aiohttp(factory, cfg, pool, f"http-proxy -> {cfg.upstream_scheme.upper()} {pool.names()}", cleanup)

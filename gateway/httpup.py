@@ -14,6 +14,7 @@ from pathprobe.errors import DeadlineExceeded, Unavailable
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles
 
 
 class ConnectTimes:
@@ -57,9 +58,12 @@ class ConnectTimes:
         return tc
 
 
-def make_session(pool_size: int, connects: ConnectTimes | None = None) -> aiohttp.ClientSession:
+def make_session(pool_size: int, connects: ConnectTimes | None = None,
+                 tls: TlsFiles | None = None) -> aiohttp.ClientSession:
+    """One keep-alive pool; with ``tls`` the upstreams are called over HTTPS (mTLS when it has a cert)."""
     conn = aiohttp.TCPConnector(limit=0, limit_per_host=pool_size, keepalive_timeout=75, ttl_dns_cache=None,
-                                force_close=False, enable_cleanup_closed=True)
+                                force_close=False, enable_cleanup_closed=True,
+                                ssl=tls.client_context(alpn=("http/1.1",)) if tls is not None else True)
     traces = [connects.trace_config()] if connects is not None else None
     return aiohttp.ClientSession(connector=conn, auto_decompress=False, skip_auto_headers=("User-Agent",),
                                  trace_configs=traces)
@@ -77,7 +81,7 @@ class UpstreamResponse:
 
 async def request(session: aiohttp.ClientSession, pool: Pool, method: str, path: str,
                   headers: Mapping[str, str], body: bytes | None, timeout: float | None,
-                  spans: Spans) -> UpstreamResponse:
+                  spans: Spans, scheme: str = "http") -> UpstreamResponse:
     """Send the request to a picked upstream; returns with the response headers read.
 
     The caller must ``release`` the response (and ``pool.release(upstream)``). A refused
@@ -92,23 +96,24 @@ async def request(session: aiohttp.ClientSession, pool: Pool, method: str, path:
         t0 = now_ms()  # gw.upstream starts here; the CLIENT span with it
         cspan, carrier = spans.client(f"{method} {path.split('?', 1)[0]}", {
             "http.request.method": method, "server.address": host, "server.port": port,
-            "url.full": f"http://{u.target}{path}"}, t0)
+            "url.full": f"{scheme}://{u.target}{path}"}, t0)
         hdrs = dict(headers)
         if carrier:
             for k in ("traceparent", "tracestate", "Traceparent", "Tracestate"):
                 hdrs.pop(k, None)
             hdrs.update(carrier)
         try:
-            resp = await session.request(method, f"http://{u.target}{path}", headers=hdrs, data=body,
+            resp = await session.request(method, f"{scheme}://{u.target}{path}", headers=hdrs, data=body,
                                          timeout=client_timeout, allow_redirects=False)
         except aiohttp.ClientConnectorError as exc:
             pool.release(u)
-            u.mark(False, f"connect: {exc.os_error}")
+            why = _connect_why(exc)
+            u.mark(False, f"connect: {why}")
             Spans.end_client(cspan, {}, "connect failed", t0, now_ms() - t0)
             tried += (u,)
             if len(tried) < len(pool.upstreams):
                 continue
-            raise Unavailable(f"upstream {u.target}: connect failed: {exc.os_error}") from None
+            raise Unavailable(f"upstream {u.target}: connect failed: {why}") from None
         except TimeoutError:
             pool.release(u)
             Spans.end_client(cspan, {}, "timeout", t0, now_ms() - t0)
@@ -130,3 +135,9 @@ def body_error(u: Upstream, exc: BaseException, timeout: float | None) -> Except
     if isinstance(exc, asyncio.TimeoutError):
         return DeadlineExceeded(f"upstream {u.target}: response not complete within {timeout:.3f}s")
     return Unavailable(f"upstream {u.target}: {type(exc).__name__}: {exc}")
+
+
+def _connect_why(exc: aiohttp.ClientConnectorError) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return f"TLS certificate: {exc.certificate_error}"
+    return str(getattr(exc, "os_error", None) or exc)

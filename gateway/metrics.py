@@ -26,6 +26,10 @@ class Metrics:
                                            ["mode", "upstream"], buckets=_BUCKETS, registry=r)
         self.upstream_errors = Counter("pathprobe_gateway_upstream_errors", "Failed upstream calls by code.",
                                        ["upstream", "code"], registry=r)
+        self.trailer_errors = Counter("pathprobe_gateway_trailer_errors",
+                                      "Upstream trailers (gRPC trailing metadata, HTTP/2 trailer blocks) the gateway "
+                                      "could not read or decode, by upstream and error.",
+                                      ["upstream", "error"], registry=r)
         healthy = Gauge("pathprobe_gateway_upstream_healthy", "1 while the upstream passes health checks.",
                         ["upstream"], registry=r)
         outstanding = Gauge("pathprobe_gateway_upstream_outstanding", "Calls in flight on the upstream.",
@@ -48,6 +52,9 @@ class Metrics:
         c[1].observe(total_ms / 1000.0)
         if c[2] is not None and upstream_ms > 0:
             c[2].observe(upstream_ms / 1000.0)
+
+    def trailer_error(self, upstream: str, error: str) -> None:
+        self.trailer_errors.labels(upstream, error).inc()
 
     def upstream_error(self, upstream: str, code: str) -> None:
         self.upstream_errors.labels(upstream, code).inc()

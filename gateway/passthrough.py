@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent import futures
 from typing import Any
 
@@ -29,11 +30,15 @@ import grpc
 import grpc.experimental
 
 from pathprobe import telemetry, timing
-from pathprobe.errors import Unavailable
-from pathprobe.gateway.common import forward_metadata, grpc_timeout
+from pathprobe.auth import ApiKeys
+from pathprobe.deadline import PUSHBACK_KEY
+from pathprobe.errors import PathprobeError, Unavailable
+from pathprobe.gateway.common import forward_metadata, grpc_timeout, upstream_credentials
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles, add_port, grpc_channel
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -78,14 +83,17 @@ class _Abort(Exception):
 
 
 class Passthrough(grpc.GenericRpcHandler):
-    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool) -> None:
+    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, upstream_tls: TlsFiles | None = None,
+                 auth: ApiKeys | None = None, upstream_authorization: str | None = None) -> None:
         self.pool = pool
+        self.auth = auth or ApiKeys()
+        self.upstream_authorization = upstream_authorization
         self.metrics = metrics
         self.tracing = tracing
         self.tracer = telemetry.get_tracer("pathprobe.gateway") if tracing else None
         self._handlers: dict[str, Any] = {}
         for u in pool.upstreams:
-            u.client = grpc.insecure_channel(u.target, options=CHANNEL_OPTIONS)
+            u.client = grpc_channel(u.target, upstream_tls, CHANNEL_OPTIONS)
 
     # -------------------------------------------------------------- handler lookup
     def service(self, details: grpc.HandlerCallDetails) -> Any:
@@ -113,6 +121,12 @@ class Passthrough(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(self._unary_handler(method, upstream_call))
 
     # -------------------------------------------------------------- shared pieces
+    def _credentials(self, md: list) -> list:
+        """Check the caller's key (raises Unauthenticated); the metadata to send upstream."""
+        if self.auth:
+            self.auth.check_mapping({k: v for k, v in md if isinstance(v, str)})
+        return upstream_credentials(md, self.upstream_authorization)
+
     def _start(self, method: str, ctx: grpc.ServicerContext, md: list, t0: float) -> Any:
         if not self.tracing:
             return None
@@ -167,15 +181,23 @@ class Passthrough(grpc.GenericRpcHandler):
             else:
                 span.end()
 
-    def _trailing(self, call: Any, t0: float, t_up: float) -> tuple[list, dict[str, float]]:
-        """Upstream trailing metadata with ``gw.*`` appended to ``server-timing`` (the last item)."""
+    def _trailing(self, call: Any, t0: float, t_up: float, u: Upstream | None = None) -> tuple[list, dict[str, float]]:
+        """Upstream trailing metadata with ``gw.*`` appended to ``server-timing`` (the last item).
+
+        A failure to read the upstream's trailers is logged and counted
+        (``pathprobe_gateway_trailer_errors_total``); the call still gets the gateway's own entries.
+        """
         own = {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}
         out = []
         upstream_st = None
         try:
             tm = call.trailing_metadata() or ()
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - counted and logged, never silent
             tm = ()
+            target = u.target if u is not None else "?"
+            log.warning("upstream %s: cannot read the trailing metadata: %s: %s", target, type(exc).__name__, exc)
+            if self.metrics is not None:
+                self.metrics.trailer_error(target, type(exc).__name__)
         for k, v in tm:
             if k == timing.METADATA_KEY:
                 upstream_st = v if upstream_st is None else f"{upstream_st}, {v}"
@@ -196,10 +218,13 @@ class Passthrough(grpc.GenericRpcHandler):
         if u is not None and code is grpc.StatusCode.UNAVAILABLE and self.metrics is not None:
             self.metrics.upstream_error(u.target, code.name)
         if call is not None:
-            md, own = self._trailing(call, t0, t_up)
+            md, own = self._trailing(call, t0, t_up, u)
         else:
             own = {"gw.decode": 0.0, "gw.upstream": t_up, "gw.encode": 0.0, "gw.total": now_ms() - t0}
             md = [(timing.METADATA_KEY, timing.format_entries(own))]
+            retry = getattr(err, "retry_after_ms", None)
+            if retry is not None:  # our own refusal (--max-inflight): the retry hint goes first
+                md.insert(0, (PUSHBACK_KEY, str(int(retry))))
         ctx.set_trailing_metadata(md)
         if self.metrics is not None:
             self.metrics.observe(method, code.name, now_ms() - t0, u.target if u else None, t_up)
@@ -247,8 +272,9 @@ class Passthrough(grpc.GenericRpcHandler):
             tr = self._start(method, ctx, md, t0)
             timeout = grpc_timeout(ctx.time_remaining())
             try:
+                md = self._credentials(md)
                 u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
-            except Unavailable as exc:
+            except PathprobeError as exc:
                 return self._fail(ctx, None, exc, None, t0, 0.0, method, tr, None)  # type: ignore[arg-type]
             try:
                 resp = None
@@ -264,7 +290,7 @@ class Passthrough(grpc.GenericRpcHandler):
                 im = call.initial_metadata()
                 if im:
                     ctx.send_initial_metadata(im)
-                tm, own = self._trailing(call, t0, t_up)
+                tm, own = self._trailing(call, t0, t_up, u)
                 ctx.set_trailing_metadata(tm)
             finally:
                 pool.release(u)
@@ -285,8 +311,9 @@ class Passthrough(grpc.GenericRpcHandler):
             tr = self._start(method, ctx, md, t0)
             timeout = grpc_timeout(ctx.time_remaining())
             try:
+                md = self._credentials(md)
                 u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
-            except Unavailable as exc:
+            except PathprobeError as exc:
                 self._fail(ctx, None, exc, None, t0, 0.0, method, tr, None)  # type: ignore[arg-type]
                 return
             try:
@@ -305,7 +332,7 @@ class Passthrough(grpc.GenericRpcHandler):
                         u.mark(False, err.details() or "")
                     self._fail(ctx, u, err, call, t0, t_up, method, tr, cspan)
                 t_up = now_ms() - t_up0
-                tm, own = self._trailing(call, t0, t_up)
+                tm, own = self._trailing(call, t0, t_up, u)
                 ctx.set_trailing_metadata(tm)
             finally:
                 # a client that went away closes this generator: the upstream call goes too
@@ -325,7 +352,12 @@ class Passthrough(grpc.GenericRpcHandler):
         def handler(request_iterator: Any, ctx: grpc.ServicerContext) -> Any:
             t0 = now_ms()
             md = forward_metadata(ctx.invocation_metadata())
-            u = pool.acquire()
+            try:
+                md = self._credentials(md)
+                u = pool.acquire()
+            except PathprobeError as exc:
+                self._fail(ctx, None, exc, None, t0, 0.0, method, None, None)  # type: ignore[arg-type]
+                return
             mc = callables.get(u.index)
             if mc is None:
                 mc = callables[u.index] = u.client.stream_stream(method)
@@ -338,7 +370,7 @@ class Passthrough(grpc.GenericRpcHandler):
                     yield from call
                 except grpc.RpcError as err:
                     self._fail(ctx, u, err, call, t0, now_ms() - t_up0, method, None, None)
-                tm, _ = self._trailing(call, t0, now_ms() - t_up0)
+                tm, _ = self._trailing(call, t0, now_ms() - t_up0, u)
                 ctx.set_trailing_metadata(tm)
             finally:
                 call.cancel()
@@ -347,23 +379,23 @@ class Passthrough(grpc.GenericRpcHandler):
         return handler
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
     """Run the passthrough server until SIGTERM/SIGINT."""
-    host, port = args.listen_host, args.listen_port
+    host, port = cfg.listen_host, cfg.listen_port
     children: list[subprocess.Popen] = []
-    if args.workers > 1 and not args.worker_child:
+    if cfg.workers > 1 and not cfg.worker_child:
         # Extra processes bind the same port (SO_REUSEPORT, grpc's default on Linux).
         argv = [a for a in sys.argv[1:]]
-        for i in range(1, args.workers):
+        for i in range(1, cfg.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *argv, "--worker-child"]))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=args.threads, thread_name_prefix="gw"),
-        handlers=(Passthrough(pool, metrics, tracing),),
-        options=[("grpc.max_receive_message_length", args.max_body_bytes),
+        futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="gw"),
+        handlers=(Passthrough(pool, metrics, tracing, cfg.upstream_tls_files, cfg.auth, cfg.upstream_authorization),),
+        options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
                  ("grpc.max_send_message_length", -1),
                  ("grpc.so_reuseport", 1)],
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_port(server, f"{host}:{port}", cfg.tls)
     if not bound:
         raise Unavailable(f"--listen: cannot bind {host}:{port}")
     server.start()
@@ -377,9 +409,12 @@ def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     done.wait()
+    pool.draining = True
     for c in children:
         c.send_signal(signal.SIGTERM)
-    server.stop(grace=1).wait()
+    if cfg.drain_delay_s > 0:
+        time.sleep(cfg.drain_delay_s)
+    server.stop(grace=cfg.drain_grace_s).wait()  # new calls refused, in-flight ones waited for
     for c in children:
         try:
             c.wait(5)
@@ -388,5 +423,5 @@ def serve(args: Any, pool: Pool, metrics: Metrics | None, tracing: bool) -> int:
     return 0
 
 
-def want_legacy_poller(args: Any) -> bool:
-    return args.grpc_poller == "legacy" and os.environ.get("GRPC_EXPERIMENTS") is None
+def want_legacy_poller(cfg: GatewayConfig) -> bool:
+    return cfg.grpc_poller == "legacy" and os.environ.get("GRPC_EXPERIMENTS") is None

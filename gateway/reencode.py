@@ -27,13 +27,16 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from pathprobe import timing
+from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http_to_grpc
 from pathprobe.gateway.aio import Spans
-from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout
+from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, upstream_credentials
 from pathprobe.gateway.httpup import body_error, make_session, request
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
+from pathprobe.tls import add_port
 from pathprobe.v1 import llm_pb2
 
 log = logging.getLogger("pathprobe.gateway")
@@ -52,13 +55,22 @@ def request_to_json(req: llm_pb2.GenerateRequest) -> dict[str, Any]:
 
 
 class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, retry_after_ms: float | None = None) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        self.retry_after_ms = retry_after_ms
 
 
-def _error_of(status: int, body: bytes, target: str) -> _Abort:
+def _retry_ms(value: str | None) -> float | None:
+    """``Retry-After`` seconds (the delay form) as ms; an HTTP date is not used."""
+    try:
+        return float(value) * 1000.0 if value else None
+    except ValueError:
+        return None
+
+
+def _error_of(status: int, body: bytes, target: str, retry_after: str | None = None) -> _Abort:
     try:
         err = json.loads(body)["error"]
         message = err.get("message") or f"HTTP {status}"
@@ -68,12 +80,12 @@ def _error_of(status: int, body: bytes, target: str) -> _Abort:
     code = code or http_to_grpc(status)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         message = f"upstream {target}: {message}"
-    return _Abort(code, message)
+    return _Abort(code, message, _retry_ms(retry_after))
 
 
 class Reencoder:
-    def __init__(self, args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> None:
-        self.args = args
+    def __init__(self, cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.tracing = tracing
@@ -82,7 +94,7 @@ class Reencoder:
     def _spans(self, method: str, ctx: grpc.aio.ServicerContext, md: list, t0: float) -> Spans:
         return Spans(self.tracing, method.lstrip("/"), {k: v for k, v in md if isinstance(v, str)},
                      {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
-                      "server.port": self.args.listen_port, "pathprobe.gateway.mode": "reencode"}, t0)
+                      "server.port": self.cfg.listen_port, "pathprobe.gateway.mode": "reencode"}, t0)
 
     def _decode(self, raw: bytes, ent: Entries, spans: Spans, stream: bool) -> bytes:
         td = now_ms()
@@ -102,22 +114,28 @@ class Reencoder:
         spans.child("gw.encode", t1, t2 - t1)
         return body
 
-    def _headers(self, md: list) -> dict[str, str]:
+    def _headers(self, md: list, caller_timeout: float | None = None) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
-        for k, v in md:
-            if isinstance(v, str) and (k in ("traceparent", "tracestate") or k.startswith("x-")):
+        if caller_timeout is not None:  # the caller's remaining time, on to the server (and its engine)
+            h[TIMEOUT_HEADER] = format_timeout(caller_timeout)
+        for k, v in upstream_credentials(md, self.cfg.upstream_authorization):
+            if isinstance(v, str) and (k in ("traceparent", "tracestate", "authorization") or k.startswith("x-")):
                 h[k] = v
         return h
 
     async def _finish_error(self, ctx: Any, ent: Entries, t0: float, spans: Spans, code: grpc.StatusCode,
-                            details: str, upstream_st: str | None, method: str, target: str | None) -> None:
+                            details: str, upstream_st: str | None, method: str, target: str | None,
+                            retry_after_ms: float | None = None) -> None:
         ent.total = now_ms() - t0
         sent = timing.append(upstream_st, ent.as_dict())
         self.metrics.observe(method, code.name, ent.total, target, ent.upstream)
         if target and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             self.metrics.upstream_error(target, code.name)
         spans.end({"rpc.grpc.status_code": code.value[0]}, details, ent.total, sent)
-        await ctx.abort(code, details, trailing_metadata=((timing.METADATA_KEY, sent),))
+        md: tuple[tuple[str, str], ...] = ((timing.METADATA_KEY, sent),)
+        if retry_after_ms is not None:
+            md += ((PUSHBACK_KEY, str(int(retry_after_ms))),)
+        await ctx.abort(code, details, trailing_metadata=md)
 
     # -------------------------------------------------------------- unary
     async def generate(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
@@ -125,13 +143,15 @@ class Reencoder:
         ent = Entries()
         md = forward_metadata(ctx.invocation_metadata())
         spans = self._spans(GENERATE, ctx, md, t0)
-        timeout = grpc_timeout(ctx.time_remaining()) or self.args.timeout
+        timeout = grpc_timeout(ctx.time_remaining()) or self.cfg.timeout
         up = None
         upstream_st = None
         try:
+            self.cfg.auth.check_mapping(dict(md))
             body = self._decode(raw, ent, spans, False)
-            up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
-                               timeout, spans)
+            up = await request(self.session, self.pool, "POST", "/v1/generate",
+                               self._headers(md, grpc_timeout(ctx.time_remaining())), body,
+                               timeout, spans, self.cfg.upstream_scheme)
             try:
                 data = await up.resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -140,7 +160,7 @@ class Reencoder:
             upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
             Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, None, up.t0, ent.upstream)
             if up.resp.status != 200:
-                raise _error_of(up.resp.status, data, up.upstream.target)
+                raise _error_of(up.resp.status, data, up.upstream.target, up.resp.headers.get(RETRY_AFTER))
             td = now_ms()
             msg = llm_pb2.GenerateResponse()
             json_format.ParseDict(json.loads(data), msg, ignore_unknown_fields=True)
@@ -153,10 +173,10 @@ class Reencoder:
             spans.child("gw.encode", t1, t2 - t1)
         except _Abort as exc:
             await self._finish_error(ctx, ent, t0, spans, exc.code, exc.details, upstream_st, GENERATE,
-                                     up.upstream.target if up else None)
+                                     up.upstream.target if up else None, exc.retry_after_ms)
         except PathprobeError as exc:
             await self._finish_error(ctx, ent, t0, spans, exc.grpc_code, exc.message, upstream_st, GENERATE,
-                                     up.upstream.target if up else None)
+                                     up.upstream.target if up else None, getattr(exc, "retry_after_ms", None))
         finally:
             if up is not None:
                 up.resp.release()
@@ -174,23 +194,25 @@ class Reencoder:
         ent = Entries()
         md = forward_metadata(ctx.invocation_metadata())
         spans = self._spans(GENERATE_STREAM, ctx, md, t0)
-        timeout = grpc_timeout(ctx.time_remaining()) or self.args.timeout
+        timeout = grpc_timeout(ctx.time_remaining()) or self.cfg.timeout
         up = None
         upstream_st = None
         ok = False
         c_dec = c_enc = c_first = 0.0
         n_chunks = 0
         try:
+            self.cfg.auth.check_mapping(dict(md))
             body = self._decode(raw, ent, spans, True)
-            up = await request(self.session, self.pool, "POST", "/v1/generate", self._headers(md), body,
-                               timeout, spans)
+            up = await request(self.session, self.pool, "POST", "/v1/generate",
+                               self._headers(md, grpc_timeout(ctx.time_remaining())), body,
+                               timeout, spans, self.cfg.upstream_scheme)
             if up.resp.status != 200:
                 data = await up.resp.read()
                 ent.upstream = now_ms() - up.t0
                 upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
                 Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, "error", up.t0,
                                  ent.upstream)
-                raise _error_of(up.resp.status, data, up.upstream.target)
+                raise _error_of(up.resp.status, data, up.upstream.target, up.resp.headers.get(RETRY_AFTER))
             try:
                 async for line in up.resp.content:
                     if not line.startswith(b"data:"):
@@ -231,10 +253,11 @@ class Reencoder:
             ok = True
         except _Abort as exc:
             await self._finish_error(ctx, ent, t0, spans, exc.code, exc.details, upstream_st, GENERATE_STREAM,
-                                     up.upstream.target if up else None)
+                                     up.upstream.target if up else None, exc.retry_after_ms)
         except PathprobeError as exc:
             await self._finish_error(ctx, ent, t0, spans, exc.grpc_code, exc.message, upstream_st,
-                                     GENERATE_STREAM, up.upstream.target if up else None)
+                                     GENERATE_STREAM, up.upstream.target if up else None,
+                                     getattr(exc, "retry_after_ms", None))
         finally:
             if up is not None:
                 if ok:
@@ -259,7 +282,7 @@ class Reencoder:
     async def health(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         from grpc_health.v1 import health_pb2
 
-        status = (health_pb2.HealthCheckResponse.SERVING if self.pool.any_healthy()
+        status = (health_pb2.HealthCheckResponse.SERVING if self.pool.any_healthy() and not self.pool.draining
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         return health_pb2.HealthCheckResponse(status=status).SerializeToString()
 
@@ -276,26 +299,30 @@ class _Handler(grpc.GenericRpcHandler):
         return self.handlers.get(details.method)  # None -> UNIMPLEMENTED
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
-    r = Reencoder(args, pool, metrics, tracing)
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> int:
+    r = Reencoder(cfg, pool, metrics, tracing)
 
     async def main() -> None:
-        r.session = make_session(args.pool_size)
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", args.max_body_bytes),
+        r.session = make_session(cfg.pool_size, tls=cfg.upstream_tls_files)
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
                                           ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 1)])
         server.add_generic_rpc_handlers((_Handler(r),))
-        bound = server.add_insecure_port(f"{args.listen_host}:{args.listen_port}")
+        bound = add_port(server, f"{cfg.listen_host}:{cfg.listen_port}", cfg.tls)
         if not bound:
-            raise Unavailable(f"--listen: cannot bind {args.listen}")
+            raise Unavailable(f"--listen: cannot bind {cfg.listen}")
         await server.start()
-        print(f"pathprobe gateway: reencode listening on {args.listen_host}:{bound} -> HTTP {pool.names()}",
+        print(f"pathprobe gateway: reencode listening on {cfg.listen_host}:{bound} -> "
+              f"{cfg.upstream_scheme.upper()} {pool.names()}",
               flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await server.stop(1)
+        pool.draining = True
+        if cfg.drain_delay_s > 0:
+            await asyncio.sleep(cfg.drain_delay_s)
+        await server.stop(cfg.drain_grace_s)  # new calls refused, in-flight ones waited for
         await r.session.close()
 
     asyncio.run(main())

@@ -26,13 +26,16 @@ from aiohttp import web
 
 from pathprobe import jsoncodec, timing
 from pathprobe.address import host_and_port
-from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge, Unavailable
-from pathprobe.gateway.aio import Spans, json_error, run_aiohttp
-from pathprobe.gateway.common import Entries, exc_json
+from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
+from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
+from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
+from pathprobe.gateway.common import Entries, client_credentials, error_event, upstream_credentials
+from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.passthrough import connect_failure
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles, grpc_channel
 from pathprobe.v1 import llm_pb2
 
 log = logging.getLogger("pathprobe.gateway")
@@ -46,8 +49,8 @@ SSE_DONE = b"data: [DONE]\n\n"
 class _Clients:
     __slots__ = ("channel", "stream", "unary")
 
-    def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])
+    def __init__(self, target: str, tls: TlsFiles | None = None) -> None:
+        self.channel = grpc_channel(target, tls, [("grpc.max_receive_message_length", -1)], aio=True)
         self.unary = self.channel.unary_unary(GENERATE)
         self.stream = self.channel.unary_stream(GENERATE_STREAM)
 
@@ -58,15 +61,15 @@ def _upstream_timing(md: Any) -> str | None:
 
 
 class Transcoder:
-    def __init__(self, args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> None:
-        self.args = args
+    def __init__(self, cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.tracing = tracing
 
     def start_clients(self) -> None:
         for u in self.pool.upstreams:
-            u.client = _Clients(u.target)
+            u.client = _Clients(u.target, self.cfg.upstream_tls_files)
 
     async def close(self) -> None:
         for u in self.pool.upstreams:
@@ -75,8 +78,8 @@ class Transcoder:
 
     # ---------------------------------------------------------------- routes
     async def healthz(self, request: web.Request) -> web.Response:
-        ok = self.pool.any_healthy()
-        return web.json_response({"status": "ok" if ok else "unavailable",
+        ok = self.pool.any_healthy() and not self.pool.draining
+        return web.json_response({"status": "draining" if self.pool.draining else "ok" if ok else "unavailable",
                                   "upstreams": {u.target: u.healthy for u in self.pool.upstreams}},
                                  status=200 if ok else 503)
 
@@ -89,16 +92,21 @@ class Transcoder:
         ent = Entries()
         spans = Spans(self.tracing, "POST /v1/generate", request.headers,
                       {"http.request.method": "POST", "url.path": request.path, "http.route": "/v1/generate",
-                       "network.protocol.name": "http", "server.port": self.args.listen_port,
+                       "network.protocol.name": "http", "server.port": self.cfg.listen_port,
                        "pathprobe.gateway.mode": "transcode"}, t0)
         try:
-            if request.content_length is not None and request.content_length > self.args.max_body_bytes:
+            self.cfg.auth.check_mapping(request.headers)
+            creds = upstream_credentials(client_credentials(request.headers), self.cfg.upstream_authorization)
+            # the caller's deadline (grpc-timeout header) becomes the upstream call's, capped by --timeout
+            caller = parse_timeout(request.headers.get(TIMEOUT_HEADER))
+            timeout = min(caller, self.cfg.timeout) if caller else self.cfg.timeout
+            if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
-                                      f"{self.args.max_body_bytes}")
+                                      f"{self.cfg.max_body_bytes}")
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
-                raise PayloadTooLarge(f"body: over the limit of {self.args.max_body_bytes} bytes") from None
+                raise PayloadTooLarge(f"body: over the limit of {self.cfg.max_body_bytes} bytes") from None
             td = now_ms()
             obj = jsoncodec.loads_object(body)
             req = jsoncodec.request_from_dict(obj)
@@ -114,14 +122,26 @@ class Transcoder:
             self.metrics.observe("POST /v1/generate", str(exc.http_status), ent.total, None, 0)
             sent = timing.format_entries(ent.as_dict())
             spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total, sent)
-            return web.Response(status=exc.http_status, body=jsoncodec.dumps(exc_json(exc)),
-                                content_type="application/json", headers={timing.HTTP_HEADER: sent})
+            return json_error(exc.grpc_code, exc.message, status=exc.http_status, param=getattr(exc, "field", None),
+                              server_timing=sent)
         if stream:
-            return await self._stream(request, payload, t0, ent, spans, te, enc)
-        return await self._unary(payload, t0, ent, spans, te, enc)
+            return await self._stream(request, payload, t0, ent, spans, te, enc, creds, timeout)
+        return await self._unary(payload, t0, ent, spans, te, enc, creds, timeout)
+
+    def _refused(self, exc: PathprobeError, route: str, t0: float, ent: Entries, spans: Spans) -> web.Response:
+        """No upstream taken (none healthy: 503; all at the in-flight cap: 429 + Retry-After), with
+        the gateway's own timing so far; counted like every other answer."""
+        ent.total = now_ms() - t0
+        r = json_error(exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status,
+                       retry_after=retry_after_of(exc))
+        self.metrics.observe(route, str(exc.http_status), ent.total, None, 0)
+        spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total,
+                  r.headers.get(timing.HTTP_HEADER))
+        return r
 
     # ---------------------------------------------------------------- upstream
-    async def _call(self, kind: str, payload: bytes, spans: Spans) -> tuple[Upstream, Any, Any, float, Any]:
+    async def _call(self, kind: str, payload: bytes, spans: Spans, creds: list[tuple[str, str]],
+                    timeout: float) -> tuple[Upstream, Any, Any, float, Any]:
         """Start the call; a refused connection fails over to another upstream."""
         tried: tuple[Upstream, ...] = ()
         while True:
@@ -133,7 +153,7 @@ class Transcoder:
             t_up0 = now_ms()
             cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
             mc = u.client.stream if kind == "stream" else u.client.unary
-            call = mc(payload, timeout=self.args.timeout, metadata=tuple(carrier.items()) or None)
+            call = mc(payload, timeout=timeout, metadata=(*carrier.items(), *creds) or None)
             if len(self.pool.upstreams) > 1:
                 try:
                     await call.initial_metadata()
@@ -159,11 +179,11 @@ class Transcoder:
         return code, details
 
     async def _unary(self, payload: bytes, t0: float, ent: Entries, spans: Spans, te: float,
-                     enc: float) -> web.Response:
+                     enc: float, creds: list[tuple[str, str]], timeout: float) -> web.Response:
         try:
-            u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans)
-        except Unavailable as exc:
-            return _unavailable(exc, t0, ent, spans)
+            u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans, creds, timeout)
+        except PathprobeError as exc:  # no healthy upstream, or every one at --max-inflight
+            return self._refused(exc, "POST /v1/generate", t0, ent, spans)
         spans.child("gw.encode", te, enc)
         try:
             try:
@@ -173,7 +193,8 @@ class Transcoder:
                 code, details = self._error(err, u)
                 Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details, t_up0, ent.upstream)
                 ent.total = now_ms() - t0
-                status = json_error(code, details, ent.as_dict(), _upstream_timing(err.trailing_metadata()))
+                status = json_error(code, details, ent.as_dict(), _upstream_timing(err.trailing_metadata()),
+                                    retry_after=retry_after_of(metadata=err.trailing_metadata()))
                 self.metrics.observe("POST /v1/generate", str(status.status), ent.total, u.target, ent.upstream)
                 spans.end({"http.response.status_code": status.status}, details, ent.total,
                           status.headers.get(timing.HTTP_HEADER))
@@ -201,11 +222,11 @@ class Transcoder:
         return web.Response(body=body, content_type="application/json", headers={timing.HTTP_HEADER: sent})
 
     async def _stream(self, request: web.Request, payload: bytes, t0: float, ent: Entries, spans: Spans,
-                      te: float, enc: float) -> web.StreamResponse:
+                      te: float, enc: float, creds: list[tuple[str, str]], timeout: float) -> web.StreamResponse:
         try:
-            u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans)
-        except Unavailable as exc:
-            return _unavailable(exc, t0, ent, spans)
+            u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans, creds, timeout)
+        except PathprobeError as exc:  # no healthy upstream, or every one at --max-inflight
+            return self._refused(exc, "POST /v1/generate stream", t0, ent, spans)
         spans.child("gw.encode", te, enc)
         resp: web.StreamResponse | None = None
         held: dict[str, Any] | None = None
@@ -263,15 +284,13 @@ class Transcoder:
                 upstream_st = _upstream_timing(err.trailing_metadata())
                 status = 200 if resp is not None else 0
                 if resp is None:  # nothing sent yet: a real HTTP error status
-                    r = json_error(code, details, ent.as_dict(), upstream_st)
+                    r = json_error(code, details, ent.as_dict(), upstream_st,
+                                   retry_after=retry_after_of(metadata=err.trailing_metadata()))
                     status = r.status
                     ent.sent = r.headers.get(timing.HTTP_HEADER)
                     return r
-                from pathprobe.gateway.common import error_json, http_status_of
-
                 ent.sent = timing.append(upstream_st, ent.as_dict())
-                ev = {**error_json(http_status_of(code), code, details), "server_timing": ent.sent}
-                await resp.write(b"data: " + jsoncodec.dumps(ev) + b"\n\n")
+                await resp.write(error_event(code, details, server_timing=ent.sent))
             except ConnectionResetError:
                 status = 499  # the client went away: the upstream stream is cancelled below
             except asyncio.CancelledError:
@@ -295,27 +314,21 @@ class Transcoder:
         return resp
 
 
-def serve(args: Any, pool: Pool, metrics: Metrics, tracing: bool) -> int:
-    tc = Transcoder(args, pool, metrics, tracing)
+def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> int:
+    tc = Transcoder(cfg, pool, metrics, tracing)
 
     async def factory() -> web.Application:
         tc.start_clients()
-        app = web.Application(client_max_size=args.max_body_bytes)
+        app = web.Application(client_max_size=cfg.max_body_bytes)
         app.router.add_post("/v1/generate", tc.generate)
         app.router.add_get("/healthz", tc.healthz)
         app.router.add_route("*", "/{tail:.*}", tc.not_found)
         return app
 
-    return run_aiohttp(factory, args.listen_host, args.listen_port, f"transcode -> gRPC {pool.names()}",
+    return run_aiohttp(factory, cfg, pool, f"transcode -> gRPC{'s' if cfg.upstream_tls_files else ''} {pool.names()}",
                        tc.close)
 
 
 __all__ = ["InvalidArgument", "Transcoder", "serve"]
 
 
-def _unavailable(exc: Unavailable, t0: float, ent: Entries, spans: Spans) -> web.Response:
-    """No healthy upstream: 503 naming it, with the gateway's own timing so far."""
-    ent.total = now_ms() - t0
-    r = json_error(grpc.StatusCode.UNAVAILABLE, exc.message, ent.as_dict())
-    spans.end({"http.response.status_code": 503}, exc.message, ent.total, r.headers.get(timing.HTTP_HEADER))
-    return r

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pathprobe.address import host_and_port
-from pathprobe.errors import Unavailable
+from pathprobe.errors import ResourceExhausted, Unavailable
+from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -51,13 +52,19 @@ class Upstream:
 class Pool:
     """Picks an upstream per call; tracks outstanding calls per upstream."""
 
-    def __init__(self, targets: Iterable[str], kind: str, balance: str = "round-robin") -> None:
+    def __init__(self, targets: Iterable[str], kind: str, balance: str = "round-robin", max_inflight: int = 0,
+                 retry_after_ms: float = 1000.0) -> None:
         self.upstreams = [Upstream(t, kind, i) for i, t in enumerate(targets)]
+        #: calls in flight per upstream at most (0: no cap); past it a call is refused at once
+        self.max_inflight = max_inflight
+        self.retry_after_ms = retry_after_ms
         self.kind = kind
         self.balance = balance
         self._lock = threading.Lock()
         self._rr = 0
         self._single = self.upstreams[0] if len(self.upstreams) == 1 else None
+        #: the gateway got SIGTERM: its own health answers NOT_SERVING / 503 from now on
+        self.draining = False
 
     def set_on_change(self, fn: Callable[[Upstream], None]) -> None:
         for u in self.upstreams:
@@ -73,12 +80,20 @@ class Pool:
         """Pick an upstream and count the call as outstanding on it (call :meth:`release`)."""
         with self._lock:
             single = self._single
+            cap = self.max_inflight
             if single is not None:
                 if exclude:
                     raise Unavailable(f"upstream {single.target}: unavailable (no other upstream to try)")
+                if cap and single.outstanding >= cap:
+                    raise self.full()
                 single.outstanding += 1
                 return single
             ups = [u for u in self.upstreams if u.healthy and u not in exclude]
+            if cap:
+                open_ = [u for u in ups if u.outstanding < cap]
+                if ups and not open_:
+                    raise self.full()
+                ups = open_
             if not ups:
                 # Health data may be stale: try the others anyway rather than refuse outright.
                 ups = [u for u in self.upstreams if u not in exclude]
@@ -99,6 +114,14 @@ class Pool:
             u.outstanding += 1
             return u
 
+    def full(self) -> ResourceExhausted:
+        return ResourceExhausted(f"every upstream has {self.max_inflight} calls in flight (--max-inflight); "
+                                 "retry later", retry_after_ms=self.retry_after_ms)
+
+    def over_cap(self, u: Upstream) -> bool:
+        """For callers that count first (the h2 relay): is ``u`` past the cap now?"""
+        return bool(self.max_inflight) and u.outstanding > self.max_inflight
+
     def release(self, u: Upstream) -> None:
         with self._lock:
             u.outstanding -= 1
@@ -107,13 +130,15 @@ class Pool:
 # ---------------------------------------------------------------------------------- health
 
 
-def check_grpc(target: str, channels: dict[str, Any], timeout: float) -> tuple[bool, str]:
+def check_grpc(target: str, channels: dict[str, Any], timeout: float, tls: TlsFiles | None = None) -> tuple[bool, str]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from pathprobe.tls import grpc_channel
+
     ch = channels.get(target)
     if ch is None:
-        ch = channels[target] = grpc.insecure_channel(target)
+        ch = channels[target] = grpc_channel(target, tls)
     try:
         resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
     except grpc.RpcError as exc:
@@ -122,9 +147,10 @@ def check_grpc(target: str, channels: dict[str, Any], timeout: float) -> tuple[b
     return ok, "" if ok else f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}"
 
 
-def check_http(target: str, timeout: float, path: str = "/healthz") -> tuple[bool, str]:
+def check_http(target: str, timeout: float, path: str = "/healthz", ssl_ctx: Any = None) -> tuple[bool, str]:
     host, port = host_and_port(target)
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn = (http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl_ctx) if ssl_ctx is not None
+            else http.client.HTTPConnection(host, port, timeout=timeout))
     try:
         conn.request("GET", path)
         resp = conn.getresponse()
@@ -139,8 +165,11 @@ def check_http(target: str, timeout: float, path: str = "/healthz") -> tuple[boo
 class HealthChecker:
     """Checks every upstream every ``interval`` seconds on a daemon thread."""
 
-    def __init__(self, pool: Pool, interval: float = 1.0, timeout: float = 1.0, fall: int = 1) -> None:
+    def __init__(self, pool: Pool, interval: float = 1.0, timeout: float = 1.0, fall: int = 1,
+                 tls: TlsFiles | None = None) -> None:
         self.pool = pool
+        self.tls = tls
+        self._ssl_ctx = tls.client_context() if tls is not None else None
         self.interval = interval
         self.timeout = timeout
         self.fall = max(1, fall)
@@ -151,9 +180,9 @@ class HealthChecker:
     def check_once(self) -> None:
         for u in self.pool.upstreams:
             if u.kind == "grpc":
-                ok, why = check_grpc(u.target, self._channels, self.timeout)
+                ok, why = check_grpc(u.target, self._channels, self.timeout, self.tls)
             else:
-                ok, why = check_http(u.target, self.timeout)
+                ok, why = check_http(u.target, self.timeout, ssl_ctx=self._ssl_ctx)
             if ok:
                 u.mark(True)
             else:

@@ -31,6 +31,7 @@ from pathprobe import environment as env_vars
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen import clientwait
 from pathprobe.loadgen import metrics as metrics_mod
+from pathprobe.tls import TlsFiles
 from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
 from pathprobe.loadgen.arrival import Schedule
@@ -83,6 +84,16 @@ def add_arguments(parser: Any) -> None:
     g.add_argument("--grpc-client", choices=["h2", "grpcio"], default="h2",
                    help="gRPC transport: h2 = pathprobe's HTTP/2 client (a fraction of grpcio's CPU per call "
                         "under gevent, same records); grpcio = grpcio's channel")
+    g.add_argument("--api-key", default="", include_in_web_ui=False,
+                   help=f"sent as 'Authorization: Bearer KEY' (default: ${ENV_API_KEY})")
+    g.add_argument("--target-ca", default="", include_in_web_ui=False,
+                   help=f"grpcs:// / https://: CA that signs the target's certificate "
+                        f"(default: system CAs; ${ENV_TLS}_CA)")
+    g.add_argument("--target-cert", default="", include_in_web_ui=False,
+                   help=f"client certificate for targets that want mTLS (${ENV_TLS}_CERT)")
+    g.add_argument("--target-key", default="", include_in_web_ui=False, help=f"its private key (${ENV_TLS}_KEY)")
+    g.add_argument("--target-server-name", default="", include_in_web_ui=False,
+                   help=f"name expected in the target's certificate (default: the host; ${ENV_TLS}_SERVER_NAME)")
     g.add_argument("--traces-file", default="", include_in_web_ui=False,
                    help="write CLIENT spans to this OTLP JSON lines file (OTLP export: OTEL_EXPORTER_OTLP_ENDPOINT)")
     g.add_argument("--no-records", action="store_true", default=False, include_in_web_ui=False,
@@ -105,6 +116,11 @@ def add_arguments(parser: Any) -> None:
     g.add_argument("--pathprobe-busy-ms", type=float, default=0.0, include_in_web_ui=False,
                    help="TEST HOOK: each user burns this many ms of CPU before each request (outside "
                         "the timed part), to make the load generator saturate on purpose")
+
+
+#: environment fallbacks of --api-key and --tls-* (the flag wins)
+ENV_API_KEY = "PATHPROBE_API_KEY"
+ENV_TLS = "PATHPROBE_LOAD_TLS"
 
 
 @dataclass
@@ -134,6 +150,8 @@ class Config:
     busy_ms: float = 0.0
     #: call-by-call interleaving: (name, url) per configuration; empty: every call goes to --host
     mix: tuple[tuple[str, str], ...] = ()
+    api_key: str = ""
+    tls: TlsFiles | None = None  # client TLS files for grpcs:// / https:// (None: system CAs)
 
     @classmethod
     def from_options(cls, o: Any) -> Config:
@@ -164,6 +182,8 @@ class Config:
             lag_threshold_ms=float(g("client_lag_threshold_ms", monitor_mod.DEFAULT_LAG_THRESHOLD_MS)),
             busy_ms=float(g("pathprobe_busy_ms", 0.0) or 0.0),
             mix=parse_mix(g("mix", "") or ""),
+            api_key=g("api_key", "") or os.environ.get(ENV_API_KEY, ""),
+            tls=_tls_files(g),
         )
         if cfg.max_tokens <= 0:
             raise ConfigError(f"max-tokens: must be > 0, got {cfg.max_tokens}")
@@ -191,6 +211,12 @@ def parse_mix(text: str) -> tuple[tuple[str, str], ...]:
             raise ConfigError(f"mix: configuration name {name.strip()!r} appears twice")
         out.append((name.strip(), url.strip()))
     return tuple(out)
+
+
+def _tls_files(g: Any) -> TlsFiles | None:
+    tls = TlsFiles.from_env(ENV_TLS, {k: g(f"target_{k}", "") for k in ("ca", "cert", "key", "server_name")},
+                            flag="--target")
+    return tls if (tls.ca or tls.cert or tls.server_name) else None
 
 
 # --- tracing -------------------------------------------------------------------------------

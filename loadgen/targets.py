@@ -24,9 +24,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pathprobe import environment, reporters, rtt, timing
+from pathprobe.deadline import TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import ConfigError
 from pathprobe.serverreports import TGI_HEADERS, ReportError, ServerReport
 from pathprobe.serverreports import read as read_report
+from pathprobe.tls import TlsFiles
 
 pc = time.perf_counter_ns
 #: round trips a target times for its network estimate (the estimate is the shortest): TCP
@@ -136,17 +138,21 @@ class Target:
 class GrpcTarget(Target):
     kind = "grpc"
 
-    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 60.0, tls: TlsFiles | None = None,
+                 api_key: str = "") -> None:
+        """``tls``: a grpcs:// target (TlsFiles() verifies against the system CAs)."""
         import grpc
 
+        from pathprobe.tls import grpc_channel
         from pathprobe.v1 import llm_pb2
 
         self._grpc = grpc
         self._pb = llm_pb2
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)]
+        self._auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self.channel = grpc_channel(
+            address, tls, [("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)]
         )
         self._unary = self.channel.unary_unary("/pathprobe.v1.LLM/Generate")
         self._stream = self.channel.unary_stream("/pathprobe.v1.LLM/GenerateStream")
@@ -166,7 +172,7 @@ class GrpcTarget(Target):
             request_id=spec.request_id, model=spec.model,
         ).SerializeToString()
         out.encode_ns = pc() - t0
-        md = tuple(headers.items()) if headers else None
+        md = (tuple(headers.items()) + self._auth if headers else self._auth) or None
         try:
             if spec.stream:
                 self._call_stream(data, md, out)
@@ -250,13 +256,14 @@ class H2GrpcTarget(Target):
 
     kind = "grpc"
 
-    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 60.0, api_key: str = "") -> None:
         from pathprobe.loadgen.h2grpc import Channel
         from pathprobe.v1 import llm_pb2
 
         self._pb = llm_pb2
         self.address = address
         self.timeout_s = timeout_s
+        self._auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self.channel = Channel(address)
         self._ping = PingEstimate(address)
 
@@ -276,7 +283,7 @@ class H2GrpcTarget(Target):
             request_id=spec.request_id, model=spec.model,
         ).SerializeToString()
         out.encode_ns = pc() - t0
-        md = tuple(headers.items()) if headers else None
+        md = (tuple(headers.items()) + self._auth if headers else self._auth) or None
         if spec.stream:
             self._stream(data, md, out)
             return
@@ -341,7 +348,8 @@ def _entries(values: list[str]) -> timing.Chain:
 
 # --- HTTP (native and OpenAI) --------------------------------------------------------------
 class _HttpBase(Target):
-    def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None,
+                 api_key: str = "") -> None:
         from geventhttpclient import HTTPClient
         from geventhttpclient.url import URL
 
@@ -351,10 +359,14 @@ class _HttpBase(Target):
         self.address = base_url
         self.prefix = parts.path.rstrip("/")
         self.timeout_s = timeout_s
+        ssl_kw: dict[str, Any] = {}
+        if parts.scheme == "https" and tls is not None:
+            ssl_kw["ssl_options"] = tls.gevent_ssl_options()
         self.client = HTTPClient.from_url(
             URL(f"{parts.scheme}://{parts.netloc}/"), concurrency=1,
-            connection_timeout=timeout_s, network_timeout=timeout_s,
+            connection_timeout=timeout_s, network_timeout=timeout_s, **ssl_kw,
         )
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
         self.connect_ms: float | None = None
@@ -375,7 +387,7 @@ class _HttpBase(Target):
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         body = self._dumps(body_obj).encode()
         out.encode_ns = pc() - t0
-        hdrs = dict(self._base_headers)
+        hdrs = {**self._base_headers, **self._auth}
         if headers:
             hdrs.update(headers)
         resp = self.client.post(self.prefix + path, body=body, headers=hdrs)
@@ -480,6 +492,12 @@ class NativeHttpTarget(_HttpBase):
 
     kind = "http"
 
+    def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None,
+                 api_key: str = "") -> None:
+        super().__init__(base_url, timeout_s, tls, api_key)
+        # the request's deadline travels with it (as a gRPC client's would): gateway -> server -> engine
+        self._auth = {**self._auth, TIMEOUT_HEADER: format_timeout(timeout_s)}
+
     def route(self, stream: bool) -> str:
         return "http.generate.stream" if stream else "http.generate"
 
@@ -524,8 +542,9 @@ class OpenAITarget(_HttpBase):
 
     kind = "openai"
 
-    def __init__(self, base_url: str, timeout_s: float = 60.0, api: str = "completions") -> None:
-        super().__init__(base_url, timeout_s)
+    def __init__(self, base_url: str, timeout_s: float = 60.0, api: str = "completions",
+                 tls: TlsFiles | None = None, api_key: str = "") -> None:
+        super().__init__(base_url, timeout_s, tls, api_key)
         if api not in ("completions", "chat"):
             raise ConfigError(f"openai-api: expected completions or chat, got {api!r}")
         self.api = api
@@ -540,7 +559,7 @@ class OpenAITarget(_HttpBase):
         if self._model is None:
             self._model = "default"
             try:
-                resp = self.client.get(self.prefix + "/v1/models", headers=extra_headers())
+                resp = self.client.get(self.prefix + "/v1/models", headers={**extra_headers(), **self._auth})
                 body = resp.read()
                 if resp.status_code == 200:
                     data = json.loads(body).get("data") or []
@@ -697,17 +716,16 @@ def _finish_stream(out: Outcome, err: Any) -> None:
 
 # --- host URL -> target ------------------------------------------------------------------
 def parse_host(host: str) -> tuple[str, str]:
-    """``grpc://h:p`` -> ("grpc", "h:p"); ``http://h:p`` -> ("http", url);
-    ``openai+http://h:p`` -> ("openai", "http://h:p"); ``openai-sdk+http://h:p`` -> ("openai-sdk", ...)."""
+    """``grpc://h:p`` -> ("grpc", "h:p"); ``grpcs://h:p`` -> ("grpc", "h:p") (TLS); ``http(s)://h:p`` ->
+    ("http", url); ``openai+http(s)://h:p`` -> ("openai", "http(s)://h:p"); ``openai-sdk+http://h:p`` ->
+    ("openai-sdk", ...)."""
     if not host:
         raise ConfigError("host: give the target with -H/--host (grpc://, http://, openai+http://)")
     parts = urlsplit(host)
     scheme = parts.scheme.lower()
     if scheme in ("grpc", "grpcs"):
-        if scheme == "grpcs":
-            raise ConfigError("host: grpcs:// (TLS) is not supported yet; use grpc://HOST:PORT")
         if not parts.netloc:
-            raise ConfigError(f"host: expected grpc://HOST:PORT, got {host!r}")
+            raise ConfigError(f"host: expected {scheme}://HOST:PORT, got {host!r}")
         return "grpc", parts.netloc
     if scheme in ("http", "https"):
         return "http", host.rstrip("/")
@@ -718,7 +736,7 @@ def parse_host(host: str) -> tuple[str, str]:
         return "openai", f"{inner}://{parts.netloc}{parts.path}".rstrip("/")
     if scheme in ("ollama+http", "ollama+https"):  # Ollama's native API (its timing fields)
         return "ollama", f"{scheme.split('+', 1)[1]}://{parts.netloc}{parts.path}".rstrip("/")
-    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc://, http://, openai+http://, "
+    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc(s)://, http(s)://, openai+http(s)://, "
                       "openai-sdk+http:// or ollama+http://")
 
 
@@ -727,18 +745,23 @@ GRPC_CLIENTS = ("h2", "grpcio")
 
 
 def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions",
-                grpc_client: str = "h2") -> Target:
+                grpc_client: str = "h2", tls: TlsFiles | None = None, api_key: str = "") -> Target:
+    """``tls``: CA / client certificate for grpcs:// and https:// (unset: the system CAs); grpcs://
+    goes over grpcio's channel (the h2 client speaks plaintext HTTP/2)."""
     kind, addr = parse_host(host)
     if kind == "grpc":
         if grpc_client not in GRPC_CLIENTS:
             raise ConfigError(f"grpc-client: expected one of {', '.join(GRPC_CLIENTS)}, got {grpc_client!r}")
-        return H2GrpcTarget(addr, timeout_s) if grpc_client == "h2" else GrpcTarget(addr, timeout_s)
+        if urlsplit(host).scheme.lower() == "grpcs":
+            return GrpcTarget(addr, timeout_s, tls or TlsFiles(), api_key)
+        return H2GrpcTarget(addr, timeout_s, api_key) if grpc_client == "h2" else GrpcTarget(addr, timeout_s, None,
+                                                                                              api_key)
     if kind == "http":
-        return NativeHttpTarget(addr, timeout_s)
+        return NativeHttpTarget(addr, timeout_s, tls, api_key)
     if kind == "ollama":
         return OllamaTarget(addr, timeout_s)
     if kind == "openai-sdk":
         from pathprobe.loadgen.sdk import OpenAISdkTarget
 
         return OpenAISdkTarget(addr, timeout_s, openai_api)
-    return OpenAITarget(addr, timeout_s, openai_api)
+    return OpenAITarget(addr, timeout_s, openai_api, tls, api_key)

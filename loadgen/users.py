@@ -64,13 +64,14 @@ class _LLMMixin:
         cfg = self._rt.cfg
         #: call-by-call interleaving (--mix): one target per configuration, a shuffled order per cycle
         self._mix: dict[str, tuple[str, Target]] = {
-            name: (url, make_target(url, cfg.timeout_s, cfg.openai_api, cfg.grpc_client)) for name, url in cfg.mix
+            name: (url, make_target(url, cfg.timeout_s, cfg.openai_api, cfg.grpc_client, cfg.tls, cfg.api_key)) for name, url in cfg.mix
         }
         self._order: list[str] = []
         self._cycle = -1
         self._rng = random.Random(cfg.seed * 100_003 + self._uid)
         self.target: Target = (next(iter(self._mix.values()))[1] if self._mix
-                               else make_target(host, cfg.timeout_s, cfg.openai_api, cfg.grpc_client))
+                               else make_target(host, cfg.timeout_s, cfg.openai_api, cfg.grpc_client, cfg.tls,
+                                           cfg.api_key))
 
     def _next_config(self) -> tuple[str | None, Target, str]:
         """(configuration name, its target, its URL): the next of this cycle's shuffled order."""

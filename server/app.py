@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import signal
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from pathprobe import telemetry
+from pathprobe.auth import ApiKeys
 from pathprobe.server.engine import EngineConfig, create_engine
 from pathprobe.errors import ConfigError
 from pathprobe.server.core import ServerState
@@ -23,6 +25,7 @@ from pathprobe.gputelemetry import GpuSampler
 from pathprobe.server.metrics import ServerMetrics
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.server")
 _tracer = telemetry.get_tracer("pathprobe.server")
@@ -40,14 +43,23 @@ class ServeConfig:
     http_server: str = "aiohttp"  # the HTTP front end: aiohttp or fastapi (FastAPI on uvicorn)
     #: more HTTP front ends over the same engine: (kind, port), e.g. (("fastapi", 8001),)
     extra_http: tuple[tuple[str, int], ...] = ()
+    tls: TlsFiles | None = None  # TLS (and mTLS when it has a CA) on every port
+    api_keys: tuple[bytes, ...] = ()  # accepted keys; empty: no authentication
+    #: on SIGTERM: seconds health says NOT_SERVING while new requests are still taken (so balancers
+    #: take the server out first), then seconds in-flight requests get to finish before they are cut
+    drain_delay_s: float = 0.0
+    drain_grace_s: float = 30.0
 
 
 class _HttpFrontEnd:
     """Start/stop of the HTTP front end chosen by ``ServeConfig.http_server``."""
 
-    def __init__(self, kind: str, host: str, port: int, max_body_bytes: int, state: ServerState) -> None:
+    def __init__(self, kind: str, host: str, port: int, max_body_bytes: int, state: ServerState,
+                 tls: TlsFiles | None = None, grace_s: float = 30.0) -> None:
         self.kind, self.host, self.port, self.max_body_bytes = kind, host, port, max_body_bytes
         self.state = state
+        self.tls = tls
+        self.grace_s = grace_s
         self._runner: web.AppRunner | None = None
         self._uvicorn: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -57,9 +69,12 @@ class _HttpFrontEnd:
             if self.kind == "fastapi":
                 await self._start_fastapi()
             else:
-                self._runner = web.AppRunner(build_app(self.state, self.max_body_bytes), access_log=None)
+                # cleanup() closes the listener, then waits up to grace_s for in-flight handlers
+                self._runner = web.AppRunner(build_app(self.state, self.max_body_bytes), access_log=None,
+                                             shutdown_timeout=self.grace_s)
                 await self._runner.setup()
-                await web.TCPSite(self._runner, self.host, self.port).start()
+                ssl_ctx = self.tls.server_context(alpn=("http/1.1",)) if self.tls else None
+                await web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_ctx).start()
                 self.port = self._runner.addresses[0][1]  # the bound port (port 0 picks a free one)
         except OSError as exc:
             raise ConfigError(f"HTTP port ({self.kind}): cannot bind {self.host}:{self.port}: {exc.strerror}") from None
@@ -78,8 +93,17 @@ class _HttpFrontEnd:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.port))  # bind here, so a busy port is a clear error before serving
         self.port = sock.getsockname()[1]
+        tls = self.tls
+        ssl_kw: dict[str, Any] = {}
+        if tls is not None:
+            import ssl
+
+            ssl_kw = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
+            if tls.ca:
+                ssl_kw.update(ssl_ca_certs=tls.ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
         cfg = uvicorn.Config(build_fastapi(self.state, self.max_body_bytes), log_level="warning", access_log=False,
-                             lifespan="off", http="httptools", loop="none", timeout_graceful_shutdown=1)
+                             lifespan="off", http="httptools", loop="none",
+                             timeout_graceful_shutdown=math.ceil(self.grace_s), **ssl_kw)
         self._uvicorn = uvicorn.Server(cfg)
         self._uvicorn.install_signal_handlers = lambda: None  # serve() owns SIGINT/SIGTERM
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
@@ -122,22 +146,26 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
     await engine.start()
     t = _phase(phases, "engine_start", t)
     startup: StartupTimer = getattr(engine, "startup", None) or StartupTimer(t0=t0)
-    state = ServerState(engine=engine, metrics=ServerMetrics(engine))
+    state = ServerState(engine=engine, metrics=ServerMetrics(engine), auth=ApiKeys(config.api_keys))
     if gpu is not None:
         state.metrics.watch_gpu(gpu)
-    fronts = [_HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state)
+    fronts = [_HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state, config.tls,
+                            config.drain_grace_s)
               for kind, port in ((config.http_server, config.http_port), *config.extra_http)]
     try:
         with startup.phase("frontends"):
             for front in fronts:
                 await front.start()
-            grpc_server, grpc_port = await start_grpc(state, config.host, config.grpc_port)
+            grpc_server, grpc_port, health = await start_grpc(state, config.host, config.grpc_port,
+                                                               config.tls)
         _phase(phases, "listeners", t)
         state.metrics.set_startup(phases)
         ready_ms = now_ms() - t0
         report_startup(startup, state, t0, ready_ms)
-        log.warning("pathprobe serve: engine=%s model=%s grpc=%s:%d http=http://%s:%d (%s)", config.engine.kind,
-                    engine.model_name, config.host, grpc_port, config.host, fronts[0].port, config.http_server)
+        scheme = ("grpcs", "https") if config.tls else ("grpc", "http")
+        log.warning("pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d (%s)%s", config.engine.kind,
+                    engine.model_name, scheme[0], config.host, grpc_port, scheme[1], config.host, fronts[0].port,
+                    config.http_server, " (mTLS)" if config.tls and config.tls.mutual else "")
         if gpu is not None and not gpu.available:
             log.warning("GPU telemetry: %s", gpu.unavailable)
         stop = stop or asyncio.Event()
@@ -148,7 +176,7 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         if ready is not None:
             ready.set()
         await stop.wait()
-        await grpc_server.stop(grace=1.0)
+        await drain(config, state, grpc_server, health, fronts)
     finally:
         for front in fronts:
             await front.stop()
@@ -181,3 +209,21 @@ def report_startup(startup: StartupTimer, state: ServerState, t0: float, ready_m
         span.end(end_time=telemetry.mono_ms_to_wall_ns(start + total_ms))
 
     state.on_first_request = first
+
+
+async def drain(config: ServeConfig, state: ServerState, grpc_server: Any, health: Any,
+                fronts: list[_HttpFrontEnd]) -> None:
+    """Graceful stop: NOT_SERVING / 503 first, then no new requests, then in-flight ones finish
+    (up to ``drain_grace_s``; what is left after that is cancelled, and counted as such)."""
+    t0 = time.monotonic()
+    state.draining = True
+    await health.enter_graceful_shutdown()  # every service NOT_SERVING, and it stays so
+    log.warning("draining: health NOT_SERVING, %d request(s) in the engine; new requests stop in %.1f s, "
+                "in-flight ones get %.1f s", state.engine.running() + state.engine.queue_depth(),
+                config.drain_delay_s, config.drain_grace_s)
+    if config.drain_delay_s > 0:
+        await asyncio.sleep(config.drain_delay_s)
+    # gRPC: new calls refused at once, in-flight ones waited for; HTTP: listeners closed, handlers waited for
+    await asyncio.gather(grpc_server.stop(grace=config.drain_grace_s), *(f.stop() for f in fronts))
+    log.warning("drained in %.2f s (%d request(s) still in the engine)", time.monotonic() - t0,
+                state.engine.running() + state.engine.queue_depth())

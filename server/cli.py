@@ -47,6 +47,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="engine-specific option (repeatable), e.g. cuda_graphs=1")
     p.add_argument("--traces-file", default=None, help="also write spans as OTLP JSON lines to this file")
+    p.add_argument("--api-key", default=None, metavar="KEY[,KEY...]",
+                   help="require 'authorization: Bearer KEY' (or 'x-api-key') on every call but health, metrics "
+                        "and the OpenAPI document (401 / UNAUTHENTICATED otherwise; default: "
+                        "$PATHPROBE_SERVE_API_KEY, else none)")
+    p.add_argument("--drain-delay-s", type=float, default=0.0,
+                   help="on SIGTERM: seconds health says NOT_SERVING (and /healthz 503) while new requests are "
+                        "still served, so balancers take the server out first")
+    p.add_argument("--drain-grace-s", type=float, default=30.0,
+                   help="on SIGTERM: seconds in-flight requests get to finish once new ones are refused")
+    t = p.add_argument_group("TLS (every port; env PATHPROBE_SERVE_TLS_CERT / _KEY / _CA)")
+    t.add_argument("--tls-cert", help="serve gRPC and HTTPS with this certificate chain (PEM)")
+    t.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    t.add_argument("--tls-ca", help="also require client certificates signed by this CA (mTLS)")
     p.set_defaults(func=run)
 
 
@@ -70,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
         if known is not None and key not in known:
             raise ConfigError(f"--engine-option {key}: unknown for the {args.engine} engine "
                               f"(known: {', '.join(sorted(known)) or 'none'})")
+    for flag in ("drain_delay_s", "drain_grace_s"):
+        if getattr(args, flag) < 0:
+            raise ConfigError(f"--{flag.replace('_', '-')}: must be >= 0")
     for flag in ("max_batch_size", "max_queue", "max_body_bytes"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be at least 1")
@@ -95,6 +111,25 @@ def run(args: argparse.Namespace) -> int:
         extra.append((kind, int(port)))
     config = ServeConfig(engine=engine, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                          max_body_bytes=args.max_body_bytes, traces_file=args.traces_file,
-                         http_server=args.http_server, extra_http=tuple(extra))
+                         http_server=args.http_server, extra_http=tuple(extra), tls=_tls(args),
+                         api_keys=_keys(args), drain_delay_s=args.drain_delay_s, drain_grace_s=args.drain_grace_s)
     asyncio.run(serve(config))
     return 0
+
+
+ENV_API_KEY = "PATHPROBE_SERVE_API_KEY"
+
+
+def _tls(args: argparse.Namespace):  # noqa: ANN202
+    from pathprobe.tls import TlsFiles
+
+    tls = TlsFiles.from_env("PATHPROBE_SERVE_TLS", {"cert": args.tls_cert, "key": args.tls_key, "ca": args.tls_ca})
+    return tls if tls.serving else None
+
+
+def _keys(args: argparse.Namespace) -> tuple[bytes, ...]:
+    import os
+
+    from pathprobe.auth import parse_keys
+
+    return parse_keys(args.api_key if args.api_key is not None else os.environ.get(ENV_API_KEY), "--api-key")

@@ -15,6 +15,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pathprobe import telemetry
+from pathprobe.deadline import parse_timeout
+from pathprobe.auth import ApiKeys
 from pathprobe.server.engine.base import Engine, GenParams, Generation
 from pathprobe.errors import PathprobeError
 from pathprobe.server.metrics import ServerMetrics
@@ -36,6 +38,8 @@ _ENGINE_SPANS = (
 class ServerState:
     engine: Engine
     metrics: ServerMetrics
+    auth: ApiKeys = field(default_factory=ApiKeys)  # empty: no authentication
+    draining: bool = False  # SIGTERM seen: health says NOT_SERVING, in-flight requests finish
     #: called once with the first request's srv.total (startup attribution)
     on_first_request: Callable[[float, float], None] | None = None
 
@@ -71,6 +75,9 @@ class RequestScope:
     decode_ms: float = 0.0
     encode_ms: float = 0.0
     gen: Generation | None = None
+    #: the caller's deadline: an absolute now_ms() instant (gRPC), or the HTTP ``grpc-timeout`` header
+    deadline_ms: float = 0.0
+    timeout_header: str | None = None
     span: trace.Span = field(init=False)
     _decode_start: float = 0.0
 
@@ -86,6 +93,10 @@ class RequestScope:
         self.decode_ms += ms
 
     def start(self, params: GenParams) -> Generation:
+        if self.timeout_header is not None:  # measured from arrival (t0); a bad value is InvalidArgument
+            self.deadline_ms = self.t0 + (parse_timeout(self.timeout_header) or 0.0) * 1000.0
+        if self.deadline_ms and not params.deadline_ms:
+            params.deadline_ms = self.deadline_ms
         self.gen = self.state.engine.generate(params)
         if self.span.is_recording():
             self.span.set_attribute("gen_ai.request.max_tokens", params.max_tokens)

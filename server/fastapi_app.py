@@ -16,7 +16,7 @@ from pathprobe.errors import NotFound, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import ServerState
 from pathprobe.server.http_common import SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
 from pathprobe.server.openapi import document
-from pathprobe.server.routes import ROUTES, Route
+from pathprobe.server.routes import ROUTES, Route, call
 
 
 def _response(reply: Reply) -> Response:
@@ -55,7 +55,7 @@ def _endpoint(route: Route, state: ServerState, max_body_bytes: int) -> Callable
         req = HttpRequest(state, request.method, request.url.path, request.headers, request.url.port or 0,
                           _reader(request, max_body_bytes))
         try:
-            reply = await route.handler(req)
+            reply = await call(route, req)
         except PayloadTooLarge as exc:  # raised while reading, before the route has a scope
             return _response(error_reply(exc))
         if isinstance(reply, StreamReply):

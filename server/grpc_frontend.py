@@ -17,9 +17,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pathprobe import timing
+from pathprobe.deadline import PUSHBACK_KEY, deadline_in
 from pathprobe.errors import InvalidArgument, PathprobeError
 from pathprobe.server.core import RequestScope, ServerState, params_from_proto
 from pathprobe.timing import now_ms
+from pathprobe.tls import TlsFiles, add_port
 from pathprobe.v1 import llm_pb2
 
 SERVICE = "pathprobe.v1.LLM"
@@ -53,17 +55,23 @@ class LLMService:
         self.state = state
 
     def _scope(self, method: str, context: grpc.aio.ServicerContext) -> RequestScope:
-        return RequestScope(self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}",
-                            _attributes(method, context))
+        scope = RequestScope(self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}",
+                             _attributes(method, context))
+        scope.deadline_ms = deadline_in(context.time_remaining())
+        return scope
 
     async def _abort(self, scope: RequestScope, context: grpc.aio.ServicerContext, exc: PathprobeError) -> None:
         entries = scope.finish(exc.grpc_code.name, error=exc)
-        await context.abort(exc.grpc_code, exc.message,
-                            trailing_metadata=((timing.METADATA_KEY, timing.format_entries(entries)),))
+        md: tuple[tuple[str, str], ...] = ((timing.METADATA_KEY, timing.format_entries(entries)),)
+        retry = getattr(exc, "retry_after_ms", None)
+        if retry is not None:
+            md += ((PUSHBACK_KEY, str(int(retry))),)
+        await context.abort(exc.grpc_code, exc.message, trailing_metadata=md)
 
     async def generate(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         scope = self._scope("Generate", context)
         try:
+            self.state.auth.check_mapping(scope.carrier)
             req, ms = _decode(data)
             scope.decoded(ms)
             gen = scope.start(params_from_proto(req))
@@ -90,6 +98,7 @@ class LLMService:
         scope = self._scope("GenerateStream", context)
         gen = None
         try:
+            self.state.auth.check_mapping(scope.carrier)
             req, ms = _decode(data)
             scope.decoded(ms)
             gen = scope.start(params_from_proto(req))
@@ -128,7 +137,8 @@ class LLMService:
         )
 
 
-async def start_grpc(state: ServerState, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+async def start_grpc(state: ServerState, host: str, port: int,
+                     tls: TlsFiles | None = None) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((LLMService(state).handler(),))
     health_servicer = health.aio.HealthServicer()
@@ -137,7 +147,7 @@ async def start_grpc(state: ServerState, host: str, port: int) -> tuple[grpc.aio
         (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = add_port(server, f"{host}:{port}", tls)
     except RuntimeError:  # newer grpcio raises where older ones returned 0
         bound = 0
     if bound == 0:
@@ -147,4 +157,4 @@ async def start_grpc(state: ServerState, host: str, port: int) -> tuple[grpc.aio
     await server.start()
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, bound
+    return server, bound, health_servicer

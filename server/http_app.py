@@ -9,7 +9,7 @@ from aiohttp import web
 from pathprobe.errors import NotFound, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import ServerState
 from pathprobe.server.http_common import SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
-from pathprobe.server.routes import ROUTES, Route
+from pathprobe.server.routes import ROUTES, Route, call
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("state", ServerState)
@@ -43,7 +43,7 @@ def _view(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]
     async def view(request: web.Request) -> web.StreamResponse:
         req = HttpRequest(request.app[STATE_KEY], request.method, request.path, request.headers,
                           request.url.port or 0, lambda: _read(request))
-        reply = await route.handler(req)
+        reply = await call(route, req)
         return await _stream(request, reply) if isinstance(reply, StreamReply) else _response(reply)
 
     return view

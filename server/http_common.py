@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pathprobe import jsoncodec, timing
+from pathprobe.deadline import RETRY_AFTER, TIMEOUT_HEADER, retry_after_header
 from pathprobe.errors import PathprobeError
 from pathprobe.server.core import RequestScope, ServerState
 from pathprobe.timing import now_ms
@@ -58,16 +59,7 @@ Handler = Callable[[HttpRequest], Awaitable["Reply | StreamReply"]]
 
 
 def error_body(exc: PathprobeError) -> dict[str, Any]:
-    kind = "invalid_request_error" if exc.http_status == 400 else type(exc).__name__
-    return {
-        "error": {
-            "message": exc.message,
-            "type": kind,
-            "code": exc.http_status,
-            "status": exc.grpc_code.name,
-            "param": getattr(exc, "field", None),
-        }
-    }
+    return exc.to_json()
 
 
 def timing_headers(entries: Mapping[str, float] | None) -> dict[str, str]:
@@ -75,7 +67,12 @@ def timing_headers(entries: Mapping[str, float] | None) -> dict[str, str]:
 
 
 def error_reply(exc: PathprobeError, entries: Mapping[str, float] | None = None) -> Reply:
-    return Reply(exc.http_status, jsoncodec.dumps(error_body(exc)), timing_headers(entries))
+    """The JSON error answer; an overload refusal carries its retry hint (``Retry-After``)."""
+    headers = timing_headers(entries)
+    retry = getattr(exc, "retry_after_ms", None)
+    if retry is not None:
+        headers[RETRY_AFTER] = retry_after_header(retry)
+    return Reply(exc.http_status, jsoncodec.dumps(error_body(exc)), headers)
 
 
 def json_reply(body: bytes, entries: Mapping[str, float]) -> Reply:
@@ -87,6 +84,7 @@ def scope_for(request: HttpRequest, route: str) -> RequestScope:
         request.state, route, dict(request.headers), f"{request.method} {request.path}",
         {"http.request.method": request.method, "url.path": request.path, "network.protocol.name": "http",
          "server.port": request.port},
+        timeout_header=request.headers.get(TIMEOUT_HEADER),
     )
 
 

@@ -18,11 +18,13 @@ _ERROR = {
 }
 _ERRORS = {
     "400": "invalid request (error.param names the field)",
+    "401": "missing or wrong API key (when the server has one); WWW-Authenticate: Bearer",
     "404": "unknown path or model",
     "405": "method not allowed",
     "413": "body larger than the server's limit",
-    "429": "queue full",
-    "503": "unavailable",
+    "429": "queue full (Retry-After says when to try again)",
+    "503": "unavailable (draining, or no engine)",
+    "504": "the caller's deadline (grpc-timeout header) passed",
 }
 _TIMING = {"Server-Timing": {"description": "the server's split: srv.decode, srv.queue, srv.tokenize, srv.prefill, "
                                             "srv.decode_steps, srv.detokenize, srv.encode, srv.total (ms)",

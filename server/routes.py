@@ -15,15 +15,19 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from pathprobe import jsoncodec
 from pathprobe.server import http_native, openai_api
-from pathprobe.server.http_common import HttpRequest, Reply
+from pathprobe.errors import PathprobeError
+from pathprobe.server.http_common import HttpRequest, Reply, StreamReply, error_reply
 from pathprobe.server.metrics import CONTENT_TYPE
 from pathprobe.v1 import llm_pb2
 
 
 async def healthz(request: HttpRequest) -> Reply:
-    engine = request.state.engine
-    return Reply(200, jsoncodec.dumps({"status": "ok", "model": engine.model_name,
-                                       "queue_depth": engine.queue_depth(), "running": engine.running()}))
+    """200 while serving; 503 ``draining`` once SIGTERM is seen (balancers take the server out)."""
+    state = request.state
+    engine = state.engine
+    return Reply(503 if state.draining else 200,
+                 jsoncodec.dumps({"status": "draining" if state.draining else "ok", "model": engine.model_name,
+                                  "queue_depth": engine.queue_depth(), "running": engine.running()}))
 
 
 async def metrics(request: HttpRequest) -> Reply:
@@ -48,8 +52,20 @@ def proto_schema(desc: Descriptor) -> dict[str, Any]:
     return {"type": "object", "properties": props, "additionalProperties": False, "title": desc.name}
 
 
+#: the limits the engine checks, in the document too (a schema-driven client then sends
+#: requests the server can accept, and one that breaks them is answered 400)
+_NATIVE_LIMITS: dict[str, dict[str, Any]] = {
+    "prompt": {"minLength": 1},
+    "max_tokens": {"minimum": 1, "maximum": 8192},
+    "temperature": {"minimum": 0, "maximum": 2},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+}
+
+
 def _native_schema() -> dict[str, Any]:
     schema = proto_schema(llm_pb2.GenerateRequest.DESCRIPTOR)
+    for name, limits in _NATIVE_LIMITS.items():
+        schema["properties"][name].update(limits)
     schema["properties"]["stream"] = {"type": "boolean", "description": "answer as Server-Sent Events"}
     return schema
 
@@ -74,3 +90,23 @@ ROUTES: tuple[Route, ...] = (
           openai_api.ChatRequest.model_json_schema),
     Route("GET", "/v1/models", openai_api.models, "Models served"),
 )
+
+
+#: paths any caller may read without a key (probes, scrapers, the API's description)
+OPEN_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json", "/docs"})
+
+
+async def call(route: Route, request: HttpRequest) -> Reply | StreamReply:
+    """Run ``route`` for ``request`` (every front end calls routes through this): with API keys
+    set, every path but :data:`OPEN_PATHS` needs one (401, counted under route ``http.auth``)."""
+    state = request.state
+    if state.auth and route.path not in OPEN_PATHS:
+        try:
+            state.auth.check_mapping(request.headers)
+        except PathprobeError as exc:
+            state.metrics.observe("http.auth", str(exc.http_status), {})
+            reply = error_reply(exc)
+            reply.headers["WWW-Authenticate"] = "Bearer"
+            return reply
+    reply: Reply | StreamReply = await route.handler(request)
+    return reply

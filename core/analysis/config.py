@@ -186,12 +186,18 @@ class TargetConfig(_Strict):
     #: a network condition for this configuration only (overrides the top-level one), so the
     #: same path with and without a WAN-like hop can run side by side in one interleaved run
     network: NetworkConfig | None = None
+    #: local mode, gateway kind: serve the client hop over TLS (a throw-away CA made for the run), so
+    #: its cost shows side by side with the same gateway in plaintext; the handshake is measured apart
+    tls: bool = False
     enabled: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> TargetConfig:
         if (self.kind == "chain") != (self.chain is not None):
             raise ValueError("'chain' (a list of hops) is needed by kind 'chain' and only by it")
+        if self.tls and self.kind != "gateway":
+            raise ValueError("'tls' applies to kind 'gateway' (external targets: give a grpcs:// or https:// "
+                             "address and the CA in PATHPROBE_LOAD_TLS_CA)")
         if self.kind == "gateway" and self.mode is None:
             raise ValueError(f"kind 'gateway' needs 'mode' (one of {', '.join(GATEWAY_MODES)})")
         if self.kind != "gateway" and self.mode is not None:
@@ -257,7 +263,7 @@ class TargetConfig(_Strict):
 
 
 def _protocol_of(address: str) -> str | None:
-    if address.startswith("grpc://"):
+    if address.startswith(("grpc://", "grpcs://")):
         return "grpc"
     if address.startswith("openai+"):
         return "openai"

@@ -79,6 +79,30 @@ def _describe_client(name: str, c: Mapping[str, Any], rounds_key: str) -> str:
             f"{c.get('processes', 1)} load process{'es' if c.get('processes', 1) > 1 else ''})")
 
 
+def accounting_lines(targets: Mapping[str, Any], conc: int) -> list[str]:
+    """One WARNING per configuration whose hops did not count what the client sent; else one line."""
+    out, clean, n = [], [], 0
+    for name, t in targets.items():
+        acct = ((t.get("by_concurrency") or {}).get(str(conc)) or {}).get("accounting")
+        if not acct:
+            continue
+        if acct.get("error"):
+            out.append(f"- **WARNING**: accounting for {name}: {acct['error']}")
+            continue
+        n += sum((acct.get("client") or {}).values())
+        bad = [d for d in acct.get("differences", []) if not d["explained"]]
+        if bad or acct.get("lost"):
+            text = "; ".join(d["why"] + f" ({d['status']})" for d in bad[:4])
+            out.append(f"- **WARNING**: accounting for {name}: {acct.get('lost') or 0} request(s) lost, "
+                       f"{len(bad)} unexplained difference(s): {text}")
+        else:
+            clean.append(name)
+    if clean:
+        out.append(f"- accounting: every request of {', '.join(clean)} counted at each hop by status "
+                   f"({n} requests; in-flight-at-stop differences explained)")
+    return out
+
+
 def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int]) -> list[dict[str, Any]]:
     """One warning per concurrency where a load generator was saturated (or starved of CPU)."""
     out: list[dict[str, Any]] = []
@@ -335,6 +359,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             if w["concurrency"] == conc:
                 label = "WARNING" if w["kind"] == "saturated" else "note"
                 lines.append(f"- **{label}**: {w['text']}")
+        lines += accounting_lines(targets, conc)
         for name, t in targets.items():
             g = t.get("by_concurrency", {}).get(key) or {}
             if g.get("path"):

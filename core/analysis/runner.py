@@ -84,10 +84,9 @@ def _port(hostport: str) -> int:
     return split_hostport(hostport)[1]
 
 
-def url_for(protocol: str, hostport: str) -> str:
-    scheme = {"grpc": "grpc://", "http": "http://", "openai": "openai+http://",
-              "openai-sdk": "openai-sdk+http://"}[protocol]
-    return scheme + hostport
+def url_for(protocol: str, hostport: str, tls: bool = False) -> str:
+    scheme = {"grpc": "grpc", "http": "http", "openai": "openai+http", "openai-sdk": "openai-sdk+http"}[protocol]
+    return f"{scheme}{'s' if tls else ''}://{hostport}"
 
 
 def normalize_address(address: str, protocol: str) -> str:
@@ -181,15 +180,20 @@ def _py(*args: str) -> list[str]:
 
 
 def probe_once(url: str, model: str | None = None, timeout: float = 10.0,
-               headers: dict[str, str] | None = None) -> float:
-    """One real 1-token request over ``url``; returns its latency in ms or raises."""
-    t0 = time.perf_counter()
-    if url.startswith("grpc://"):
-        import grpc
+               headers: dict[str, str] | None = None, tls: Any = None) -> float:
+    """One real 1-token request over ``url``; returns its latency in ms or raises.
+    ``tls``: the client's TlsFiles for grpcs:// / https:// (None: the environment's, else system CAs)."""
+    from pathprobe.tls import TlsFiles, grpc_channel
 
+    secure = url.split("://", 1)[0].endswith("s")
+    if secure and tls is None:
+        tls = TlsFiles.from_env("PATHPROBE_LOAD_TLS", flag="--target")
+    ssl_ctx = tls.client_context() if secure else None
+    t0 = time.perf_counter()
+    if url.startswith(("grpc://", "grpcs://")):
         from pathprobe.v1 import llm_pb2, llm_pb2_grpc
 
-        with grpc.insecure_channel(url[len("grpc://"):]) as ch:
+        with grpc_channel(url.split("://", 1)[1], tls if secure else None) as ch:
             stub = llm_pb2_grpc.LLMStub(ch)
             stub.Generate(llm_pb2.GenerateRequest(prompt="Hello", max_tokens=1, model=model or ""), timeout=timeout)
     else:
@@ -200,7 +204,7 @@ def probe_once(url: str, model: str | None = None, timeout: float = 10.0,
             path, body = "/v1/completions", {"prompt": "Hello", "max_tokens": 1, "model": model or ""}
             if not model:
                 with urllib.request.urlopen(urllib.request.Request(base + "/v1/models", headers=headers or {}),
-                                            timeout=timeout) as resp:
+                                            timeout=timeout, context=ssl_ctx) as resp:
                     models = json.loads(resp.read()).get("data") or [{}]
                 body["model"] = models[0].get("id", "")
         else:
@@ -208,13 +212,33 @@ def probe_once(url: str, model: str | None = None, timeout: float = 10.0,
             path, body = "/v1/generate", {"prompt": "Hello", "max_tokens": 1}
         req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json", **(headers or {})}, method="POST")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=ssl_ctx) as resp:
             resp.read()
     return (time.perf_counter() - t0) * 1e3
 
 
+def handshake_ms(hostport: str, tls: Any, n: int = 20) -> tuple[float, float]:
+    """Median TCP connect and TCP connect + TLS handshake times (ms) over ``n`` fresh connections:
+    what a new connection costs, apart from the measured (keep-alive, steady state) requests."""
+    import socket
+    import statistics
+
+    host, port = split_hostport(hostport)
+    ctx = tls.client_context(alpn=("h2", "http/1.1"))
+    tcp, both = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with socket.create_connection((host, port), timeout=5) as sock:
+            t1 = time.perf_counter()
+            with ctx.wrap_socket(sock, server_hostname=host):
+                t2 = time.perf_counter()
+        tcp.append((t1 - t0) * 1e3)
+        both.append((t2 - t0) * 1e3)
+    return statistics.median(tcp), statistics.median(both)
+
+
 def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None,
-               headers: dict[str, str] | None = None) -> float:
+               headers: dict[str, str] | None = None, tls: Any = None) -> float:
     """Probe until the path answers a real request; raise with the reason on timeout or exit."""
     deadline = time.monotonic() + timeout
     last = "no answer"
@@ -224,7 +248,8 @@ def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None
             if code is not None:
                 raise PathprobeError(f"{p.name} exited with code {code} while starting: {p.tail()}")
         try:
-            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())), headers=headers)
+            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())), headers=headers,
+                              tls=tls)
         except Exception as exc:  # any failure means: not ready yet
             details = exc.details() if callable(getattr(exc, "details", None)) else None
             text = str(details or exc).strip()
@@ -254,6 +279,9 @@ class Path_:
     load_args: list[str] = field(default_factory=list)
     #: the loopback ports a request passes, per link (client side first), for the wire witness
     chain: list[tuple[list[int], str]] = field(default_factory=list)
+    tls_handshake: dict[str, float] | None = None
+    tls_ca: str = ""  # the CA the load generator verifies this path's TLS with
+    gateway_metrics: str = ""  # the gateway's /metrics URL (local mode), for accounting
 
     @property
     def name(self) -> str:
@@ -283,10 +311,24 @@ class Stack:
         self.front_ends: dict[str, str] = {}  # HTTP front end -> the server's address for it
         self.server: Managed | None = None
         self.traces_dir = out / "traces"
+        self._pki: Any = None
         self.placement: Placement = plan(cfg.placement) if cfg.mode == "local" else \
             Placement(False, "remote mode: nothing local to place")
         #: more servers, started when a target needs them: ours with another engine, vLLM's own
         self.others: dict[str, tuple[Managed, str, str]] = {}  # key -> (process, grpc H:P, http H:P)
+
+    def pki(self) -> Any:
+        """The run's throw-away CA and loopback certificates (made on first use, in the output folder)."""
+        if self._pki is None:
+            from pathprobe.pki import make_pki
+
+            self._pki = make_pki(self.out / "tls", "compare")
+        return self._pki
+
+    def client_tls(self) -> Any:
+        from pathprobe.tls import TlsFiles
+
+        return TlsFiles(ca=str(self.pki().ca))
 
     def _start(self, m: Managed, role: str = "proxies") -> Managed:
         """Start ``m`` on the cores of its role (server | proxies) when placement is on."""
@@ -476,7 +518,7 @@ class Stack:
                     p.procs.append(m)
                     up_ports.insert(0, _port(upstream))
                 front = self._hop(p, t.name, t.kind, t.mode, t.protocol or "grpc", upstream, t.gateway_args,
-                                  t.port, t.model)
+                                  t.port, t.model, t.tls)
                 p.url = self._front(p, t, front, net)
                 front_ports = [_port(front)]
                 if net and net.hop == "client":
@@ -484,8 +526,16 @@ class Stack:
                 # the wire witness follows these ports; a third-party proxy counts as silent there
                 p.chain = [(front_ports, "gw" if t.kind == "gateway" else "silent"), (up_ports, "srv")]
             ready_s = 240 if t.kind == "litellm" else 60  # LiteLLM imports for seconds (tens on a busy box)
+            client_tls = self.client_tls() if t.tls else None
             p.probe_ms = wait_ready(p.url, ready_s, [*p.procs, *([self.server] if self.server else [])],
-                                    t.model, p.headers)
+                                    t.model, p.headers, client_tls)
+            if client_tls is not None:
+                p.tls_ca = client_tls.ca or ""
+                tcp, tls_ms = handshake_ms(p.url.split("://", 1)[1], client_tls)
+                p.tls_handshake = {"tcp_connect_ms": tcp, "tcp_plus_tls_ms": tls_ms, "n": 20}
+                p.notes.append(f"TLS on the client hop: a new connection costs {tls_ms:.2f} ms (TCP connect + "
+                               f"handshake, median of 20) vs {tcp:.2f} ms plaintext; measured requests reuse "
+                               "their connections (steady state)")
             p.status = "ok"
         except Skipped as exc:
             p.status, p.reason = "skipped", exc.message
@@ -500,7 +550,7 @@ class Stack:
         if net and net.hop == "client":
             front, m = self.relay(f"{t.name}-client", front, net)
             p.procs.append(m)
-        return url_for(t.protocol or "grpc", front)
+        return url_for(t.protocol or "grpc", front, t.tls)
 
     def _chain(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
         """client -> chain[0] -> ... -> chain[-1] -> server, each hop started with the next as its
@@ -523,7 +573,7 @@ class Stack:
         p.url = self._front(p, t, upstream, net)
 
     def _hop(self, p: Path_, name: str, kind: str, mode: str | None, protocol: str, upstream: str,
-             gateway_args: list[str], port: int | None, model: str | None) -> str:
+             gateway_args: list[str], port: int | None, model: str | None, tls: bool = False) -> str:
         """Start one gateway or third-party proxy in front of ``upstream``; its listen address.
         Raises _Skipped when the proxy is not installed."""
         port = port or free_port()
@@ -533,6 +583,13 @@ class Stack:
             args = _py("gateway", "--mode", mode or "passthrough", "--listen", listen, "--upstream", upstream)
             if self.cfg.tracing:
                 args += ["--traces-file", str(self.traces_dir / f"gateway-{name}.jsonl")]
+            if "--admin-port" not in gateway_args:  # its /metrics, for accounting (a chain: the outermost)
+                admin = free_port()
+                args += ["--admin-port", str(admin), "--admin-host", LOOPBACK]
+                p.gateway_metrics = f"http://{LOOPBACK}:{admin}/metrics"
+            if tls:  # the client hop over TLS, with the run's throw-away CA
+                pki = self.pki()
+                args += ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
             p.procs.append(self._start(Managed(name, [*args, *gateway_args], log)))
             return listen
         from pathprobe import proxies
@@ -574,9 +631,18 @@ class RunResult:
     #: the load generator's own health in this run (summary.json's ``client`` block): event-loop
     #: lag, CPU, saturated; None for runs written before it existed
     client: dict[str, Any] | None = None
+    #: the run's requests counted at the client, the gateway and the server (accounting.json)
+    accounting: dict[str, Any] | None = None
     #: CPU seconds (user + system) the path's own processes (gateway, proxy, relays; not the
     #: shared server) spent during this run; None for a path with none
     path_cpu_s: float | None = None
+
+
+def read_accounting(out_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((out_dir / "accounting.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def cpu_seconds(procs: list[Managed]) -> float | None:
@@ -667,6 +733,8 @@ def run_load(
         args += ["--arrival", L.arrival, "--rate", str(L.rate)]
     if p.target.model and "--model" not in p.load_args:
         args += ["--model", p.target.model]
+    if p.tls_ca:
+        args += ["--target-ca", p.tls_ca]
     args += p.load_args
     if traces_file is not None:
         args += ["--traces-file", str(traces_file)]
@@ -736,8 +804,12 @@ def run_load_mixed(
     sub = "warmup" if rnd < 0 else f"c{concurrency}/r{rnd}"
     mixed_dir = out_root / MIXED / sub
     mix = ",".join(f"{p.name}={p.url}" for p in paths)
+    extra = ["--mix", mix]
+    ca = next((p.tls_ca for p in paths if p.tls_ca), "")  # one throw-away CA per run signs every TLS path
+    if ca and not paths[0].tls_ca:
+        extra += ["--target-ca", ca]
     res = run_load(cfg, paths[0], concurrency, rnd, duration_s * len(paths), mixed_dir, traces_file, prompt_file,
-                   placement, extra=["--mix", mix], label=f"interleaved c={concurrency} round={rnd}")
+                   placement, extra=extra, label=f"interleaved c={concurrency} round={rnd}")
     out: dict[str, RunResult] = {}
     by_name: dict[str, list[dict[str, Any]]] = {p.name: [] for p in paths}
     for r in res.records:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pathprobe.errors import InvalidArgument, ResourceExhausted
+from pathprobe.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from pathprobe.timing import now_ms
 
 #: Upper bound on max_tokens regardless of the model's context.
@@ -52,6 +52,9 @@ class GenParams:
     stop: list[str] = field(default_factory=list)
     request_id: str = ""
     model: str = ""
+    #: absolute now_ms() instant the caller stops waiting (0.0: none); past it the request
+    #: leaves the queue or the batch before its next step
+    deadline_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -258,5 +261,15 @@ def stop_index(text: str, stops: list[str], new_from: int) -> int | None:
     return best
 
 
-def queue_full(depth: int, limit: int) -> ResourceExhausted:
-    return ResourceExhausted(f"engine queue is full ({depth} waiting, limit {limit}); retry later")
+#: the retry hint sent with a full queue (ms), unless the engine config says otherwise
+DEFAULT_RETRY_AFTER_MS = 1000.0
+
+
+def queue_full(depth: int, limit: int, retry_after_ms: float = DEFAULT_RETRY_AFTER_MS) -> ResourceExhausted:
+    return ResourceExhausted(f"engine queue is full ({depth} waiting, limit {limit}); retry later",
+                             retry_after_ms=retry_after_ms)
+
+
+def expired(gen: Generation, where: str) -> DeadlineExceeded:
+    """The request's deadline passed ``where`` ("in the queue", "after N tokens"): it leaves the engine."""
+    return DeadlineExceeded(f"deadline exceeded {where}")

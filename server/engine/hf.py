@@ -40,6 +40,7 @@ from pathprobe.server.engine.base import (
     Generation,
     GenParams,
     TokenEvent,
+    expired,
     queue_full,
     stop_index,
 )
@@ -399,6 +400,11 @@ class TransformersEngine(Engine):
                     self._cond.wait(left / 1000.0)
             new: list[_Req] = []
             dropped: list[_Req] = []
+            now = now_ms()
+            expired_: list[_Req] = [r for r in self._waiting if r.gen.params.deadline_ms
+                                    and now >= r.gen.params.deadline_ms and not r.gen.cancelled]
+            for r in expired_:  # past its deadline while waiting: leaves the queue without generating
+                self._waiting.remove(r)
             while self._waiting and len(running) + len(new) < cfg.max_batch_size:
                 r = self._waiting[0]
                 if not r.gen.cancelled and self._static is not None and not self._static.fits(r, running, new):
@@ -409,6 +415,9 @@ class TransformersEngine(Engine):
         for r in dropped:
             self.stats["cancelled"] += 1
             self._deliver(r.loop, [(r.gen, None)])
+        for r in expired_:
+            r.gen.timing.queue = now - r.gen.timing.queue_start
+            self._deliver(r.loop, [(r.gen, expired(r.gen, f"in the queue after {r.gen.timing.queue:.0f} ms"))])
         return new
 
     def _worker(self) -> None:
@@ -614,11 +623,16 @@ class TransformersEngine(Engine):
         """Drop finished / cancelled rows from the batch and trim all-padding columns."""
         import torch
 
+        now = now_ms()
         for r in running:
             if not r.done and r.gen.cancelled:
                 r.done = True
                 self.stats["cancelled"] += 1
                 self._deliver(r.loop, [(r.gen, None)])
+            elif not r.done and r.gen.params.deadline_ms and now >= r.gen.params.deadline_ms:
+                r.done = True  # the caller stopped waiting: out of the batch before the next step
+                self.stats["expired"] = self.stats.get("expired", 0) + 1
+                self._deliver(r.loop, [(r.gen, expired(r.gen, f"after {r.gen.completion_tokens} tokens"))])
         keep = [i for i, r in enumerate(running) if not r.done]
         if len(keep) == len(running):
             return running, cache, mask

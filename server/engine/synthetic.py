@@ -24,6 +24,7 @@ from pathprobe.server.engine.base import (
     Generation,
     GenParams,
     TokenEvent,
+    expired,
     queue_full,
     stop_index,
 )
@@ -89,7 +90,8 @@ class SyntheticEngine(Engine):
         t.queue_start = now_ms()
         queued = True
         try:
-            async with self._slots:
+            await self._acquire(gen)
+            try:
                 self._waiting -= 1
                 queued = False
                 self._running += 1
@@ -97,6 +99,8 @@ class SyntheticEngine(Engine):
                     await self._work(gen)
                 finally:
                     self._running -= 1
+            finally:
+                self._slots.release()
         except asyncio.CancelledError:
             gen.finish()
         except Exception as exc:  # noqa: BLE001 - handed to the front end, never lost
@@ -104,6 +108,32 @@ class SyntheticEngine(Engine):
         finally:
             if queued:
                 self._waiting -= 1
+
+    async def _acquire(self, gen: Generation) -> None:
+        """Wait for a slot; a request whose deadline passes first leaves the queue without generating."""
+        assert self._slots is not None
+        deadline = gen.params.deadline_ms
+        if not deadline:
+            await self._slots.acquire()
+            return
+        task = asyncio.ensure_future(self._slots.acquire())
+        try:
+            done, _ = await asyncio.wait((task,), timeout=max(0.0, deadline - now_ms()) / 1000.0)
+        except asyncio.CancelledError:
+            self._drop(task)
+            raise
+        if not done:
+            self._drop(task)
+            gen.timing.queue = now_ms() - gen.timing.queue_start
+            raise expired(gen, f"in the queue after {gen.timing.queue:.0f} ms")
+
+    def _drop(self, task: asyncio.Future[bool]) -> None:
+        """Give up a pending slot acquisition without leaking a slot it may just have won."""
+        assert self._slots is not None
+        if task.done() and not task.cancelled() and task.exception() is None:
+            self._slots.release()
+        else:
+            task.cancel()
 
     async def _sleep_until(self, deadline_ms: float) -> None:
         assert self._pacer is not None, "engine not started"
@@ -122,7 +152,13 @@ class SyntheticEngine(Engine):
             step_start = now_ms()
             # first token comes out of prefill; later ones each cost one decode step
             if k > 0:
-                await self._sleep_until(t.decode_start + cfg.decode_ms_per_token * k)
+                due = t.decode_start + cfg.decode_ms_per_token * k
+                if p.deadline_ms and due > p.deadline_ms:
+                    # the caller stops waiting before this step ends: free the slot now, not after it
+                    await self._sleep_until(p.deadline_ms)
+                    t.decode_steps += now_ms() - step_start
+                    raise expired(gen, f"after {k} of {p.max_tokens} tokens")
+                await self._sleep_until(due)
             t.decode_steps += now_ms() - step_start
             t.batch_size = max(t.batch_size, self._running)
             token = self._text_ids[k % len(self._text_ids)]

@@ -21,13 +21,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, tls=None) -> None:
+    """``tls``: the client's TlsFiles for an https:// URL."""
+    ctx = tls.client_context() if tls is not None else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
         try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
+            with urllib.request.urlopen(url, timeout=1, context=ctx) as resp:
                 if resp.status == 200:
                     return
         except OSError:
@@ -36,11 +38,13 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
     raise TimeoutError(f"{url} not ready after {timeout}s")
 
 
-def wait_grpc(target: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+def wait_grpc(target: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, tls=None) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from pathprobe.tls import grpc_channel
+
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as ch:
+    with grpc_channel(target, tls) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
@@ -80,9 +84,11 @@ class Proc:
 
 
 class Server(Proc):
-    """``pathprobe serve`` on free loopback ports."""
+    """``pathprobe serve`` on free loopback ports; ``client_tls``: how the test reaches a TLS server."""
 
-    def __init__(self, tmp: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> None:
+    def __init__(self, tmp: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 120.0,
+                 client_tls=None) -> None:
+        self.client_tls = client_tls
         self.grpc_port = free_port()
         self.http_port = free_port()
         args = [
@@ -91,8 +97,8 @@ class Server(Proc):
         ]
         super().__init__(args, tmp / f"serve-{self.grpc_port}.log", env)
         try:
-            wait_http(f"{self.http_url}/healthz", timeout, self.popen)
-            wait_grpc(self.grpc_target, timeout, self.popen)
+            wait_http(f"{self.http_url}/healthz", timeout, self.popen, client_tls)
+            wait_grpc(self.grpc_target, timeout, self.popen, client_tls)
         except Exception:
             self.stop()
             raise RuntimeError(f"server did not start:\n{self.log()}") from None
@@ -103,4 +109,4 @@ class Server(Proc):
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{'https' if self.client_tls else 'http'}://127.0.0.1:{self.http_port}"
