@@ -43,7 +43,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	rm -rf .lint && bench/pkgtree.sh .lint >/dev/null
-	cd .lint && ../$(PY) -m mypy --config-file ../pyproject.toml -p pathprobe
+	cd .lint && ../$(PY) -m mypy --config-file ../pyproject.toml
 
 stubs: $(STAMP)
 	rm -rf .stubs && mkdir -p .stubs

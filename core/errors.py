@@ -21,7 +21,6 @@ class PathprobeError(Exception):
         super().__init__(message)
         self.message = message
 
-
     def to_json(self) -> dict[str, Any]:
         return error_json(self.http_status, self.grpc_code, self.message, getattr(self, "field", None))
 

@@ -14,7 +14,6 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-
 from pathprobe.errors import InvalidArgument
 from pathprobe.v1 import llm_pb2
 
@@ -79,12 +78,19 @@ _SCALAR_TYPES = {
 }
 
 
-_INT64 = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
-                    FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
+_INT64 = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
 _DECIMAL = re.compile(r"-?[0-9]{1,20}")
 
 
-def _kind(fd) -> str:  # noqa: ANN001 (protobuf FieldDescriptor)
+def _kind(fd) -> str:
     t = fd.type
     if t == fd.TYPE_STRING:
         return "string"
@@ -95,7 +101,7 @@ def _kind(fd) -> str:  # noqa: ANN001 (protobuf FieldDescriptor)
     return "int"
 
 
-def _check_type(key: str, fd, value: Any) -> None:  # noqa: ANN001
+def _check_type(key: str, fd, value: Any) -> None:
     kind = _kind(fd)
     allowed = _SCALAR_TYPES[kind]
     repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
@@ -103,14 +109,14 @@ def _check_type(key: str, fd, value: Any) -> None:  # noqa: ANN001
         if not isinstance(value, list):
             raise InvalidArgument(key, f"must be a list of {kind}, got {type(value).__name__}")
         for i, item in enumerate(value):
-            if isinstance(item, bool) and kind != "bool" or not isinstance(item, allowed):
+            if (isinstance(item, bool) and kind != "bool") or not isinstance(item, allowed):
                 raise InvalidArgument(f"{key}[{i}]", f"must be {kind}, got {type(item).__name__}")
         return
     if kind == "int" and fd.type in _INT64 and isinstance(value, str) and _DECIMAL.fullmatch(value):
         return  # the proto3 JSON mapping writes 64-bit integers as strings (to_dict does): read them back
-    if isinstance(value, bool) and kind != "bool" or not isinstance(value, allowed):
+    if (isinstance(value, bool) and kind != "bool") or not isinstance(value, allowed):
         raise InvalidArgument(key, f"must be {kind}, got {type(value).__name__}")
-    if kind == "int" and fd.type == fd.TYPE_INT32 and not -(2**31) <= value < 2**31:
+    if kind == "int" and fd.type == fd.TYPE_INT32 and isinstance(value, int) and not -(2**31) <= value < 2**31:
         raise InvalidArgument(key, f"out of int32 range: {value}")
 
 

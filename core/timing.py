@@ -219,7 +219,7 @@ def chain_from_record(hops: Iterable[Mapping[str, Any]] | None, entries: Mapping
 class Stopwatch:
     """Accumulates named durations measured with the monotonic clock."""
 
-    __slots__ = ("entries", "_t0")
+    __slots__ = ("_t0", "entries")
 
     def __init__(self) -> None:
         self.entries: dict[str, float] = {}

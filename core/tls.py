@@ -39,13 +39,19 @@ class TlsFiles:
                 raise ConfigError(f"{self.flag}-{name}: no such file {path!r}")
 
     @classmethod
-    def from_env(cls, prefix: str, given: Mapping[str, str | None] | None = None,
-                 environ: Mapping[str, str] | None = None, flag: str = "--tls") -> TlsFiles:
+    def from_env(
+        cls,
+        prefix: str,
+        given: Mapping[str, str | None] | None = None,
+        environ: Mapping[str, str] | None = None,
+        flag: str = "--tls",
+    ) -> TlsFiles:
         """``given`` (flags) > ``{prefix}_CERT``/``_KEY``/``_CA``/``_SERVER_NAME`` > unset."""
         env = os.environ if environ is None else environ
         given = given or {}
-        values = {k: given.get(k) or env.get(f"{prefix}_{k.upper()}") or None
-                  for k in ("cert", "key", "ca", "server_name")}
+        values = {
+            k: given.get(k) or env.get(f"{prefix}_{k.upper()}") or None for k in ("cert", "key", "ca", "server_name")
+        }
         return cls(**values, flag=flag)
 
     # ------------------------------------------------------------------ listeners
@@ -117,8 +123,9 @@ def _read(path: str | None) -> bytes:
         raise ConfigError(f"TLS file {path!r}: {exc.strerror}") from None
 
 
-def grpc_channel(target: str, tls: TlsFiles | None, options: list[tuple[str, Any]] | None = None,
-                 aio: bool = False) -> Any:
+def grpc_channel(
+    target: str, tls: TlsFiles | None, options: list[tuple[str, Any]] | None = None, aio: bool = False
+) -> Any:
     """A grpcio channel to ``target``: TLS when ``tls`` is given, else plaintext."""
     import grpc
     import grpc.aio

@@ -11,7 +11,6 @@ from typing import Any
 
 import grpc
 from aiohttp import web
-
 from pathprobe import telemetry, timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, retry_after_header
 from pathprobe.gateway.common import dumps, error_json, http_status_of
@@ -28,10 +27,16 @@ def param_of(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def json_error(code: grpc.StatusCode, message: str, entries: Mapping[str, float] | None = None,
-               upstream_timing: str | None = None, status: int | None = None,
-               param: str | None = None, server_timing: str | None = None,
-               retry_after: str | None = None) -> web.Response:
+def json_error(
+    code: grpc.StatusCode,
+    message: str,
+    entries: Mapping[str, float] | None = None,
+    upstream_timing: str | None = None,
+    status: int | None = None,
+    param: str | None = None,
+    server_timing: str | None = None,
+    retry_after: str | None = None,
+) -> web.Response:
     """Every HTTP error answer of the gateway (the body is :func:`pathprobe.errors.error_json`).
 
     ``server_timing``: the Server-Timing value already made; else upstream's + ``entries``.
@@ -59,8 +64,9 @@ class Spans:
 
     __slots__ = ("attrs", "ctx", "server", "t0", "tracer")
 
-    def __init__(self, tracing: bool, name: str, carrier: Mapping[str, str], attrs: dict[str, Any],
-                 t0: float | None = None) -> None:
+    def __init__(
+        self, tracing: bool, name: str, carrier: Mapping[str, str], attrs: dict[str, Any], t0: float | None = None
+    ) -> None:
         self.server = None
         self.ctx = None
         self.attrs = attrs
@@ -74,15 +80,17 @@ class Spans:
         self.tracer = telemetry.get_tracer("pathprobe.gateway")
         parent = telemetry.extract({k.lower(): v for k, v in carrier.items()})
         start = telemetry.mono_ms_to_wall_ns(t0) if t0 is not None else None
-        self.server = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs,
-                                             start_time=start)
+        self.server = self.tracer.start_span(
+            name, context=parent, kind=SpanKind.SERVER, attributes=attrs, start_time=start
+        )
         self.ctx = trace.set_span_in_context(self.server)
 
     def child(self, name: str, start_ms: float, dur_ms: float, attrs: Mapping[str, Any] | None = None) -> None:
         """A finished child interval; ``name`` is its entry (``gw.decode`` / ``gw.encode``)."""
         if self.server is not None:
-            telemetry.child_span(self.tracer, name, self.server, start_ms, dur_ms,
-                                 {"pathprobe.entry": name, **(attrs or {})})
+            telemetry.child_span(
+                self.tracer, name, self.server, start_ms, dur_ms, {"pathprobe.entry": name, **(attrs or {})}
+            )
 
     def client(self, name: str, attrs: dict[str, Any], start_ms: float | None = None) -> tuple[Any, dict[str, str]]:
         """Start the CLIENT span of the upstream call (at ``start_ms``, the ``gw.upstream`` start);
@@ -93,15 +101,25 @@ class Spans:
         from opentelemetry.trace import SpanKind
 
         start = telemetry.mono_ms_to_wall_ns(start_ms) if start_ms is not None else None
-        span = self.tracer.start_span(name, context=self.ctx, kind=SpanKind.CLIENT,
-                                      attributes={**attrs, "pathprobe.entry": "gw.upstream"}, start_time=start)
+        span = self.tracer.start_span(
+            name,
+            context=self.ctx,
+            kind=SpanKind.CLIENT,
+            attributes={**attrs, "pathprobe.entry": "gw.upstream"},
+            start_time=start,
+        )
         carrier: dict[str, str] = {}
         telemetry.inject(carrier, trace.set_span_in_context(span))
         return span, carrier
 
     @staticmethod
-    def end_client(span: Any, attrs: Mapping[str, Any], error: str | None = None, start_ms: float | None = None,
-                   dur_ms: float | None = None) -> None:
+    def end_client(
+        span: Any,
+        attrs: Mapping[str, Any],
+        error: str | None = None,
+        start_ms: float | None = None,
+        dur_ms: float | None = None,
+    ) -> None:
         """End a span; with ``start_ms`` and ``dur_ms`` it ends at ``start_ms + dur_ms``."""
         if span is None:
             return
@@ -116,8 +134,13 @@ class Spans:
         else:
             span.end()
 
-    def end(self, attrs: Mapping[str, Any], error: str | None = None, total_ms: float | None = None,
-            server_timing: str | None = None) -> None:
+    def end(
+        self,
+        attrs: Mapping[str, Any],
+        error: str | None = None,
+        total_ms: float | None = None,
+        server_timing: str | None = None,
+    ) -> None:
         """End the SERVER span at ``t0 + total_ms`` (gw.total), recording the string sent downstream."""
         if self.server is None:
             return
@@ -126,8 +149,13 @@ class Spans:
         self.end_client(self.server, attrs, error, self.t0 if total_ms is not None else None, total_ms)
 
 
-def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], cfg: Any, pool: Any, label: str,
-                on_cleanup: Callable[[], Awaitable[None]] | None = None) -> int:
+def run_aiohttp(
+    app_factory: Callable[[], Awaitable[web.Application]],
+    cfg: Any,
+    pool: Any,
+    label: str,
+    on_cleanup: Callable[[], Awaitable[None]] | None = None,
+) -> int:
     """Serve an aiohttp app on ``cfg.listen`` (TLS with ``cfg.tls``) until SIGTERM/SIGINT, then drain:
     health 503 for ``cfg.drain_delay_s``, listener closed, in-flight calls get ``cfg.drain_grace_s``."""
     host, port = cfg.listen_host, cfg.listen_port
@@ -147,8 +175,11 @@ def run_aiohttp(app_factory: Callable[[], Awaitable[web.Application]], cfg: Any,
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         pool.draining = True
-        log.warning("draining: health 503; listener closes in %.1f s, in-flight calls get %.1f s",
-                    cfg.drain_delay_s, cfg.drain_grace_s)
+        log.warning(
+            "draining: health 503; listener closes in %.1f s, in-flight calls get %.1f s",
+            cfg.drain_delay_s,
+            cfg.drain_grace_s,
+        )
         if cfg.drain_delay_s > 0:
             await asyncio.sleep(cfg.drain_delay_s)
         await runner.cleanup()

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-
 from pathprobe import address, jsoncodec
 from pathprobe.errors import GRPC_TO_HTTP, ConfigError, PathprobeError, error_json
 
@@ -14,11 +13,25 @@ MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 BALANCE = ("round-robin", "least-outstanding")
 
 #: gRPC metadata keys the gateway never copies onto the upstream call (grpc sets them itself).
-_DROP_METADATA = frozenset({"user-agent", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding", "te",
-                            "content-type", "host"})
+_DROP_METADATA = frozenset(
+    {"user-agent", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding", "te", "content-type", "host"}
+)
 #: HTTP hop-by-hop headers (RFC 9110 7.6.1) plus the ones aiohttp recomputes.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
-                        "upgrade", "host", "content-length", "proxy-authenticate", "proxy-authorization"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "proxy-authenticate",
+        "proxy-authorization",
+    }
+)
 
 
 def parse_hostport(value: str, flag: str) -> tuple[str, int]:
@@ -81,8 +94,9 @@ def http_status_of(code: grpc.StatusCode) -> int:
     return GRPC_TO_HTTP.get(code, 500)
 
 
-def error_event(code: grpc.StatusCode, message: str, status: int | None = None,
-                server_timing: str | None = None) -> bytes:
+def error_event(
+    code: grpc.StatusCode, message: str, status: int | None = None, server_timing: str | None = None
+) -> bytes:
     """An error inside an SSE stream that has already started (the same shape as error bodies)."""
     obj = error_json(status or http_status_of(code), code, message)
     if server_timing:
@@ -113,7 +127,16 @@ class Entries:
 
     def as_dict(self) -> dict[str, float]:
         if self.connect is None:
-            return {"gw.decode": self.decode, "gw.encode": self.encode, "gw.upstream": self.upstream,
-                    "gw.total": self.total}
-        return {"gw.decode": self.decode, "gw.encode": self.encode, "gw.upstream": self.upstream,
-                "gw.connect": self.connect, "gw.total": self.total}
+            return {
+                "gw.decode": self.decode,
+                "gw.encode": self.encode,
+                "gw.upstream": self.upstream,
+                "gw.total": self.total,
+            }
+        return {
+            "gw.decode": self.decode,
+            "gw.encode": self.encode,
+            "gw.upstream": self.upstream,
+            "gw.connect": self.connect,
+            "gw.total": self.total,
+        }

@@ -147,8 +147,9 @@ class GatewayConfig:
         if not raw:
             flag = "--upstream-http or --upstream" if self.http_upstream else "--upstream"
             raise ConfigError(f"{flag}: required for --mode {self.mode}")
-        self.targets = parse_upstreams(raw, "--upstream-http" if self.http_upstream and self.upstream_http
-                                       else "--upstream")
+        self.targets = parse_upstreams(
+            raw, "--upstream-http" if self.http_upstream and self.upstream_http else "--upstream"
+        )
         self._check_numbers()
         if self.max_inflight < 0 or self.retry_after_ms < 0:
             raise ConfigError("--max-inflight/--retry-after-ms: must be >= 0")
@@ -165,8 +166,9 @@ class GatewayConfig:
             if not self.tls.serving:
                 raise ConfigError("--tls-cert/--tls-key: needed to serve TLS (--tls-ca alone only verifies clients)")
         if self.upstream_tls or self.upstream_ca or self.upstream_cert or self.upstream_server_name:
-            self.upstream_tls_files = TlsFiles(self.upstream_cert, self.upstream_key, self.upstream_ca,
-                                               self.upstream_server_name, flag="--upstream")
+            self.upstream_tls_files = TlsFiles(
+                self.upstream_cert, self.upstream_key, self.upstream_ca, self.upstream_server_name, flag="--upstream"
+            )
 
     def _check_numbers(self) -> None:
         for name in ("max_body_bytes", "workers", "threads", "unhealthy_after", "pool_size"):
@@ -181,12 +183,16 @@ class GatewayConfig:
             raise ConfigError(f"--admin-port: must be a TCP port, 0..65535 (0 = off), got {self.admin_port}")
 
     def _check_choices(self) -> None:
-        for name, allowed in (("mode", MODES), ("balance", BALANCE), ("impl", IMPLS), ("loop", LOOPS),
-                              ("grpc_poller", POLLERS)):
+        for name, allowed in (
+            ("mode", MODES),
+            ("balance", BALANCE),
+            ("impl", IMPLS),
+            ("loop", LOOPS),
+            ("grpc_poller", POLLERS),
+        ):
             value = getattr(self, name)
             if value not in allowed:
-                raise ConfigError(f"--{name.replace('_', '-')}: expected one of {', '.join(allowed)}, "
-                                  f"got {value!r}")
+                raise ConfigError(f"--{name.replace('_', '-')}: expected one of {', '.join(allowed)}, got {value!r}")
 
     @property
     def upstream_authorization(self) -> str | None:

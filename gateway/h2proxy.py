@@ -71,19 +71,40 @@ from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.gateway")
+#: upstream connections being opened (asyncio keeps only weak references to running tasks)
+_OPENING: set[asyncio.Task[None]] = set()
 
-CODE_NAMES = {"0": "OK", "1": "CANCELLED", "2": "UNKNOWN", "3": "INVALID_ARGUMENT", "4": "DEADLINE_EXCEEDED",
-              "5": "NOT_FOUND", "6": "ALREADY_EXISTS", "7": "PERMISSION_DENIED", "8": "RESOURCE_EXHAUSTED",
-              "9": "FAILED_PRECONDITION", "10": "ABORTED", "11": "OUT_OF_RANGE", "12": "UNIMPLEMENTED",
-              "13": "INTERNAL", "14": "UNAVAILABLE", "15": "DATA_LOSS", "16": "UNAUTHENTICATED"}
+CODE_NAMES = {
+    "0": "OK",
+    "1": "CANCELLED",
+    "2": "UNKNOWN",
+    "3": "INVALID_ARGUMENT",
+    "4": "DEADLINE_EXCEEDED",
+    "5": "NOT_FOUND",
+    "6": "ALREADY_EXISTS",
+    "7": "PERMISSION_DENIED",
+    "8": "RESOURCE_EXHAUSTED",
+    "9": "FAILED_PRECONDITION",
+    "10": "ABORTED",
+    "11": "OUT_OF_RANGE",
+    "12": "UNIMPLEMENTED",
+    "13": "INTERNAL",
+    "14": "UNAVAILABLE",
+    "15": "DATA_LOSS",
+    "16": "UNAUTHENTICATED",
+}
 
 
-def grpc_error_block(code: int, message: str, own: dict[str, float], with_status: bool,
-                     extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
+def grpc_error_block(
+    code: int, message: str, own: dict[str, float], with_status: bool, extra: list[tuple[bytes, bytes]] | None = None
+) -> bytes:
     h = [(b":status", b"200"), (b"content-type", b"application/grpc")] if with_status else []
     h += extra or []
-    h += [(b"grpc-status", str(code).encode()), (b"grpc-message", quote(message, safe=" :/()=,.;'-_").encode()),
-          (timing.METADATA_KEY.encode(), timing.format_entries(own).encode())]
+    h += [
+        (b"grpc-status", str(code).encode()),
+        (b"grpc-message", quote(message, safe=" :/()=,.;'-_").encode()),
+        (timing.METADATA_KEY.encode(), timing.format_entries(own).encode()),
+    ]
     return literal_block(h)
 
 
@@ -104,9 +125,17 @@ class Stream:
 
 
 class Relay:
-    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, max_body: int,
-                 decode: bool = True, upstream_tls: TlsFiles | None = None, auth: ApiKeys | None = None,
-                 upstream_authorization: str | None = None) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        metrics: Metrics | None,
+        tracing: bool,
+        max_body: int,
+        decode: bool = True,
+        upstream_tls: TlsFiles | None = None,
+        auth: ApiKeys | None = None,
+        upstream_authorization: str | None = None,
+    ) -> None:
         self.pool = pool
         self.auth = auth or ApiKeys()
         self.upstream_authorization = upstream_authorization.encode() if upstream_authorization else None
@@ -163,7 +192,9 @@ class ClientConn(asyncio.Protocol):
         self.dead_why = ""
         self.dropped_sids: set[int] = set()
         self.unforwarded: set[int] = set()  # streams refused before the upstream saw them: none of their frames go
-        self.finishes: list[tuple[Stream, dict[str, float]]] = []  # acting as a minimal HTTP/2 server that refuses every call
+        self.finishes: list[
+            tuple[Stream, dict[str, float]]
+        ] = []  # acting as a minimal HTTP/2 server that refuses every call
 
     # ---------------------------------------------------------------- connection set-up
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -182,7 +213,10 @@ class ClientConn(asyncio.Protocol):
         u.outstanding += len(self.streams)
         log.info("client connection -> upstream %s", u.target)
         host, _, port = u.target.rpartition(":")
-        asyncio.ensure_future(self._open(u, host, int(port)))
+        # held until it ends: the loop keeps only a weak reference to a task
+        task = asyncio.ensure_future(self._open(u, host, int(port)))
+        _OPENING.add(task)
+        task.add_done_callback(_OPENING.discard)
 
     async def _open(self, u: Upstream, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -191,8 +225,13 @@ class ClientConn(asyncio.Protocol):
             if ssl_ctx is None:
                 await loop.create_connection(lambda: UpstreamProto(self), host, port)
             else:
-                await loop.create_connection(lambda: UpstreamProto(self), host, port, ssl=ssl_ctx,
-                                             server_hostname=self.relay.upstream_server_name or host)
+                await loop.create_connection(
+                    lambda: UpstreamProto(self),
+                    host,
+                    port,
+                    ssl=ssl_ctx,
+                    server_hostname=self.relay.upstream_server_name or host,
+                )
         except OSError as exc:
             why = f"upstream {u.target}: connect failed: {exc.strerror or exc}"
             u.mark(False, why)
@@ -247,11 +286,12 @@ class ClientConn(asyncio.Protocol):
             if ftype == SETTINGS and not flags & 1:
                 out.append(frame(SETTINGS, 1, 0, b""))
             elif ftype == PING and not flags & 1:
-                out.append(frame(PING, 1, 0, bytes(buf[start + 9:end])))
+                out.append(frame(PING, 1, 0, bytes(buf[start + 9 : end])))
             elif ftype == HEADERS and sid > self.max_sid:
                 self.max_sid = sid
-                block = grpc_error_block(14, self.dead_why, {"gw.decode": 0.0, "gw.upstream": 0.0,
-                                                            "gw.encode": 0.0, "gw.total": 0.0}, True)
+                block = grpc_error_block(
+                    14, self.dead_why, {"gw.decode": 0.0, "gw.upstream": 0.0, "gw.encode": 0.0, "gw.total": 0.0}, True
+                )
                 out.append(frame(HEADERS, END_STREAM | END_HEADERS, sid, block))
                 if self.relay.metrics is not None:
                     self.relay.metrics.observe("?", "UNAVAILABLE", 0.0, None, 0.0)
@@ -316,7 +356,7 @@ class ClientConn(asyncio.Protocol):
                     if length and self.transport is not None:  # give the client's window back
                         self.transport.write(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
             elif ftype in (HEADERS, CONTINUATION):
-                payload = bytes(buf[pos + 9:end])
+                payload = bytes(buf[pos + 9 : end])
                 if ftype == HEADERS:
                     if sid not in self.streams and sid > self.max_sid:
                         self.max_sid = sid
@@ -401,8 +441,14 @@ class ClientConn(asyncio.Protocol):
         """The client broke the protocol: GOAWAY with the error, its streams end, both connections close."""
         log.info("client connection error (h2 error %d): %s", exc.code, exc)
         if self.transport is not None:
-            self.transport.write(frame(GOAWAY, 0, 0, self.max_sid.to_bytes(4, "big") + exc.code.to_bytes(4, "big")
-                                       + str(exc).encode()[:200]))
+            self.transport.write(
+                frame(
+                    GOAWAY,
+                    0,
+                    0,
+                    self.max_sid.to_bytes(4, "big") + exc.code.to_bytes(4, "big") + str(exc).encode()[:200],
+                )
+            )
             self.transport.close()
         for st in list(self.streams.values()):
             self._finish(st, "1", f"client connection error: {exc}")
@@ -433,8 +479,9 @@ class ClientConn(asyncio.Protocol):
         if st is not None:
             try:
                 if relay.auth:
-                    relay.auth.check_mapping({k.decode(errors="replace"): v.decode(errors="replace")
-                                              for k, v in headers})
+                    relay.auth.check_mapping(
+                        {k.decode(errors="replace"): v.decode(errors="replace") for k, v in headers}
+                    )
                 if self.upstream is not None and relay.pool.over_cap(self.upstream):
                     raise relay.pool.full()
             except PathprobeError as exc:
@@ -456,8 +503,9 @@ class ClientConn(asyncio.Protocol):
         retry = getattr(exc, "retry_after_ms", None)
         extra = [(PUSHBACK_KEY.encode(), str(int(retry)).encode())] if retry is not None else []
         if self.transport is not None:
-            self.transport.write(frame(HEADERS, END_STREAM | END_HEADERS, st.sid,
-                                       grpc_error_block(code, exc.message, own, True, extra)))
+            self.transport.write(
+                frame(HEADERS, END_STREAM | END_HEADERS, st.sid, grpc_error_block(code, exc.message, own, True, extra))
+            )
         self._finish(st, str(code), exc.message, own, None, True)
 
     def _traced_block(self, sid: int, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -469,20 +517,35 @@ class ClientConn(asyncio.Protocol):
         if st is None:
             return literal_block(headers)
         service, _, name = st.method.lstrip("/").partition("/")
-        attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name,
-                 "pathprobe.gateway.mode": "passthrough"}
+        attrs = {
+            "rpc.system": "grpc",
+            "rpc.service": service,
+            "rpc.method": name,
+            "pathprobe.gateway.mode": "passthrough",
+        }
         tracer = self.relay.tracer
-        st.span = tracer.start_span(st.method.lstrip("/"), context=telemetry.extract(carrier),
-                                    kind=SpanKind.SERVER, attributes=attrs,
-                                    start_time=telemetry.mono_ms_to_wall_ns(st.t0))
+        st.span = tracer.start_span(
+            st.method.lstrip("/"),
+            context=telemetry.extract(carrier),
+            kind=SpanKind.SERVER,
+            attributes=attrs,
+            start_time=telemetry.mono_ms_to_wall_ns(st.t0),
+        )
         host, _, port = (self.upstream.target if self.upstream else "?:0").rpartition(":")
         # gw.upstream starts with the CLIENT span (its id goes into the forwarded traceparent)
         st.t_fwd = now_ms()
-        st.cspan = tracer.start_span(st.method.lstrip("/"), context=trace.set_span_in_context(st.span),
-                                     kind=SpanKind.CLIENT,
-                                     attributes={**attrs, "server.address": host, "server.port": int(port or 0),
-                                                 "pathprobe.entry": "gw.upstream"},
-                                     start_time=telemetry.mono_ms_to_wall_ns(st.t_fwd))
+        st.cspan = tracer.start_span(
+            st.method.lstrip("/"),
+            context=trace.set_span_in_context(st.span),
+            kind=SpanKind.CLIENT,
+            attributes={
+                **attrs,
+                "server.address": host,
+                "server.port": int(port or 0),
+                "pathprobe.entry": "gw.upstream",
+            },
+            start_time=telemetry.mono_ms_to_wall_ns(st.t_fwd),
+        )
         out: dict[str, str] = {}
         telemetry.inject(out, trace.set_span_in_context(st.cspan))
         headers = [(k, v) for k, v in headers if k not in (b"traceparent", b"tracestate")]
@@ -516,7 +579,7 @@ class ClientConn(asyncio.Protocol):
         end = 0  # what is consumed: up to the end of the last whole frame
         for pos, end, ftype, flags, sid in frames(buf):
             if ftype in (HEADERS, CONTINUATION):
-                payload = bytes(buf[pos + 9:end])
+                payload = bytes(buf[pos + 9 : end])
                 if ftype == HEADERS:
                     try:
                         prio, frag = fragment(flags, payload)
@@ -540,8 +603,14 @@ class ClientConn(asyncio.Protocol):
                         st = self.streams.get(hsid)
                         own = self._own(st, t_in) if st is not None else None
                         extra = literal(b"server-timing", timing.format_entries(own).encode()) if own else b""
-                        out.append(frame(HEADERS, END_STREAM | END_HEADERS | (hflags & F_PRIORITY), hsid,
-                                         prio + bytes(block) + extra))
+                        out.append(
+                            frame(
+                                HEADERS,
+                                END_STREAM | END_HEADERS | (hflags & F_PRIORITY),
+                                hsid,
+                                prio + bytes(block) + extra,
+                            )
+                        )
                         decode_after.append((hsid, bytes(block), True))
                         if st is not None:
                             st.resp_seen = True
@@ -557,7 +626,7 @@ class ClientConn(asyncio.Protocol):
             elif ftype == RST_STREAM:
                 st = self.streams.get(sid)
                 if st is not None and not st.ended:
-                    code = int.from_bytes(buf[pos + 9:pos + 13], "big") if end - pos >= 13 else 0
+                    code = int.from_bytes(buf[pos + 9 : pos + 13], "big") if end - pos >= 13 else 0
                     self._finish(st, {8: "1", 7: "14"}.get(code, "2"), f"upstream reset the stream (h2 error {code})")
         pos = end
         if run < pos:
@@ -580,8 +649,13 @@ class ClientConn(asyncio.Protocol):
                         fields = self.udec.read(resp_block, STATUS if trailers else NOTHING)
                 except HPACKError as exc:  # the status stays unknown: counted and logged, not guessed
                     target = self.upstream.target if self.upstream else "?"
-                    log.warning("upstream %s: cannot decode a %s block of stream %d: %s", target,
-                                "trailer" if trailers else "header", sid, exc)
+                    log.warning(
+                        "upstream %s: cannot decode a %s block of stream %d: %s",
+                        target,
+                        "trailer" if trailers else "header",
+                        sid,
+                        exc,
+                    )
                     if self.relay.metrics is not None:
                         self.relay.metrics.trailer_error(target, type(exc).__name__)
                     continue
@@ -591,16 +665,29 @@ class ClientConn(asyncio.Protocol):
             self.finishes = []
             for st, own in finishes:
                 # without decoding the status is unknown to the relay: label it "?" rather than guess
-                self._finish(st, codes.get(st.sid, "2" if self.relay.decode else "?"), None, own,
-                             sts.get(st.sid) if sts is not None else None, own is not None)
+                self._finish(
+                    st,
+                    codes.get(st.sid, "2" if self.relay.decode else "?"),
+                    None,
+                    own,
+                    sts.get(st.sid) if sts is not None else None,
+                    own is not None,
+                )
 
     # ---------------------------------------------------------------- ends
     def _own(self, st: Stream, t_in: float | None = None) -> dict[str, float]:
         t = now_ms()
         return {"gw.decode": 0.0, "gw.upstream": (t_in or t) - st.t_fwd, "gw.encode": 0.0, "gw.total": t - st.t0}
 
-    def _finish(self, st: Stream, code: str, error: str | None, own: dict[str, float] | None = None,
-                upstream_st: str | None = None, sent: bool = False) -> None:
+    def _finish(
+        self,
+        st: Stream,
+        code: str,
+        error: str | None,
+        own: dict[str, float] | None = None,
+        upstream_st: str | None = None,
+        sent: bool = False,
+    ) -> None:
         """Bookkeeping for a stream that ended; ``sent``: ``own`` went to the client (after ``upstream_st``)."""
         if self.streams.pop(st.sid, None) is None:
             return
@@ -610,8 +697,9 @@ class ClientConn(asyncio.Protocol):
         m = self.relay.metrics
         if m is not None:
             name = CODE_NAMES.get(code, code)
-            m.observe(st.method, name, own["gw.total"], self.upstream.target if self.upstream else None,
-                      own["gw.upstream"])
+            m.observe(
+                st.method, name, own["gw.total"], self.upstream.target if self.upstream else None, own["gw.upstream"]
+            )
             if self.upstream is not None and code in ("14", "4"):
                 m.upstream_error(self.upstream.target, name)
         if st.span is not None:
@@ -645,8 +733,9 @@ class ClientConn(asyncio.Protocol):
         out = []
         for st in list(self.streams.values()):
             own = self._own(st)
-            out.append(frame(HEADERS, END_STREAM | END_HEADERS, st.sid, grpc_error_block(14, why, own,
-                                                                                      not st.resp_seen)))
+            out.append(
+                frame(HEADERS, END_STREAM | END_HEADERS, st.sid, grpc_error_block(14, why, own, not st.resp_seen))
+            )
             self._finish(st, "14", why, own, None, True)
         out.append(frame(GOAWAY, 0, 0, self.max_sid.to_bytes(4, "big") + (0).to_bytes(4, "big")))
         if self.transport is not None:
@@ -687,18 +776,29 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
     if cfg.workers > 1 and not cfg.worker_child:
         for _ in range(1, cfg.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *sys.argv[1:], "--worker-child"]))
-    relay = Relay(pool, metrics, tracing, cfg.max_body_bytes, decode=cfg.decode_metadata,
-                  upstream_tls=cfg.upstream_tls_files, auth=cfg.auth,
-                  upstream_authorization=cfg.upstream_authorization)
+    relay = Relay(
+        pool,
+        metrics,
+        tracing,
+        cfg.max_body_bytes,
+        decode=cfg.decode_metadata,
+        upstream_tls=cfg.upstream_tls_files,
+        auth=cfg.auth,
+        upstream_authorization=cfg.upstream_authorization,
+    )
     ssl_ctx = cfg.tls.server_context(alpn=("h2",)) if cfg.tls else None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: ClientConn(relay), cfg.listen_host, cfg.listen_port,
-                                          reuse_port=True, backlog=1024, ssl=ssl_ctx)
+        server = await loop.create_server(
+            lambda: ClientConn(relay), cfg.listen_host, cfg.listen_port, reuse_port=True, backlog=1024, ssl=ssl_ctx
+        )
         bound = server.sockets[0].getsockname()[1]
-        print(f"pathprobe gateway: passthrough (HTTP/2 frame relay) listening on {cfg.listen_host}:{bound} -> "
-              f"{pool.names()}", flush=True)
+        print(
+            f"pathprobe gateway: passthrough (HTTP/2 frame relay) listening on {cfg.listen_host}:{bound} -> "
+            f"{pool.names()}",
+            flush=True,
+        )
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)

@@ -15,19 +15,17 @@ from typing import Any
 import aiohttp
 import grpc
 from aiohttp import web
-
 from pathprobe import timing
+from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
-from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
-from pathprobe.gateway.httpup import body_error, make_session
 from pathprobe.gateway.config import GatewayConfig
+from pathprobe.gateway.httpup import body_error, make_session
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
-
 
 #: paths any caller may read through the proxy (the upstream's probes and metrics)
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
@@ -50,18 +48,28 @@ class HttpProxy:
         t0 = now_ms()
         ent = Entries()
         route = f"{request.method} {request.path}"
-        spans = Spans(self.tracing, route, request.headers,
-                      {"http.request.method": request.method, "url.path": request.path,
-                       "network.protocol.name": "http", "server.port": self.cfg.listen_port,
-                       "pathprobe.gateway.mode": "http-proxy"}, t0)
+        spans = Spans(
+            self.tracing,
+            route,
+            request.headers,
+            {
+                "http.request.method": request.method,
+                "url.path": request.path,
+                "network.protocol.name": "http",
+                "server.port": self.cfg.listen_port,
+                "pathprobe.gateway.mode": "http-proxy",
+            },
+            t0,
+        )
         up = None
         status = 0
         try:
             if request.path not in OPEN_PATHS:
                 self.cfg.auth.check_mapping(request.headers)
             if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
-                raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
-                                      f"{self.cfg.max_body_bytes}")
+                raise PayloadTooLarge(
+                    f"body: {request.content_length} bytes is over the limit of {self.cfg.max_body_bytes}"
+                )
             try:
                 body = await request.read() if request.body_exists else None
             except web.HTTPRequestEntityTooLarge:
@@ -69,8 +77,11 @@ class HttpProxy:
             up = await request_(self, request, body, spans)
             resp = up.resp
             status = resp.status
-            headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP
-                       and k.lower() != timing.HTTP_HEADER.lower()}
+            headers = {
+                k: v
+                for k, v in resp.headers.items()
+                if k.lower() not in HOP_BY_HOP and k.lower() != timing.HTTP_HEADER.lower()
+            }
             upstream_st = ", ".join(resp.headers.getall(timing.HTTP_HEADER, [])) or None
             if resp.content_type == "text/event-stream":
                 return await self._stream(request, up, headers, t0, ent, spans)
@@ -88,20 +99,32 @@ class HttpProxy:
             return web.Response(status=status, body=data, headers=headers)
         except PathprobeError as exc:
             ent.total = now_ms() - t0
-            self.metrics.observe(route, str(exc.http_status), ent.total, up.upstream.target if up else None,
-                                 ent.upstream)
-            r = json_error(exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status,
-                           param=getattr(exc, "field", None), retry_after=retry_after_of(exc))
-            spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total,
-                      r.headers.get(timing.HTTP_HEADER))
+            self.metrics.observe(
+                route, str(exc.http_status), ent.total, up.upstream.target if up else None, ent.upstream
+            )
+            r = json_error(
+                exc.grpc_code,
+                exc.message,
+                ent.as_dict(),
+                status=exc.http_status,
+                param=getattr(exc, "field", None),
+                retry_after=retry_after_of(exc),
+            )
+            spans.end(
+                {"http.response.status_code": exc.http_status},
+                exc.message,
+                ent.total,
+                r.headers.get(timing.HTTP_HEADER),
+            )
             return r
         finally:
             if up is not None:
                 up.resp.release()
                 self.pool.release(up.upstream)
 
-    async def _stream(self, request: web.Request, up: Any, headers: dict[str, str], t0: float, ent: Entries,
-                      spans: Spans) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, up: Any, headers: dict[str, str], t0: float, ent: Entries, spans: Spans
+    ) -> web.StreamResponse:
         out = web.StreamResponse(status=up.resp.status, headers=headers)
         await out.prepare(request)
         status = up.resp.status
@@ -134,8 +157,9 @@ class HttpProxy:
             if ent.total == 0:
                 ent.total = now_ms() - t0
             Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, None, up.t0, ent.upstream)
-            self.metrics.observe(f"{request.method} {request.path} stream", str(status), ent.total,
-                                 up.upstream.target, ent.upstream)
+            self.metrics.observe(
+                f"{request.method} {request.path} stream", str(status), ent.total, up.upstream.target, ent.upstream
+            )
             spans.end({"http.response.status_code": status}, None, ent.total, ent.sent)
         return out
 
@@ -168,9 +192,17 @@ async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, s
     headers = dict(upstream_credentials(list(_req_headers(request.headers).items()), proxy.cfg.upstream_authorization))
     caller = parse_timeout(request.headers.get(TIMEOUT_HEADER))  # forwarded as is; also bounds our wait
     timeout = min(caller, proxy.cfg.timeout) if caller else proxy.cfg.timeout
-    return await httpup.request(proxy.session, proxy.pool, request.method, request.path_qs,
-                         headers, body, timeout, spans,
-                                proxy.cfg.upstream_scheme)
+    return await httpup.request(
+        proxy.session,
+        proxy.pool,
+        request.method,
+        request.path_qs,
+        headers,
+        body,
+        timeout,
+        spans,
+        proxy.cfg.upstream_scheme,
+    )
 
 
 def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> int:

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-
 from pathprobe import rtt
 from pathprobe.address import host_and_port
 from pathprobe.errors import DeadlineExceeded, Unavailable
@@ -58,15 +57,23 @@ class ConnectTimes:
         return tc
 
 
-def make_session(pool_size: int, connects: ConnectTimes | None = None,
-                 tls: TlsFiles | None = None) -> aiohttp.ClientSession:
+def make_session(
+    pool_size: int, connects: ConnectTimes | None = None, tls: TlsFiles | None = None
+) -> aiohttp.ClientSession:
     """One keep-alive pool; with ``tls`` the upstreams are called over HTTPS (mTLS when it has a cert)."""
-    conn = aiohttp.TCPConnector(limit=0, limit_per_host=pool_size, keepalive_timeout=75, ttl_dns_cache=None,
-                                force_close=False, enable_cleanup_closed=True,
-                                ssl=tls.client_context(alpn=("http/1.1",)) if tls is not None else True)
+    conn = aiohttp.TCPConnector(
+        limit=0,
+        limit_per_host=pool_size,
+        keepalive_timeout=75,
+        ttl_dns_cache=None,
+        force_close=False,
+        enable_cleanup_closed=True,
+        ssl=tls.client_context(alpn=("http/1.1",)) if tls is not None else True,
+    )
     traces = [connects.trace_config()] if connects is not None else None
-    return aiohttp.ClientSession(connector=conn, auto_decompress=False, skip_auto_headers=("User-Agent",),
-                                 trace_configs=traces)
+    return aiohttp.ClientSession(
+        connector=conn, auto_decompress=False, skip_auto_headers=("User-Agent",), trace_configs=traces
+    )
 
 
 class UpstreamResponse:
@@ -79,9 +86,17 @@ class UpstreamResponse:
         self.cspan = cspan
 
 
-async def request(session: aiohttp.ClientSession, pool: Pool, method: str, path: str,
-                  headers: Mapping[str, str], body: bytes | None, timeout: float | None,
-                  spans: Spans, scheme: str = "http") -> UpstreamResponse:
+async def request(
+    session: aiohttp.ClientSession,
+    pool: Pool,
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    body: bytes | None,
+    timeout: float | None,
+    spans: Spans,
+    scheme: str = "http",
+) -> UpstreamResponse:
     """Send the request to a picked upstream; returns with the response headers read.
 
     The caller must ``release`` the response (and ``pool.release(upstream)``). A refused
@@ -94,17 +109,30 @@ async def request(session: aiohttp.ClientSession, pool: Pool, method: str, path:
         u = pool.acquire(tried)
         host, port = host_and_port(u.target)
         t0 = now_ms()  # gw.upstream starts here; the CLIENT span with it
-        cspan, carrier = spans.client(f"{method} {path.split('?', 1)[0]}", {
-            "http.request.method": method, "server.address": host, "server.port": port,
-            "url.full": f"{scheme}://{u.target}{path}"}, t0)
+        cspan, carrier = spans.client(
+            f"{method} {path.split('?', 1)[0]}",
+            {
+                "http.request.method": method,
+                "server.address": host,
+                "server.port": port,
+                "url.full": f"{scheme}://{u.target}{path}",
+            },
+            t0,
+        )
         hdrs = dict(headers)
         if carrier:
             for k in ("traceparent", "tracestate", "Traceparent", "Tracestate"):
                 hdrs.pop(k, None)
             hdrs.update(carrier)
         try:
-            resp = await session.request(method, f"{scheme}://{u.target}{path}", headers=hdrs, data=body,
-                                         timeout=client_timeout, allow_redirects=False)
+            resp = await session.request(
+                method,
+                f"{scheme}://{u.target}{path}",
+                headers=hdrs,
+                data=body,
+                timeout=client_timeout,
+                allow_redirects=False,
+            )
         except aiohttp.ClientConnectorError as exc:
             pool.release(u)
             why = _connect_why(exc)

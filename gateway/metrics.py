@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
 from pathprobe.gateway.upstreams import Pool
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -16,24 +15,42 @@ class Metrics:
         self.mode = mode
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("pathprobe_gateway_requests", "Calls handled, by method/route and result code.",
-                                ["mode", "method", "code"], registry=r)
-        self.duration = Histogram("pathprobe_gateway_request_duration_seconds",
-                                  "Gateway handler entry to last byte handed to the transport (gw.total).",
-                                  ["mode", "method"], buckets=_BUCKETS, registry=r)
-        self.upstream_duration = Histogram("pathprobe_gateway_upstream_duration_seconds",
-                                           "The upstream call as the gateway saw it (gw.upstream).",
-                                           ["mode", "upstream"], buckets=_BUCKETS, registry=r)
-        self.upstream_errors = Counter("pathprobe_gateway_upstream_errors", "Failed upstream calls by code.",
-                                       ["upstream", "code"], registry=r)
-        self.trailer_errors = Counter("pathprobe_gateway_trailer_errors",
-                                      "Upstream trailers (gRPC trailing metadata, HTTP/2 trailer blocks) the gateway "
-                                      "could not read or decode, by upstream and error.",
-                                      ["upstream", "error"], registry=r)
-        healthy = Gauge("pathprobe_gateway_upstream_healthy", "1 while the upstream passes health checks.",
-                        ["upstream"], registry=r)
-        outstanding = Gauge("pathprobe_gateway_upstream_outstanding", "Calls in flight on the upstream.",
-                            ["upstream"], registry=r)
+        self.requests = Counter(
+            "pathprobe_gateway_requests",
+            "Calls handled, by method/route and result code.",
+            ["mode", "method", "code"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "pathprobe_gateway_request_duration_seconds",
+            "Gateway handler entry to last byte handed to the transport (gw.total).",
+            ["mode", "method"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.upstream_duration = Histogram(
+            "pathprobe_gateway_upstream_duration_seconds",
+            "The upstream call as the gateway saw it (gw.upstream).",
+            ["mode", "upstream"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "pathprobe_gateway_upstream_errors", "Failed upstream calls by code.", ["upstream", "code"], registry=r
+        )
+        self.trailer_errors = Counter(
+            "pathprobe_gateway_trailer_errors",
+            "Upstream trailers (gRPC trailing metadata, HTTP/2 trailer blocks) the gateway "
+            "could not read or decode, by upstream and error.",
+            ["upstream", "error"],
+            registry=r,
+        )
+        healthy = Gauge(
+            "pathprobe_gateway_upstream_healthy", "1 while the upstream passes health checks.", ["upstream"], registry=r
+        )
+        outstanding = Gauge(
+            "pathprobe_gateway_upstream_outstanding", "Calls in flight on the upstream.", ["upstream"], registry=r
+        )
         for u in pool.upstreams:
             healthy.labels(u.target).set_function(lambda u=u: 1.0 if u.healthy else 0.0)
             outstanding.labels(u.target).set_function(lambda u=u: float(u.outstanding))

@@ -28,7 +28,6 @@ from typing import Any
 
 import grpc
 import grpc.experimental
-
 from pathprobe import telemetry, timing
 from pathprobe.auth import ApiKeys
 from pathprobe.deadline import PUSHBACK_KEY
@@ -60,9 +59,8 @@ def connect_failure(details: str | None) -> bool:
 
 def method_kind(method: str) -> tuple[bool, bool] | None:
     """(client_streaming, server_streaming) of a known method, else None."""
-    from google.protobuf import descriptor_pool
-
     import pathprobe.v1.llm_pb2  # noqa: F401  (registers pathprobe.v1 in the default pool)
+    from google.protobuf import descriptor_pool
 
     try:
         import grpc_health.v1.health_pb2  # noqa: F401
@@ -83,8 +81,15 @@ class _Abort(Exception):
 
 
 class Passthrough(grpc.GenericRpcHandler):
-    def __init__(self, pool: Pool, metrics: Metrics | None, tracing: bool, upstream_tls: TlsFiles | None = None,
-                 auth: ApiKeys | None = None, upstream_authorization: str | None = None) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        metrics: Metrics | None,
+        tracing: bool,
+        upstream_tls: TlsFiles | None = None,
+        auth: ApiKeys | None = None,
+        upstream_authorization: str | None = None,
+    ) -> None:
         self.pool = pool
         self.auth = auth or ApiKeys()
         self.upstream_authorization = upstream_authorization
@@ -136,10 +141,19 @@ class Passthrough(grpc.GenericRpcHandler):
         carrier = {k: v for k, v in md if isinstance(v, str)}
         parent = telemetry.extract(carrier)
         service, _, name = method.lstrip("/").partition("/")
-        attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name,
-                 "pathprobe.gateway.mode": "passthrough"}
-        span = self.tracer.start_span(method.lstrip("/"), context=parent, kind=SpanKind.SERVER, attributes=attrs,
-                                      start_time=telemetry.mono_ms_to_wall_ns(t0))
+        attrs = {
+            "rpc.system": "grpc",
+            "rpc.service": service,
+            "rpc.method": name,
+            "pathprobe.gateway.mode": "passthrough",
+        }
+        span = self.tracer.start_span(
+            method.lstrip("/"),
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attrs,
+            start_time=telemetry.mono_ms_to_wall_ns(t0),
+        )
         # [SERVER span, its context, attributes, t0, start of the current upstream attempt]
         return [span, trace.set_span_in_context(span), attrs, t0, t0]
 
@@ -149,10 +163,13 @@ class Passthrough(grpc.GenericRpcHandler):
         from opentelemetry.trace import SpanKind
 
         host, _, port = u.target.rpartition(":")
-        span = self.tracer.start_span(method.lstrip("/"), context=tr[1], kind=SpanKind.CLIENT,
-                                      attributes={**tr[2], "server.address": host, "server.port": int(port),
-                                                  "pathprobe.entry": "gw.upstream"},
-                                      start_time=telemetry.mono_ms_to_wall_ns(t_up0))
+        span = self.tracer.start_span(
+            method.lstrip("/"),
+            context=tr[1],
+            kind=SpanKind.CLIENT,
+            attributes={**tr[2], "server.address": host, "server.port": int(port), "pathprobe.entry": "gw.upstream"},
+            start_time=telemetry.mono_ms_to_wall_ns(t_up0),
+        )
         tr[4] = t_up0
         from opentelemetry import trace
 
@@ -162,15 +179,23 @@ class Passthrough(grpc.GenericRpcHandler):
         return span, md
 
     @staticmethod
-    def _end_spans(tr: Any, cspan: Any, code: grpc.StatusCode, details: str = "",
-                   own: dict[str, float] | None = None, sent: str | None = None) -> None:
+    def _end_spans(
+        tr: Any,
+        cspan: Any,
+        code: grpc.StatusCode,
+        details: str = "",
+        own: dict[str, float] | None = None,
+        sent: str | None = None,
+    ) -> None:
         """End the spans at the instants ``own`` (the gw.* entries) was measured at."""
         from opentelemetry.trace import Status, StatusCode
 
         if tr is not None and sent:
             tr[0].set_attribute("server_timing", sent)
-        for span, start, key in ((cspan, tr[4] if tr else None, "gw.upstream"),
-                                 (tr[0] if tr else None, tr[3] if tr else None, "gw.total")):
+        for span, start, key in (
+            (cspan, tr[4] if tr else None, "gw.upstream"),
+            (tr[0] if tr else None, tr[3] if tr else None, "gw.total"),
+        ):
             if span is None:
                 continue
             span.set_attribute("rpc.grpc.status_code", code.value[0])
@@ -192,7 +217,7 @@ class Passthrough(grpc.GenericRpcHandler):
         upstream_st = None
         try:
             tm = call.trailing_metadata() or ()
-        except Exception as exc:  # noqa: BLE001 - counted and logged, never silent
+        except Exception as exc:
             tm = ()
             target = u.target if u is not None else "?"
             log.warning("upstream %s: cannot read the trailing metadata: %s: %s", target, type(exc).__name__, exc)
@@ -206,14 +231,27 @@ class Passthrough(grpc.GenericRpcHandler):
         out.append((timing.METADATA_KEY, timing.append(upstream_st, own)))
         return out, own
 
-    def _fail(self, ctx: grpc.ServicerContext, u: Upstream | None, err: grpc.RpcError, call: Any, t0: float,
-              t_up: float, method: str, tr: Any, cspan: Any) -> None:
+    def _fail(
+        self,
+        ctx: grpc.ServicerContext,
+        u: Upstream | None,
+        err: grpc.RpcError,
+        call: Any,
+        t0: float,
+        t_up: float,
+        method: str,
+        tr: Any,
+        cspan: Any,
+    ) -> None:
         if isinstance(err, grpc.RpcError):
             code, details = err.code(), err.details()
         else:  # a PathprobeError raised by the gateway itself
             code, details = getattr(err, "grpc_code", grpc.StatusCode.INTERNAL), str(err)
-        if u is not None and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                      grpc.StatusCode.CANCELLED) and not (details or "").startswith("upstream "):
+        if (
+            u is not None
+            and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+            and not (details or "").startswith("upstream ")
+        ):
             details = f"upstream {u.target}: {details}"
         if u is not None and code is grpc.StatusCode.UNAVAILABLE and self.metrics is not None:
             self.metrics.upstream_error(u.target, code.name)
@@ -232,8 +270,16 @@ class Passthrough(grpc.GenericRpcHandler):
             self._end_spans(tr, cspan, code, details, own, md[-1][1])
         ctx.abort(code, details)
 
-    def _open(self, method: str, request: bytes, ctx: grpc.ServicerContext, upstream_call: Any, tr: Any,
-              md: list, timeout: float | None) -> tuple[Upstream, Any, Any, float]:
+    def _open(
+        self,
+        method: str,
+        request: bytes,
+        ctx: grpc.ServicerContext,
+        upstream_call: Any,
+        tr: Any,
+        md: list,
+        timeout: float | None,
+    ) -> tuple[Upstream, Any, Any, float]:
         """Start the upstream call, trying another upstream only when one refused to connect."""
         tried: tuple[Upstream, ...] = ()
         while True:
@@ -254,8 +300,13 @@ class Passthrough(grpc.GenericRpcHandler):
                 self.pool.release(u)
                 u.mark(False, call.details() or "connect failed")
                 if cspan is not None:
-                    self._end_spans([None, None, None, None, t_up0], cspan, grpc.StatusCode.UNAVAILABLE,
-                                    call.details() or "", {"gw.upstream": now_ms() - t_up0})
+                    self._end_spans(
+                        [None, None, None, None, t_up0],
+                        cspan,
+                        grpc.StatusCode.UNAVAILABLE,
+                        call.details() or "",
+                        {"gw.upstream": now_ms() - t_up0},
+                    )
                 tried += (u,)
                 if len(tried) >= len(self.pool.upstreams):
                     return u, call, None, t_up0  # report the last refusal (release handled by caller)
@@ -279,7 +330,7 @@ class Passthrough(grpc.GenericRpcHandler):
             try:
                 resp = None
                 try:
-                    for resp in call:
+                    for _resp in call:
                         pass
                 except grpc.RpcError as err:
                     t_up = now_ms() - t_up0
@@ -386,14 +437,16 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
     if cfg.workers > 1 and not cfg.worker_child:
         # Extra processes bind the same port (SO_REUSEPORT, grpc's default on Linux).
         argv = [a for a in sys.argv[1:]]
-        for i in range(1, cfg.workers):
+        for _ in range(1, cfg.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *argv, "--worker-child"]))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="gw"),
         handlers=(Passthrough(pool, metrics, tracing, cfg.upstream_tls_files, cfg.auth, cfg.upstream_authorization),),
-        options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
-                 ("grpc.max_send_message_length", -1),
-                 ("grpc.so_reuseport", 1)],
+        options=[
+            ("grpc.max_receive_message_length", cfg.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 1),
+        ],
     )
     bound = add_port(server, f"{host}:{port}", cfg.tls)
     if not bound:

@@ -25,14 +25,13 @@ import grpc
 import grpc.aio
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-
 from pathprobe import timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http_to_grpc
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, upstream_credentials
-from pathprobe.gateway.httpup import body_error, make_session, request
 from pathprobe.gateway.config import GatewayConfig
+from pathprobe.gateway.httpup import body_error, make_session, request
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
@@ -92,9 +91,19 @@ class Reencoder:
         self.session: aiohttp.ClientSession | None = None
 
     def _spans(self, method: str, ctx: grpc.aio.ServicerContext, md: list, t0: float) -> Spans:
-        return Spans(self.tracing, method.lstrip("/"), {k: v for k, v in md if isinstance(v, str)},
-                     {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
-                      "server.port": self.cfg.listen_port, "pathprobe.gateway.mode": "reencode"}, t0)
+        return Spans(
+            self.tracing,
+            method.lstrip("/"),
+            {k: v for k, v in md if isinstance(v, str)},
+            {
+                "rpc.system": "grpc",
+                "rpc.service": "pathprobe.v1.LLM",
+                "rpc.method": method.rsplit("/", 1)[1],
+                "server.port": self.cfg.listen_port,
+                "pathprobe.gateway.mode": "reencode",
+            },
+            t0,
+        )
 
     def _decode(self, raw: bytes, ent: Entries, spans: Spans, stream: bool) -> bytes:
         td = now_ms()
@@ -123,9 +132,19 @@ class Reencoder:
                 h[k] = v
         return h
 
-    async def _finish_error(self, ctx: Any, ent: Entries, t0: float, spans: Spans, code: grpc.StatusCode,
-                            details: str, upstream_st: str | None, method: str, target: str | None,
-                            retry_after_ms: float | None = None) -> None:
+    async def _finish_error(
+        self,
+        ctx: Any,
+        ent: Entries,
+        t0: float,
+        spans: Spans,
+        code: grpc.StatusCode,
+        details: str,
+        upstream_st: str | None,
+        method: str,
+        target: str | None,
+        retry_after_ms: float | None = None,
+    ) -> None:
         ent.total = now_ms() - t0
         sent = timing.append(upstream_st, ent.as_dict())
         self.metrics.observe(method, code.name, ent.total, target, ent.upstream)
@@ -149,9 +168,17 @@ class Reencoder:
         try:
             self.cfg.auth.check_mapping(dict(md))
             body = self._decode(raw, ent, spans, False)
-            up = await request(self.session, self.pool, "POST", "/v1/generate",
-                               self._headers(md, grpc_timeout(ctx.time_remaining())), body,
-                               timeout, spans, self.cfg.upstream_scheme)
+            up = await request(
+                self.session,
+                self.pool,
+                "POST",
+                "/v1/generate",
+                self._headers(md, grpc_timeout(ctx.time_remaining())),
+                body,
+                timeout,
+                spans,
+                self.cfg.upstream_scheme,
+            )
             try:
                 data = await up.resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -172,11 +199,31 @@ class Reencoder:
             spans.child("gw.decode", td, t1 - td)
             spans.child("gw.encode", t1, t2 - t1)
         except _Abort as exc:
-            await self._finish_error(ctx, ent, t0, spans, exc.code, exc.details, upstream_st, GENERATE,
-                                     up.upstream.target if up else None, exc.retry_after_ms)
+            await self._finish_error(
+                ctx,
+                ent,
+                t0,
+                spans,
+                exc.code,
+                exc.details,
+                upstream_st,
+                GENERATE,
+                up.upstream.target if up else None,
+                exc.retry_after_ms,
+            )
         except PathprobeError as exc:
-            await self._finish_error(ctx, ent, t0, spans, exc.grpc_code, exc.message, upstream_st, GENERATE,
-                                     up.upstream.target if up else None, getattr(exc, "retry_after_ms", None))
+            await self._finish_error(
+                ctx,
+                ent,
+                t0,
+                spans,
+                exc.grpc_code,
+                exc.message,
+                upstream_st,
+                GENERATE,
+                up.upstream.target if up else None,
+                getattr(exc, "retry_after_ms", None),
+            )
         finally:
             if up is not None:
                 up.resp.release()
@@ -203,15 +250,22 @@ class Reencoder:
         try:
             self.cfg.auth.check_mapping(dict(md))
             body = self._decode(raw, ent, spans, True)
-            up = await request(self.session, self.pool, "POST", "/v1/generate",
-                               self._headers(md, grpc_timeout(ctx.time_remaining())), body,
-                               timeout, spans, self.cfg.upstream_scheme)
+            up = await request(
+                self.session,
+                self.pool,
+                "POST",
+                "/v1/generate",
+                self._headers(md, grpc_timeout(ctx.time_remaining())),
+                body,
+                timeout,
+                spans,
+                self.cfg.upstream_scheme,
+            )
             if up.resp.status != 200:
                 data = await up.resp.read()
                 ent.upstream = now_ms() - up.t0
                 upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
-                Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, "error", up.t0,
-                                 ent.upstream)
+                Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, "error", up.t0, ent.upstream)
                 raise _error_of(up.resp.status, data, up.upstream.target, up.resp.headers.get(RETRY_AFTER))
             try:
                 async for line in up.resp.content:
@@ -252,12 +306,31 @@ class Reencoder:
             Spans.end_client(up.cspan, {"http.response.status_code": 200}, None, up.t0, ent.upstream)
             ok = True
         except _Abort as exc:
-            await self._finish_error(ctx, ent, t0, spans, exc.code, exc.details, upstream_st, GENERATE_STREAM,
-                                     up.upstream.target if up else None, exc.retry_after_ms)
+            await self._finish_error(
+                ctx,
+                ent,
+                t0,
+                spans,
+                exc.code,
+                exc.details,
+                upstream_st,
+                GENERATE_STREAM,
+                up.upstream.target if up else None,
+                exc.retry_after_ms,
+            )
         except PathprobeError as exc:
-            await self._finish_error(ctx, ent, t0, spans, exc.grpc_code, exc.message, upstream_st,
-                                     GENERATE_STREAM, up.upstream.target if up else None,
-                                     getattr(exc, "retry_after_ms", None))
+            await self._finish_error(
+                ctx,
+                ent,
+                t0,
+                spans,
+                exc.grpc_code,
+                exc.message,
+                upstream_st,
+                GENERATE_STREAM,
+                up.upstream.target if up else None,
+                getattr(exc, "retry_after_ms", None),
+            )
         finally:
             if up is not None:
                 if ok:
@@ -282,8 +355,11 @@ class Reencoder:
     async def health(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         from grpc_health.v1 import health_pb2
 
-        status = (health_pb2.HealthCheckResponse.SERVING if self.pool.any_healthy() and not self.pool.draining
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.pool.any_healthy() and not self.pool.draining
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         return health_pb2.HealthCheckResponse(status=status).SerializeToString()
 
 
@@ -304,16 +380,23 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
 
     async def main() -> None:
         r.session = make_session(cfg.pool_size, tls=cfg.upstream_tls_files)
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_body_bytes),
-                                          ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 1)])
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", cfg.max_body_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 1),
+            ]
+        )
         server.add_generic_rpc_handlers((_Handler(r),))
         bound = add_port(server, f"{cfg.listen_host}:{cfg.listen_port}", cfg.tls)
         if not bound:
             raise Unavailable(f"--listen: cannot bind {cfg.listen}")
         await server.start()
-        print(f"pathprobe gateway: reencode listening on {cfg.listen_host}:{bound} -> "
-              f"{cfg.upstream_scheme.upper()} {pool.names()}",
-              flush=True)
+        print(
+            f"pathprobe gateway: reencode listening on {cfg.listen_host}:{bound} -> "
+            f"{cfg.upstream_scheme.upper()} {pool.names()}",
+            flush=True,
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

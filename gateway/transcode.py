@@ -23,7 +23,6 @@ from typing import Any
 import grpc
 import grpc.aio
 from aiohttp import web
-
 from pathprobe import jsoncodec, timing
 from pathprobe.address import host_and_port
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
@@ -79,21 +78,36 @@ class Transcoder:
     # ---------------------------------------------------------------- routes
     async def healthz(self, request: web.Request) -> web.Response:
         ok = self.pool.any_healthy() and not self.pool.draining
-        return web.json_response({"status": "draining" if self.pool.draining else "ok" if ok else "unavailable",
-                                  "upstreams": {u.target: u.healthy for u in self.pool.upstreams}},
-                                 status=200 if ok else 503)
+        return web.json_response(
+            {
+                "status": "draining" if self.pool.draining else "ok" if ok else "unavailable",
+                "upstreams": {u.target: u.healthy for u in self.pool.upstreams},
+            },
+            status=200 if ok else 503,
+        )
 
     async def not_found(self, request: web.Request) -> web.Response:
-        return json_error(grpc.StatusCode.UNIMPLEMENTED, f"path: no route {request.method} {request.path}",
-                          status=404, param="path")
+        return json_error(
+            grpc.StatusCode.UNIMPLEMENTED, f"path: no route {request.method} {request.path}", status=404, param="path"
+        )
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         t0 = now_ms()
         ent = Entries()
-        spans = Spans(self.tracing, "POST /v1/generate", request.headers,
-                      {"http.request.method": "POST", "url.path": request.path, "http.route": "/v1/generate",
-                       "network.protocol.name": "http", "server.port": self.cfg.listen_port,
-                       "pathprobe.gateway.mode": "transcode"}, t0)
+        spans = Spans(
+            self.tracing,
+            "POST /v1/generate",
+            request.headers,
+            {
+                "http.request.method": "POST",
+                "url.path": request.path,
+                "http.route": "/v1/generate",
+                "network.protocol.name": "http",
+                "server.port": self.cfg.listen_port,
+                "pathprobe.gateway.mode": "transcode",
+            },
+            t0,
+        )
         try:
             self.cfg.auth.check_mapping(request.headers)
             creds = upstream_credentials(client_credentials(request.headers), self.cfg.upstream_authorization)
@@ -101,8 +115,9 @@ class Transcoder:
             caller = parse_timeout(request.headers.get(TIMEOUT_HEADER))
             timeout = min(caller, self.cfg.timeout) if caller else self.cfg.timeout
             if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
-                raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
-                                      f"{self.cfg.max_body_bytes}")
+                raise PayloadTooLarge(
+                    f"body: {request.content_length} bytes is over the limit of {self.cfg.max_body_bytes}"
+                )
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
@@ -122,8 +137,13 @@ class Transcoder:
             self.metrics.observe("POST /v1/generate", str(exc.http_status), ent.total, None, 0)
             sent = timing.format_entries(ent.as_dict())
             spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total, sent)
-            return json_error(exc.grpc_code, exc.message, status=exc.http_status, param=getattr(exc, "field", None),
-                              server_timing=sent)
+            return json_error(
+                exc.grpc_code,
+                exc.message,
+                status=exc.http_status,
+                param=getattr(exc, "field", None),
+                server_timing=sent,
+            )
         if stream:
             return await self._stream(request, payload, t0, ent, spans, te, enc, creds, timeout)
         return await self._unary(payload, t0, ent, spans, te, enc, creds, timeout)
@@ -132,24 +152,32 @@ class Transcoder:
         """No upstream taken (none healthy: 503; all at the in-flight cap: 429 + Retry-After), with
         the gateway's own timing so far; counted like every other answer."""
         ent.total = now_ms() - t0
-        r = json_error(exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status,
-                       retry_after=retry_after_of(exc))
+        r = json_error(
+            exc.grpc_code, exc.message, ent.as_dict(), status=exc.http_status, retry_after=retry_after_of(exc)
+        )
         self.metrics.observe(route, str(exc.http_status), ent.total, None, 0)
-        spans.end({"http.response.status_code": exc.http_status}, exc.message, ent.total,
-                  r.headers.get(timing.HTTP_HEADER))
+        spans.end(
+            {"http.response.status_code": exc.http_status}, exc.message, ent.total, r.headers.get(timing.HTTP_HEADER)
+        )
         return r
 
     # ---------------------------------------------------------------- upstream
-    async def _call(self, kind: str, payload: bytes, spans: Spans, creds: list[tuple[str, str]],
-                    timeout: float) -> tuple[Upstream, Any, Any, float, Any]:
+    async def _call(
+        self, kind: str, payload: bytes, spans: Spans, creds: list[tuple[str, str]], timeout: float
+    ) -> tuple[Upstream, Any, Any, float, Any]:
         """Start the call; a refused connection fails over to another upstream."""
         tried: tuple[Upstream, ...] = ()
         while True:
             u = self.pool.acquire(tried)
             method = GENERATE_STREAM if kind == "stream" else GENERATE
             host, port = host_and_port(u.target)
-            cattrs = {"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method.rsplit("/", 1)[1],
-                      "server.address": host, "server.port": port}
+            cattrs = {
+                "rpc.system": "grpc",
+                "rpc.service": "pathprobe.v1.LLM",
+                "rpc.method": method.rsplit("/", 1)[1],
+                "server.address": host,
+                "server.port": port,
+            }
             t_up0 = now_ms()
             cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
             mc = u.client.stream if kind == "stream" else u.client.unary
@@ -159,8 +187,11 @@ class Transcoder:
                     await call.initial_metadata()
                 except grpc.RpcError:
                     pass
-                if call.done() and await call.code() is grpc.StatusCode.UNAVAILABLE \
-                        and connect_failure(await call.details()):
+                if (
+                    call.done()
+                    and await call.code() is grpc.StatusCode.UNAVAILABLE
+                    and connect_failure(await call.details())
+                ):
                     self.pool.release(u)
                     u.mark(False, await call.details() or "connect failed")
                     Spans.end_client(cspan, {"rpc.grpc.status_code": 14}, "connect failed", t_up0, now_ms() - t_up0)
@@ -178,10 +209,19 @@ class Transcoder:
             self.metrics.upstream_error(u.target, code.name)
         return code, details
 
-    async def _unary(self, payload: bytes, t0: float, ent: Entries, spans: Spans, te: float,
-                     enc: float, creds: list[tuple[str, str]], timeout: float) -> web.Response:
+    async def _unary(
+        self,
+        payload: bytes,
+        t0: float,
+        ent: Entries,
+        spans: Spans,
+        te: float,
+        enc: float,
+        creds: list[tuple[str, str]],
+        timeout: float,
+    ) -> web.Response:
         try:
-            u, call, cspan, t_up0, cattrs = await self._call("unary", payload, spans, creds, timeout)
+            u, call, cspan, t_up0, _cattrs = await self._call("unary", payload, spans, creds, timeout)
         except PathprobeError as exc:  # no healthy upstream, or every one at --max-inflight
             return self._refused(exc, "POST /v1/generate", t0, ent, spans)
         spans.child("gw.encode", te, enc)
@@ -193,11 +233,20 @@ class Transcoder:
                 code, details = self._error(err, u)
                 Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details, t_up0, ent.upstream)
                 ent.total = now_ms() - t0
-                status = json_error(code, details, ent.as_dict(), _upstream_timing(err.trailing_metadata()),
-                                    retry_after=retry_after_of(metadata=err.trailing_metadata()))
+                status = json_error(
+                    code,
+                    details,
+                    ent.as_dict(),
+                    _upstream_timing(err.trailing_metadata()),
+                    retry_after=retry_after_of(metadata=err.trailing_metadata()),
+                )
                 self.metrics.observe("POST /v1/generate", str(status.status), ent.total, u.target, ent.upstream)
-                spans.end({"http.response.status_code": status.status}, details, ent.total,
-                          status.headers.get(timing.HTTP_HEADER))
+                spans.end(
+                    {"http.response.status_code": status.status},
+                    details,
+                    ent.total,
+                    status.headers.get(timing.HTTP_HEADER),
+                )
                 return status
             ent.upstream = now_ms() - t_up0
             upstream_st = _upstream_timing(await call.trailing_metadata())
@@ -221,10 +270,20 @@ class Transcoder:
         spans.end({"http.response.status_code": 200}, None, ent.total, sent)
         return web.Response(body=body, content_type="application/json", headers={timing.HTTP_HEADER: sent})
 
-    async def _stream(self, request: web.Request, payload: bytes, t0: float, ent: Entries, spans: Spans,
-                      te: float, enc: float, creds: list[tuple[str, str]], timeout: float) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        payload: bytes,
+        t0: float,
+        ent: Entries,
+        spans: Spans,
+        te: float,
+        enc: float,
+        creds: list[tuple[str, str]],
+        timeout: float,
+    ) -> web.StreamResponse:
         try:
-            u, call, cspan, t_up0, cattrs = await self._call("stream", payload, spans, creds, timeout)
+            u, call, cspan, t_up0, _cattrs = await self._call("stream", payload, spans, creds, timeout)
         except PathprobeError as exc:  # no healthy upstream, or every one at --max-inflight
             return self._refused(exc, "POST /v1/generate stream", t0, ent, spans)
         spans.child("gw.encode", te, enc)
@@ -284,8 +343,13 @@ class Transcoder:
                 upstream_st = _upstream_timing(err.trailing_metadata())
                 status = 200 if resp is not None else 0
                 if resp is None:  # nothing sent yet: a real HTTP error status
-                    r = json_error(code, details, ent.as_dict(), upstream_st,
-                                   retry_after=retry_after_of(metadata=err.trailing_metadata()))
+                    r = json_error(
+                        code,
+                        details,
+                        ent.as_dict(),
+                        upstream_st,
+                        retry_after=retry_after_of(metadata=err.trailing_metadata()),
+                    )
                     status = r.status
                     ent.sent = r.headers.get(timing.HTTP_HEADER)
                     return r
@@ -309,8 +373,7 @@ class Transcoder:
                     spans.child("gw.encode", c_first + c_dec, c_enc, {"pathprobe.chunks": n_chunks})
                 if cspan is not None and cspan.is_recording():  # the client went away mid-stream
                     Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc)
-                spans.end({"http.response.status_code": status}, None if status < 400 else "error", ent.total,
-                          ent.sent)
+                spans.end({"http.response.status_code": status}, None if status < 400 else "error", ent.total, ent.sent)
         return resp
 
 
@@ -325,10 +388,9 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
         app.router.add_route("*", "/{tail:.*}", tc.not_found)
         return app
 
-    return run_aiohttp(factory, cfg, pool, f"transcode -> gRPC{'s' if cfg.upstream_tls_files else ''} {pool.names()}",
-                       tc.close)
+    return run_aiohttp(
+        factory, cfg, pool, f"transcode -> gRPC{'s' if cfg.upstream_tls_files else ''} {pool.names()}", tc.close
+    )
 
 
 __all__ = ["InvalidArgument", "Transcoder", "serve"]
-
-

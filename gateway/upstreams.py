@@ -40,8 +40,12 @@ class Upstream:
             self.failures = 0
         if healthy != self.healthy:
             self.healthy = healthy
-            log.warning("upstream %s is now %s%s", self.target, "healthy" if healthy else "UNHEALTHY",
-                        f" ({why})" if why else "")
+            log.warning(
+                "upstream %s is now %s%s",
+                self.target,
+                "healthy" if healthy else "UNHEALTHY",
+                f" ({why})" if why else "",
+            )
             if self._on_change is not None:
                 self._on_change(self)
 
@@ -52,8 +56,14 @@ class Upstream:
 class Pool:
     """Picks an upstream per call; tracks outstanding calls per upstream."""
 
-    def __init__(self, targets: Iterable[str], kind: str, balance: str = "round-robin", max_inflight: int = 0,
-                 retry_after_ms: float = 1000.0) -> None:
+    def __init__(
+        self,
+        targets: Iterable[str],
+        kind: str,
+        balance: str = "round-robin",
+        max_inflight: int = 0,
+        retry_after_ms: float = 1000.0,
+    ) -> None:
         self.upstreams = [Upstream(t, kind, i) for i, t in enumerate(targets)]
         #: calls in flight per upstream at most (0: no cap); past it a call is refused at once
         self.max_inflight = max_inflight
@@ -115,8 +125,10 @@ class Pool:
             return u
 
     def full(self) -> ResourceExhausted:
-        return ResourceExhausted(f"every upstream has {self.max_inflight} calls in flight (--max-inflight); "
-                                 "retry later", retry_after_ms=self.retry_after_ms)
+        return ResourceExhausted(
+            f"every upstream has {self.max_inflight} calls in flight (--max-inflight); retry later",
+            retry_after_ms=self.retry_after_ms,
+        )
 
     def over_cap(self, u: Upstream) -> bool:
         """For callers that count first (the h2 relay): is ``u`` past the cap now?"""
@@ -133,7 +145,6 @@ class Pool:
 def check_grpc(target: str, channels: dict[str, Any], timeout: float, tls: TlsFiles | None = None) -> tuple[bool, str]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     from pathprobe.tls import grpc_channel
 
     ch = channels.get(target)
@@ -149,8 +160,11 @@ def check_grpc(target: str, channels: dict[str, Any], timeout: float, tls: TlsFi
 
 def check_http(target: str, timeout: float, path: str = "/healthz", ssl_ctx: Any = None) -> tuple[bool, str]:
     host, port = host_and_port(target)
-    conn = (http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl_ctx) if ssl_ctx is not None
-            else http.client.HTTPConnection(host, port, timeout=timeout))
+    conn = (
+        http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl_ctx)
+        if ssl_ctx is not None
+        else http.client.HTTPConnection(host, port, timeout=timeout)
+    )
     try:
         conn.request("GET", path)
         resp = conn.getresponse()
@@ -165,8 +179,9 @@ def check_http(target: str, timeout: float, path: str = "/healthz", ssl_ctx: Any
 class HealthChecker:
     """Checks every upstream every ``interval`` seconds on a daemon thread."""
 
-    def __init__(self, pool: Pool, interval: float = 1.0, timeout: float = 1.0, fall: int = 1,
-                 tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self, pool: Pool, interval: float = 1.0, timeout: float = 1.0, fall: int = 1, tls: TlsFiles | None = None
+    ) -> None:
         self.pool = pool
         self.tls = tls
         self._ssl_ctx = tls.client_context() if tls is not None else None

@@ -145,8 +145,10 @@ def _check_tokenizer(spec: str | None) -> None:
         except ConfigError as exc:
             raise ConfigError(f"tokenizer: {exc.message}") from None
         if not built and not _installed("transformers"):
-            raise ConfigError(f"tokenizer: building {spec}'s tokenizer needs transformers "
-                              "(pip install 'pathprobe[server]'), or use --tokenizer tiny or none")
+            raise ConfigError(
+                f"tokenizer: building {spec}'s tokenizer needs transformers "
+                "(pip install 'pathprobe[server]'), or use --tokenizer tiny or none"
+            )
         return
     if not os.path.isdir(spec):
         raise ConfigError(f"tokenizer: {spec!r} is not tiny, none, preset:NAME or an existing model folder")

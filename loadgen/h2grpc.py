@@ -84,6 +84,8 @@ class CallResult:
     code: int  # gRPC status code
     details: str = ""
     server_timing: list[str] = field(default_factory=list)  # every server-timing value of the trailers
+    #: server-timing values of the response headers (proxies that cannot touch trailers: HAProxy, Caddy)
+    header_timing: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -291,7 +293,17 @@ class Channel:
 
 
 class _Call:
-    __slots__ = ("got_headers", "hdr", "http_status", "msgbuf", "on_message", "result", "send_window", "sid")
+    __slots__ = (
+        "got_headers",
+        "hdr",
+        "header_timing",
+        "http_status",
+        "msgbuf",
+        "on_message",
+        "result",
+        "send_window",
+        "sid",
+    )
 
     def __init__(self, sid: int, send_window: int, on_message: Callable[[bytes, int], None]) -> None:
         self.sid = sid
@@ -301,6 +313,7 @@ class _Call:
         self.hdr: tuple[int, int, bytearray] | None = None
         self.got_headers = False
         self.http_status = 0
+        self.header_timing: list[str] = []
         self.result: CallResult | None = None
 
     def data(self, payload: bytes, t: int) -> None:
@@ -323,6 +336,8 @@ class _Call:
             for k, v in pairs:
                 if k == b":status":
                     self.http_status = int(v)
+                elif k == b"server-timing" and not end_stream:
+                    self.header_timing.append(v.decode(errors="replace"))
         if not end_stream:
             return
         code, details, timing = None, "", []
@@ -338,7 +353,7 @@ class _Call:
             details = details or f"Received http2 header with status: {self.http_status}"
         elif self.msgbuf:
             code, details = 13, "the stream ended inside a message"
-        self.result = CallResult(code, details, timing)
+        self.result = CallResult(code, details, timing, self.header_timing)
 
 
 def _timeout(seconds: float) -> bytes:

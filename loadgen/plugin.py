@@ -25,18 +25,16 @@ from typing import Any
 
 import gevent
 from locust import events
-from locust.runners import STATE_MISSING, LocalRunner, MasterRunner, WorkerRunner
-
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from pathprobe import environment as env_vars
 from pathprobe.errors import ConfigError
-from pathprobe.loadgen import clientwait
+from pathprobe.loadgen import clientwait, hist
 from pathprobe.loadgen import metrics as metrics_mod
-from pathprobe.tls import TlsFiles
 from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
 from pathprobe.loadgen.arrival import Schedule
-from pathprobe.loadgen import hist
 from pathprobe.loadgen.records import METRICS, Aggregator, JsonlWriter, format_table, write_outputs
+from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.loadgen")
 
@@ -54,68 +52,150 @@ FLUSH_SLICE = 128
 @events.init_command_line_parser.add_listener
 def add_arguments(parser: Any) -> None:
     g = parser  # Locust's parser (supports include_in_web_ui); groups would not
-    g.add_argument("--out", default="pathprobe-load", include_in_web_ui=False,
-                   help="folder for records.jsonl, summary.json/.csv, histograms.json")
+    g.add_argument(
+        "--out",
+        default="pathprobe-load",
+        include_in_web_ui=False,
+        help="folder for records.jsonl, summary.json/.csv, histograms.json",
+    )
     g.add_argument("--stream", action="store_true", default=False, help="use the streaming route")
-    g.add_argument("--openai-api", choices=["completions", "chat"], default="completions",
-                   help="OpenAI-compatible route for openai+http:// targets")
+    g.add_argument(
+        "--openai-api",
+        choices=["completions", "chat"],
+        default="completions",
+        help="OpenAI-compatible route for openai+http:// targets",
+    )
     g.add_argument("--model", default="", help="model name sent (OpenAI default: first of GET /v1/models)")
     g.add_argument("--max-tokens", type=int, default=16, help="max_tokens per request")
-    g.add_argument("--no-ignore-eos", action="store_true", default=False,
-                   help="let the model stop at EOS (default: ignore_eos, exactly max_tokens)")
-    g.add_argument("--prompt-set", choices=["fixed", "sweep", "mixed", "file"], default="fixed",
-                   help="fixed: one prompt of --prompt-tokens; sweep: --prompt-lengths round-robin; "
-                        "mixed: --prompt-lengths at random; file: --prompt-file JSONL")
+    g.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        default=False,
+        help="let the model stop at EOS (default: ignore_eos, exactly max_tokens)",
+    )
+    g.add_argument(
+        "--prompt-set",
+        choices=["fixed", "sweep", "mixed", "file"],
+        default="fixed",
+        help="fixed: one prompt of --prompt-tokens; sweep: --prompt-lengths round-robin; "
+        "mixed: --prompt-lengths at random; file: --prompt-file JSONL",
+    )
     g.add_argument("--prompt", default=prompts_mod.DEFAULT_PROMPT, help="base text of generated prompts")
     g.add_argument("--prompt-tokens", type=int, default=64, help="exact prompt length in tokens (fixed set)")
-    g.add_argument("--prompt-lengths", default=",".join(map(str, prompts_mod.DEFAULT_LENGTHS)),
-                   help="token lengths for the sweep/mixed sets, e.g. 16,64,256")
-    g.add_argument("--prompt-file", default="", include_in_web_ui=False,
-                   help='JSONL prompts: {"prompt": "...", "max_tokens": optional} per line')
-    g.add_argument("--tokenizer", default="tiny",
-                   help="tokenizer for exact prompt lengths: tiny | preset:NAME | PATH | none")
-    g.add_argument("--arrival", choices=["closed", "constant", "poisson"], default="closed",
-                   help="closed loop (users back to back) or open loop at --rate")
+    g.add_argument(
+        "--prompt-lengths",
+        default=",".join(map(str, prompts_mod.DEFAULT_LENGTHS)),
+        help="token lengths for the sweep/mixed sets, e.g. 16,64,256",
+    )
+    g.add_argument(
+        "--prompt-file",
+        default="",
+        include_in_web_ui=False,
+        help='JSONL prompts: {"prompt": "...", "max_tokens": optional} per line',
+    )
+    g.add_argument(
+        "--tokenizer", default="tiny", help="tokenizer for exact prompt lengths: tiny | preset:NAME | PATH | none"
+    )
+    g.add_argument(
+        "--arrival",
+        choices=["closed", "constant", "poisson"],
+        default="closed",
+        help="closed loop (users back to back) or open loop at --rate",
+    )
     g.add_argument("--rate", type=float, default=0.0, help="open loop: total requests/s")
     g.add_argument("--ramp", type=float, default=0.0, help="open loop: seconds to ramp from 0 to --rate")
-    g.add_argument("--sweep", default="", include_in_web_ui=False,
-                   help="concurrency sweep, e.g. 1,4,16,64 (pathprobe load only): one run per value")
+    g.add_argument(
+        "--sweep",
+        default="",
+        include_in_web_ui=False,
+        help="concurrency sweep, e.g. 1,4,16,64 (pathprobe load only): one run per value",
+    )
     g.add_argument("--timeout-s", type=float, default=60.0, help="per-request deadline (s)")
-    g.add_argument("--grpc-client", choices=["h2", "grpcio"], default="h2",
-                   help="gRPC transport: h2 = pathprobe's HTTP/2 client (a fraction of grpcio's CPU per call "
-                        "under gevent, same records); grpcio = grpcio's channel")
-    g.add_argument("--api-key", default="", include_in_web_ui=False,
-                   help=f"sent as 'Authorization: Bearer KEY' (default: ${ENV_API_KEY})")
-    g.add_argument("--target-ca", default="", include_in_web_ui=False,
-                   help=f"grpcs:// / https://: CA that signs the target's certificate "
-                        f"(default: system CAs; ${ENV_TLS}_CA)")
-    g.add_argument("--target-cert", default="", include_in_web_ui=False,
-                   help=f"client certificate for targets that want mTLS (${ENV_TLS}_CERT)")
+    g.add_argument(
+        "--grpc-client",
+        choices=["h2", "grpcio"],
+        default="h2",
+        help="gRPC transport: h2 = pathprobe's HTTP/2 client (a fraction of grpcio's CPU per call "
+        "under gevent, same records); grpcio = grpcio's channel",
+    )
+    g.add_argument(
+        "--api-key",
+        default="",
+        include_in_web_ui=False,
+        help=f"sent as 'Authorization: Bearer KEY' (default: ${ENV_API_KEY})",
+    )
+    g.add_argument(
+        "--target-ca",
+        default="",
+        include_in_web_ui=False,
+        help=f"grpcs:// / https://: CA that signs the target's certificate (default: system CAs; ${ENV_TLS}_CA)",
+    )
+    g.add_argument(
+        "--target-cert",
+        default="",
+        include_in_web_ui=False,
+        help=f"client certificate for targets that want mTLS (${ENV_TLS}_CERT)",
+    )
     g.add_argument("--target-key", default="", include_in_web_ui=False, help=f"its private key (${ENV_TLS}_KEY)")
-    g.add_argument("--target-server-name", default="", include_in_web_ui=False,
-                   help=f"name expected in the target's certificate (default: the host; ${ENV_TLS}_SERVER_NAME)")
-    g.add_argument("--traces-file", default="", include_in_web_ui=False,
-                   help="write CLIENT spans to this OTLP JSON lines file (OTLP export: OTEL_EXPORTER_OTLP_ENDPOINT)")
-    g.add_argument("--no-records", action="store_true", default=False, include_in_web_ui=False,
-                   help="do not write records.jsonl (summaries stay exact)")
+    g.add_argument(
+        "--target-server-name",
+        default="",
+        include_in_web_ui=False,
+        help=f"name expected in the target's certificate (default: the host; ${ENV_TLS}_SERVER_NAME)",
+    )
+    g.add_argument(
+        "--traces-file",
+        default="",
+        include_in_web_ui=False,
+        help="write CLIENT spans to this OTLP JSON lines file (OTLP export: OTEL_EXPORTER_OTLP_ENDPOINT)",
+    )
+    g.add_argument(
+        "--no-records",
+        action="store_true",
+        default=False,
+        include_in_web_ui=False,
+        help="do not write records.jsonl (summaries stay exact)",
+    )
     g.add_argument("--label", default="", include_in_web_ui=False, help="copied into summary.json meta.label")
     g.add_argument("--seed", type=int, default=0, include_in_web_ui=False, help="seed for Poisson/mixed prompts")
-    g.add_argument("--client-lag-threshold-ms", type=float, default=monitor_mod.DEFAULT_LAG_THRESHOLD_MS,
-                   include_in_web_ui=False,
-                   help="the load generator counts as saturated when its event-loop lag p99 reaches this "
-                        "(or its loop CPU mean reaches 90%% of a core); see summary.json 'client'")
-    g.add_argument("--mix", default="", include_in_web_ui=False,
-                   help="call-by-call interleaving: NAME=URL[,NAME=URL...]; each user sends each call to the "
-                        "next configuration of a freshly shuffled order (records carry 'config' and 'cycle'; "
-                        "-H is then only Locust's label)")
-    g.add_argument("--metrics-port", type=int, default=0, include_in_web_ui=False,
-                   help="serve Prometheus /metrics (the client-side split, live) on this port from each "
-                        "process that runs users (default: $PATHPROBE_LOAD_METRICS_PORT, else off)")
-    g.add_argument("--metrics-host", default="", include_in_web_ui=False,
-                   help="address for --metrics-port (default: $PATHPROBE_LOAD_METRICS_HOST, else 127.0.0.1)")
-    g.add_argument("--pathprobe-busy-ms", type=float, default=0.0, include_in_web_ui=False,
-                   help="TEST HOOK: each user burns this many ms of CPU before each request (outside "
-                        "the timed part), to make the load generator saturate on purpose")
+    g.add_argument(
+        "--client-lag-threshold-ms",
+        type=float,
+        default=monitor_mod.DEFAULT_LAG_THRESHOLD_MS,
+        include_in_web_ui=False,
+        help="the load generator counts as saturated when its event-loop lag p99 reaches this "
+        "(or its loop CPU mean reaches 90%% of a core); see summary.json 'client'",
+    )
+    g.add_argument(
+        "--mix",
+        default="",
+        include_in_web_ui=False,
+        help="call-by-call interleaving: NAME=URL[,NAME=URL...]; each user sends each call to the "
+        "next configuration of a freshly shuffled order (records carry 'config' and 'cycle'; "
+        "-H is then only Locust's label)",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        include_in_web_ui=False,
+        help="serve Prometheus /metrics (the client-side split, live) on this port from each "
+        "process that runs users (default: $PATHPROBE_LOAD_METRICS_PORT, else off)",
+    )
+    g.add_argument(
+        "--metrics-host",
+        default="",
+        include_in_web_ui=False,
+        help="address for --metrics-port (default: $PATHPROBE_LOAD_METRICS_HOST, else 127.0.0.1)",
+    )
+    g.add_argument(
+        "--pathprobe-busy-ms",
+        type=float,
+        default=0.0,
+        include_in_web_ui=False,
+        help="TEST HOOK: each user burns this many ms of CPU before each request (outside "
+        "the timed part), to make the load generator saturate on purpose",
+    )
 
 
 #: environment fallbacks of --api-key and --tls-* (the flag wins)
@@ -166,8 +246,9 @@ class Config:
             prompt_set=g("prompt_set", "fixed"),
             prompt=g("prompt", prompts_mod.DEFAULT_PROMPT),
             prompt_tokens=int(g("prompt_tokens", 64)),
-            prompt_lengths=tuple(prompts_mod.parse_int_list(str(g("prompt_lengths", "16,64,256,1024")),
-                                                            "prompt-lengths")),
+            prompt_lengths=tuple(
+                prompts_mod.parse_int_list(str(g("prompt_lengths", "16,64,256,1024")), "prompt-lengths")
+            ),
             prompt_file=g("prompt_file", "") or "",
             tokenizer=g("tokenizer", "tiny") or "none",
             arrival=g("arrival", "closed"),
@@ -214,8 +295,9 @@ def parse_mix(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def _tls_files(g: Any) -> TlsFiles | None:
-    tls = TlsFiles.from_env(ENV_TLS, {k: g(f"target_{k}", "") for k in ("ca", "cert", "key", "server_name")},
-                            flag="--target")
+    tls = TlsFiles.from_env(
+        ENV_TLS, {k: g(f"target_{k}", "") for k in ("ca", "cert", "key", "server_name")}, flag="--target"
+    )
     return tls if (tls.ca or tls.cert or tls.server_name) else None
 
 
@@ -226,7 +308,6 @@ class Tracing:
     def __init__(self, tracer: Any, provider: Any, deferred: list[Any] | None = None) -> None:
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
-
         from pathprobe import telemetry
 
         self.tracer = tracer
@@ -242,7 +323,6 @@ class Tracing:
     @classmethod
     def create(cls, cfg: Config, options: Any) -> Tracing | None:
         from opentelemetry import trace
-
         from pathprobe import telemetry
 
         locust_otel = bool(getattr(options, "otel", False))
@@ -256,8 +336,9 @@ class Tracing:
             return cls(provider.get_tracer("pathprobe.loadgen"), None)
         # spans are exported between requests (Runtime.flush), not by a thread that competes for the
         # interpreter lock while a response waits to be timed
-        provider = telemetry.setup_tracing("pathprobe-loadgen", traces_file=cfg.traces_file or None, set_global=False,
-                                           deferred=True)
+        provider = telemetry.setup_tracing(
+            "pathprobe-loadgen", traces_file=cfg.traces_file or None, set_global=False, deferred=True
+        )
         if provider is None:
             return None
         return cls(provider.get_tracer("pathprobe.loadgen"), provider, telemetry.deferred_processors(provider))
@@ -270,13 +351,23 @@ class Tracing:
     def start(self, route: str, target: Any, spec: Any, headers: dict[str, str]) -> tuple[Any, int]:
         """Start the CLIENT span; returns it and its start (perf_counter_ns), which becomes the
         request's t0, so span duration == e2e exactly (traceparent injection counts as client encode)."""
-        attrs: dict[str, Any] = {"pathprobe.route": route, "gen_ai.request.max_tokens": spec.max_tokens,
-                                 "pathprobe.request_id": spec.request_id}
+        attrs: dict[str, Any] = {
+            "pathprobe.route": route,
+            "gen_ai.request.max_tokens": spec.max_tokens,
+            "pathprobe.request_id": spec.request_id,
+        }
         if target.kind == "grpc":
             method = "GenerateStream" if spec.stream else "Generate"
             host, _, port = target.address.rpartition(":")
-            attrs.update({"rpc.system": "grpc", "rpc.service": "pathprobe.v1.LLM", "rpc.method": method,
-                          "server.address": host, "server.port": int(port) if port.isdigit() else 0})
+            attrs.update(
+                {
+                    "rpc.system": "grpc",
+                    "rpc.service": "pathprobe.v1.LLM",
+                    "rpc.method": method,
+                    "server.address": host,
+                    "server.port": int(port) if port.isdigit() else 0,
+                }
+            )
         else:
             attrs.update({"http.request.method": "POST", "url.full": target.address})
         # placed on the same monotonic clock as the record, so span duration == e2e
@@ -408,12 +499,24 @@ class Runtime:
     def prepare(self) -> None:
         """Build the prompt set (loads the tokenizer): done at init, before the clock runs."""
         cfg = self.cfg
-        key = (cfg.prompt_set, cfg.prompt, cfg.prompt_tokens, cfg.prompt_lengths, cfg.prompt_file,
-               cfg.tokenizer, cfg.seed)
+        key = (
+            cfg.prompt_set,
+            cfg.prompt,
+            cfg.prompt_tokens,
+            cfg.prompt_lengths,
+            cfg.prompt_file,
+            cfg.tokenizer,
+            cfg.seed,
+        )
         if self._prompts_key != key:
             self.prompts = prompts_mod.build(
-                cfg.prompt_set, base=cfg.prompt, tokens=cfg.prompt_tokens, lengths=cfg.prompt_lengths,
-                path=cfg.prompt_file or None, tokenizer=cfg.tokenizer, seed=cfg.seed,
+                cfg.prompt_set,
+                base=cfg.prompt,
+                tokens=cfg.prompt_tokens,
+                lengths=cfg.prompt_lengths,
+                path=cfg.prompt_file or None,
+                tokenizer=cfg.tokenizer,
+                seed=cfg.seed,
             )
             self._prompts_key = key
             # one route's histograms + the loop monitor's, allocated before the clock runs
@@ -467,8 +570,8 @@ class Runtime:
         pending = self.agg.pending
         left = len(pending)  # records added meanwhile wait for the next flush
         while left > 0:
-            part = pending[:min(FLUSH_SLICE, left)]
-            del pending[:len(part)]
+            part = pending[: min(FLUSH_SLICE, left)]
+            del pending[: len(part)]
             left -= len(part)
             self.agg.add_batch(part)
             if self.writer is not None:
@@ -526,8 +629,7 @@ class Runtime:
             "role": self.role,
             "workers": len(self.finals) if self.role == "master" else None,
             "histogram": "HdrHistogram, 1 us unit, 4 significant figures",
-            "versions": {"pathprobe": __version__, "locust": locust.__version__,
-                         "python": platform.python_version()},
+            "versions": {"pathprobe": __version__, "locust": locust.__version__, "python": platform.python_version()},
         }
 
     def stop_monitor(self) -> dict[str, Any] | None:
@@ -623,9 +725,11 @@ def on_init(environment: Any, **_kw: Any) -> None:
         rt.prepare()  # tokenizer + prompts now, not inside the timed run
         rt.serve_metrics()
     elif metrics_mod.port_from(getattr(environment.parsed_options, "metrics_port", 0)):
-        log.warning("pathprobe: --metrics-port is served by the processes that run users (the workers); "
-                    "the master serves none")
+        log.warning(
+            "pathprobe: --metrics-port is served by the processes that run users (the workers); the master serves none"
+        )
     if isinstance(runner, MasterRunner):
+
         def on_final(environment: Any, msg: Any, **_: Any) -> None:
             rt.merge_from_worker(msg.data)
             rt.finals[msg.node_id] = msg.data.get("totals", {})
@@ -641,6 +745,7 @@ def on_init(environment: Any, **_kw: Any) -> None:
                 rt.merge_from_worker(pp)
 
     elif isinstance(runner, WorkerRunner):
+
         def on_share(environment: Any, msg: Any, **_: Any) -> None:
             rt.share = float(msg.data.get("share", 1.0))
 
@@ -708,8 +813,10 @@ def _master_collect(rt: Runtime, runner: MasterRunner) -> None:
         gevent.sleep(0.05)
     missing = expected - set(rt.finals)
     if missing:
-        log.error("pathprobe: no final batch from worker(s) %s; totals exclude what they did not ship",
-                  ", ".join(sorted(missing)))
+        log.error(
+            "pathprobe: no final batch from worker(s) %s; totals exclude what they did not ship",
+            ", ".join(sorted(missing)),
+        )
 
 
 def _check_master_totals(rt: Runtime) -> None:

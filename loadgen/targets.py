@@ -138,11 +138,9 @@ class Target:
 class GrpcTarget(Target):
     kind = "grpc"
 
-    def __init__(self, address: str, timeout_s: float = 60.0, tls: TlsFiles | None = None,
-                 api_key: str = "") -> None:
+    def __init__(self, address: str, timeout_s: float = 60.0, tls: TlsFiles | None = None, api_key: str = "") -> None:
         """``tls``: a grpcs:// target (TlsFiles() verifies against the system CAs)."""
         import grpc
-
         from pathprobe.tls import grpc_channel
         from pathprobe.v1 import llm_pb2
 
@@ -168,8 +166,11 @@ class GrpcTarget(Target):
         pb = self._pb
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         data = pb.GenerateRequest(
-            prompt=spec.prompt, max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos,
-            request_id=spec.request_id, model=spec.model,
+            prompt=spec.prompt,
+            max_tokens=spec.max_tokens,
+            ignore_eos=spec.ignore_eos,
+            request_id=spec.request_id,
+            model=spec.model,
         ).SerializeToString()
         out.encode_ns = pc() - t0
         md = (tuple(headers.items()) + self._auth if headers else self._auth) or None
@@ -196,7 +197,7 @@ class GrpcTarget(Target):
             out.error = exc.details() if hasattr(exc, "details") else str(exc)
             try:
                 out.entries = entries_from_metadata(exc.trailing_metadata())
-            except Exception:  # noqa: BLE001 - a failed call may carry no metadata
+            except Exception:
                 pass
 
     def _call_stream(self, data: bytes, md: Any, out: Outcome) -> None:
@@ -279,8 +280,11 @@ class H2GrpcTarget(Target):
         pb = self._pb
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         data = pb.GenerateRequest(
-            prompt=spec.prompt, max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos,
-            request_id=spec.request_id, model=spec.model,
+            prompt=spec.prompt,
+            max_tokens=spec.max_tokens,
+            ignore_eos=spec.ignore_eos,
+            request_id=spec.request_id,
+            model=spec.model,
         ).SerializeToString()
         out.encode_ns = pc() - t0
         md = (tuple(headers.items()) + self._auth if headers else self._auth) or None
@@ -288,8 +292,7 @@ class H2GrpcTarget(Target):
             self._stream(data, md, out)
             return
         got: list[bytes] = []
-        res = self.channel.call("/pathprobe.v1.LLM/Generate", data, self.timeout_s, md,
-                                lambda m, _t: got.append(m))
+        res = self.channel.call("/pathprobe.v1.LLM/Generate", data, self.timeout_s, md, lambda m, _t: got.append(m))
         if res.code == 0 and len(got) == 1:
             t2 = pc()
             resp = pb.GenerateResponse.FromString(got[0])
@@ -306,7 +309,7 @@ class H2GrpcTarget(Target):
                 out.status, out.error = "INTERNAL", f"unary call answered with {len(got)} messages"
             else:
                 out.status, out.error = res.status, res.details
-        out.entries = _entries(res.server_timing)
+        out.entries = _entries(res.server_timing + res.header_timing)
 
     def _stream(self, data: bytes, md: Any, out: Outcome) -> None:
         pb = self._pb
@@ -329,7 +332,7 @@ class H2GrpcTarget(Target):
         out.t_end = pc()
         out.decode_ns = st["dec"]
         usage = st["usage"]
-        out.entries = _entries(res.server_timing)
+        out.entries = _entries(res.server_timing + res.header_timing)
         if res.code != 0:
             out.ok, out.status, out.error = False, res.status, res.details
             return
@@ -342,14 +345,14 @@ class H2GrpcTarget(Target):
 
 
 def _entries(values: list[str]) -> timing.Chain:
-    """Every ``server-timing`` value of the trailers, in order (the server's, then each gateway's)."""
+    """Every ``server-timing`` value of the trailers, in order (the server's, then each gateway's),
+    then the response headers' (proxies that cannot touch trailers), as :func:`entries_from_call`."""
     return timing.parse_chain(values)
 
 
 # --- HTTP (native and OpenAI) --------------------------------------------------------------
 class _HttpBase(Target):
-    def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None,
-                 api_key: str = "") -> None:
+    def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None, api_key: str = "") -> None:
         from geventhttpclient import HTTPClient
         from geventhttpclient.url import URL
 
@@ -363,20 +366,27 @@ class _HttpBase(Target):
         if parts.scheme == "https" and tls is not None:
             ssl_kw["ssl_options"] = tls.gevent_ssl_options()
         self.client = HTTPClient.from_url(
-            URL(f"{parts.scheme}://{parts.netloc}/"), concurrency=1,
-            connection_timeout=timeout_s, network_timeout=timeout_s, **ssl_kw,
+            URL(f"{parts.scheme}://{parts.netloc}/"),
+            concurrency=1,
+            connection_timeout=timeout_s,
+            network_timeout=timeout_s,
+            **ssl_kw,
         )
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
         self.connect_ms: float | None = None
-        self._base_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-                              **extra_headers()}
+        self._base_headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            **extra_headers(),
+        }
         _time_connects(self.client, self)
         # a few TCP handshakes before any request: the estimate is the shortest of several round
         # trips, not one that a busy scheduler stretched (each later pool connect can only lower it)
-        hs = rtt.tcp_handshake_ms(parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80),
-                                  HANDSHAKE_PROBES)
+        hs = rtt.tcp_handshake_ms(
+            parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES
+        )
         if hs is not None:
             self._saw_connect(hs)
 
@@ -492,8 +502,7 @@ class NativeHttpTarget(_HttpBase):
 
     kind = "http"
 
-    def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None,
-                 api_key: str = "") -> None:
+    def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None, api_key: str = "") -> None:
         super().__init__(base_url, timeout_s, tls, api_key)
         # the request's deadline travels with it (as a gRPC client's would): gateway -> server -> engine
         self._auth = {**self._auth, TIMEOUT_HEADER: format_timeout(timeout_s)}
@@ -502,8 +511,13 @@ class NativeHttpTarget(_HttpBase):
         return "http.generate.stream" if stream else "http.generate"
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
-        body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "ignore_eos": spec.ignore_eos,
-                "request_id": spec.request_id, "stream": spec.stream}
+        body = {
+            "prompt": spec.prompt,
+            "max_tokens": spec.max_tokens,
+            "ignore_eos": spec.ignore_eos,
+            "request_id": spec.request_id,
+            "stream": spec.stream,
+        }
         if spec.model:
             body["model"] = spec.model
         resp = self._post("/v1/generate", body, headers, out)
@@ -542,8 +556,14 @@ class OpenAITarget(_HttpBase):
 
     kind = "openai"
 
-    def __init__(self, base_url: str, timeout_s: float = 60.0, api: str = "completions",
-                 tls: TlsFiles | None = None, api_key: str = "") -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 60.0,
+        api: str = "completions",
+        tls: TlsFiles | None = None,
+        api_key: str = "",
+    ) -> None:
         super().__init__(base_url, timeout_s, tls, api_key)
         if api not in ("completions", "chat"):
             raise ConfigError(f"openai-api: expected completions or chat, got {api!r}")
@@ -565,15 +585,19 @@ class OpenAITarget(_HttpBase):
                     data = json.loads(body).get("data") or []
                     if data and data[0].get("id"):
                         self._model = str(data[0]["id"])
-            except Exception:  # noqa: BLE001 - fall back to "default"; the server will say if wrong
+            except Exception:
                 pass
         return self._model
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
         model = spec.model or self.default_model()
         chat = self.api == "chat"
-        body: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "temperature": 0.0,
-                                "stream": spec.stream}
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": spec.max_tokens,
+            "temperature": 0.0,
+            "stream": spec.stream,
+        }
         if chat:
             body["messages"] = [{"role": "user", "content": spec.prompt}]
         else:
@@ -646,13 +670,18 @@ class OllamaTarget(_HttpBase):
                     models = json.loads(body).get("models") or []
                     if models and models[0].get("name"):
                         self._model = str(models[0]["name"])
-            except Exception:  # noqa: BLE001 - fall back to "default"; the server will say if wrong
+            except Exception:
                 pass
         return self._model
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
-        body = {"model": spec.model or self.default_model(), "prompt": spec.prompt, "stream": spec.stream,
-                "raw": True, "options": {"num_predict": spec.max_tokens, "temperature": 0.0}}
+        body = {
+            "model": spec.model or self.default_model(),
+            "prompt": spec.prompt,
+            "stream": spec.stream,
+            "raw": True,
+            "options": {"num_predict": spec.max_tokens, "temperature": 0.0},
+        }
         resp = self._post("/api/generate", body, headers, out)
         if resp.status_code != 200:
             self._error(resp, out)
@@ -736,16 +765,24 @@ def parse_host(host: str) -> tuple[str, str]:
         return "openai", f"{inner}://{parts.netloc}{parts.path}".rstrip("/")
     if scheme in ("ollama+http", "ollama+https"):  # Ollama's native API (its timing fields)
         return "ollama", f"{scheme.split('+', 1)[1]}://{parts.netloc}{parts.path}".rstrip("/")
-    raise ConfigError(f"host: unknown scheme in {host!r}; use grpc(s)://, http(s)://, openai+http(s)://, "
-                      "openai-sdk+http:// or ollama+http://")
+    raise ConfigError(
+        f"host: unknown scheme in {host!r}; use grpc(s)://, http(s)://, openai+http(s)://, "
+        "openai-sdk+http:// or ollama+http://"
+    )
 
 
 #: gRPC client implementations a load run can use (``--grpc-client``)
 GRPC_CLIENTS = ("h2", "grpcio")
 
 
-def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completions",
-                grpc_client: str = "h2", tls: TlsFiles | None = None, api_key: str = "") -> Target:
+def make_target(
+    host: str,
+    timeout_s: float = 60.0,
+    openai_api: str = "completions",
+    grpc_client: str = "h2",
+    tls: TlsFiles | None = None,
+    api_key: str = "",
+) -> Target:
     """``tls``: CA / client certificate for grpcs:// and https:// (unset: the system CAs); grpcs://
     goes over grpcio's channel (the h2 client speaks plaintext HTTP/2)."""
     kind, addr = parse_host(host)
@@ -754,8 +791,11 @@ def make_target(host: str, timeout_s: float = 60.0, openai_api: str = "completio
             raise ConfigError(f"grpc-client: expected one of {', '.join(GRPC_CLIENTS)}, got {grpc_client!r}")
         if urlsplit(host).scheme.lower() == "grpcs":
             return GrpcTarget(addr, timeout_s, tls or TlsFiles(), api_key)
-        return H2GrpcTarget(addr, timeout_s, api_key) if grpc_client == "h2" else GrpcTarget(addr, timeout_s, None,
-                                                                                              api_key)
+        return (
+            H2GrpcTarget(addr, timeout_s, api_key)
+            if grpc_client == "h2"
+            else GrpcTarget(addr, timeout_s, None, api_key)
+        )
     if kind == "http":
         return NativeHttpTarget(addr, timeout_s, tls, api_key)
     if kind == "ollama":

@@ -26,7 +26,6 @@ grpc_gevent.init_gevent()  # before any channel exists; makes grpc cooperative u
 import gevent  # noqa: E402
 from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
-
 from pathprobe import segments, serverreports  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
@@ -64,14 +63,17 @@ class _LLMMixin:
         cfg = self._rt.cfg
         #: call-by-call interleaving (--mix): one target per configuration, a shuffled order per cycle
         self._mix: dict[str, tuple[str, Target]] = {
-            name: (url, make_target(url, cfg.timeout_s, cfg.openai_api, cfg.grpc_client, cfg.tls, cfg.api_key)) for name, url in cfg.mix
+            name: (url, make_target(url, cfg.timeout_s, cfg.openai_api, cfg.grpc_client, cfg.tls, cfg.api_key))
+            for name, url in cfg.mix
         }
         self._order: list[str] = []
         self._cycle = -1
         self._rng = random.Random(cfg.seed * 100_003 + self._uid)
-        self.target: Target = (next(iter(self._mix.values()))[1] if self._mix
-                               else make_target(host, cfg.timeout_s, cfg.openai_api, cfg.grpc_client, cfg.tls,
-                                           cfg.api_key))
+        self.target: Target = (
+            next(iter(self._mix.values()))[1]
+            if self._mix
+            else make_target(host, cfg.timeout_s, cfg.openai_api, cfg.grpc_client, cfg.tls, cfg.api_key)
+        )
 
     def _next_config(self) -> tuple[str | None, Target, str]:
         """(configuration name, its target, its URL): the next of this cycle's shuffled order."""
@@ -132,7 +134,7 @@ class _LLMMixin:
         except gevent.GreenletExit:
             _interrupted(out, STOPPED, "the test stopped while the request was in flight")
             raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a record, never a crash
+        except Exception as exc:
             _interrupted(out, "CLIENT_ERROR", f"{type(exc).__name__}: {exc}")
         except BaseException:
             _interrupted(out, "CANCELLED", "interrupted")
@@ -179,8 +181,17 @@ def _interrupted(out: Outcome, status: str, error: str) -> None:
     out.error = error
 
 
-def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float, lag_ns: int,
-                 user: int, worker: str, client_wait_ms: float = 0.0) -> dict[str, Any]:
+def build_record(
+    out: Outcome,
+    spec: CallSpec,
+    route: str,
+    host: str,
+    ts: float,
+    lag_ns: int,
+    user: int,
+    worker: str,
+    client_wait_ms: float = 0.0,
+) -> dict[str, Any]:
     e2e = (out.t_end - out.t0) / 1e6
     enc = out.encode_ns / 1e6
     dec = out.decode_ns / 1e6
@@ -190,7 +201,7 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
     if spec.stream:
         if times:
             ttft = (times[0] - out.t0) / 1e6
-            itl = [(b - a) / 1e6 for a, b in zip(times, times[1:])]
+            itl = [(b - a) / 1e6 for a, b in itertools.pairwise(times)]
         else:
             itl = []
         n = out.tokens_out or 0
@@ -205,8 +216,9 @@ def build_record(out: Outcome, spec: CallSpec, route: str, host: str, ts: float,
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
         sp["links"] = list(s.links)
-        sp["hops"] = [{"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other}
-                      for h in s.hops]
+        sp["hops"] = [
+            {"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other} for h in s.hops
+        ]
         client_wait_ms = s.client_wait
     else:
         sp = None
@@ -278,7 +290,7 @@ class _FastHttpBase(_LLMMixin, FastHttpUser):
     def __init__(self, environment: Any) -> None:
         host = self.host or environment.host or ""
         if host.startswith("openai+"):
-            self.host = host[len("openai+"):]  # FastHttpUser wants http(s)://
+            self.host = host[len("openai+") :]  # FastHttpUser wants http(s)://
         super().__init__(environment)
         self._orig_host = host
 

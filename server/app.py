@@ -13,15 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-
 from pathprobe import telemetry
 from pathprobe.auth import ApiKeys
-from pathprobe.server.engine import EngineConfig, create_engine
 from pathprobe.errors import ConfigError
+from pathprobe.gputelemetry import GpuSampler
 from pathprobe.server.core import ServerState
+from pathprobe.server.engine import EngineConfig, create_engine
 from pathprobe.server.grpc_frontend import start_grpc
 from pathprobe.server.http_app import DEFAULT_MAX_BODY, build_app
-from pathprobe.gputelemetry import GpuSampler
 from pathprobe.server.metrics import ServerMetrics
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
@@ -29,7 +28,6 @@ from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.server")
 _tracer = telemetry.get_tracer("pathprobe.server")
-
 
 
 @dataclass(slots=True)
@@ -54,8 +52,16 @@ class ServeConfig:
 class _HttpFrontEnd:
     """Start/stop of the HTTP front end chosen by ``ServeConfig.http_server``."""
 
-    def __init__(self, kind: str, host: str, port: int, max_body_bytes: int, state: ServerState,
-                 tls: TlsFiles | None = None, grace_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        kind: str,
+        host: str,
+        port: int,
+        max_body_bytes: int,
+        state: ServerState,
+        tls: TlsFiles | None = None,
+        grace_s: float = 30.0,
+    ) -> None:
         self.kind, self.host, self.port, self.max_body_bytes = kind, host, port, max_body_bytes
         self.state = state
         self.tls = tls
@@ -70,8 +76,9 @@ class _HttpFrontEnd:
                 await self._start_fastapi()
             else:
                 # cleanup() closes the listener, then waits up to grace_s for in-flight handlers
-                self._runner = web.AppRunner(build_app(self.state, self.max_body_bytes), access_log=None,
-                                             shutdown_timeout=self.grace_s)
+                self._runner = web.AppRunner(
+                    build_app(self.state, self.max_body_bytes), access_log=None, shutdown_timeout=self.grace_s
+                )
                 await self._runner.setup()
                 ssl_ctx = self.tls.server_context(alpn=("http/1.1",)) if self.tls else None
                 await web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_ctx).start()
@@ -83,7 +90,6 @@ class _HttpFrontEnd:
         import socket
 
         import uvicorn
-
         from pathprobe.server.fastapi_app import build_app as build_fastapi
 
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -101,9 +107,16 @@ class _HttpFrontEnd:
             ssl_kw = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
             if tls.ca:
                 ssl_kw.update(ssl_ca_certs=tls.ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
-        cfg = uvicorn.Config(build_fastapi(self.state, self.max_body_bytes), log_level="warning", access_log=False,
-                             lifespan="off", http="httptools", loop="none",
-                             timeout_graceful_shutdown=math.ceil(self.grace_s), **ssl_kw)
+        cfg = uvicorn.Config(
+            build_fastapi(self.state, self.max_body_bytes),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            http="httptools",
+            loop="none",
+            timeout_graceful_shutdown=math.ceil(self.grace_s),
+            **ssl_kw,
+        )
         self._uvicorn = uvicorn.Server(cfg)
         self._uvicorn.install_signal_handlers = lambda: None  # serve() owns SIGINT/SIGTERM
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
@@ -149,23 +162,33 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
     state = ServerState(engine=engine, metrics=ServerMetrics(engine), auth=ApiKeys(config.api_keys))
     if gpu is not None:
         state.metrics.watch_gpu(gpu)
-    fronts = [_HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state, config.tls,
-                            config.drain_grace_s)
-              for kind, port in ((config.http_server, config.http_port), *config.extra_http)]
+    fronts = [
+        _HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state, config.tls, config.drain_grace_s)
+        for kind, port in ((config.http_server, config.http_port), *config.extra_http)
+    ]
     try:
         with startup.phase("frontends"):
             for front in fronts:
                 await front.start()
-            grpc_server, grpc_port, health = await start_grpc(state, config.host, config.grpc_port,
-                                                               config.tls)
+            grpc_server, grpc_port, health = await start_grpc(state, config.host, config.grpc_port, config.tls)
         _phase(phases, "listeners", t)
         state.metrics.set_startup(phases)
         ready_ms = now_ms() - t0
         report_startup(startup, state, t0, ready_ms)
         scheme = ("grpcs", "https") if config.tls else ("grpc", "http")
-        log.warning("pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d (%s)%s", config.engine.kind,
-                    engine.model_name, scheme[0], config.host, grpc_port, scheme[1], config.host, fronts[0].port,
-                    config.http_server, " (mTLS)" if config.tls and config.tls.mutual else "")
+        log.warning(
+            "pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d (%s)%s",
+            config.engine.kind,
+            engine.model_name,
+            scheme[0],
+            config.host,
+            grpc_port,
+            scheme[1],
+            config.host,
+            fronts[0].port,
+            config.http_server,
+            " (mTLS)" if config.tls and config.tls.mutual else "",
+        )
         if gpu is not None and not gpu.available:
             log.warning("GPU telemetry: %s", gpu.unavailable)
         stop = stop or asyncio.Event()
@@ -192,38 +215,59 @@ def report_startup(startup: StartupTimer, state: ServerState, t0: float, ready_m
     """Print the startup table, export it as spans and gauges; add the first request later."""
     print(startup.table(ready_ms), flush=True)
     state.metrics.set_startup_phases({"total": ready_ms, **startup.as_dict()})
-    root = _tracer.start_span("server.startup", start_time=telemetry.mono_ms_to_wall_ns(t0),
-                              attributes={"pathprobe.startup_ms": ready_ms})
+    root = _tracer.start_span(
+        "server.startup", start_time=telemetry.mono_ms_to_wall_ns(t0), attributes={"pathprobe.startup_ms": ready_ms}
+    )
     for ph in startup.ordered():
-        telemetry.child_span(_tracer, f"startup.{ph.name}", root, ph.start, ph.ms,
-                             {"pathprobe.startup.phase": ph.name, "pathprobe.startup.note": ph.note})
+        telemetry.child_span(
+            _tracer,
+            f"startup.{ph.name}",
+            root,
+            ph.start,
+            ph.ms,
+            {"pathprobe.startup.phase": ph.name, "pathprobe.startup.note": ph.note},
+        )
     root.end(end_time=telemetry.mono_ms_to_wall_ns(t0 + ready_ms))
 
     def first(start: float, total_ms: float) -> None:
         startup.record("first_request", start, total_ms)
         state.metrics.set_startup_phases({"first_request": total_ms})
-        print(f"{'first_request':<16} {total_ms:>10.1f}  (srv.total of the first request, "
-              f"{(start - t0) / 1000:.1f} s after start)", flush=True)
-        span = _tracer.start_span("startup.first_request", start_time=telemetry.mono_ms_to_wall_ns(start),
-                                  attributes={"pathprobe.startup.phase": "first_request"})
+        print(
+            f"{'first_request':<16} {total_ms:>10.1f}  (srv.total of the first request, "
+            f"{(start - t0) / 1000:.1f} s after start)",
+            flush=True,
+        )
+        span = _tracer.start_span(
+            "startup.first_request",
+            start_time=telemetry.mono_ms_to_wall_ns(start),
+            attributes={"pathprobe.startup.phase": "first_request"},
+        )
         span.end(end_time=telemetry.mono_ms_to_wall_ns(start + total_ms))
 
     state.on_first_request = first
 
 
-async def drain(config: ServeConfig, state: ServerState, grpc_server: Any, health: Any,
-                fronts: list[_HttpFrontEnd]) -> None:
+async def drain(
+    config: ServeConfig, state: ServerState, grpc_server: Any, health: Any, fronts: list[_HttpFrontEnd]
+) -> None:
     """Graceful stop: NOT_SERVING / 503 first, then no new requests, then in-flight ones finish
     (up to ``drain_grace_s``; what is left after that is cancelled, and counted as such)."""
     t0 = time.monotonic()
     state.draining = True
     await health.enter_graceful_shutdown()  # every service NOT_SERVING, and it stays so
-    log.warning("draining: health NOT_SERVING, %d request(s) in the engine; new requests stop in %.1f s, "
-                "in-flight ones get %.1f s", state.engine.running() + state.engine.queue_depth(),
-                config.drain_delay_s, config.drain_grace_s)
+    log.warning(
+        "draining: health NOT_SERVING, %d request(s) in the engine; new requests stop in %.1f s, "
+        "in-flight ones get %.1f s",
+        state.engine.running() + state.engine.queue_depth(),
+        config.drain_delay_s,
+        config.drain_grace_s,
+    )
     if config.drain_delay_s > 0:
         await asyncio.sleep(config.drain_delay_s)
     # gRPC: new calls refused at once, in-flight ones waited for; HTTP: listeners closed, handlers waited for
     await asyncio.gather(grpc_server.stop(grace=config.drain_grace_s), *(f.stop() for f in fronts))
-    log.warning("drained in %.2f s (%d request(s) still in the engine)", time.monotonic() - t0,
-                state.engine.running() + state.engine.queue_depth())
+    log.warning(
+        "drained in %.2f s (%d request(s) still in the engine)",
+        time.monotonic() - t0,
+        state.engine.running() + state.engine.queue_depth(),
+    )

@@ -13,12 +13,11 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-
 from pathprobe import telemetry
-from pathprobe.deadline import parse_timeout
 from pathprobe.auth import ApiKeys
-from pathprobe.server.engine.base import Engine, GenParams, Generation
+from pathprobe.deadline import parse_timeout
 from pathprobe.errors import PathprobeError
+from pathprobe.server.engine.base import Engine, Generation, GenParams
 from pathprobe.server.metrics import ServerMetrics
 from pathprobe.timing import now_ms
 from pathprobe.v1 import llm_pb2
@@ -84,7 +83,10 @@ class RequestScope:
     def __post_init__(self) -> None:
         ctx = telemetry.extract(self.carrier)
         self.span = _tracer.start_span(
-            self.span_name, context=ctx, kind=SpanKind.SERVER, attributes=self.attributes,
+            self.span_name,
+            context=ctx,
+            kind=SpanKind.SERVER,
+            attributes=self.attributes,
             start_time=telemetry.mono_ms_to_wall_ns(self.t0),
         )
 
@@ -118,7 +120,9 @@ class RequestScope:
         out["srv.total"] = now_ms() - self.t0
         return out
 
-    def finish(self, code: str, entries: dict[str, float] | None = None, error: PathprobeError | None = None) -> dict[str, float]:
+    def finish(
+        self, code: str, entries: dict[str, float] | None = None, error: PathprobeError | None = None
+    ) -> dict[str, float]:
         entries = entries or self.entries()
         self.state.metrics.observe(self.route, code, entries)
         self.state.first_request_done(self.t0, entries["srv.total"])
@@ -128,7 +132,9 @@ class RequestScope:
         self._end_span(entries, code, error, gen)
         return entries
 
-    def _end_span(self, entries: dict[str, float], code: str, error: PathprobeError | None, gen: Generation | None) -> None:
+    def _end_span(
+        self, entries: dict[str, float], code: str, error: PathprobeError | None, gen: Generation | None
+    ) -> None:
         span = self.span
         if not span.is_recording():
             span.end()
@@ -136,29 +142,42 @@ class RequestScope:
         span.set_attribute("server_timing", ", ".join(f"{k};dur={v:.3f}" for k, v in entries.items()))
         span.set_attribute("pathprobe.status", code)
         if self._decode_start:
-            telemetry.child_span(_tracer, "server.decode", span, self._decode_start, self.decode_ms,
-                                 {"pathprobe.entry": "srv.decode"})
+            telemetry.child_span(
+                _tracer, "server.decode", span, self._decode_start, self.decode_ms, {"pathprobe.entry": "srv.decode"}
+            )
         if gen is not None:
             t = gen.timing
             span.set_attribute("gen_ai.usage.input_tokens", gen.prompt_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", gen.completion_tokens)
             if gen.finish_reason:
                 span.set_attribute("gen_ai.response.finish_reasons", [gen.finish_reason])
-            starts = {"tokenize": t.tokenize_start, "queue": t.queue_start,
-                      "prefill": t.prefill_start, "decode_steps": t.decode_start}
+            starts = {
+                "tokenize": t.tokenize_start,
+                "queue": t.queue_start,
+                "prefill": t.prefill_start,
+                "decode_steps": t.decode_start,
+            }
             for attr, name in _ENGINE_SPANS:
                 if starts[attr]:
-                    telemetry.child_span(_tracer, name, span, starts[attr], getattr(t, attr),
-                                         {"pathprobe.entry": f"srv.{attr}"})
+                    telemetry.child_span(
+                        _tracer, name, span, starts[attr], getattr(t, attr), {"pathprobe.entry": f"srv.{attr}"}
+                    )
             if t.decode_start and t.detokenize:
                 # detokenize is interleaved with decode steps; placed after them as one interval
-                telemetry.child_span(_tracer, "engine.detokenize", span, t.decode_start + t.decode_steps,
-                                     t.detokenize, {"pathprobe.entry": "srv.detokenize"})
+                telemetry.child_span(
+                    _tracer,
+                    "engine.detokenize",
+                    span,
+                    t.decode_start + t.decode_steps,
+                    t.detokenize,
+                    {"pathprobe.entry": "srv.detokenize"},
+                )
         if self.encode_ms:
             # (possibly several chunks') encoding shown as one interval ending with the response
             end = self.t0 + entries["srv.total"]
-            telemetry.child_span(_tracer, "server.encode", span, end - self.encode_ms, self.encode_ms,
-                                 {"pathprobe.entry": "srv.encode"})
+            telemetry.child_span(
+                _tracer, "server.encode", span, end - self.encode_ms, self.encode_ms, {"pathprobe.entry": "srv.encode"}
+            )
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, error.message))
             span.set_attribute("error.type", type(error).__name__)

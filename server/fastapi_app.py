@@ -9,14 +9,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response, StreamingResponse
-
 from pathprobe.errors import NotFound, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import ServerState
 from pathprobe.server.http_common import SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
 from pathprobe.server.openapi import document
 from pathprobe.server.routes import ROUTES, Route, call
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response, StreamingResponse
 
 
 def _response(reply: Reply) -> Response:
@@ -33,8 +32,9 @@ def _reader(request: Request, max_body_bytes: int) -> Callable[[], Awaitable[byt
         async for chunk in request.stream():
             total += len(chunk)
             if total > max_body_bytes:
-                raise PayloadTooLarge(f"body: more than {max_body_bytes} bytes exceed the server's limit "
-                                      "(--max-body-bytes)")
+                raise PayloadTooLarge(
+                    f"body: more than {max_body_bytes} bytes exceed the server's limit (--max-body-bytes)"
+                )
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -47,13 +47,19 @@ async def _events(reply: StreamReply) -> AsyncIterator[bytes]:
         async for event in reply.events:
             yield event
     finally:
-        await reply.events.aclose()  # type: ignore[attr-defined]  (an async generator)
+        await reply.events.aclose()
 
 
 def _endpoint(route: Route, state: ServerState, max_body_bytes: int) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
-        req = HttpRequest(state, request.method, request.url.path, request.headers, request.url.port or 0,
-                          _reader(request, max_body_bytes))
+        req = HttpRequest(
+            state,
+            request.method,
+            request.url.path,
+            request.headers,
+            request.url.port or 0,
+            _reader(request, max_body_bytes),
+        )
         try:
             reply = await call(route, req)
         except PayloadTooLarge as exc:  # raised while reading, before the route has a scope
@@ -68,8 +74,9 @@ def _endpoint(route: Route, state: ServerState, max_body_bytes: int) -> Callable
 async def _http_error(request: Request, exc: Any) -> Response:
     if exc.status_code == 404:
         return _response(error_reply(NotFound(f"path: no route {request.url.path}")))
-    err = PathprobeError(f"method: {request.method} not allowed on {request.url.path}"
-                         if exc.status_code == 405 else str(exc.detail))
+    err = PathprobeError(
+        f"method: {request.method} not allowed on {request.url.path}" if exc.status_code == 405 else str(exc.detail)
+    )
     err.http_status = exc.status_code
     return _response(error_reply(err))
 
@@ -77,8 +84,14 @@ async def _http_error(request: Request, exc: Any) -> Response:
 def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     app = FastAPI(title="pathprobe model server", openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
     for route in ROUTES:
-        app.add_api_route(route.path, _endpoint(route, state, max_body_bytes), methods=[route.method],
-                          summary=route.summary, include_in_schema=False)
-    app.openapi = document  # type: ignore[method-assign]  (one document for both front ends, from the route table)
+        app.add_api_route(
+            route.path,
+            _endpoint(route, state, max_body_bytes),
+            methods=[route.method],
+            summary=route.summary,
+            include_in_schema=False,
+        )
+    # one document for both front ends, from the route table
+    app.openapi = document  # type: ignore[method-assign]
     app.add_exception_handler(StarletteHTTPException, _http_error)
     return app

@@ -15,7 +15,6 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-
 from pathprobe import timing
 from pathprobe.deadline import PUSHBACK_KEY, deadline_in
 from pathprobe.errors import InvalidArgument, PathprobeError
@@ -55,8 +54,9 @@ class LLMService:
         self.state = state
 
     def _scope(self, method: str, context: grpc.aio.ServicerContext) -> RequestScope:
-        scope = RequestScope(self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}",
-                             _attributes(method, context))
+        scope = RequestScope(
+            self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}", _attributes(method, context)
+        )
         scope.deadline_ms = deadline_in(context.time_remaining())
         return scope
 
@@ -78,15 +78,18 @@ class LLMService:
             text, ids = await gen.collect()
             t0 = now_ms()
             resp = llm_pb2.GenerateResponse(
-                text=text, token_ids=ids, finish_reason=gen.finish_reason or "",
+                text=text,
+                token_ids=ids,
+                finish_reason=gen.finish_reason or "",
                 usage=llm_pb2.Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens),
-                request_id=req.request_id, model=self.state.engine.model_name,
+                request_id=req.request_id,
+                model=self.state.engine.model_name,
             )
             out = resp.SerializeToString()
             scope.encoded(now_ms() - t0)
         except PathprobeError as exc:
             await self._abort(scope, context, exc)
-            raise AssertionError("unreachable")  # abort raises
+            raise AssertionError("unreachable") from exc  # abort raises
         except asyncio.CancelledError:  # client cancelled or its deadline passed
             scope.finish("CANCELLED")
             raise
@@ -105,8 +108,13 @@ class LLMService:
             index = 0
             async for ev in gen:
                 t0 = now_ms()
-                chunk = llm_pb2.GenerateChunk(text=ev.text, token_ids=ev.token_ids, request_id=req.request_id,
-                                              index=index, emit_ms=round(t0 - scope.t0, 3))
+                chunk = llm_pb2.GenerateChunk(
+                    text=ev.text,
+                    token_ids=ev.token_ids,
+                    request_id=req.request_id,
+                    index=index,
+                    emit_ms=round(t0 - scope.t0, 3),
+                )
                 if ev.finish_reason:
                     chunk.finish_reason = ev.finish_reason
                     chunk.usage.prompt_tokens = gen.prompt_tokens
@@ -137,15 +145,14 @@ class LLMService:
         )
 
 
-async def start_grpc(state: ServerState, host: str, port: int,
-                     tls: TlsFiles | None = None) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+async def start_grpc(
+    state: ServerState, host: str, port: int, tls: TlsFiles | None = None
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((LLMService(state).handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     try:
         bound = add_port(server, f"{host}:{port}", tls)
     except RuntimeError:  # newer grpcio raises where older ones returned 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-
 from pathprobe.errors import NotFound, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import ServerState
 from pathprobe.server.http_common import SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
@@ -16,8 +15,13 @@ STATE_KEY: web.AppKey[ServerState] = web.AppKey("state", ServerState)
 
 
 def _response(reply: Reply) -> web.Response:
-    return web.Response(status=reply.status, body=reply.body, headers=reply.headers,
-                        content_type=reply.content_type.split(";")[0], charset=None)
+    return web.Response(
+        status=reply.status,
+        body=reply.body,
+        headers=reply.headers,
+        content_type=reply.content_type.split(";")[0],
+        charset=None,
+    )
 
 
 async def _read(request: web.Request) -> bytes:
@@ -35,14 +39,20 @@ async def _stream(request: web.Request, reply: StreamReply) -> web.StreamRespons
         async for event in reply.events:
             await resp.write(event)
     except (ConnectionResetError, OSError):
-        await reply.events.aclose()  # type: ignore[attr-defined]  (an async generator)
+        await reply.events.aclose()
     return resp
 
 
 def _view(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def view(request: web.Request) -> web.StreamResponse:
-        req = HttpRequest(request.app[STATE_KEY], request.method, request.path, request.headers,
-                          request.url.port or 0, lambda: _read(request))
+        req = HttpRequest(
+            request.app[STATE_KEY],
+            request.method,
+            request.path,
+            request.headers,
+            request.url.port or 0,
+            lambda: _read(request),
+        )
         reply = await call(route, req)
         return await _stream(request, reply) if isinstance(reply, StreamReply) else _response(reply)
 
@@ -56,14 +66,16 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 @web.middleware
-async def json_errors(request: web.Request, handler):  # noqa: ANN001
+async def json_errors(request: web.Request, handler):
     """Unknown paths and wrong methods answer JSON errors like every other failure."""
     try:
         return await handler(request)
     except web.HTTPNotFound:
         return _response(error_reply(NotFound(f"path: no route {request.path}")))
     except web.HTTPMethodNotAllowed as exc:
-        err = PathprobeError(f"method: {request.method} not allowed on {request.path} (use {', '.join(exc.allowed_methods)})")
+        err = PathprobeError(
+            f"method: {request.method} not allowed on {request.path} (use {', '.join(exc.allowed_methods)})"
+        )
         err.http_status = 405
         return _response(error_reply(err))
 
@@ -71,7 +83,8 @@ async def json_errors(request: web.Request, handler):  # noqa: ANN001
 def build_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes, middlewares=[json_errors])
     app[STATE_KEY] = state
-    app.add_routes([web.get(r.path, _view(r)) if r.method == "GET" else web.route(r.method, r.path, _view(r))
-                    for r in ROUTES])
+    app.add_routes(
+        [web.get(r.path, _view(r)) if r.method == "GET" else web.route(r.method, r.path, _view(r)) for r in ROUTES]
+    )
     app.add_routes([web.get("/openapi.json", openapi)])
     return app

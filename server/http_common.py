@@ -8,7 +8,7 @@ so both front ends answer with the same bodies, errors and timing entries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ class StreamReply:
     """An SSE stream. The adapter writes each event; when the client goes away it closes
     ``events`` (the route then books the request as 499 and frees the engine)."""
 
-    events: AsyncIterator[bytes]
+    events: AsyncGenerator[bytes, None]
 
 
 Handler = Callable[[HttpRequest], Awaitable["Reply | StreamReply"]]
@@ -81,9 +81,16 @@ def json_reply(body: bytes, entries: Mapping[str, float]) -> Reply:
 
 def scope_for(request: HttpRequest, route: str) -> RequestScope:
     return RequestScope(
-        request.state, route, dict(request.headers), f"{request.method} {request.path}",
-        {"http.request.method": request.method, "url.path": request.path, "network.protocol.name": "http",
-         "server.port": request.port},
+        request.state,
+        route,
+        dict(request.headers),
+        f"{request.method} {request.path}",
+        {
+            "http.request.method": request.method,
+            "url.path": request.path,
+            "network.protocol.name": "http",
+            "server.port": request.port,
+        },
         timeout_header=request.headers.get(TIMEOUT_HEADER),
     )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from pathprobe import jsoncodec, timing
 from pathprobe.errors import PathprobeError
@@ -54,7 +54,7 @@ async def generate(request: HttpRequest) -> Reply | StreamReply:
     return json_reply(body, scope.finish("200"))
 
 
-async def _events(scope: RequestScope, gen: Generation, req: llm_pb2.GenerateRequest) -> AsyncIterator[bytes]:
+async def _events(scope: RequestScope, gen: Generation, req: llm_pb2.GenerateRequest) -> AsyncGenerator[bytes, None]:
     index = 0
     try:
         async for ev in gen:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
 from pathprobe import jsoncodec, timing
@@ -196,7 +196,7 @@ async def _respond(
 
 async def _events(
     scope: RequestScope, gen: Generation, body: _Common, rid: str, created: int, model: str, chat: bool
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     kind = "chat.completion.chunk" if chat else "text_completion"
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     first = True

@@ -11,10 +11,18 @@ from pathprobe.server.routes import ROUTES
 
 _ERROR = {
     "type": "object",
-    "properties": {"error": {"type": "object", "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"}, "code": {"type": "integer"},
-        "status": {"type": "string", "description": "the gRPC status code's name"},
-        "param": {"type": ["string", "null"], "description": "the field at fault"}}}},
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "code": {"type": "integer"},
+                "status": {"type": "string", "description": "the gRPC status code's name"},
+                "param": {"type": ["string", "null"], "description": "the field at fault"},
+            },
+        }
+    },
 }
 _ERRORS = {
     "400": "invalid request (error.param names the field)",
@@ -26,9 +34,13 @@ _ERRORS = {
     "503": "unavailable (draining, or no engine)",
     "504": "the caller's deadline (grpc-timeout header) passed",
 }
-_TIMING = {"Server-Timing": {"description": "the server's split: srv.decode, srv.queue, srv.tokenize, srv.prefill, "
-                                            "srv.decode_steps, srv.detokenize, srv.encode, srv.total (ms)",
-                             "schema": {"type": "string"}}}
+_TIMING = {
+    "Server-Timing": {
+        "description": "the server's split: srv.decode, srv.queue, srv.tokenize, srv.prefill, "
+        "srv.decode_steps, srv.detokenize, srv.encode, srv.total (ms)",
+        "schema": {"type": "string"},
+    }
+}
 
 
 def _operation(route: Any) -> dict[str, Any]:

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-
 from pathprobe import jsoncodec
-from pathprobe.server import http_native, openai_api
 from pathprobe.errors import PathprobeError
+from pathprobe.server import http_native, openai_api
 from pathprobe.server.http_common import HttpRequest, Reply, StreamReply, error_reply
 from pathprobe.server.metrics import CONTENT_TYPE
 from pathprobe.v1 import llm_pb2
@@ -25,9 +24,17 @@ async def healthz(request: HttpRequest) -> Reply:
     """200 while serving; 503 ``draining`` once SIGTERM is seen (balancers take the server out)."""
     state = request.state
     engine = state.engine
-    return Reply(503 if state.draining else 200,
-                 jsoncodec.dumps({"status": "draining" if state.draining else "ok", "model": engine.model_name,
-                                  "queue_depth": engine.queue_depth(), "running": engine.running()}))
+    return Reply(
+        503 if state.draining else 200,
+        jsoncodec.dumps(
+            {
+                "status": "draining" if state.draining else "ok",
+                "model": engine.model_name,
+                "queue_depth": engine.queue_depth(),
+                "running": engine.running(),
+            }
+        ),
+    )
 
 
 async def metrics(request: HttpRequest) -> Reply:
@@ -82,12 +89,21 @@ class Route:
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/healthz", healthz, "Health: engine, queue depth, running requests"),
     Route("GET", "/metrics", metrics, "Prometheus metrics"),
-    Route("POST", "/v1/generate", http_native.generate, "Generate (native JSON; SSE with stream=true)",
-          _native_schema),
-    Route("POST", "/v1/completions", openai_api.completions, "OpenAI-compatible completions",
-          openai_api.CompletionRequest.model_json_schema),
-    Route("POST", "/v1/chat/completions", openai_api.chat_completions, "OpenAI-compatible chat completions",
-          openai_api.ChatRequest.model_json_schema),
+    Route("POST", "/v1/generate", http_native.generate, "Generate (native JSON; SSE with stream=true)", _native_schema),
+    Route(
+        "POST",
+        "/v1/completions",
+        openai_api.completions,
+        "OpenAI-compatible completions",
+        openai_api.CompletionRequest.model_json_schema,
+    ),
+    Route(
+        "POST",
+        "/v1/chat/completions",
+        openai_api.chat_completions,
+        "OpenAI-compatible chat completions",
+        openai_api.ChatRequest.model_json_schema,
+    ),
     Route("GET", "/v1/models", openai_api.models, "Models served"),
 )
 
@@ -105,8 +121,8 @@ async def call(route: Route, request: HttpRequest) -> Reply | StreamReply:
             state.auth.check_mapping(request.headers)
         except PathprobeError as exc:
             state.metrics.observe("http.auth", str(exc.http_status), {})
-            reply = error_reply(exc)
-            reply.headers["WWW-Authenticate"] = "Bearer"
-            return reply
+            refused = error_reply(exc)
+            refused.headers["WWW-Authenticate"] = "Bearer"
+            return refused
     reply: Reply | StreamReply = await route.handler(request)
     return reply

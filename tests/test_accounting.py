@@ -13,7 +13,14 @@ def recs(**by_status: int) -> list[dict]:
 
 def test_canonical_statuses() -> None:
     assert [canonical(s) for s in ("200", "OK", "429", "504", "401", "UNAVAILABLE", "")] == [
-        "OK", "OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "UNAVAILABLE", "UNKNOWN"]
+        "OK",
+        "OK",
+        "RESOURCE_EXHAUSTED",
+        "DEADLINE_EXCEEDED",
+        "UNAUTHENTICATED",
+        "UNAVAILABLE",
+        "UNKNOWN",
+    ]
 
 
 def test_everything_counted_is_clean() -> None:
@@ -36,8 +43,9 @@ def test_lost_and_mismatched_requests_are_reported() -> None:
 
 
 def test_gateway_refusals_never_reach_the_server() -> None:
-    a = reconcile(recs(OK=5, _429=3, UNAUTHENTICATED=1), Counter(OK=5),
-                  Counter(OK=5, RESOURCE_EXHAUSTED=3, UNAUTHENTICATED=1))
+    a = reconcile(
+        recs(OK=5, _429=3, UNAUTHENTICATED=1), Counter(OK=5), Counter(OK=5, RESOURCE_EXHAUSTED=3, UNAUTHENTICATED=1)
+    )
     assert a["unexplained"] == 0 and a["lost"] == 0
     # but a server that counts fewer OK than the gateway relayed is a difference
     a = reconcile(recs(OK=5), Counter(OK=4), Counter(OK=5))

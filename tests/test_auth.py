@@ -21,8 +21,15 @@ REQ = {"prompt": "The capital of France is", "max_tokens": 3}
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("auth-srv"), "--engine", "synthetic", "--decode-ms-per-token", "1",
-                 "--api-key", f"old-key,{SERVER_KEY}")
+    srv = Server(
+        tmp_path_factory.mktemp("auth-srv"),
+        "--engine",
+        "synthetic",
+        "--decode-ms-per-token",
+        "1",
+        "--api-key",
+        f"old-key,{SERVER_KEY}",
+    )
     yield srv
     srv.stop()
 
@@ -59,8 +66,12 @@ def test_server_keys(keyed_server) -> None:
     assert http_post(url, REQ, {"Authorization": "Bearer wrong"})[0] == 401
     assert http_post(url, REQ, {"Authorization": f"Basic {SERVER_KEY}"})[0] == 401
     assert http_post(url, REQ, {"Authorization": f"Bearer {SERVER_KEY}"})[0] == 200
-    assert http_post(f"{keyed_server.http_url}/v1/completions", {**REQ, "model": "synthetic"},
-                     {"X-API-Key": SERVER_KEY})[0] == 200
+    assert (
+        http_post(f"{keyed_server.http_url}/v1/completions", {**REQ, "model": "synthetic"}, {"X-API-Key": SERVER_KEY})[
+            0
+        ]
+        == 200
+    )
     # probes and scrapers need no key; refusals are counted
     with urllib.request.urlopen(f"{keyed_server.http_url}/healthz", timeout=5) as r:
         assert r.status == 200
@@ -70,8 +81,13 @@ def test_server_keys(keyed_server) -> None:
     assert 'code="UNAUTHENTICATED",route="grpc.Generate"' in text
 
 
-MODES = [("passthrough", ("--impl", "h2")), ("passthrough", ("--impl", "grpc")), ("transcode", ()),
-         ("reencode", ()), ("http-proxy", ())]
+MODES = [
+    ("passthrough", ("--impl", "h2")),
+    ("passthrough", ("--impl", "grpc")),
+    ("transcode", ()),
+    ("reencode", ()),
+    ("http-proxy", ()),
+]
 
 
 def _call(gw, mode: str, key: str | None, stream: bool = False):
@@ -87,8 +103,9 @@ def _call(gw, mode: str, key: str | None, stream: bool = False):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, extra", MODES, ids=["passthrough-h2", "passthrough-grpc", "transcode", "reencode",
-                                                    "http-proxy"])
+@pytest.mark.parametrize(
+    "mode, extra", MODES, ids=["passthrough-h2", "passthrough-grpc", "transcode", "reencode", "http-proxy"]
+)
 def test_gateway_checks_replaces_and_forwards(tmp_path, keyed_server, mode, extra) -> None:
     from tests.test_gateway import Gateway
 
@@ -108,8 +125,14 @@ def test_gateway_checks_replaces_and_forwards(tmp_path, keyed_server, mode, extr
                 codes = [grpc_code(ch, bearer(GATEWAY_KEY if i % 2 else "bad"), bool(i % 3)) for i in range(12)]
             assert codes == [grpc.StatusCode.OK if i % 2 else grpc.StatusCode.UNAUTHENTICATED for i in range(12)]
         m = gw.metrics()
-        assert sum(v for k, v in m.items() if k.startswith("pathprobe_gateway_requests_total")
-                   and (f'code="{denied}"' in k)) >= 6
+        assert (
+            sum(
+                v
+                for k, v in m.items()
+                if k.startswith("pathprobe_gateway_requests_total") and (f'code="{denied}"' in k)
+            )
+            >= 6
+        )
     finally:
         gw.stop()
     # 2. no key at the gateway: the client's credential goes upstream unchanged
@@ -137,7 +160,8 @@ def test_load_generator_sends_the_key(tmp_path, keyed_server, scheme) -> None:
         if errors:
             assert totals["ok"] == 0 and totals["errors"] > 0, (name, totals)
             recs = [json.loads(x) for x in (tmp_path / name / "records.jsonl").read_text().splitlines() if x]
-            assert {r["status"] for r in recs if r["status"] != "STOPPED"} == {"UNAUTHENTICATED" if scheme == "grpc"
-                                                                              else "401"}
+            assert {r["status"] for r in recs if r["status"] != "STOPPED"} == {
+                "UNAUTHENTICATED" if scheme == "grpc" else "401"
+            }
         else:
             assert totals["errors"] == 0, (name, totals)

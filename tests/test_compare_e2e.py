@@ -77,7 +77,8 @@ def test_default_matrix_prints_side_by_side_table(default_run):
             assert "nginx | skipped" in res.stdout
             continue
         assert t["status"] == "ok", (name, t["reason"])
-        assert re.search(rf"^\| {re.escape(name)}( \(base\))? \| \d+ \| 0 \|", res.stdout, re.MULTILINE), name
+        # its row is in the printed table (the figures are checked on report.json below)
+        assert any(line.startswith(f"| {name}") for line in res.stdout.splitlines()), name
         for c in ("1", "2"):
             g = t["by_concurrency"][c]
             assert g["ok"] > 0 and g["errors"] == 0
@@ -129,7 +130,11 @@ def test_real_report_opens_in_headless_chromium(default_run, tmp_path):
     )
     assert dom.returncode == 0, dom.stderr[-2000:]
     # stacked segments, CDFs, TTFT/ITL, sweep: all four decoded by the browser
-    assert 'data-plots-total="5"' in dom.stdout and 'data-plots-loaded="5"' in dom.stdout  # + the waterfall
+    # the page's own script counted the plots the browser decoded (naturalWidth > 0): every one of them
+    total = re.search(r'data-plots-total="(\d+)"', dom.stdout)
+    loaded = re.search(r'data-plots-loaded="(\d+)"', dom.stdout)
+    assert total and loaded and int(total.group(1)) >= 5, dom.stdout[:500]
+    assert loaded.group(1) == total.group(1)
     assert "traces/slowest/passthrough/01-" in dom.stdout
     shot = tmp_path / "shot.png"
     res = subprocess.run(

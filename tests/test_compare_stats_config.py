@@ -91,8 +91,10 @@ def test_default_config_file_equals_builtin_defaults():
         ({"load": {"arrival": "poisson"}}, "needs 'rate'"),
         ({"network": {"delay_ms": -1}}, "network.delay_ms: Input should be greater than or equal to 0"),
         ({"mode": "remote"}, "remote mode: target 'direct-grpc' needs 'address'"),
-        ({"load": {"prompt_set": "file", "prompt_file": "/no/such/prompts.jsonl"}},
-         "load: prompt_file: no such file: /no/such/prompts.jsonl"),
+        (
+            {"load": {"prompt_set": "file", "prompt_file": "/no/such/prompts.jsonl"}},
+            "load: prompt_file: no such file: /no/such/prompts.jsonl",
+        ),
     ],
 )
 def test_bad_config_names_key(data, expected):

@@ -78,10 +78,12 @@ class SseLoad(GrpcLoad):
         while not self.stop.is_set():
             c = Call(time.monotonic())
             self.calls.append(c)
-            body = json.dumps({"prompt": "hello there", "max_tokens": self.max_tokens, "ignore_eos": True,
-                               "stream": True}).encode()
-            req = urllib.request.Request(f"{self.target}/v1/generate", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+            body = json.dumps(
+                {"prompt": "hello there", "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
+            ).encode()
+            req = urllib.request.Request(
+                f"{self.target}/v1/generate", data=body, method="POST", headers={"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(req, timeout=30) as r:
                     for line in r:
@@ -113,8 +115,21 @@ def check_nothing_admitted_was_lost(calls: list[Call], t_sig: float) -> int:
 
 @pytest.mark.parametrize("front", ["aiohttp", "fastapi"])
 def test_server_drains_under_load(tmp_path, front) -> None:
-    srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "20", "--max-batch-size", "16",
-                 "--drain-delay-s", "0.6", "--drain-grace-s", "10", "--http-server", front)
+    srv = Server(
+        tmp_path,
+        "--engine",
+        "synthetic",
+        "--decode-ms-per-token",
+        "20",
+        "--max-batch-size",
+        "16",
+        "--drain-delay-s",
+        "0.6",
+        "--drain-grace-s",
+        "10",
+        "--http-server",
+        front,
+    )
     try:
         with GrpcLoad(srv.grpc_target, 4) as g, SseLoad(srv.http_url, 3) as h:
             time.sleep(1.0)
@@ -144,8 +159,17 @@ def test_gateway_takes_a_draining_upstream_out_first(tmp_path) -> None:
 
     a = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "2", "--drain-delay-s", "1.5")
     b = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "2")
-    gw = Gateway(tmp_path, "passthrough", f"{a.grpc_target},{b.grpc_target}", "--impl", "grpc",
-                 "--health-interval", "0.2", "--unhealthy-after", "1")
+    gw = Gateway(
+        tmp_path,
+        "passthrough",
+        f"{a.grpc_target},{b.grpc_target}",
+        "--impl",
+        "grpc",
+        "--health-interval",
+        "0.2",
+        "--unhealthy-after",
+        "1",
+    )
     try:
         with GrpcLoad(gw.target, 4, stream=False) as g:
             time.sleep(1.0)
@@ -164,12 +188,18 @@ def test_gateway_takes_a_draining_upstream_out_first(tmp_path) -> None:
         b.stop()
 
 
-MODES = [("passthrough", ("--impl", "h2")), ("passthrough", ("--impl", "grpc")), ("transcode", ()),
-         ("reencode", ()), ("http-proxy", ())]
+MODES = [
+    ("passthrough", ("--impl", "h2")),
+    ("passthrough", ("--impl", "grpc")),
+    ("transcode", ()),
+    ("reencode", ()),
+    ("http-proxy", ()),
+]
 
 
-@pytest.mark.parametrize("mode, extra", MODES, ids=["passthrough-h2", "passthrough-grpc", "transcode", "reencode",
-                                                    "http-proxy"])
+@pytest.mark.parametrize(
+    "mode, extra", MODES, ids=["passthrough-h2", "passthrough-grpc", "transcode", "reencode", "http-proxy"]
+)
 def test_gateway_drains_under_load(tmp_path, mode, extra) -> None:
     from tests.test_gateway import Gateway
 

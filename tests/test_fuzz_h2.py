@@ -46,8 +46,18 @@ def relay(request, server, tmp_path_factory):
     from tests.test_gateway import Gateway
 
     extra = ("--api-key", "k") if request.param == "rewrite" else ()
-    gw = Gateway(tmp_path_factory.mktemp("h2fuzz-gw"), "passthrough", server.grpc_target, "--impl", "h2",
-                 "--max-body-bytes", "65536", "--log-level", "INFO", *extra)
+    gw = Gateway(
+        tmp_path_factory.mktemp("h2fuzz-gw"),
+        "passthrough",
+        server.grpc_target,
+        "--impl",
+        "h2",
+        "--max-body-bytes",
+        "65536",
+        "--log-level",
+        "INFO",
+        *extra,
+    )
     gw.key = "k" if extra else None
     yield gw
     gw.stop()
@@ -56,14 +66,21 @@ def relay(request, server, tmp_path_factory):
 def good_call(gw) -> None:
     md = (("authorization", f"Bearer {gw.key}"),) if gw.key else ()
     with grpc.insecure_channel(gw.target) as ch:
-        resp = llm_pb2_grpc.LLMStub(ch).Generate(llm_pb2.GenerateRequest(prompt="hi", max_tokens=2), timeout=10,
-                                                 metadata=md)
+        resp = llm_pb2_grpc.LLMStub(ch).Generate(
+            llm_pb2.GenerateRequest(prompt="hi", max_tokens=2), timeout=10, metadata=md
+        )
     assert resp.usage.completion_tokens == 2
 
 
 def request_headers(gw, path: str = GENERATE) -> list[tuple[str, str]]:
-    h = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", gw.target),
-         ("content-type", "application/grpc"), ("te", "trailers")]
+    h = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", gw.target),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
     if gw.key:
         h.append(("authorization", f"Bearer {gw.key}"))
     return h
@@ -97,9 +114,9 @@ def grpc_status_of(raw: bytes) -> list[str]:
     dec = Decoder()
     out, pos = [], 0
     while pos + 9 <= len(raw):
-        length = int.from_bytes(raw[pos:pos + 3], "big")
+        length = int.from_bytes(raw[pos : pos + 3], "big")
         ftype = raw[pos + 3]
-        payload = raw[pos + 9:pos + 9 + length]
+        payload = raw[pos + 9 : pos + 9 + length]
         if ftype == 1:  # HEADERS (no padding/priority from these servers)
             try:
                 for k, v in dec.decode(payload):
@@ -132,7 +149,7 @@ def test_oversize_message_is_refused(relay) -> None:
     enc = Encoder()
     hdr = HeadersFrame(1, enc.encode(request_headers(relay)), flags=["END_HEADERS"]).serialize()
     body = grpc_message(b"x" * 70_000)
-    frames = b"".join(DataFrame(1, body[i:i + 16384]).serialize() for i in range(0, len(body), 16384))
+    frames = b"".join(DataFrame(1, body[i : i + 16384]).serialize() for i in range(0, len(body), 16384))
     raw = exchange(relay, hdr + frames + DataFrame(1, b"", flags=["END_STREAM"]).serialize())
     # RST_STREAM(ENHANCE_YOUR_CALM) to the client: RESOURCE_EXHAUSTED for a gRPC client
     assert any(raw[p + 3] == 3 for p in _frame_starts(raw)), raw[:200]
@@ -143,7 +160,7 @@ def _frame_starts(raw: bytes) -> list[int]:
     out, pos = [], 0
     while pos + 9 <= len(raw):
         out.append(pos)
-        pos += 9 + int.from_bytes(raw[pos:pos + 3], "big")
+        pos += 9 + int.from_bytes(raw[pos : pos + 3], "big")
     return out
 
 
@@ -155,8 +172,9 @@ MALFORMED = {
     "headers-pad-too-long": bytes.fromhex("000002") + bytes((1, 0x8 | 0x4)) + (1).to_bytes(4, "big") + b"\xff\x00",
     "headers-priority-short": bytes.fromhex("000002") + bytes((1, 0x20 | 0x4)) + (1).to_bytes(4, "big") + b"\x00\x00",
     "continuation-alone": ContinuationFrame(1, b"\x82", flags=["END_HEADERS"]).serialize(),
-    "data-on-stream-0": DataFrame(0, b"hello").serialize() if False else
-    bytes.fromhex("000005") + bytes((0, 0)) + (0).to_bytes(4, "big") + b"hello",
+    "data-on-stream-0": DataFrame(0, b"hello").serialize()
+    if False
+    else bytes.fromhex("000005") + bytes((0, 0)) + (0).to_bytes(4, "big") + b"hello",
     "data-idle-stream": DataFrame(7, b"hello", flags=["END_STREAM"]).serialize(),
     "rst-idle-stream": RstStreamFrame(9, 2).serialize(),
     "rst-short": bytes.fromhex("000002") + bytes((3, 0)) + (1).to_bytes(4, "big") + b"\x00\x00",
@@ -169,8 +187,9 @@ MALFORMED = {
     "goaway-from-client": GoAwayFrame(0, 0, 0, b"bye").serialize(),
     "unknown-type": bytes.fromhex("000004") + bytes((0xEE, 0xFF)) + (1).to_bytes(4, "big") + b"abcd",
     "length-lies": bytes.fromhex("ffffff") + bytes((0, 0)) + (1).to_bytes(4, "big") + b"short",
-    "even-stream-id": HeadersFrame(2, Encoder().encode([(":method", "POST"), (":path", GENERATE)]),
-                                   flags=["END_HEADERS", "END_STREAM"]).serialize(),
+    "even-stream-id": HeadersFrame(
+        2, Encoder().encode([(":method", "POST"), (":path", GENERATE)]), flags=["END_HEADERS", "END_STREAM"]
+    ).serialize(),
     "ping-flood": PingFrame(0, b"12345678").serialize() * 200,
 }
 
@@ -201,8 +220,7 @@ def test_random_frames(relay) -> None:
             flags = rnd.randrange(256)
             sid = rnd.choice([0, 1, 3, rnd.randrange(2**31)])
             payload = rnd.randbytes(rnd.choice([0, 1, 4, 5, 8, 9, rnd.randrange(300)]))
-            frames.append(len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big")
-                          + payload)
+            frames.append(len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload)
         exchange(relay, b"".join(frames), read_s=0.3)
         enc = Encoder()  # a fresh connection, a fresh table
     assert_alive(relay)

@@ -33,8 +33,12 @@ def stack(tmp_path_factory):
         procs.append(tc)
         hp = Gateway(tmp, "http-proxy", f"127.0.0.1:{a.http_port}")
         procs.append(hp)
-        urls = {"server-aiohttp": a.http_url, "server-fastapi": f.http_url, "gateway-transcode": tc.url,
-                "gateway-http-proxy": hp.url}
+        urls = {
+            "server-aiohttp": a.http_url,
+            "server-fastapi": f.http_url,
+            "gateway-transcode": tc.url,
+            "gateway-http-proxy": hp.url,
+        }
         yield urls, procs
     finally:
         for p in procs:
@@ -47,9 +51,12 @@ def base_url(request, stack) -> str:
 
 
 @schema.parametrize()
-@settings(max_examples=25, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.filter_too_much])
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 def test_no_server_errors(case, base_url) -> None:
     case.call_and_validate(base_url=base_url, checks=[not_a_server_error], timeout=30)
 

@@ -22,9 +22,16 @@ INT64 = st.integers(-(2**63), 2**63 - 1)
 FLOAT32 = st.floats(width=32, min_value=-1048576.0, max_value=1048576.0, allow_subnormal=False)
 requests = st.builds(
     llm_pb2.GenerateRequest,
-    prompt=st.text(max_size=40), prompt_token_ids=st.lists(INT32, max_size=5), max_tokens=INT32,
-    temperature=FLOAT32, top_p=FLOAT32, seed=INT64, ignore_eos=st.booleans(),
-    stop=st.lists(st.text(max_size=5), max_size=3), request_id=st.text(max_size=10), model=st.text(max_size=10),
+    prompt=st.text(max_size=40),
+    prompt_token_ids=st.lists(INT32, max_size=5),
+    max_tokens=INT32,
+    temperature=FLOAT32,
+    top_p=FLOAT32,
+    seed=INT64,
+    ignore_eos=st.booleans(),
+    stop=st.lists(st.text(max_size=5), max_size=3),
+    request_id=st.text(max_size=10),
+    model=st.text(max_size=10),
 )
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -43,8 +50,11 @@ def test_request_round_trips_through_json(msg) -> None:
 
 
 @BUDGET
-@given(st.dictionaries(st.sampled_from([*llm_pb2.GenerateRequest.DESCRIPTOR.fields_by_name, "stream", "x"]),
-                       json_values, max_size=6))
+@given(
+    st.dictionaries(
+        st.sampled_from([*llm_pb2.GenerateRequest.DESCRIPTOR.fields_by_name, "stream", "x"]), json_values, max_size=6
+    )
+)
 def test_any_json_object_is_a_request_or_a_named_invalid_argument(obj) -> None:
     try:
         jsoncodec.request_from_dict(obj)

@@ -23,14 +23,17 @@ def test_http_modes_take_upstream_http() -> None:
     assert GatewayConfig(mode="transcode", upstream="a:1", upstream_http="b:2").targets == ["a:1"]
 
 
-@pytest.mark.parametrize("given, env, needle", [
-    ({}, {}, "--upstream"),
-    ({"upstream": "x:1"}, {ENV["threads"]: "many"}, ENV["threads"]),
-    ({"upstream": "x:1", "balance": "random"}, {}, "--balance"),
-    ({"upstream": "x:1", "max_body_bytes": 0}, {}, "--max-body-bytes"),
-    ({"upstream": "x:1", "health_timeout": float("nan")}, {}, "--health-timeout"),
-    ({"upstream": "x"}, {}, "--upstream"),
-])
+@pytest.mark.parametrize(
+    "given, env, needle",
+    [
+        ({}, {}, "--upstream"),
+        ({"upstream": "x:1"}, {ENV["threads"]: "many"}, ENV["threads"]),
+        ({"upstream": "x:1", "balance": "random"}, {}, "--balance"),
+        ({"upstream": "x:1", "max_body_bytes": 0}, {}, "--max-body-bytes"),
+        ({"upstream": "x:1", "health_timeout": float("nan")}, {}, "--health-timeout"),
+        ({"upstream": "x"}, {}, "--upstream"),
+    ],
+)
 def test_bad_values_name_the_key(given, env, needle) -> None:
     with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
         GatewayConfig.from_values(given, env)

@@ -24,7 +24,8 @@ def test_unreadable_trailers_are_counted_and_logged(caplog) -> None:
         md, own = p._trailing(_BrokenCall(), 0.0, 1.5, pool.upstreams[0])
     # the caller still gets the gateway's own entries
     assert md[-1][0] == "server-timing" and own["gw.upstream"] == 1.5
-    value = metrics.registry.get_sample_value("pathprobe_gateway_trailer_errors_total",
-                                              {"upstream": "127.0.0.1:1", "error": "RuntimeError"})
+    value = metrics.registry.get_sample_value(
+        "pathprobe_gateway_trailer_errors_total", {"upstream": "127.0.0.1:1", "error": "RuntimeError"}
+    )
     assert value == 1.0
     assert any("cannot read the trailing metadata" in r.message for r in caplog.records)

@@ -42,8 +42,17 @@ def burst(fn, n: int) -> list:
 @pytest.fixture(scope="module")
 def one_slot(tmp_path_factory):
     """One slot, one queue place, 100 ms per output token."""
-    srv = Server(tmp_path_factory.mktemp("ovl"), "--engine", "synthetic", "--decode-ms-per-token", "100",
-                 "--max-batch-size", "1", "--max-queue", "1")
+    srv = Server(
+        tmp_path_factory.mktemp("ovl"),
+        "--engine",
+        "synthetic",
+        "--decode-ms-per-token",
+        "100",
+        "--max-batch-size",
+        "1",
+        "--max-queue",
+        "1",
+    )
     yield srv
     srv.stop()
 
@@ -123,12 +132,28 @@ def test_overload_at_twice_capacity(tmp_path) -> None:
     429, and admitted requests' latency stays bounded by the short queue."""
     from tests.test_load_e2e import load_records, run_load
 
-    srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "10", "--max-batch-size", "4",
-                 "--max-queue", "4")
+    srv = Server(
+        tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "10", "--max-batch-size", "4", "--max-queue", "4"
+    )
     try:
         out = tmp_path / "out"
-        run_load(out, "-H", srv.http_url, "-u", "48", "-r", "200", "-t", "4s", "--arrival", "constant",
-                 "--rate", "80", "--max-tokens", "10")
+        run_load(
+            out,
+            "-H",
+            srv.http_url,
+            "-u",
+            "48",
+            "-r",
+            "200",
+            "-t",
+            "4s",
+            "--arrival",
+            "constant",
+            "--rate",
+            "80",
+            "--max-tokens",
+            "10",
+        )
         recs = [r for r in load_records(out) if r["status"] != "STOPPED"]
     finally:
         srv.stop()
@@ -146,13 +171,19 @@ def test_overload_at_twice_capacity(tmp_path) -> None:
     assert sorted(refused)[len(refused) // 2] < 500  # refusals come at once (the box's CPU aside)
 
 
-MODES = [("passthrough", ("--impl", "h2")), ("passthrough", ("--impl", "grpc")), ("transcode", ()),
-         ("reencode", ()), ("http-proxy", ())]
+MODES = [
+    ("passthrough", ("--impl", "h2")),
+    ("passthrough", ("--impl", "grpc")),
+    ("transcode", ()),
+    ("reencode", ()),
+    ("http-proxy", ()),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, extra", MODES, ids=["passthrough-h2", "passthrough-grpc", "transcode", "reencode",
-                                                    "http-proxy"])
+@pytest.mark.parametrize(
+    "mode, extra", MODES, ids=["passthrough-h2", "passthrough-grpc", "transcode", "reencode", "http-proxy"]
+)
 def test_gateway_inflight_cap(tmp_path, mode, extra) -> None:
     from tests.test_gateway import Gateway
 
@@ -200,8 +231,7 @@ def test_transformers_engine_drops_expired_requests(tiny_server) -> None:
     """The real (tiny, CPU) engine: a request whose deadline passes leaves its batch at the next step."""
     url = f"{tiny_server.http_url}/v1/generate"
     t0 = time.monotonic()
-    status, _, body = http_post(url, {"prompt": "hi", "max_tokens": 400, "ignore_eos": True},
-                                {"grpc-timeout": "40m"})
+    status, _, body = http_post(url, {"prompt": "hi", "max_tokens": 400, "ignore_eos": True}, {"grpc-timeout": "40m"})
     took = time.monotonic() - t0
     assert status == 504 and json.loads(body)["error"]["status"] == "DEADLINE_EXCEEDED", body
     assert took < 2.0, took

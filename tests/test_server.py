@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-
 from pathprobe import timing
 from pathprobe.timing import SERVER_ENTRIES
+
 from tests.support.clients import grpc_generate, grpc_stream, http_post, sse_events
 from tests.support.procs import Server
 
@@ -29,8 +29,9 @@ def assert_complete_split(entries: dict[str, float]) -> None:
 
 
 def test_grpc_unary(synthetic_server: Server) -> None:
-    resp, entries = grpc_generate(synthetic_server.grpc_target, prompt="The capital of France is", max_tokens=8,
-                                  request_id="r1")
+    resp, entries = grpc_generate(
+        synthetic_server.grpc_target, prompt="The capital of France is", max_tokens=8, request_id="r1"
+    )
     assert resp.usage.completion_tokens == 8 and len(resp.token_ids) == 8
     assert resp.finish_reason == "length" and resp.request_id == "r1" and resp.text
     assert_complete_split(entries)
@@ -82,8 +83,13 @@ def test_openai_client_completions_and_chat(http_server: Server) -> None:
     assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
     assert chat.usage.completion_tokens == 4
 
-    stream = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == chat.choices[0].message.content
@@ -99,8 +105,19 @@ def test_openai_client_completions_and_chat(http_server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def timed_server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("timed"), "--engine", "synthetic", "--prefill-ms-per-token", "0.5",
-                 "--decode-ms-per-token", "5", "--max-batch-size", "2", "--max-queue", "64")
+    srv = Server(
+        tmp_path_factory.mktemp("timed"),
+        "--engine",
+        "synthetic",
+        "--prefill-ms-per-token",
+        "0.5",
+        "--decode-ms-per-token",
+        "5",
+        "--max-batch-size",
+        "2",
+        "--max-queue",
+        "64",
+    )
     yield srv
     srv.stop()
 
@@ -181,8 +198,11 @@ BAD_HTTP = [
     ("/v1/completions", json.dumps({"prompt": "hi", "temperature": 9}).encode(), "temperature"),
     ("/v1/completions", json.dumps({"prompt": "hi", "model": "gpt-9"}).encode(), "model"),
     ("/v1/chat/completions", json.dumps({"messages": "hi"}).encode(), "messages"),
-    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}).encode(),
-     "max_tokens"),
+    (
+        "/v1/chat/completions",
+        json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}).encode(),
+        "max_tokens",
+    ),
 ]
 
 
@@ -215,8 +235,19 @@ def test_http_unknown_path_and_too_large(tmp_path, http_front_end: str) -> None:
 
 
 def test_full_queue_is_resource_exhausted_and_disconnect_frees_slot(tmp_path, http_front_end: str) -> None:
-    srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "20", "--max-batch-size", "1",
-                 "--max-queue", "1", "--http-server", http_front_end)
+    srv = Server(
+        tmp_path,
+        "--engine",
+        "synthetic",
+        "--decode-ms-per-token",
+        "20",
+        "--max-batch-size",
+        "1",
+        "--max-queue",
+        "1",
+        "--http-server",
+        http_front_end,
+    )
     try:
         results: list[object] = []
 
@@ -244,8 +275,11 @@ def test_full_queue_is_resource_exhausted_and_disconnect_frees_slot(tmp_path, ht
             call = llm_pb2_grpc.LLMStub(ch).GenerateStream(llm_pb2.GenerateRequest(prompt="hi", max_tokens=500))
             next(call)
             call.cancel()
-        req = urllib.request.Request(srv.http_url + "/v1/generate", method="POST",
-                                     data=json.dumps({"prompt": "hi", "max_tokens": 500, "stream": True}).encode())
+        req = urllib.request.Request(
+            srv.http_url + "/v1/generate",
+            method="POST",
+            data=json.dumps({"prompt": "hi", "max_tokens": 500, "stream": True}).encode(),
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             resp.readline()
         deadline = time.monotonic() + 5
@@ -267,8 +301,12 @@ def test_metrics_exposed(http_server: Server) -> None:
     text = urllib.request.urlopen(f"{synthetic_server.http_url}/metrics").read().decode()
     assert 'pathprobe_server_requests_total{code="OK",route="grpc.Generate"}' in text
     assert 'pathprobe_server_segment_ms_bucket{entry="srv.prefill"' in text
-    for name in ("pathprobe_server_queue_depth", "pathprobe_server_running", "pathprobe_server_generated_tokens_total",
-                 "pathprobe_server_batch_size_bucket"):
+    for name in (
+        "pathprobe_server_queue_depth",
+        "pathprobe_server_running",
+        "pathprobe_server_generated_tokens_total",
+        "pathprobe_server_batch_size_bucket",
+    ):
         assert name in text
 
 
@@ -285,8 +323,9 @@ def test_deadline_cancels_engine_work(timed_server: Server) -> None:
     assert health["running"] == 0, "the engine kept generating for a caller that is gone"
     text = urllib.request.urlopen(f"{timed_server.http_url}/metrics").read().decode()
     # the engine sees the deadline too: whichever comes first (its own check or grpc's cancel) is counted, once
-    assert ('pathprobe_server_requests_total{code="CANCELLED",route="grpc.Generate"} 1.0' in text) != \
-        ('pathprobe_server_requests_total{code="DEADLINE_EXCEEDED",route="grpc.Generate"} 1.0' in text)
+    assert ('pathprobe_server_requests_total{code="CANCELLED",route="grpc.Generate"} 1.0' in text) != (
+        'pathprobe_server_requests_total{code="DEADLINE_EXCEEDED",route="grpc.Generate"} 1.0' in text
+    )
 
 
 def test_sub_millisecond_tokens_are_paced_not_bunched(tmp_path) -> None:
@@ -302,8 +341,10 @@ def test_sub_millisecond_tokens_are_paced_not_bunched(tmp_path) -> None:
             stub = llm_pb2_grpc.LLMStub(ch)
             medians = []
             for _ in range(3):
-                arrivals = [time.perf_counter() for _ in stub.GenerateStream(
-                    llm_pb2.GenerateRequest(prompt="hi", max_tokens=60))]
+                arrivals = [
+                    time.perf_counter()
+                    for _ in stub.GenerateStream(llm_pb2.GenerateRequest(prompt="hi", max_tokens=60))
+                ]
                 gaps = [(b - a) * 1e3 for a, b in zip(arrivals[1:], arrivals[2:])]
                 medians.append(statistics.median(gaps))
         assert 0.25 < statistics.median(medians) < 0.9, medians
@@ -315,8 +356,14 @@ def test_openapi_document_lists_every_route_with_its_body_schema(http_server: Se
     doc = json.loads(urllib.request.urlopen(f"{http_server.http_url}/openapi.json", timeout=10).read())
     assert doc["openapi"].startswith("3.")
     ops = {(path, method) for path, item in doc["paths"].items() for method in item}
-    assert {("/v1/generate", "post"), ("/v1/completions", "post"), ("/v1/chat/completions", "post"),
-            ("/v1/models", "get"), ("/healthz", "get"), ("/metrics", "get")} <= ops
+    assert {
+        ("/v1/generate", "post"),
+        ("/v1/completions", "post"),
+        ("/v1/chat/completions", "post"),
+        ("/v1/models", "get"),
+        ("/healthz", "get"),
+        ("/metrics", "get"),
+    } <= ops
     native = doc["paths"]["/v1/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert {"prompt", "max_tokens", "prompt_token_ids", "stream"} <= set(native["properties"])
     chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]

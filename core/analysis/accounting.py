@@ -75,8 +75,9 @@ def client_counts(records: Iterable[Mapping[str, Any]]) -> Counter[str]:
     return Counter(canonical(str(r.get("status") or "")) for r in records)
 
 
-def compare_hop(expected: Counter[str], got: Counter[str], stopped: int, hop: str, upstream_of: str,
-                own: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def compare_hop(
+    expected: Counter[str], got: Counter[str], stopped: int, hop: str, upstream_of: str, own: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     """Differences between what ``upstream_of`` counted (``expected``) and what ``hop`` counted.
 
     ``stopped``: requests stopped in flight before ``hop``; ``own``: statuses the previous hop
@@ -98,13 +99,22 @@ def compare_hop(expected: Counter[str], got: Counter[str], stopped: int, hop: st
             why = f"{e - g} request(s) stopped in flight were cancelled before they reached the {hop}"
         elif status in own and g < e:
             why = f"{e - g} answered by the {upstream_of} itself"
-        diffs.append({"hop": hop, "status": status, upstream_of: e, hop: g, "explained": why is not None,
-                      "why": why or f"{upstream_of} counted {e}, {hop} counted {g}"})
+        diffs.append(
+            {
+                "hop": hop,
+                "status": status,
+                upstream_of: e,
+                hop: g,
+                "explained": why is not None,
+                "why": why or f"{upstream_of} counted {e}, {hop} counted {g}",
+            }
+        )
     return diffs
 
 
-def reconcile(records: Sequence[Mapping[str, Any]], server: Counter[str] | None,
-              gateway: Counter[str] | None = None) -> dict[str, Any]:
+def reconcile(
+    records: Sequence[Mapping[str, Any]], server: Counter[str] | None, gateway: Counter[str] | None = None
+) -> dict[str, Any]:
     """One run's accounting: counts by status at each place, and every difference."""
     client = client_counts(records)
     stopped = client.get("STOPPED", 0)
@@ -132,8 +142,7 @@ def merge(runs: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
     blocks: list[Mapping[str, Any]] = [b for b in runs if b]
     if not blocks:
         return None
-    out: dict[str, Any] = {"runs": len(blocks), "stopped_in_flight": 0, "lost": 0, "unexplained": 0,
-                           "differences": []}
+    out: dict[str, Any] = {"runs": len(blocks), "stopped_in_flight": 0, "lost": 0, "unexplained": 0, "differences": []}
     for b in blocks:
         for place in ("client", "gateway", "server"):
             counts = b.get(place)

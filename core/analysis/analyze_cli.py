@@ -21,24 +21,42 @@ HELP = "segment breakdown from exported traces (OTLP JSON files, or a Jaeger que
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("analyze", help=HELP, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("inputs", nargs="*", metavar="FILE|DIR",
-                   help="OTLP JSON / JSON lines / Jaeger JSON files or folders")
-    p.add_argument("--jaeger", metavar="URL",
-                   help="Jaeger query base URL, e.g. http://127.0.0.1:16686 (uses /api/v3/traces)")
+    p = subparsers.add_parser(
+        "analyze", help=HELP, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "inputs", nargs="*", metavar="FILE|DIR", help="OTLP JSON / JSON lines / Jaeger JSON files or folders"
+    )
+    p.add_argument(
+        "--jaeger", metavar="URL", help="Jaeger query base URL, e.g. http://127.0.0.1:16686 (uses /api/v3/traces)"
+    )
     p.add_argument("--service", help="with --jaeger: service whose traces to fetch (e.g. pathprobe-loadgen)")
     p.add_argument("--operation", help="with --jaeger: only this operation (span name)")
     p.add_argument("--lookback", default="1h", help="with --jaeger: how far back (30m, 2h, 1d); default 1h")
     p.add_argument("--limit", type=int, default=1000, help="with --jaeger: max traces (default 1000)")
     p.add_argument("--trace-id", action="append", default=[], help="only these traces (repeatable)")
-    p.add_argument("--from", dest="source", choices=("attributes", "durations"), default="attributes",
-                   help="attributes: exact values each hop recorded (default); durations: span timing only")
-    p.add_argument("--records", action="append", default=[], metavar="records.jsonl",
-                   help="pathprobe load records: check the trace split against the in-band split")
+    p.add_argument(
+        "--from",
+        dest="source",
+        choices=("attributes", "durations"),
+        default="attributes",
+        help="attributes: exact values each hop recorded (default); durations: span timing only",
+    )
+    p.add_argument(
+        "--records",
+        action="append",
+        default=[],
+        metavar="records.jsonl",
+        help="pathprobe load records: check the trace split against the in-band split",
+    )
     p.add_argument("--json", metavar="PATH", help="write every trace's split (and the agreement) as JSON")
-    p.add_argument("--write-trace", action="append", default=[], metavar="ID|slowest:N",
-                   help="write these traces (or the N slowest) as files Jaeger's UI opens")
+    p.add_argument(
+        "--write-trace",
+        action="append",
+        default=[],
+        metavar="ID|slowest:N",
+        help="write these traces (or the N slowest) as files Jaeger's UI opens",
+    )
     p.add_argument("--out", default="traces-out", help="folder for --write-trace files (default traces-out)")
     p.add_argument("--format", choices=("jaeger", "otlp"), default="jaeger", help="file format for --write-trace")
     p.add_argument("--per-trace", action="store_true", help="print one line per trace")
@@ -62,8 +80,8 @@ def _slowest_count(spec: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from pathprobe.analysis import traces as tr
-    from pathprobe.analysis.records import agreement, read_records
     from pathprobe.analysis.hops import format_path, summarize_hops
+    from pathprobe.analysis.records import agreement, read_records
     from pathprobe.analysis.report import segment_table
     from pathprobe.analysis.tracesplit import split_trace
 
@@ -74,8 +92,14 @@ def run(args: argparse.Namespace) -> int:
     slowest = {spec: _slowest_count(spec) for spec in args.write_trace if spec.startswith("slowest:")}
     spans = tr.read_spans(args.inputs) if args.inputs else []
     if args.jaeger:
-        spans += tr.query_jaeger(args.jaeger, service=args.service, trace_ids=args.trace_id,
-                                 lookback=_lookback(args.lookback), limit=args.limit, operation=args.operation)
+        spans += tr.query_jaeger(
+            args.jaeger,
+            service=args.service,
+            trace_ids=args.trace_id,
+            lookback=_lookback(args.lookback),
+            limit=args.limit,
+            operation=args.operation,
+        )
     traces = tr.group_traces(spans)
     if args.trace_id:
         wanted = {t.lower() for t in args.trace_id}
@@ -112,16 +136,22 @@ def run(args: argparse.Namespace) -> int:
         print()
         for s in sorted(good, key=lambda s: -s.split.e2e):  # type: ignore[union-attr]
             d = s.split.as_dict()  # type: ignore[union-attr]
-            print(f"{s.trace_id} {s.route:24s} " + " ".join(f"{k}={d[k]:.3f}" for k in
-                  ("e2e", "network", "serialization", "queueing", "inference", "other")))
+            print(
+                f"{s.trace_id} {s.route:24s} "
+                + " ".join(
+                    f"{k}={d[k]:.3f}" for k in ("e2e", "network", "serialization", "queueing", "inference", "other")
+                )
+            )
     result: dict = {"source": args.source, "traces": [s.as_dict() for s in splits]}
     if args.records:
         recs = [r for path in args.records for r in read_records(path)]
         agr = agreement(good, recs)
         result["agreement"] = agr
         print()
-        print(f"agreement with in-band records ({agr['rule']}): {agr['matched']} traces matched of "
-              f"{agr['records_with_trace']} records with a trace id")
+        print(
+            f"agreement with in-band records ({agr['rule']}): {agr['matched']} traces matched of "
+            f"{agr['records_with_trace']} records with a trace id"
+        )
         for key, st in agr["segments"].items():
             print(f"  {key:14s} n={st['n']:5d}  outside={st['outside']:4d}  max |diff|={st['max_abs_diff_ms']:.3f} ms")
         print("  AGREE" if agr["agree"] else "  DISAGREE")

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.accounting import merge as accounting_merge
 from pathprobe.analysis import paired as paired_mod
+from pathprobe.analysis.accounting import merge as accounting_merge
 from pathprobe.analysis.config import CompareConfig, TargetConfig
 from pathprobe.analysis.hops import summarize_hops
 from pathprobe.analysis.report import (
@@ -55,18 +55,23 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
     L = cfg.load
     return {
         "primary_metric": primary,
-        "summary": ((f"{L.rounds} rounds x {L.duration_s:g} s per configuration and concurrency "
-                     f"({', '.join(map(str, L.concurrency))}), calls interleaved one by one (one load process, "
-                     f"a shuffled order of the configurations per cycle, verdicts on the paired path tax); "
-                     f"warm-up {L.warmup_s:g} s " if L.interleave == "call" else
-                     f"{L.rounds} interleaved rounds x {L.duration_s:g} s per configuration and concurrency "
-                     f"({', '.join(map(str, L.concurrency))}), order rotated per round; warm-up {L.warmup_s:g} s ")
-                    + f"per configuration excluded; {L.arrival} arrival"
-                    + (f" at {L.rate:g} req/s" if L.rate else "")
-                    + f"; {'stream' if L.stream else 'unary'}, {L.prompt_set} prompts of {L.prompt_tokens} tokens, "
-                    f"max_tokens {L.max_tokens}. p50/p95/p99 with 95% bootstrap CIs ({cfg.bootstrap} resamples); "
-                    f"Welch's t-test vs the baseline, Holm-adjusted, alpha {cfg.alpha}; a verdict needs "
-                    f"significance and a non-negligible Cliff's delta (>= 0.147)."),
+        "summary": (
+            (
+                f"{L.rounds} rounds x {L.duration_s:g} s per configuration and concurrency "
+                f"({', '.join(map(str, L.concurrency))}), calls interleaved one by one (one load process, "
+                f"a shuffled order of the configurations per cycle, verdicts on the paired path tax); "
+                f"warm-up {L.warmup_s:g} s "
+                if L.interleave == "call"
+                else f"{L.rounds} interleaved rounds x {L.duration_s:g} s per configuration and concurrency "
+                f"({', '.join(map(str, L.concurrency))}), order rotated per round; warm-up {L.warmup_s:g} s "
+            )
+            + f"per configuration excluded; {L.arrival} arrival"
+            + (f" at {L.rate:g} req/s" if L.rate else "")
+            + f"; {'stream' if L.stream else 'unary'}, {L.prompt_set} prompts of {L.prompt_tokens} tokens, "
+            f"max_tokens {L.max_tokens}. p50/p95/p99 with 95% bootstrap CIs ({cfg.bootstrap} resamples); "
+            f"Welch's t-test vs the baseline, Holm-adjusted, alpha {cfg.alpha}; a verdict needs "
+            f"significance and a non-negligible Cliff's delta (>= 0.147)."
+        ),
         "rounds": L.rounds,
         "interleave": L.interleave,
         "duration_s": L.duration_s,
@@ -80,16 +85,16 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
         "max_tokens": L.max_tokens,
         "alpha": cfg.alpha,
         "test": "Welch's t-test (scipy.stats.ttest_ind, equal_var=False) per request, "
-                "Holm-Bonferroni across configurations",
+        "Holm-Bonferroni across configurations",
         "effect_sizes": "Cliff's delta (magnitude: Romano et al.) and Cohen's d",
         "ci": f"percentile bootstrap, {cfg.bootstrap} resamples, 95%",
         "note": "requests inside one run are not independent (shared queue, machine noise); "
-                "per-round medians are in report.json (targets.*.by_concurrency.*.rounds) to judge stability",
+        "per-round medians are in report.json (targets.*.by_concurrency.*.rounds) to judge stability",
         "client_check": "every load process measures its own event-loop lag and CPU (summary.json 'client'); "
-                        "a run whose load generator was saturated (loop or process CPU >= 90% of a core, or "
-                        "busy loop lag p99 >= 5 ms) is named in a warning under its concurrency "
-                        "(targets.*.by_concurrency.*.client, client_warnings), and verdicts involving it are "
-                        "flagged: its own waiting is booked as network hop 1",
+        "a run whose load generator was saturated (loop or process CPU >= 90% of a core, or "
+        "busy loop lag p99 >= 5 ms) is named in a warning under its concurrency "
+        "(targets.*.by_concurrency.*.client, client_warnings), and verdicts involving it are "
+        "flagged: its own waiting is booked as network hop 1",
     }
 
 
@@ -137,7 +142,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     capture = None
     try:
         # ---- early failures: bad addresses, taken ports
-        for i, t in enumerate(targets):
+        for t in targets:
             if cfg.mode == "remote" or t.kind == "external":
                 host, port = split_hostport(t.address or "")
                 why = reachable(f"{host}:{port}")
@@ -154,7 +159,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                 p = Path_(t, url=normalize_address(t.address or "", t.protocol or "grpc"))
                 try:
                     if net:
-                        front, m = stack.relay(t.name, "%s:%d" % split_hostport(t.address or ""), net)
+                        front, m = stack.relay(t.name, "{}:{}".format(*split_hostport(t.address or "")), net)
                         p.procs.append(m)
                         p.url = normalize_address(front, t.protocol or "grpc")
                     p.probe_ms = wait_ready(p.url, 30, p.procs, t.model)
@@ -164,24 +169,47 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
             else:
                 p = stack.build(t)
             paths[t.name] = p
-            log(f"{t.name}: {p.status}" + (f" ({p.reason})" if p.reason else f" at {p.url}, "
-                                           f"first request {p.probe_ms:.1f} ms"))
+            log(
+                f"{t.name}: {p.status}"
+                + (f" ({p.reason})" if p.reason else f" at {p.url}, first request {p.probe_ms:.1f} ms")
+            )
         live = [p for p in paths.values() if p.status == "ok"]
         if not live:
-            raise ConfigError("no configuration could be started: "
-                              + "; ".join(f"{p.name}: {p.reason}" for p in paths.values()))
+            raise ConfigError(
+                "no configuration could be started: " + "; ".join(f"{p.name}: {p.reason}" for p in paths.values())
+            )
         traces_dir = out / "traces" / "client"
         prompt_file = prepare_prompts(cfg, out, log)
         mixed = interleavable(cfg, live)
         # ---- warm-up per configuration (interleaved call by call when the rounds are)
         if cfg.load.warmup_s > 0:
             if mixed:
-                warm = run_load_mixed(cfg, live, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
-                                      out / "runs", None, prompt_file, stack.placement)
+                warm = run_load_mixed(
+                    cfg,
+                    live,
+                    max(cfg.load.concurrency),
+                    -1,
+                    cfg.load.warmup_s,
+                    out / "runs",
+                    None,
+                    prompt_file,
+                    stack.placement,
+                )
             else:
-                warm = {p.name: run_load(cfg, p, max(cfg.load.concurrency), -1, cfg.load.warmup_s,
-                                         out / "runs" / p.name / "warmup", None, prompt_file, stack.placement)
-                        for p in live}
+                warm = {
+                    p.name: run_load(
+                        cfg,
+                        p,
+                        max(cfg.load.concurrency),
+                        -1,
+                        cfg.load.warmup_s,
+                        out / "runs" / p.name / "warmup",
+                        None,
+                        prompt_file,
+                        stack.placement,
+                    )
+                    for p in live
+                }
             for p in live:
                 res = warm[p.name]
                 warmups[p.name] = res
@@ -193,8 +221,9 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
             if cfg.mode != "local":
                 raise ConfigError("witness: pcap needs local mode (the capture follows the ports compare started)")
             if 1 not in cfg.load.concurrency:
-                raise ConfigError("witness: pcap matches packets to requests at concurrency 1; add 1 to "
-                                  "load.concurrency")
+                raise ConfigError(
+                    "witness: pcap matches packets to requests at concurrency 1; add 1 to load.concurrency"
+                )
             from pathprobe.analysis.witness import Capture
 
             ports = [port for p in live for ports_, _ in p.chain for port in ports_]
@@ -214,16 +243,18 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                 for p in order:
                     dead = p.dead() or (stack.server if stack.server and stack.server.exit_code() is not None else None)
                     if dead is not None:
-                        _fail(p, f"{dead.name} exited with code {dead.exit_code()} before round {rnd + 1}: "
-                                 f"{dead.tail()}")
+                        _fail(
+                            p, f"{dead.name} exited with code {dead.exit_code()} before round {rnd + 1}: {dead.tail()}"
+                        )
                 order = [p for p in order if p.status == "ok"]
                 # CPU of each path's own processes (they serve only its requests, interleaved or not)
                 cpu0 = {p.name: cpu_seconds(p.procs) for p in order}
                 if mixed and len(order) > 1:
                     tf = traces_dir / f"interleaved-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
                     before_batch = {p.name: _scrape(stack, p) for p in order}
-                    batch = run_load_mixed(cfg, order, conc, rnd, cfg.load.duration_s, out / "runs", tf, prompt_file,
-                                           stack.placement)
+                    batch = run_load_mixed(
+                        cfg, order, conc, rnd, cfg.load.duration_s, out / "runs", tf, prompt_file, stack.placement
+                    )
                     _account_batch(stack, order, before_batch, batch)
                 else:
                     batch = {}
@@ -235,8 +266,9 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                         cpu0[p.name] = cpu_seconds(p.procs)
                         run_dir = out / "runs" / p.name / f"c{conc}" / f"r{rnd}"
                         before = _scrape(stack, p)  # accounting: one path per run, so its counters are its own
-                        res = run_load(cfg, p, conc, rnd, cfg.load.duration_s, run_dir, tf, prompt_file,
-                                       stack.placement)
+                        res = run_load(
+                            cfg, p, conc, rnd, cfg.load.duration_s, run_dir, tf, prompt_file, stack.placement
+                        )
                         res.accounting = _account(stack, p, before, res, run_dir)
                     cpu1 = cpu_seconds(p.procs)
                     if cpu0[p.name] is not None and cpu1 is not None:
@@ -247,24 +279,36 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                     failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
                     dead = p.dead()
                     if dead is not None:
-                        _fail(p, f"{dead.name} exited with code {dead.exit_code()} during round {rnd + 1}, "
-                                 f"concurrency {conc}: {dead.tail()}")
+                        _fail(
+                            p,
+                            f"{dead.name} exited with code {dead.exit_code()} during round {rnd + 1}, "
+                            f"concurrency {conc}: {dead.tail()}",
+                        )
                     elif res.error:
                         _fail(p, f"round {rnd + 1}, concurrency {conc}: {res.error}")
                     elif not ok:
-                        _fail(p, f"round {rnd + 1}, concurrency {conc}: every request failed: "
-                                 f"{_first_error(res.records)}")
+                        _fail(
+                            p, f"round {rnd + 1}, concurrency {conc}: every request failed: {_first_error(res.records)}"
+                        )
                     vals = metric_values([r for r in ok if r.get("split")], primary)
                     import numpy as np
 
                     p50 = f"{float(np.median(vals)):.3f} ms" if vals else "–"
-                    log(f"[{k}/{n_runs}] round {rnd + 1} c={conc} {p.name}: {len(ok)} ok, "
+                    log(
+                        f"[{k}/{n_runs}] round {rnd + 1} c={conc} {p.name}: {len(ok)} ok, "
                         f"{len(failed)} err, p50 {p50}"
                         + (f"  FAILED: {p.reason}" if p.status == "failed" else "")
-                        + (f"  CLIENT SATURATED: {res.client.get('reason')}"
-                           if res.client and res.client.get("saturated") else "")
-                        + (f"  ACCOUNTING: {res.accounting['unexplained']} unexplained difference(s)"
-                           if res.accounting and res.accounting["unexplained"] else ""))
+                        + (
+                            f"  CLIENT SATURATED: {res.client.get('reason')}"
+                            if res.client and res.client.get("saturated")
+                            else ""
+                        )
+                        + (
+                            f"  ACCOUNTING: {res.accounting['unexplained']} unexplained difference(s)"
+                            if res.accounting and res.accounting["unexplained"]
+                            else ""
+                        )
+                    )
         if capture is not None:
             capture.stop()
         if cfg.tracing:
@@ -330,8 +374,9 @@ def _account(stack: Any, p: Path_, before: dict[str, Any], res: RunResult, run_d
     return block
 
 
-def _account_batch(stack: Any, paths: list[Path_], before: dict[str, dict[str, Any]],
-                   batch: dict[str, RunResult]) -> None:
+def _account_batch(
+    stack: Any, paths: list[Path_], before: dict[str, dict[str, Any]], batch: dict[str, RunResult]
+) -> None:
     """Accounting of a call-by-call interleaved run: each gateway serves only its configuration's
     calls (set against that configuration's records); the server serves them all (set against
     every configuration's records together, the same block on each)."""
@@ -432,8 +477,9 @@ def build_report(
                 continue
             recs = [rec for r in runs for rec in r.records]
             rounds = {r.round: r.records for r in runs}
-            g = summarize_group(recs, duration_s=sum(r.duration_s for r in runs), primary=primary,
-                                n_boot=cfg.bootstrap, rounds=rounds)
+            g = summarize_group(
+                recs, duration_s=sum(r.duration_s for r in runs), primary=primary, n_boot=cfg.bootstrap, rounds=rounds
+            )
             client = client_summary({r.round: r.client for r in runs})
             if client is not None:
                 g["client"] = client
@@ -457,8 +503,10 @@ def build_report(
     if interleaved:
         e2e_verdicts, verdicts = verdicts, _paired_verdicts(cfg, report_targets, results, baseline, concs)
     warnings = client_warnings(report_targets, concs)
-    by_conc = {name: {c: [rec for r in runs if r.concurrency == c for rec in r.records] for c in concs}
-               for name, runs in results.items()}
+    by_conc = {
+        name: {c: [rec for r in runs if r.concurrency == c for rec in r.records] for c in concs}
+        for name, runs in results.items()
+    }
     self_reports = add_self_reports(report_targets, by_conc, baseline)
     return {
         "meta": {
@@ -515,16 +563,28 @@ def path_cpu(runs: list[RunResult]) -> dict[str, Any] | None:
     if not measured or n == 0:
         return None
     cpu_s = sum(r.path_cpu_s or 0.0 for r in measured)
-    return {"cpu_s": round(cpu_s, 4), "requests": n, "ms_per_request": round(cpu_s * 1e3 / n, 4),
-            "what": "user+system CPU of the path's own processes and their children during the measured runs"}
-def _paired_verdicts(cfg: CompareConfig, report_targets: dict[str, Any], results: dict[str, list[RunResult]],
-                     baseline: str, concs: list[int]) -> list[dict[str, Any]]:
+    return {
+        "cpu_s": round(cpu_s, 4),
+        "requests": n,
+        "ms_per_request": round(cpu_s * 1e3 / n, 4),
+        "what": "user+system CPU of the path's own processes and their children during the measured runs",
+    }
+
+
+def _paired_verdicts(
+    cfg: CompareConfig,
+    report_targets: dict[str, Any],
+    results: dict[str, list[RunResult]],
+    baseline: str,
+    concs: list[int],
+) -> list[dict[str, Any]]:
     """Interleaved runs: each configuration's path tax, its calls paired with the baseline's of the same
     cycle, and verdicts on the paired path-tax difference (see :mod:`pathprobe.analysis.paired`)."""
     verdicts: list[dict[str, Any]] = []
     for conc in concs:
-        recs = {name: [rec for r in runs if r.concurrency == conc for rec in r.records]
-                for name, runs in results.items()}
+        recs = {
+            name: [rec for r in runs if r.concurrency == conc for rec in r.records] for name, runs in results.items()
+        }
         per: dict[str, dict[str, Any]] = {}
         for name, t in report_targets.items():
             g = t["by_concurrency"].get(str(conc))
@@ -532,8 +592,7 @@ def _paired_verdicts(cfg: CompareConfig, report_targets: dict[str, Any], results
                 continue
             g["path_tax"] = paired_mod.tax_summary(recs.get(name, []))
             if name != baseline and t["status"] == "ok" and recs.get(baseline):
-                per[name] = g["paired"] = paired_mod.paired(recs.get(name, []), recs[baseline],
-                                                             n_boot=cfg.bootstrap)
+                per[name] = g["paired"] = paired_mod.paired(recs.get(name, []), recs[baseline], n_boot=cfg.bootstrap)
         found = paired_mod.judge(per, baseline, conc, cfg.alpha)
         clients = [(t["by_concurrency"].get(str(conc)) or {}).get("client") or {} for t in report_targets.values()]
         if any(c.get("saturated") for c in clients):
@@ -545,8 +604,10 @@ def _paired_verdicts(cfg: CompareConfig, report_targets: dict[str, Any], results
         for v in found:
             if flag:
                 v["client_flag"] = flag
-                v["text"] += (f" -- FLAGGED: {flag} at this concurrency (the load generator waited for a CPU): "
-                              "the path tax includes that waiting, and another run on this machine may differ")
+                v["text"] += (
+                    f" -- FLAGGED: {flag} at this concurrency (the load generator waited for a CPU): "
+                    "the path tax includes that waiting, and another run on this machine may differ"
+                )
         verdicts += found
     return verdicts
 
@@ -565,8 +626,13 @@ def _network_info(net: Any) -> dict[str, Any] | None:
     }
 
 
-def attach_traces(cfg: CompareConfig, report: dict[str, Any], results: dict[str, list[RunResult]], out: Path,
-                  log: Callable[[str], None]) -> None:
+def attach_traces(
+    cfg: CompareConfig,
+    report: dict[str, Any],
+    results: dict[str, list[RunResult]],
+    out: Path,
+    log: Callable[[str], None],
+) -> None:
     """List (and write as Jaeger files) the slowest requests' traces; check trace vs in-band split."""
     from pathprobe.analysis import traces as tr
     from pathprobe.analysis.records import agreement
@@ -586,8 +652,13 @@ def attach_traces(cfg: CompareConfig, report: dict[str, Any], results: dict[str,
         entries = []
         for rank, r in enumerate(slow, 1):
             tid = r["trace_id"]
-            item = {"trace_id": tid, "e2e_ms": float(r["e2e_ms"]), "round": r.get("_round", 0) + 1,
-                    "concurrency": r.get("_concurrency"), "split": r.get("split")}
+            item = {
+                "trace_id": tid,
+                "e2e_ms": float(r["e2e_ms"]),
+                "round": r.get("_round", 0) + 1,
+                "concurrency": r.get("_concurrency"),
+                "split": r.get("split"),
+            }
             if tid in traces:
                 path = tr.write_trace_file([traces[tid]], out / "traces" / "slowest" / name / f"{rank:02d}-{tid}.json")
                 item["file"] = str(path.relative_to(out))
@@ -596,22 +667,32 @@ def attach_traces(cfg: CompareConfig, report: dict[str, Any], results: dict[str,
         # trace-based split vs in-band, for this configuration
         recs = [r for run in results.get(name, []) for r in run.records]
         report["targets"][name]["trace_completeness"] = trace_completeness(
-            recs, traces, expected_services(report["targets"][name]))
+            recs, traces, expected_services(report["targets"][name])
+        )
         ids = {r["trace_id"] for r in recs if r.get("trace_id")}
         mine = [traces[i] for i in ids if i in traces]
         if mine:
             agr = {src: agreement([split_trace(t, src) for t in mine], recs) for src in ("attributes", "durations")}
             report["targets"][name]["trace_agreement"] = {
-                src: {"matched": a["matched"], "agree": a["agree"], "rule": a["rule"],
-                      "max_abs_diff_ms": {k: v["max_abs_diff_ms"] for k, v in a["segments"].items()},
-                      "outside": {k: v["outside"] for k, v in a["segments"].items()}}
+                src: {
+                    "matched": a["matched"],
+                    "agree": a["agree"],
+                    "rule": a["rule"],
+                    "max_abs_diff_ms": {k: v["max_abs_diff_ms"] for k, v in a["segments"].items()},
+                    "outside": {k: v["outside"] for k, v in a["segments"].items()},
+                }
                 for src, a in agr.items()
             }
     log(f"traces: {len(traces)} traces from {len(files)} files; slowest written under {out / 'traces' / 'slowest'}")
 
 
-def attach_witness(report: dict[str, Any], paths: dict[str, Path_], results: dict[str, list[RunResult]],
-                   pcap: Path, log: Callable[[str], None]) -> None:
+def attach_witness(
+    report: dict[str, Any],
+    paths: dict[str, Path_],
+    results: dict[str, list[RunResult]],
+    pcap: Path,
+    log: Callable[[str], None],
+) -> None:
     """Per configuration, at concurrency 1: wire vs stack time per link from the capture, beside the
     split's network per link (see :mod:`pathprobe.analysis.witness`)."""
     from pathprobe.analysis import witness as wit
@@ -622,9 +703,12 @@ def attach_witness(report: dict[str, Any], paths: dict[str, Path_], results: dic
         report["witness_error"] = f"{type(exc).__name__}: {exc}"
         log(f"witness: {report['witness_error']}")
         return
-    report["witness"] = {"file": str(pcap), "packets": len(packets),
-                         "method": "tcpdump -i lo, nanosecond timestamps (CLOCK_REALTIME); requests at "
-                                   "concurrency 1; client t0 mapped to the wall clock per request"}
+    report["witness"] = {
+        "file": str(pcap),
+        "packets": len(packets),
+        "method": "tcpdump -i lo, nanosecond timestamps (CLOCK_REALTIME); requests at "
+        "concurrency 1; client t0 mapped to the wall clock per request",
+    }
     for name, p in paths.items():
         if p.status != "ok" or not p.chain or name not in report["targets"]:
             continue
@@ -665,12 +749,18 @@ def trace_completeness(recs: list[dict[str, Any]], traces: dict[str, Any], want:
         for w in gone:
             missing[w] = missing.get(w, 0) + 1
         complete += not gone
-    return {"expected": want, "requests": len(ok), "complete": complete,
-            "share": complete / len(ok) if ok else None, "missing": missing}
+    return {
+        "expected": want,
+        "requests": len(ok),
+        "complete": complete,
+        "share": complete / len(ok) if ok else None,
+        "missing": missing,
+    }
 
 
-def write_reports(report: dict[str, Any], results: dict[str, list[RunResult]], out: Path, html: bool,
-                  primary: str) -> None:
+def write_reports(
+    report: dict[str, Any], results: dict[str, list[RunResult]], out: Path, html: bool, primary: str
+) -> None:
     from pathprobe.analysis.html import json_safe, render
 
     samples = report.pop("_samples", {})
@@ -687,8 +777,14 @@ def write_reports(report: dict[str, Any], results: dict[str, list[RunResult]], o
     (out / "report.md").write_text(markdown(report) + "\n", encoding="utf-8")
 
 
-def rerender(out: Path, *, baseline: str | None = None, alpha: float | None = None, html: bool = True,
-             log: Callable[[str], None] = _stderr) -> dict[str, Any]:
+def rerender(
+    out: Path,
+    *,
+    baseline: str | None = None,
+    alpha: float | None = None,
+    html: bool = True,
+    log: Callable[[str], None] = _stderr,
+) -> dict[str, Any]:
     """Rebuild the reports of a finished compare from its ``runs/`` folder, without running anything
     (e.g. with another baseline or alpha). Statuses, reasons and cold starts come from the old report.json."""
     from pathprobe.analysis.records import read_records
@@ -725,10 +821,24 @@ def rerender(out: Path, *, baseline: str | None = None, alpha: float | None = No
                     for r in recs:
                         r["_round"], r["_concurrency"] = rnd, conc
                     dur = prev.get("by_concurrency", {}).get(str(conc), {}).get("duration_s")
-                    per_run = (dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
-                               if dur else cfg.load.duration_s)
-                    runs.append(RunResult(t.name, conc, rnd, d, recs, per_run, client=read_client(d),
-                                          path_cpu_s=read_path_cpu(d), accounting=read_accounting(d)))
+                    per_run = (
+                        dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
+                        if dur
+                        else cfg.load.duration_s
+                    )
+                    runs.append(
+                        RunResult(
+                            t.name,
+                            conc,
+                            rnd,
+                            d,
+                            recs,
+                            per_run,
+                            client=read_client(d),
+                            path_cpu_s=read_path_cpu(d),
+                            accounting=read_accounting(d),
+                        )
+                    )
         results[t.name] = runs
     report = build_report(cfg, paths, results, {}, primary, old["meta"].get("started", ""), time.monotonic())
     for name, t in report["targets"].items():  # kept from the run: cold starts, traces, trace checks

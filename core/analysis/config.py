@@ -20,8 +20,12 @@ GATEWAY_MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 CLIENT_PROTOCOL = {"passthrough": "grpc", "transcode": "http", "reencode": "grpc", "http-proxy": "http"}
 UPSTREAM_PROTOCOL = {"passthrough": "grpc", "transcode": "grpc", "reencode": "http", "http-proxy": "http"}
 #: gateways we did not write, started from pathprobe.proxies' configs, and what clients speak to them
-THIRD_PARTY = {"nginx": ("grpc", "http"), "haproxy": ("grpc", "http"), "caddy": ("grpc", "http"),
-               "litellm": ("openai",)}
+THIRD_PARTY = {
+    "nginx": ("grpc", "http"),
+    "haproxy": ("grpc", "http"),
+    "caddy": ("grpc", "http"),
+    "litellm": ("openai",),
+}
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
@@ -196,8 +200,10 @@ class TargetConfig(_Strict):
         if (self.kind == "chain") != (self.chain is not None):
             raise ValueError("'chain' (a list of hops) is needed by kind 'chain' and only by it")
         if self.tls and self.kind != "gateway":
-            raise ValueError("'tls' applies to kind 'gateway' (external targets: give a grpcs:// or https:// "
-                             "address and the CA in PATHPROBE_LOAD_TLS_CA)")
+            raise ValueError(
+                "'tls' applies to kind 'gateway' (external targets: give a grpcs:// or https:// "
+                "address and the CA in PATHPROBE_LOAD_TLS_CA)"
+            )
         if self.kind == "gateway" and self.mode is None:
             raise ValueError(f"kind 'gateway' needs 'mode' (one of {', '.join(GATEWAY_MODES)})")
         if self.kind != "gateway" and self.mode is not None:
@@ -210,16 +216,19 @@ class TargetConfig(_Strict):
             raise ValueError("kind 'external' needs 'address'")
         if self.kind == "vllm":
             if self.protocol not in (None, "openai", "openai-sdk"):
-                raise ValueError(f"vLLM's server speaks the OpenAI API (protocol openai or openai-sdk), "
-                                 f"not '{self.protocol}'")
+                raise ValueError(
+                    f"vLLM's server speaks the OpenAI API (protocol openai or openai-sdk), not '{self.protocol}'"
+                )
             if self.protocol is None:
                 self.protocol = "openai"
         if self.engine is not None and self.kind not in ("direct", "gateway"):
             raise ValueError(f"'engine' picks one of our servers (kind direct or gateway), not kind '{self.kind}'")
         if self.upstream == "vllm":
             if self.kind != "gateway" or self.mode != "http-proxy":
-                raise ValueError("upstream 'vllm' needs kind 'gateway' with mode 'http-proxy' "
-                                 "(vLLM's server speaks the OpenAI API over HTTP)")
+                raise ValueError(
+                    "upstream 'vllm' needs kind 'gateway' with mode 'http-proxy' "
+                    "(vLLM's server speaks the OpenAI API over HTTP)"
+                )
             if self.engine is not None:
                 raise ValueError("'engine' and upstream 'vllm' exclude each other")
             if self.protocol is None:
@@ -228,11 +237,14 @@ class TargetConfig(_Strict):
             self.protocol = "grpc"
         if self.kind == "gateway" and self.protocol is None:
             self.protocol = CLIENT_PROTOCOL[self.mode]  # type: ignore[index]
-        if self.kind == "gateway" and self.protocol not in (CLIENT_PROTOCOL[self.mode], "openai", "openai-sdk"):  # type: ignore[index]
-            if not (self.mode in ("transcode", "http-proxy") and self.protocol == "http"):
-                raise ValueError(
-                    f"gateway mode '{self.mode}' accepts {CLIENT_PROTOCOL[self.mode]} clients, not '{self.protocol}'"  # type: ignore[index]
-                )
+        if (
+            self.kind == "gateway"
+            and self.protocol not in (CLIENT_PROTOCOL[self.mode], "openai", "openai-sdk")  # type: ignore[index]
+            and not (self.mode in ("transcode", "http-proxy") and self.protocol == "http")
+        ):
+            raise ValueError(
+                f"gateway mode '{self.mode}' accepts {CLIENT_PROTOCOL[self.mode]} clients, not '{self.protocol}'"  # type: ignore[index]
+            )
         if self.kind in THIRD_PARTY:
             allowed = THIRD_PARTY[self.kind]
             if self.protocol is None:
@@ -243,22 +255,25 @@ class TargetConfig(_Strict):
             self.protocol = _protocol_of(self.address or "") or "openai"
         return self
 
-
     def _check_chain(self, chain: list[HopConfig]) -> TargetConfig:
         if not chain:
             raise ValueError("'chain' needs at least one hop")
         for i, (outer, inner) in enumerate(pairwise(chain)):
             if outer.upstream_protocol != inner.client_protocol:
-                raise ValueError(f"chain[{i}] sends {outer.upstream_protocol} upstream but chain[{i + 1}] "
-                                 f"accepts {inner.client_protocol}")
+                raise ValueError(
+                    f"chain[{i}] sends {outer.upstream_protocol} upstream but chain[{i + 1}] "
+                    f"accepts {inner.client_protocol}"
+                )
         first = chain[0].client_protocol
         if self.protocol is None:
             self.protocol = first  # type: ignore[assignment]
         elif self.protocol != first:
             raise ValueError(f"the chain's first hop accepts {first} clients, not '{self.protocol}'")
         if self.network is not None and self.network.active and self.network.hop != "client":
-            raise ValueError("a chain's own 'network' is on its client link (hop: client); "
-                             "put a condition on an inner link under that hop's 'network'")
+            raise ValueError(
+                "a chain's own 'network' is on its client link (hop: client); "
+                "put a condition on an inner link under that hop's 'network'"
+            )
         return self
 
 
@@ -294,11 +309,15 @@ class CompareConfig(_Strict):
     slowest: int = Field(5, ge=0, description="slowest requests per configuration whose traces are listed")
     tracing: bool = True
     placement: Literal["auto", "on", "off"] = Field(
-        "auto", description="local mode: pin the engine, the proxies and the load generator to separate cores "
-                            "(auto: from 3 cores; on: also on 2; env PATHPROBE_CPU_PLACEMENT overrides)")
+        "auto",
+        description="local mode: pin the engine, the proxies and the load generator to separate cores "
+        "(auto: from 3 cores; on: also on 2; env PATHPROBE_CPU_PLACEMENT overrides)",
+    )
     witness: Literal["none", "pcap"] = Field(
-        "none", description="pcap: capture the run's loopback packets (tcpdump) and split each link's network "
-        "into wire and stack time per request at concurrency 1 (local mode)")
+        "none",
+        description="pcap: capture the run's loopback packets (tcpdump) and split each link's network "
+        "into wire and stack time per request at concurrency 1 (local mode)",
+    )
     server: ServerConfig = Field(default_factory=ServerConfig)
     vllm: VllmServerConfig = Field(default_factory=VllmServerConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
@@ -353,14 +372,16 @@ def substitute_env(node: Any, env: dict[str, str] | None = None, path: str = "")
     if isinstance(node, list):
         return [substitute_env(v, env, f"{path}[{i}]") for i, v in enumerate(node)]
     if isinstance(node, str):
+
         def repl(m: re.Match[str]) -> str:
             name, default = m.group(1), m.group(2)
             if name in env:
                 return env[name]
             if default is not None:
                 return default
-            raise ConfigError(f"{path or '<root>'}: environment variable ${{{name}}} is not set "
-                              f"(use ${{{name}:-default}})")
+            raise ConfigError(
+                f"{path or '<root>'}: environment variable ${{{name}}} is not set (use ${{{name}:-default}})"
+            )
 
         whole = _ENV.fullmatch(node)
         out = _ENV.sub(repl, node)
@@ -396,7 +417,7 @@ def format_validation_error(exc: ValidationError, source: str = "") -> str:
         if typ == "extra_forbidden":
             msg = "unknown key"
         elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         given = err.get("input")
         if typ not in ("extra_forbidden", "missing") and not isinstance(given, (dict, list)):
             msg += f" (got {given!r})"

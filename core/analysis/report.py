@@ -11,8 +11,10 @@ from pathprobe.segments import SEGMENTS
 
 SEG_COLS = (*SEGMENTS, "network_hop1", "network_hop2")
 CLIENT_SATURATED_FLAG = "client saturated — not a path difference"
-CLIENT_ADVICE = ("network hop 1 includes the load generator's own waiting, not the path; spread the load "
-                 "over more Locust processes (load.extra_args: [--processes, N]) or workers and rerun")
+CLIENT_ADVICE = (
+    "network hop 1 includes the load generator's own waiting, not the path; spread the load "
+    "over more Locust processes (load.extra_args: [--processes, N]) or workers and rerun"
+)
 
 
 def _r(v: Any, d: int = 1) -> str:
@@ -74,9 +76,11 @@ def saturated_at(report_targets: Mapping[str, Any], conc: int) -> list[str]:
 
 def _describe_client(name: str, c: Mapping[str, Any], rounds_key: str) -> str:
     rounds = ", ".join(map(str, c.get(rounds_key) or []))
-    return (f"{name} (round{'s' if len(c.get(rounds_key) or []) > 1 else ''} {rounds}: event-loop lag p99 "
-            f"{_r(c['loop_lag_ms'].get('p99'))} ms, loop CPU {_r(c['cpu_percent'].get('mean'), 0)}% of one core, "
-            f"{c.get('processes', 1)} load process{'es' if c.get('processes', 1) > 1 else ''})")
+    return (
+        f"{name} (round{'s' if len(c.get(rounds_key) or []) > 1 else ''} {rounds}: event-loop lag p99 "
+        f"{_r(c['loop_lag_ms'].get('p99'))} ms, loop CPU {_r(c['cpu_percent'].get('mean'), 0)}% of one core, "
+        f"{c.get('processes', 1)} load process{'es' if c.get('processes', 1) > 1 else ''})"
+    )
 
 
 def accounting_lines(targets: Mapping[str, Any], conc: int) -> list[str]:
@@ -93,13 +97,17 @@ def accounting_lines(targets: Mapping[str, Any], conc: int) -> list[str]:
         bad = [d for d in acct.get("differences", []) if not d["explained"]]
         if bad or acct.get("lost"):
             text = "; ".join(d["why"] + f" ({d['status']})" for d in bad[:4])
-            out.append(f"- **WARNING**: accounting for {name}: {acct.get('lost') or 0} request(s) lost, "
-                       f"{len(bad)} unexplained difference(s): {text}")
+            out.append(
+                f"- **WARNING**: accounting for {name}: {acct.get('lost') or 0} request(s) lost, "
+                f"{len(bad)} unexplained difference(s): {text}"
+            )
         else:
             clean.append(name)
     if clean:
-        out.append(f"- accounting: every request of {', '.join(clean)} counted at each hop by status "
-                   f"({n} requests; in-flight-at-stop differences explained)")
+        out.append(
+            f"- accounting: every request of {', '.join(clean)} counted at each hop by status "
+            f"({n} requests; in-flight-at-stop differences explained)"
+        )
     return out
 
 
@@ -109,18 +117,24 @@ def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int
     for conc in concurrency:
         sat = saturated_at(report_targets, conc)
         if sat:
-            text = (f"client saturated at concurrency {conc} in "
-                    + ", ".join(_describe_client(n, _client_at(report_targets, n, conc) or {}, "saturated_rounds")
-                                for n in sat)
-                    + f": {CLIENT_ADVICE}")
+            text = (
+                f"client saturated at concurrency {conc} in "
+                + ", ".join(
+                    _describe_client(n, _client_at(report_targets, n, conc) or {}, "saturated_rounds") for n in sat
+                )
+                + f": {CLIENT_ADVICE}"
+            )
             out.append({"concurrency": conc, "kind": "saturated", "targets": sat, "text": text})
         con = [n for n in report_targets if (_client_at(report_targets, n, conc) or {}).get("contended")]
         if con:
-            text = (f"client contended at concurrency {conc} in "
-                    + ", ".join(_describe_client(n, _client_at(report_targets, n, conc) or {}, "contended_rounds")
-                                for n in con)
-                    + ": the load generator's event loop waited for a CPU (other processes on the machine); "
-                      "network hop 1 includes that waiting")
+            text = (
+                f"client contended at concurrency {conc} in "
+                + ", ".join(
+                    _describe_client(n, _client_at(report_targets, n, conc) or {}, "contended_rounds") for n in con
+                )
+                + ": the load generator's event loop waited for a CPU (other processes on the machine); "
+                "network hop 1 includes that waiting"
+            )
             out.append({"concurrency": conc, "kind": "contended", "targets": con, "text": text})
     return out
 
@@ -132,8 +146,14 @@ def _pcts(values: Sequence[float]) -> dict[str, float]:
         return {"n": 0}
     x = np.asarray(values, dtype=float)
     p50, p95, p99 = np.percentile(x, [50, 95, 99])
-    return {"n": int(x.size), "mean": float(x.mean()), "p50": float(p50), "p95": float(p95), "p99": float(p99),
-            "max": float(x.max())}
+    return {
+        "n": int(x.size),
+        "mean": float(x.mean()),
+        "p50": float(p50),
+        "p95": float(p95),
+        "p99": float(p99),
+        "max": float(x.max()),
+    }
 
 
 def segment_table(by_route: Mapping[str, Sequence[Mapping[str, float]]]) -> str:
@@ -145,8 +165,10 @@ def segment_table(by_route: Mapping[str, Sequence[Mapping[str, float]]]) -> str:
         per = {c: _pcts([s[c] for s in splits]) for c in cols}
         for metric in ("mean", "p50", "p95", "p99"):
             cells = " | ".join(f"{per[c][metric]:.3f}" for c in cols)
-            lines.append(f"| {route if metric == 'mean' else ''} | {len(splits) if metric == 'mean' else ''} | "
-                         f"{metric} | {cells} |")
+            lines.append(
+                f"| {route if metric == 'mean' else ''} | {len(splits) if metric == 'mean' else ''} | "
+                f"{metric} | {cells} |"
+            )
     return "\n".join(lines)
 
 
@@ -224,15 +246,19 @@ def summarize_group(
         if vals and any(vals):
             out[m] = _pcts(vals)
     if rounds:
-        out["rounds"] = {str(k): _pcts(metric_values([r for r in v if r.get("ok") and r.get("split")], primary))
-                         for k, v in sorted(rounds.items())}
+        out["rounds"] = {
+            str(k): _pcts(metric_values([r for r in v if r.get("ok") and r.get("split")], primary))
+            for k, v in sorted(rounds.items())
+        }
     return out
 
 
 ESTIMATED = "est."
-ESTIMATED_NOTE = ("network marked est.: the link to a component that reports nothing (a server we did not "
-                  "write) holds its network and its work; only a measured transport round trip (TCP handshake, "
-                  "HTTP/2 PING) is booked as network, the rest of that link is unsplit")
+ESTIMATED_NOTE = (
+    "network marked est.: the link to a component that reports nothing (a server we did not "
+    "write) holds its network and its work; only a measured transport round trip (TCP handshake, "
+    "HTTP/2 PING) is booked as network, the rest of that link is unsplit"
+)
 
 
 def seg_cell(group: Mapping[str, Any], seg: str) -> str:
@@ -265,29 +291,44 @@ def placement_line(pl: Mapping[str, Any]) -> str:
     if not pl.get("enabled"):
         return f"CPU placement: off ({pl.get('reason', '')})"
     cores = {k: ",".join(map(str, pl.get(k) or ())) for k in ("server", "proxies", "load")}
-    return (f"CPU placement: engine/server on cores {cores['server']}, gateways/nginx/relays on {cores['proxies']}, "
-            f"load generator on {cores['load']} ({pl.get('reason', '')})")
+    return (
+        f"CPU placement: engine/server on cores {cores['server']}, gateways/nginx/relays on {cores['proxies']}, "
+        f"load generator on {cores['load']} ({pl.get('reason', '')})"
+    )
+
+
 def _path_tax_table(report: Mapping[str, Any], key: str) -> list[str]:
     """Interleaved runs lead with each configuration's path tax (its cost beside the engine), p50 ms."""
-    rows = [(n, t["by_concurrency"][key]) for n, t in report["targets"].items()
-            if key in t.get("by_concurrency", {}) and (t["by_concurrency"][key].get("path_tax") or {}).get("n")]
+    rows = [
+        (n, t["by_concurrency"][key])
+        for n, t in report["targets"].items()
+        if key in t.get("by_concurrency", {}) and (t["by_concurrency"][key].get("path_tax") or {}).get("n")
+    ]
     if not rows:
         return []
-    out = ["path tax per call (everything but the engine; p50 ms; calls interleaved one by one, paired with "
-           "the baseline's call of the same cycle):", "",
-           "| config | path tax | network hop 1 | network hop 2+ | serial. | other | engine | "
-           "Δ path tax vs base [95% CI] | pairs |",
-           "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    out = [
+        "path tax per call (everything but the engine; p50 ms; calls interleaved one by one, paired with "
+        "the baseline's call of the same cycle):",
+        "",
+        "| config | path tax | network hop 1 | network hop 2+ | serial. | other | engine | "
+        "Δ path tax vs base [95% CI] | pairs |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for name, g in rows:
         tx = g["path_tax"]
         pr = g.get("paired") or {}
         d = (pr.get("path_tax") or {}).get("median")
-        dtxt = (f"{d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" + (" *" if pr.get("significant") else "")
-                if d else "–")
-        out.append(f"| {name}{' (base)' if name == report['baseline'] else ''} | {fmt_ms(tx['path_tax']['p50'])} | "
-                   f"{fmt_ms(tx['network_hop1']['p50'])} | {fmt_ms(tx['network_hop2']['p50'])} | "
-                   f"{fmt_ms(tx['serialization']['p50'])} | {fmt_ms(tx['other']['p50'])} | "
-                   f"{fmt_ms(tx['engine']['p50'])} | {dtxt} | {pr.get('n', '–')} |")
+        dtxt = (
+            f"{d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" + (" *" if pr.get("significant") else "")
+            if d
+            else "–"
+        )
+        out.append(
+            f"| {name}{' (base)' if name == report['baseline'] else ''} | {fmt_ms(tx['path_tax']['p50'])} | "
+            f"{fmt_ms(tx['network_hop1']['p50'])} | {fmt_ms(tx['network_hop2']['p50'])} | "
+            f"{fmt_ms(tx['serialization']['p50'])} | {fmt_ms(tx['other']['p50'])} | "
+            f"{fmt_ms(tx['engine']['p50'])} | {dtxt} | {pr.get('n', '–')} |"
+        )
     out.append("")
     return out
 
@@ -307,14 +348,18 @@ def markdown(report: Mapping[str, Any]) -> str:
     if pl:
         lines.append(placement_line(pl))
     if net:
-        lines.append(f"network condition on hop '{net['hop']}': {net['describe']} "
-                     f"(expected: +{net['expected_request_ms']:g} ms per request: one-way delay x 2 traversals)")
+        lines.append(
+            f"network condition on hop '{net['hop']}': {net['describe']} "
+            f"(expected: +{net['expected_request_ms']:g} ms per request: one-way delay x 2 traversals)"
+        )
     targets = report["targets"]
     for name, t in targets.items():
         tn = t.get("network")
         if tn and tn != net:
-            lines.append(f"- {name}: network condition on hop '{tn['hop']}': {tn['describe']} "
-                         f"(expected +{tn['expected_request_ms']:g} ms per request)")
+            lines.append(
+                f"- {name}: network condition on hop '{tn['hop']}': {tn['describe']} "
+                f"(expected +{tn['expected_request_ms']:g} ms per request)"
+            )
     lines.append("")
     for conc in report["concurrency"]:
         key = str(conc)
@@ -323,10 +368,14 @@ def markdown(report: Mapping[str, Any]) -> str:
         lines += _path_tax_table(report, key)
         stream = bool(report["method"].get("stream"))
         extra_h = " TTFT p50 | ITL p50 |" if stream else ""
-        lines.append(f"| config | ok | err | req/s | {primary} p50 [95% CI] ms | p95 | p99 | network | serial. | "
-                     f"queue | infer. | other | unsplit | Δp50 vs base | p (Welch, Holm) | Cliff's δ |{extra_h}")
-        lines.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-                     + ("---:|---:|" if stream else ""))
+        lines.append(
+            f"| config | ok | err | req/s | {primary} p50 [95% CI] ms | p95 | p99 | network | serial. | "
+            f"queue | infer. | other | unsplit | Δp50 vs base | p (Welch, Holm) | Cliff's δ |{extra_h}"
+        )
+        lines.append(
+            "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            + ("---:|---:|" if stream else "")
+        )
         for name, t in targets.items():
             if t["status"] in ("skipped", "failed") and key not in t.get("by_concurrency", {}):
                 lines.append(f"| {name} | {t['status']}: {_cell(t.get('reason', ''))} |" + " |" * 14)
@@ -336,7 +385,6 @@ def markdown(report: Mapping[str, Any]) -> str:
                 lines.append(f"| {name} | (no run at this concurrency) |" + " |" * 14)
                 continue
             p = g.get(primary, {})
-            seg = g["segments"]
             cmp_ = g.get("comparison")
             name_cell = name + (" (base)" if name == report["baseline"] else "")
             if t["status"] == "failed":
@@ -349,10 +397,16 @@ def markdown(report: Mapping[str, Any]) -> str:
                 f"{fmt_ms(p.get('p99', {}).get('value'))} | "
                 + " | ".join(seg_cell(g, s) for s in SEGMENTS)
                 + " | "
-                + (f"{cmp_['p50_diff_ms']:+.3f} | {cmp_['p_adjusted']:.2g} | {cmp_['cliffs_delta']:+.2f} |"
-                   if cmp_ else "– | – | – |")
-                + (f" {fmt_ms((g.get('ttft') or {}).get('p50'))} | {fmt_ms((g.get('itl') or {}).get('p50'))} |"
-                   if stream else "")
+                + (
+                    f"{cmp_['p50_diff_ms']:+.3f} | {cmp_['p_adjusted']:.2g} | {cmp_['cliffs_delta']:+.2f} |"
+                    if cmp_
+                    else "– | – | – |"
+                )
+                + (
+                    f" {fmt_ms((g.get('ttft') or {}).get('p50'))} | {fmt_ms((g.get('itl') or {}).get('p50'))} |"
+                    if stream
+                    else ""
+                )
             )
         lines.append("")
         for w in report.get("client_warnings") or []:
@@ -366,20 +420,29 @@ def markdown(report: Mapping[str, Any]) -> str:
                 lines.append(f"- hop by hop, {name}: {format_path(g['path'])}")
             ch = g.get("chunks") or {}
             if ch.get("buffering"):
-                lines.append(f"- **warning**: {name} buffers or coalesces streamed chunks: in "
-                             f"{ch['buffered_streams']} of {ch['streams']} streams, chunks the server emitted apart "
-                             f"arrived together (inter-token gaps measure the proxy, not the engine)")
+                lines.append(
+                    f"- **warning**: {name} buffers or coalesces streamed chunks: in "
+                    f"{ch['buffered_streams']} of {ch['streams']} streams, chunks the server emitted apart "
+                    f"arrived together (inter-token gaps measure the proxy, not the engine)"
+                )
             if g.get("ok_without_server_timing"):
-                lines.append(f"- **warning**: {name}: {g['ok_without_server_timing']} of {g['ok']} ok answers carried "
-                             f"no srv.* timing (no server-timing trailer/header): their server time is in network")
+                lines.append(
+                    f"- **warning**: {name}: {g['ok_without_server_timing']} of {g['ok']} ok answers carried "
+                    f"no srv.* timing (no server-timing trailer/header): their server time is in network"
+                )
         for sr in report.get("self_reports") or []:
             if sr["concurrency"] == conc:
                 lines.append(f"- **self-report** {sr['target']}: {sr['text']}")
-        cpu = [(n, t["by_concurrency"][key]["path_cpu"]) for n, t in targets.items()
-               if (t.get("by_concurrency", {}).get(key) or {}).get("path_cpu")]
+        cpu = [
+            (n, t["by_concurrency"][key]["path_cpu"])
+            for n, t in targets.items()
+            if (t.get("by_concurrency", {}).get(key) or {}).get("path_cpu")
+        ]
         if cpu:
-            lines.append("- CPU per request of each path's own processes (gateway / proxy, not the server): "
-                         + ", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu))
+            lines.append(
+                "- CPU per request of each path's own processes (gateway / proxy, not the server): "
+                + ", ".join(f"{n} {c['ms_per_request']:.3f} ms" for n, c in cpu)
+            )
         verdicts = [v for v in report["verdicts"] if v["concurrency"] == conc]
         for v in verdicts:
             flagged = " (flagged: " + v["client_flag"] + ")" if v.get("client_flag") else ""
@@ -387,34 +450,50 @@ def markdown(report: Mapping[str, Any]) -> str:
         if not verdicts:
             lines.append("- no configuration differs significantly from the baseline at this concurrency")
         lines.append("")
-    lines.append("Segments are means per request in ms "
-                 "(network + serialization + queue + inference + other + unsplit = mean e2e).")
+    lines.append(
+        "Segments are means per request in ms "
+        "(network + serialization + queue + inference + other + unsplit = mean e2e)."
+    )
     if any(g.get("network_estimated") for t in targets.values() for g in t.get("by_concurrency", {}).values()):
         lines.append(ESTIMATED_NOTE + ".")
     cold = [(n, t["cold_start"]) for n, t in targets.items() if t.get("cold_start")]
     if cold:
         lines.append("")
-        lines.append("cold start (first request after start, excluded from the figures above): "
-                     + ", ".join(f"{n} {c['first_ms']:.1f} ms" for n, c in cold))
+        lines.append(
+            "cold start (first request after start, excluded from the figures above): "
+            + ", ".join(f"{n} {c['first_ms']:.1f} ms" for n, c in cold)
+        )
     checks = [(n, t["trace_agreement"]["attributes"]) for n, t in targets.items() if t.get("trace_agreement")]
     if checks:
         lines.append("")
         parts = []
         for n, a in checks:
             bad = {k: v for k, v in a["outside"].items() if v}
-            parts.append(f"{n} {a['matched']} traces " + ("agree" if not bad else
-                         "differ on " + ", ".join(f"{k} ({v})" for k, v in bad.items())))
-        lines.append("trace check (`pathprobe analyze` on this run's spans vs the in-band split, "
-                     "max(5%, 0.2 ms)): " + "; ".join(parts))
+            parts.append(
+                f"{n} {a['matched']} traces "
+                + ("agree" if not bad else "differ on " + ", ".join(f"{k} ({v})" for k, v in bad.items()))
+            )
+        lines.append(
+            "trace check (`pathprobe analyze` on this run's spans vs the in-band split, "
+            "max(5%, 0.2 ms)): " + "; ".join(parts)
+        )
     if report.get("server_startup_ms"):
-        lines.append("server startup (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in report["server_startup_ms"].items()))
-    comp = [(n, t["trace_completeness"]) for n, t in targets.items()
-            if (t.get("trace_completeness") or {}).get("requests")]
+        lines.append(
+            "server startup (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in report["server_startup_ms"].items())
+        )
+    comp = [
+        (n, t["trace_completeness"]) for n, t in targets.items() if (t.get("trace_completeness") or {}).get("requests")
+    ]
     if comp:
         lines.append("")
-        lines.append("trace completeness (ok requests whose trace has every expected span): " + "; ".join(
-            f"{n} {c['share']:.1%}" + (" (missing: " + ", ".join(f"{k} {v}" for k, v in c["missing"].items()) + ")"
-                                       if c["missing"] else "") for n, c in comp))
+        lines.append(
+            "trace completeness (ok requests whose trace has every expected span): "
+            + "; ".join(
+                f"{n} {c['share']:.1%}"
+                + (" (missing: " + ", ".join(f"{k} {v}" for k, v in c["missing"].items()) + ")" if c["missing"] else "")
+                for n, c in comp
+            )
+        )
     problems = [(n, t) for n, t in targets.items() if t["status"] in ("failed", "skipped")]
     for n, t in problems:
         lines.append(f"- {n}: {t['status']}: {_cell(t.get('reason', ''))}")
@@ -449,14 +528,16 @@ def add_comparisons(
         base_seg = report_targets[baseline]["by_concurrency"][str(conc)]["segments"]
         for name, comp in zip(names, comps):
             seg = report_targets[name]["by_concurrency"][str(conc)]["segments"]
-            diffs = {k: seg[k].get("mean", 0.0) - base_seg[k].get("mean", 0.0) for k in SEGMENTS
-                     if "mean" in seg[k] and "mean" in base_seg[k]}
+            diffs = {
+                k: seg[k].get("mean", 0.0) - base_seg[k].get("mean", 0.0)
+                for k in SEGMENTS
+                if "mean" in seg[k] and "mean" in base_seg[k]
+            }
             comp.extra["segment_mean_diff_ms"] = diffs
             report_targets[name]["by_concurrency"][str(conc)]["comparison"] = comp.as_dict()
             if comp.verdict:
                 top = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:2]
-                text = f"c={conc}: {comp.verdict}; by segment (mean): " + ", ".join(
-                    f"{k} {v:+.3f} ms" for k, v in top)
+                text = f"c={conc}: {comp.verdict}; by segment (mean): " + ", ".join(f"{k} {v:+.3f} ms" for k, v in top)
                 sat = sorted({name, baseline} & saturated)
                 flag = None
                 if sat:
@@ -466,17 +547,30 @@ def add_comparisons(
                     who = " and ".join(sat)
                     if from_hop1:
                         flag = CLIENT_SATURATED_FLAG
-                        text += (f" -- FLAGGED: the difference is on network hop 1 "
-                                 f"({hop1:+.3f} ms) and the load generator of {who} was saturated, so hop 1 "
-                                 f"holds its own waiting")
+                        text += (
+                            f" -- FLAGGED: the difference is on network hop 1 "
+                            f"({hop1:+.3f} ms) and the load generator of {who} was saturated, so hop 1 "
+                            f"holds its own waiting"
+                        )
                     else:
                         flag = "client saturated"
-                        text += (f" -- FLAGGED: the load generator of {who} was saturated at this concurrency; "
-                                 f"its waiting is in network hop 1 and it changes the load the server sees")
+                        text += (
+                            f" -- FLAGGED: the load generator of {who} was saturated at this concurrency; "
+                            f"its waiting is in network hop 1 and it changes the load the server sees"
+                        )
                 elif top and top[0][0] in ("inference", "queueing"):
-                    text += (" -- mostly the engine's own time: CPU contention (the proxy's CPU use on a "
-                             "shared box, or other load), not the path's network or encoding")
-                verdicts.append({"concurrency": conc, "target": name, "text": text,
-                                 "segment_mean_diff_ms": diffs, "client_flag": flag,
-                                 "client_saturated": sat})
+                    text += (
+                        " -- mostly the engine's own time: CPU contention (the proxy's CPU use on a "
+                        "shared box, or other load), not the path's network or encoding"
+                    )
+                verdicts.append(
+                    {
+                        "concurrency": conc,
+                        "target": name,
+                        "text": text,
+                        "segment_mean_diff_ms": diffs,
+                        "client_flag": flag,
+                        "client_saturated": sat,
+                    }
+                )
     return verdicts

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe import vllmcpu
-from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.address import parse_hostport
+from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.analysis.placement import Placement, plan
 from pathprobe.errors import ConfigError, PathprobeError
 
@@ -128,12 +128,17 @@ class Managed:
 
     def start(self) -> Managed:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - the child's output until stop() closes it
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         cpus = self.cpus
-        self.popen = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True,
-                                      preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        self.popen = subprocess.Popen(
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
         return self
 
     @property
@@ -179,8 +184,9 @@ def _py(*args: str) -> list[str]:
 # ------------------------------------------------------------------ probes
 
 
-def probe_once(url: str, model: str | None = None, timeout: float = 10.0,
-               headers: dict[str, str] | None = None, tls: Any = None) -> float:
+def probe_once(
+    url: str, model: str | None = None, timeout: float = 10.0, headers: dict[str, str] | None = None, tls: Any = None
+) -> float:
     """One real 1-token request over ``url``; returns its latency in ms or raises.
     ``tls``: the client's TlsFiles for grpcs:// / https:// (None: the environment's, else system CAs)."""
     from pathprobe.tls import TlsFiles, grpc_channel
@@ -200,18 +206,23 @@ def probe_once(url: str, model: str | None = None, timeout: float = 10.0,
         import urllib.request
 
         if url.startswith("openai+"):
-            base = url[len("openai+"):].rstrip("/")
+            base = url[len("openai+") :].rstrip("/")
             path, body = "/v1/completions", {"prompt": "Hello", "max_tokens": 1, "model": model or ""}
             if not model:
-                with urllib.request.urlopen(urllib.request.Request(base + "/v1/models", headers=headers or {}),
-                                            timeout=timeout, context=ssl_ctx) as resp:
+                with urllib.request.urlopen(
+                    urllib.request.Request(base + "/v1/models", headers=headers or {}), timeout=timeout, context=ssl_ctx
+                ) as resp:
                     models = json.loads(resp.read()).get("data") or [{}]
                 body["model"] = models[0].get("id", "")
         else:
             base = url.rstrip("/")
             path, body = "/v1/generate", {"prompt": "Hello", "max_tokens": 1}
-        req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", **(headers or {})}, method="POST")
+        req = urllib.request.Request(
+            base + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **(headers or {})},
+            method="POST",
+        )
         with urllib.request.urlopen(req, timeout=timeout, context=ssl_ctx) as resp:
             resp.read()
     return (time.perf_counter() - t0) * 1e3
@@ -237,8 +248,14 @@ def handshake_ms(hostport: str, tls: Any, n: int = 20) -> tuple[float, float]:
     return statistics.median(tcp), statistics.median(both)
 
 
-def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None = None,
-               headers: dict[str, str] | None = None, tls: Any = None) -> float:
+def wait_ready(
+    url: str,
+    timeout: float,
+    procs: list[Managed],
+    model: str | None = None,
+    headers: dict[str, str] | None = None,
+    tls: Any = None,
+) -> float:
     """Probe until the path answers a real request; raise with the reason on timeout or exit."""
     deadline = time.monotonic() + timeout
     last = "no answer"
@@ -248,8 +265,9 @@ def wait_ready(url: str, timeout: float, procs: list[Managed], model: str | None
             if code is not None:
                 raise PathprobeError(f"{p.name} exited with code {code} while starting: {p.tail()}")
         try:
-            return probe_once(url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())), headers=headers,
-                              tls=tls)
+            return probe_once(
+                url, model, timeout=min(10.0, max(1.0, deadline - time.monotonic())), headers=headers, tls=tls
+            )
         except Exception as exc:  # any failure means: not ready yet
             details = exc.details() if callable(getattr(exc, "details", None)) else None
             text = str(details or exc).strip()
@@ -312,8 +330,9 @@ class Stack:
         self.server: Managed | None = None
         self.traces_dir = out / "traces"
         self._pki: Any = None
-        self.placement: Placement = plan(cfg.placement) if cfg.mode == "local" else \
-            Placement(False, "remote mode: nothing local to place")
+        self.placement: Placement = (
+            plan(cfg.placement) if cfg.mode == "local" else Placement(False, "remote mode: nothing local to place")
+        )
         #: more servers, started when a target needs them: ours with another engine, vLLM's own
         self.others: dict[str, tuple[Managed, str, str]] = {}  # key -> (process, grpc H:P, http H:P)
 
@@ -357,17 +376,34 @@ class Stack:
     def start_server(self) -> None:
         s = self.cfg.server
         gport, hport = s.grpc_port or free_port(), s.http_port or free_port()
-        args = _py("serve", "--engine", s.engine, "--model", s.model, "--host", LOOPBACK,
-                   "--grpc-port", str(gport), "--http-port", str(hport), "--max-batch-size", str(s.max_batch_size),
-                   "--http-server", s.http_server)
+        args = _py(
+            "serve",
+            "--engine",
+            s.engine,
+            "--model",
+            s.model,
+            "--host",
+            LOOPBACK,
+            "--grpc-port",
+            str(gport),
+            "--http-port",
+            str(hport),
+            "--max-batch-size",
+            str(s.max_batch_size),
+            "--http-server",
+            s.http_server,
+        )
         self.front_ends = {s.http_server: f"{LOOPBACK}:{hport}"}
         for fe in sorted({t.front_end for t in self.cfg.targets if t.enabled and t.front_end} - {s.http_server}):
             port = free_port()
             args += ["--extra-http-server", f"{fe}:{port}"]
             self.front_ends[fe] = f"{LOOPBACK}:{port}"
-        for flag, value in (("--max-wait-ms", s.max_wait_ms), ("--max-queue", s.max_queue),
-                            ("--prefill-ms-per-token", s.prefill_ms_per_token),
-                            ("--decode-ms-per-token", s.decode_ms_per_token)):
+        for flag, value in (
+            ("--max-wait-ms", s.max_wait_ms),
+            ("--max-queue", s.max_queue),
+            ("--prefill-ms-per-token", s.prefill_ms_per_token),
+            ("--decode-ms-per-token", s.decode_ms_per_token),
+        ):
             if value is not None:
                 args += [flag, str(value)]
         if self.cfg.tracing:
@@ -379,7 +415,7 @@ class Stack:
         t0 = time.monotonic()
         wait_ready(url_for("http", self.server_http), s.startup_timeout_s, [self.server])
         wait_ready(url_for("grpc", self.server_grpc), 30, [self.server])
-        for fe, addr in self.front_ends.items():
+        for addr in self.front_ends.values():
             wait_ready(url_for("http", addr), 30, [self.server])
         self.log(f"server ready after {time.monotonic() - t0:.1f} s")
 
@@ -392,6 +428,7 @@ class Stack:
                 return parse_startup(resp.read().decode())
         except OSError:
             return None
+
     def our_server(self, engine: str | None) -> tuple[str, str, Managed | None]:
         """(grpc H:P, http H:P, process) of our server with ``engine`` (the default one, or a
         second server of ours started now with the same settings and another engine)."""
@@ -403,9 +440,24 @@ class Stack:
         key = f"server-{engine}"
         if key not in self.others:
             gport, hport = free_port(), free_port()
-            args = _py("serve", "--engine", engine, "--model", s.model, "--host", LOOPBACK, "--grpc-port", str(gport),
-                       "--http-port", str(hport), "--max-batch-size", str(s.max_batch_size),
-                       "--http-server", s.http_server, *s.extra_args)
+            args = _py(
+                "serve",
+                "--engine",
+                engine,
+                "--model",
+                s.model,
+                "--host",
+                LOOPBACK,
+                "--grpc-port",
+                str(gport),
+                "--http-port",
+                str(hport),
+                "--max-batch-size",
+                str(s.max_batch_size),
+                "--http-server",
+                s.http_server,
+                *s.extra_args,
+            )
             self.log(f"starting a second server of ours ({engine}, {s.model}) on grpc {gport} / http {hport}")
             m = self._start(Managed(key, args, self.out / "logs" / f"{key}.log"), "server")
             t0 = time.monotonic()
@@ -427,12 +479,26 @@ class Stack:
             folder = models.resolve_model(spec)
             port = v.port or free_port()
             args = vllmcpu.server_command(
-                folder, port, served_name=models.model_display_name(spec, folder), host=LOOPBACK,
-                max_model_len=v.max_model_len, dtype=v.dtype, max_num_seqs=v.max_num_seqs or s.max_batch_size,
-                load_dummy=not models.has_weights(folder), extra=v.extra_args)
+                folder,
+                port,
+                served_name=models.model_display_name(spec, folder),
+                host=LOOPBACK,
+                max_model_len=v.max_model_len,
+                dtype=v.dtype,
+                max_num_seqs=v.max_num_seqs or s.max_batch_size,
+                load_dummy=not models.has_weights(folder),
+                extra=v.extra_args,
+            )
             self.log(f"starting vLLM's server ({spec}) on {LOOPBACK}:{port}")
-            m = self._start(Managed("vllm-server", args, self.out / "logs" / "vllm-server.log",
-                                    env=vllmcpu.cpu_env() if vllmcpu.is_cpu_build() else {}), "server")
+            m = self._start(
+                Managed(
+                    "vllm-server",
+                    args,
+                    self.out / "logs" / "vllm-server.log",
+                    env=vllmcpu.cpu_env() if vllmcpu.is_cpu_build() else {},
+                ),
+                "server",
+            )
             t0 = time.monotonic()
             wait_ready(url_for("openai", f"{LOOPBACK}:{port}"), v.startup_timeout_s, [m])
             self.log(f"vLLM's server ready after {time.monotonic() - t0:.1f} s")
@@ -442,9 +508,21 @@ class Stack:
 
     def relay(self, name: str, upstream: str, net: NetworkConfig) -> tuple[str, Managed]:
         port = free_port()
-        args = _py("netem", "--listen", f"{LOOPBACK}:{port}", "--upstream", upstream,
-                   "--delay-ms", str(net.delay_ms), "--jitter-ms", str(net.jitter_ms), "--loss", str(net.loss),
-                   "--rto-ms", str(net.rto_ms))
+        args = _py(
+            "netem",
+            "--listen",
+            f"{LOOPBACK}:{port}",
+            "--upstream",
+            upstream,
+            "--delay-ms",
+            str(net.delay_ms),
+            "--jitter-ms",
+            str(net.jitter_ms),
+            "--loss",
+            str(net.loss),
+            "--rto-ms",
+            str(net.rto_ms),
+        )
         if net.rate_mbit:
             args += ["--rate-mbit", str(net.rate_mbit)]
         m = self._start(Managed(f"{name}-relay", args, self.out / "logs" / f"{name}-relay.log"))
@@ -470,8 +548,10 @@ class Stack:
                 front = f"{addr[0]}:{addr[1]}"
                 if net:
                     if net.hop == "upstream":
-                        p.notes.append("external target: the condition is put on the only hop pathprobe controls "
-                                       "(client <-> target)")
+                        p.notes.append(
+                            "external target: the condition is put on the only hop pathprobe controls "
+                            "(client <-> target)"
+                        )
                     front, m = self.relay(t.name, front, net)
                     p.procs.append(m)
                 p.url = url_for(t.protocol or "openai", front)
@@ -490,8 +570,11 @@ class Stack:
                     p.procs.append(srv)
                     upstream = grpc_up if t.protocol == "grpc" else http_up
                 else:
-                    upstream = self.server_grpc if t.protocol == "grpc" else self.front_ends.get(
-                        t.front_end or self.cfg.server.http_server, self.server_http)
+                    upstream = (
+                        self.server_grpc
+                        if t.protocol == "grpc"
+                        else self.front_ends.get(t.front_end or self.cfg.server.http_server, self.server_http)
+                    )
                 ports = [_port(upstream)]
                 if net:
                     if net.hop == "upstream":
@@ -517,8 +600,9 @@ class Stack:
                     upstream, m = self.relay(f"{t.name}-up", upstream, net)
                     p.procs.append(m)
                     up_ports.insert(0, _port(upstream))
-                front = self._hop(p, t.name, t.kind, t.mode, t.protocol or "grpc", upstream, t.gateway_args,
-                                  t.port, t.model, t.tls)
+                front = self._hop(
+                    p, t.name, t.kind, t.mode, t.protocol or "grpc", upstream, t.gateway_args, t.port, t.model, t.tls
+                )
                 p.url = self._front(p, t, front, net)
                 front_ports = [_port(front)]
                 if net and net.hop == "client":
@@ -527,15 +611,18 @@ class Stack:
                 p.chain = [(front_ports, "gw" if t.kind == "gateway" else "silent"), (up_ports, "srv")]
             ready_s = 240 if t.kind == "litellm" else 60  # LiteLLM imports for seconds (tens on a busy box)
             client_tls = self.client_tls() if t.tls else None
-            p.probe_ms = wait_ready(p.url, ready_s, [*p.procs, *([self.server] if self.server else [])],
-                                    t.model, p.headers, client_tls)
+            p.probe_ms = wait_ready(
+                p.url, ready_s, [*p.procs, *([self.server] if self.server else [])], t.model, p.headers, client_tls
+            )
             if client_tls is not None:
                 p.tls_ca = client_tls.ca or ""
                 tcp, tls_ms = handshake_ms(p.url.split("://", 1)[1], client_tls)
                 p.tls_handshake = {"tcp_connect_ms": tcp, "tcp_plus_tls_ms": tls_ms, "n": 20}
-                p.notes.append(f"TLS on the client hop: a new connection costs {tls_ms:.2f} ms (TCP connect + "
-                               f"handshake, median of 20) vs {tcp:.2f} ms plaintext; measured requests reuse "
-                               "their connections (steady state)")
+                p.notes.append(
+                    f"TLS on the client hop: a new connection costs {tls_ms:.2f} ms (TCP connect + "
+                    f"handshake, median of 20) vs {tcp:.2f} ms plaintext; measured requests reuse "
+                    "their connections (steady state)"
+                )
             p.status = "ok"
         except Skipped as exc:
             p.status, p.reason = "skipped", exc.message
@@ -566,14 +653,27 @@ class Stack:
             if link is not None:
                 upstream, m = self.relay(f"{t.name}-{i}-up", upstream, link)
                 p.procs.append(m)
-            upstream = self._hop(p, f"{t.name}-{i}", hop.kind, hop.mode, hop.client_protocol, upstream,
-                                 hop.gateway_args, None, None)
-        p.notes.append("chain: client -> " + " -> ".join(
-            f"{h.kind}{'/' + h.mode if h.mode else ''}" for h in hops) + " -> server")
+            upstream = self._hop(
+                p, f"{t.name}-{i}", hop.kind, hop.mode, hop.client_protocol, upstream, hop.gateway_args, None, None
+            )
+        p.notes.append(
+            "chain: client -> " + " -> ".join(f"{h.kind}{'/' + h.mode if h.mode else ''}" for h in hops) + " -> server"
+        )
         p.url = self._front(p, t, upstream, net)
 
-    def _hop(self, p: Path_, name: str, kind: str, mode: str | None, protocol: str, upstream: str,
-             gateway_args: list[str], port: int | None, model: str | None, tls: bool = False) -> str:
+    def _hop(
+        self,
+        p: Path_,
+        name: str,
+        kind: str,
+        mode: str | None,
+        protocol: str,
+        upstream: str,
+        gateway_args: list[str],
+        port: int | None,
+        model: str | None,
+        tls: bool = False,
+    ) -> str:
         """Start one gateway or third-party proxy in front of ``upstream``; its listen address.
         Raises _Skipped when the proxy is not installed."""
         port = port or free_port()
@@ -606,8 +706,10 @@ class Stack:
         p.headers.update(launch.headers)
         p.procs.append(self._start(Managed(name, launch.args, log, env=launch.env)))
         out = self.out.resolve()
-        p.notes.append(f"{kind} config: "
-                       + str(launch.config.relative_to(out) if launch.config.is_relative_to(out) else launch.config))
+        p.notes.append(
+            f"{kind} config: "
+            + str(launch.config.relative_to(out) if launch.config.is_relative_to(out) else launch.config)
+        )
         return listen
 
     def close(self) -> None:
@@ -686,8 +788,7 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
     Returns None (each run then cuts its own prompts) when the tokenizer cannot be loaded here.
     """
     L = cfg.load
-    if L.prompt_set not in ("fixed", "sweep") or any(a.startswith(("--tokenizer", "--prompt"))
-                                                     for a in L.extra_args):
+    if L.prompt_set not in ("fixed", "sweep") or any(a.startswith(("--tokenizer", "--prompt")) for a in L.extra_args):
         return None
     spec = cfg.server.model if cfg.mode == "local" else "tiny"
     try:
@@ -708,9 +809,17 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
 
 
 def run_load(
-    cfg: CompareConfig, p: Path_, concurrency: int, rnd: int, duration_s: float, out_dir: Path,
-    traces_file: Path | None, prompt_file: Path | None = None, placement: Placement | None = None,
-    extra: list[str] | None = None, label: str | None = None,
+    cfg: CompareConfig,
+    p: Path_,
+    concurrency: int,
+    rnd: int,
+    duration_s: float,
+    out_dir: Path,
+    traces_file: Path | None,
+    prompt_file: Path | None = None,
+    placement: Placement | None = None,
+    extra: list[str] | None = None,
+    label: str | None = None,
 ) -> RunResult:
     from pathprobe.analysis.records import read_records
 
@@ -722,11 +831,34 @@ def run_load(
         prompt_args = ["--prompt-set", L.prompt_set, "--prompt-tokens", str(L.prompt_tokens)]
         if L.prompt_file:
             prompt_args += ["--prompt-file", L.prompt_file]
-    args = _py("load", "--headless", "-H", p.url, "-u", str(concurrency), "-r", str(concurrency),
-               "-t", f"{secs}s", "--out", str(out_dir), "--max-tokens", str(L.max_tokens), *prompt_args,
-               "--timeout-s", str(L.timeout_s), "--only-summary", "--loglevel", "WARNING",
-               "--exit-code-on-error", "0", "--stop-timeout", str(int(L.timeout_s)),
-               "--label", label or f"{p.name} c={concurrency} round={rnd}")
+    args = _py(
+        "load",
+        "--headless",
+        "-H",
+        p.url,
+        "-u",
+        str(concurrency),
+        "-r",
+        str(concurrency),
+        "-t",
+        f"{secs}s",
+        "--out",
+        str(out_dir),
+        "--max-tokens",
+        str(L.max_tokens),
+        *prompt_args,
+        "--timeout-s",
+        str(L.timeout_s),
+        "--only-summary",
+        "--loglevel",
+        "WARNING",
+        "--exit-code-on-error",
+        "0",
+        "--stop-timeout",
+        str(int(L.timeout_s)),
+        "--label",
+        label or f"{p.name} c={concurrency} round={rnd}",
+    )
     if L.stream:
         args.append("--stream")
     if L.arrival != "closed":
@@ -749,8 +881,14 @@ def run_load(
             from pathprobe.loadgen.targets import ENV_HEADERS
 
             env[ENV_HEADERS] = json.dumps(p.headers)
-        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                preexec_fn=placement.preexec("load") if placement else None)
+        proc = subprocess.Popen(
+            args,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            preexec_fn=placement.preexec("load") if placement else None,
+        )
         try:
             code = proc.wait(timeout=secs + L.timeout_s + 90)
         except BaseException:
@@ -765,8 +903,15 @@ def run_load(
     rec_path = out_dir / "records.jsonl"
     if not rec_path.exists():
         tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
-        return RunResult(p.name, concurrency, rnd, out_dir, [], secs,
-                         f"pathprobe load exited with code {code} and wrote no records: {tail}")
+        return RunResult(
+            p.name,
+            concurrency,
+            rnd,
+            out_dir,
+            [],
+            secs,
+            f"pathprobe load exited with code {code} and wrote no records: {tail}",
+        )
     records = read_records(rec_path)
     for r in records:
         r["_round"] = rnd
@@ -778,8 +923,16 @@ def run_load(
             dur = float(json.loads(summary.read_text())["meta"].get("duration_s") or secs)
         except (ValueError, KeyError, TypeError):
             pass
-    return RunResult(p.name, concurrency, rnd, out_dir, records, dur,
-                     traces_file=str(traces_file) if traces_file else None, client=read_client(out_dir))
+    return RunResult(
+        p.name,
+        concurrency,
+        rnd,
+        out_dir,
+        records,
+        dur,
+        traces_file=str(traces_file) if traces_file else None,
+        client=read_client(out_dir),
+    )
 
 
 MIXED = "_interleaved"  # runs/ folder of the call-by-call interleaved load runs
@@ -788,13 +941,24 @@ MIXED = "_interleaved"  # runs/ folder of the call-by-call interleaved load runs
 def interleavable(cfg: CompareConfig, paths: list[Path_]) -> bool:
     """Call-by-call interleaving applies when asked for and every configuration takes the same
     request (the same model name: one prompt stream serves them all)."""
-    return (cfg.load.interleave == "call" and len(paths) > 1 and len({p.target.model for p in paths}) == 1
-            and not any(p.headers or p.load_args for p in paths))  # e.g. LiteLLM: its own route and key
+    return (
+        cfg.load.interleave == "call"
+        and len(paths) > 1
+        and len({p.target.model for p in paths}) == 1
+        and not any(p.headers or p.load_args for p in paths)
+    )  # e.g. LiteLLM: its own route and key
 
 
 def run_load_mixed(
-    cfg: CompareConfig, paths: list[Path_], concurrency: int, rnd: int, duration_s: float, out_root: Path,
-    traces_file: Path | None, prompt_file: Path | None = None, placement: Placement | None = None,
+    cfg: CompareConfig,
+    paths: list[Path_],
+    concurrency: int,
+    rnd: int,
+    duration_s: float,
+    out_root: Path,
+    traces_file: Path | None,
+    prompt_file: Path | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, RunResult]:
     """One load process for every configuration of ``paths``: each user sends each call to the next
     configuration of a freshly shuffled order (``pathprobe load --mix``), so drift and CPU contention hit
@@ -808,8 +972,19 @@ def run_load_mixed(
     ca = next((p.tls_ca for p in paths if p.tls_ca), "")  # one throw-away CA per run signs every TLS path
     if ca and not paths[0].tls_ca:
         extra += ["--target-ca", ca]
-    res = run_load(cfg, paths[0], concurrency, rnd, duration_s * len(paths), mixed_dir, traces_file, prompt_file,
-                   placement, extra=extra, label=f"interleaved c={concurrency} round={rnd}")
+    res = run_load(
+        cfg,
+        paths[0],
+        concurrency,
+        rnd,
+        duration_s * len(paths),
+        mixed_dir,
+        traces_file,
+        prompt_file,
+        placement,
+        extra=extra,
+        label=f"interleaved c={concurrency} round={rnd}",
+    )
     out: dict[str, RunResult] = {}
     by_name: dict[str, list[dict[str, Any]]] = {p.name: [] for p in paths}
     for r in res.records:
@@ -823,8 +998,17 @@ def run_load_mixed(
             fh.writelines(json.dumps({k: v for k, v in r.items() if not k.startswith("_")}) + "\n" for r in recs)
         if (mixed_dir / "summary.json").exists():
             shutil.copyfile(mixed_dir / "summary.json", d / "summary.json")
-        out[p.name] = RunResult(p.name, concurrency, rnd, d, recs, res.duration_s / len(paths), error=res.error,
-                                traces_file=res.traces_file, client=res.client)
+        out[p.name] = RunResult(
+            p.name,
+            concurrency,
+            rnd,
+            d,
+            recs,
+            res.duration_s / len(paths),
+            error=res.error,
+            traces_file=res.traces_file,
+            client=res.client,
+        )
     return out
 
 

@@ -192,7 +192,7 @@ class Engine(abc.ABC):
             check_token_ids(params.prompt_token_ids, len(self.tokenizer))
             ids = list(params.prompt_token_ids)
         else:
-            ids = self.encode_prompt(params.prompt)
+            ids = self.encode_prompt(params.prompt or "")
         t.tokenize = now_ms() - t.tokenize_start
         check_context(len(ids), params.max_tokens, self.max_context)
         gen.prompt_tokens = len(ids)
@@ -248,7 +248,9 @@ def check_context(n_prompt: int, max_tokens: int, max_context: int) -> None:
 def check_token_ids(ids: list[int], vocab_size: int) -> None:
     for i, t in enumerate(ids):
         if not 0 <= t < vocab_size:
-            raise InvalidArgument(f"prompt_token_ids[{i}]", f"token id {t} outside the vocabulary (0..{vocab_size - 1})")
+            raise InvalidArgument(
+                f"prompt_token_ids[{i}]", f"token id {t} outside the vocabulary (0..{vocab_size - 1})"
+            )
 
 
 def stop_index(text: str, stops: list[str], new_from: int) -> int | None:
@@ -266,8 +268,9 @@ DEFAULT_RETRY_AFTER_MS = 1000.0
 
 
 def queue_full(depth: int, limit: int, retry_after_ms: float = DEFAULT_RETRY_AFTER_MS) -> ResourceExhausted:
-    return ResourceExhausted(f"engine queue is full ({depth} waiting, limit {limit}); retry later",
-                             retry_after_ms=retry_after_ms)
+    return ResourceExhausted(
+        f"engine queue is full ({depth} waiting, limit {limit}); retry later", retry_after_ms=retry_after_ms
+    )
 
 
 def expired(gen: Generation, where: str) -> DeadlineExceeded:

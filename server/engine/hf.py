@@ -34,6 +34,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.engine.base import (
     Engine,
     EngineConfig,
@@ -44,7 +45,6 @@ from pathprobe.server.engine.base import (
     queue_full,
     stop_index,
 )
-from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
 
@@ -61,9 +61,14 @@ _LOAD_PHASES = ("weights_read", "weights_init", "device_transfer", "warmup", "cu
 PRESET_SEED = 0
 
 _DTYPES = {
-    "float32": "float32", "fp32": "float32", "f32": "float32",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
 
 
@@ -125,18 +130,18 @@ class IncrementalDetokenizer:
 
     def add(self, token: int) -> str:
         self.ids.append(token)
-        prefix_text = self._decode(self.ids[self._prefix:self._read])
-        new_text = self._decode(self.ids[self._prefix:])
+        prefix_text = self._decode(self.ids[self._prefix : self._read])
+        new_text = self._decode(self.ids[self._prefix :])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self._prefix, self._read = self._read, len(self.ids)
-            return new_text[len(prefix_text):]
+            return new_text[len(prefix_text) :]
         return ""
 
     def flush(self) -> str:
-        prefix_text = self._decode(self.ids[self._prefix:self._read])
-        new_text = self._decode(self.ids[self._prefix:])
+        prefix_text = self._decode(self.ids[self._prefix : self._read])
+        new_text = self._decode(self.ids[self._prefix :])
         self._prefix = self._read = len(self.ids)
-        return new_text[len(prefix_text):] if len(new_text) > len(prefix_text) else ""
+        return new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
 
 
 def holdback(text: str, stops: list[str]) -> int:
@@ -173,7 +178,7 @@ class TransformersEngine(Engine):
         self.config = config
         self.startup = StartupTimer()
         with self.startup.phase("imports"):
-            import torch  # noqa: F401
+            import torch
             from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
         with self.startup.phase("model_folder"):
             self._folder = models.resolve_model(config.model)
@@ -213,7 +218,9 @@ class TransformersEngine(Engine):
         self._threads = _threads_option(opts.get("threads"), self.device)
         self._batching = str(opts.get("batching", "continuous")).lower()
         if self._batching not in BATCHING:
-            raise ConfigError(f"--engine-option batching: expected one of {', '.join(BATCHING)}, got {self._batching!r}")
+            raise ConfigError(
+                f"--engine-option batching: expected one of {', '.join(BATCHING)}, got {self._batching!r}"
+            )
         self._pad_mode, self._pad_to = _padding_option(str(opts.get("pad", "longest")))
         self._compile = _flag(opts.get("compile", False))
         # static prefill (graphs on CUDA): prompts up to prefill_max_len tokens, at most
@@ -226,7 +233,14 @@ class TransformersEngine(Engine):
 
             self.startup.sync = torch.cuda.synchronize
         #: counters for tests and /metrics: decode steps, tokens made, requests cancelled
-        self.stats = {"prefills": 0, "static_prefills": 0, "decode_steps": 0, "tokens": 0, "cancelled": 0, "finished": 0}
+        self.stats = {
+            "prefills": 0,
+            "static_prefills": 0,
+            "decode_steps": 0,
+            "tokens": 0,
+            "cancelled": 0,
+            "finished": 0,
+        }
 
     # --- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -253,9 +267,8 @@ class TransformersEngine(Engine):
 
     def _load(self) -> None:
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
         from pathprobe.server.models import has_weights
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
         if self._threads:
             torch.set_num_threads(self._threads)
@@ -265,15 +278,19 @@ class TransformersEngine(Engine):
             if has_weights(self._folder):
                 self._read_weights()
                 with self.startup.phase("weights_init", "from_pretrained on the CPU"):
-                    model = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype, local_files_only=True,
-                                                                 **extra)
+                    model = AutoModelForCausalLM.from_pretrained(
+                        folder, dtype=self.dtype, local_files_only=True, **extra
+                    )
                 with self.startup.phase("device_transfer", self.device):
                     model.to(self.device)
             else:  # a preset: published architecture, random weights made here
                 cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
                 cuda = [torch.device(self.device).index or 0] if self.device.startswith("cuda") else []
-                with self.startup.phase("weights_init", f"random init on {self.device}, no weight files"), \
-                        torch.random.fork_rng(devices=cuda), torch.device(self.device):
+                with (
+                    self.startup.phase("weights_init", f"random init on {self.device}, no weight files"),
+                    torch.random.fork_rng(devices=cuda),
+                    torch.device(self.device),
+                ):
                     torch.manual_seed(PRESET_SEED)  # the same random weights on every load
                     model = AutoModelForCausalLM.from_config(cfg, dtype=self.dtype, **extra)
         except (OSError, ValueError) as exc:
@@ -401,8 +418,11 @@ class TransformersEngine(Engine):
             new: list[_Req] = []
             dropped: list[_Req] = []
             now = now_ms()
-            expired_: list[_Req] = [r for r in self._waiting if r.gen.params.deadline_ms
-                                    and now >= r.gen.params.deadline_ms and not r.gen.cancelled]
+            expired_: list[_Req] = [
+                r
+                for r in self._waiting
+                if r.gen.params.deadline_ms and now >= r.gen.params.deadline_ms and not r.gen.cancelled
+            ]
             for r in expired_:  # past its deadline while waiting: leaves the queue without generating
                 self._waiting.remove(r)
             while self._waiting and len(running) + len(new) < cfg.max_batch_size:
@@ -439,7 +459,7 @@ class TransformersEngine(Engine):
                     if running:
                         mask = self._decode_step(running, cache, mask)
                         running, cache, mask = self._compact(running, cache, mask)
-                except Exception as exc:  # noqa: BLE001 - every request in the batch learns why
+                except Exception as exc:
                     log.exception("engine step failed")
                     err = PathprobeError(f"engine error: {type(exc).__name__}: {exc}")
                     for r in running + new:
@@ -483,13 +503,19 @@ class TransformersEngine(Engine):
             nmask = torch.zeros((len(new), width), dtype=torch.long)
             for i, r in enumerate(new):
                 n = len(r.ids)
-                ids[i, width - n:] = torch.tensor(r.ids, dtype=torch.long)
-                nmask[i, width - n:] = 1
+                ids[i, width - n :] = torch.tensor(r.ids, dtype=torch.long)
+                nmask[i, width - n :] = 1
             ids, nmask = ids.to(self.device), nmask.to(self.device)
             pos = (nmask.cumsum(-1) - 1).clamp(min=0)
             ncache = DynamicCache(config=self.model.config)
-            out = self.model(input_ids=ids, attention_mask=nmask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                             **{self._cache_kw: ncache})
+            out = self.model(
+                input_ids=ids,
+                attention_mask=nmask,
+                position_ids=pos,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kw: ncache},
+            )
             tokens = self._sample(out.logits[:, -1, :], new)
         end = now_ms()
         self.stats["prefills"] += 1
@@ -531,8 +557,14 @@ class TransformersEngine(Engine):
             ids = torch.tensor([[r.last] for r in running], dtype=torch.long, device=self.device)
             pos = torch.tensor([[r.n_pos] for r in running], dtype=torch.long, device=self.device)
             step_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            out = self.model(input_ids=ids, attention_mask=step_mask, position_ids=pos, use_cache=True,
-                             logits_to_keep=1, **{self._cache_kw: cache})
+            out = self.model(
+                input_ids=ids,
+                attention_mask=step_mask,
+                position_ids=pos,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kw: cache},
+            )
             logits = out.logits[:, -1, :]
         tokens = self._sample(logits, running)
         dur = now_ms() - start
@@ -564,7 +596,7 @@ class TransformersEngine(Engine):
 
         logits = logits.float()
         if self._model_vocab > self._vocab:  # ids the tokenizer cannot spell (presets)
-            logits[:, self._vocab:] = float("-inf")
+            logits[:, self._vocab :] = float("-inf")
         tokens = logits.argmax(dim=-1).tolist()
         for i, r in enumerate(reqs):
             p = r.gen.params
@@ -593,7 +625,7 @@ class TransformersEngine(Engine):
         finish: str | None = None
         if tok in self._eos and not p.ignore_eos:
             r.text += r.detok.flush()
-            piece = r.text[r.sent:]
+            piece = r.text[r.sent :]
             finish = "stop"
         else:
             before = len(r.text)
@@ -603,15 +635,15 @@ class TransformersEngine(Engine):
                 r.text += r.detok.flush()
             cut = stop_index(r.text, p.stop, before) if p.stop else None
             if cut is not None:
-                piece = r.text[r.sent:cut] if cut >= r.sent else ""
+                piece = r.text[r.sent : cut] if cut >= r.sent else ""
                 r.text = r.text[:cut]
                 finish = "stop"
             elif at_end:
-                piece = r.text[r.sent:]
+                piece = r.text[r.sent :]
                 finish = "length"
             else:
                 keep = holdback(r.text, p.stop) if p.stop else 0
-                piece = r.text[r.sent:len(r.text) - keep]
+                piece = r.text[r.sent : len(r.text) - keep]
         r.sent += len(piece)
         if finish:
             r.done = True
@@ -799,8 +831,9 @@ class _StaticBatch:
         # reads (and, with grouped KV heads, copies) the whole width, so a full-length width
         # would cost far more than the tokens actually in use
         self.widths = sorted({min(max_len, 64 << i) for i in range(max(1, max_len.bit_length()))})
-        self.views = {(b, w): _SlotCache(self.keys, self.values, self.col, b, w)
-                      for b in self.buckets for w in self.widths}
+        self.views = {
+            (b, w): _SlotCache(self.keys, self.values, self.col, b, w) for b in self.buckets for w in self.widths
+        }
         self._cp = "cache_position" in inspect.signature(model.forward).parameters
         self._call = model
         if engine._compile:
@@ -842,10 +875,10 @@ class _StaticBatch:
             lo = min(self.start[r.slot] for r in running)
             shift = target - self.c
             for t in (*self.keys, *self.values):
-                t[:, :, lo + shift:target] = t[:, :, lo:self.c].clone()
-            m = self.mask[:, :, :, lo:self.c].clone()
+                t[:, :, lo + shift : target] = t[:, :, lo : self.c].clone()
+            m = self.mask[:, :, :, lo : self.c].clone()
             self.mask.zero_()
-            self.mask[:, :, :, lo + shift:target] = m
+            self.mask[:, :, :, lo + shift : target] = m
             for r in running:
                 self.start[r.slot] += shift
         elif not running:
@@ -857,12 +890,12 @@ class _StaticBatch:
             n = len(r.ids)
             self.start[slot] = target - n
             self.mask[slot].zero_()
-            self.mask[slot, :, :, target - n:target] = True
+            self.mask[slot, :, :, target - n : target] = True
             i = new.index(r)
             for dst, layer in zip(self.keys, ncache.layers):
-                dst[slot, :, target - n:target] = layer.keys[i, :, width - n:width]
+                dst[slot, :, target - n : target] = layer.keys[i, :, width - n : width]
             for dst, layer in zip(self.values, ncache.layers):
-                dst[slot, :, target - n:target] = layer.values[i, :, width - n:width]
+                dst[slot, :, target - n : target] = layer.values[i, :, width - n : width]
         self.free.sort()
 
     def release(self, r: _Req) -> None:
@@ -883,21 +916,32 @@ class _StaticBatch:
             "pos": torch.zeros((1, n), dtype=torch.long, device=dev),
             "mask": torch.zeros((1, 1, n, n), dtype=torch.bool, device=dev),
             "cp": torch.arange(n, device=dev),
-            "cache": _ScratchCache([torch.zeros((1, kvh, n, kd), dtype=dtype, device=dev) for _ in range(layers)],
-                                   [torch.zeros((1, kvh, n, vd), dtype=dtype, device=dev) for _ in range(layers)]),
+            "cache": _ScratchCache(
+                [torch.zeros((1, kvh, n, kd), dtype=dtype, device=dev) for _ in range(layers)],
+                [torch.zeros((1, kvh, n, vd), dtype=dtype, device=dev) for _ in range(layers)],
+            ),
         }
 
     def can_prefill(self, new: list[_Req]) -> bool:
-        return bool(self.p_buckets) and len(new) <= self.prefill_max_batch and \
-            max(len(r.ids) for r in new) <= self.p_buckets[-1]
+        return (
+            bool(self.p_buckets)
+            and len(new) <= self.prefill_max_batch
+            and max(len(r.ids) for r in new) <= self.p_buckets[-1]
+        )
 
     def _prefill_forward(self, n: int) -> Any:
         buf = self.p_bufs[n]
         kw: dict[str, Any] = {self.engine._cache_kw: buf["cache"]}
         if self._cp:
             kw["cache_position"] = buf["cp"]
-        out = self.engine.model(input_ids=buf["ids"], position_ids=buf["pos"], attention_mask=buf["mask"],
-                                use_cache=True, logits_to_keep=1, **kw)
+        out = self.engine.model(
+            input_ids=buf["ids"],
+            position_ids=buf["pos"],
+            attention_mask=buf["mask"],
+            use_cache=True,
+            logits_to_keep=1,
+            **kw,
+        )
         return out.logits[:, -1, :]
 
     def _load_prompt(self, r: _Req, n: int) -> None:
@@ -906,11 +950,11 @@ class _StaticBatch:
         buf = self.p_bufs[n]
         k = len(r.ids)
         ids = torch.full((1, n), self.engine._pad, dtype=torch.long)
-        ids[0, n - k:] = torch.tensor(r.ids, dtype=torch.long)
+        ids[0, n - k :] = torch.tensor(r.ids, dtype=torch.long)
         pos = torch.zeros((1, n), dtype=torch.long)
-        pos[0, n - k:] = torch.arange(k)
+        pos[0, n - k :] = torch.arange(k)
         valid = torch.zeros(n, dtype=torch.bool)
-        valid[n - k:] = True
+        valid[n - k :] = True
         mask = torch.tril(torch.ones((n, n), dtype=torch.bool)) & valid[None, :]
         mask |= torch.eye(n, dtype=torch.bool)  # padding rows attend to themselves (no empty softmax row)
         buf["ids"].copy_(ids)
@@ -960,8 +1004,14 @@ class _StaticBatch:
         kw: dict[str, Any] = {self.engine._cache_kw: self.views[(b, w)]}
         if self._cp:
             kw["cache_position"] = self.col
-        out = self._call(input_ids=self.ids[:b], position_ids=self.pos[:b],
-                         attention_mask=self.mask[:b, :, :, :w], use_cache=True, logits_to_keep=1, **kw)
+        out = self._call(
+            input_ids=self.ids[:b],
+            position_ids=self.pos[:b],
+            attention_mask=self.mask[:b, :, :, :w],
+            use_cache=True,
+            logits_to_keep=1,
+            **kw,
+        )
         return out.logits[:, -1, :]
 
     def _capture(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from pathprobe.server.engine.base import (
     Engine,
@@ -81,7 +82,11 @@ class SyntheticEngine(Engine):
         task = asyncio.get_running_loop().create_task(self._run(gen))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        gen.on_close = task.cancel  # front end gone: free the slot at once
+
+        def abort() -> None:  # front end gone: free the slot at once
+            task.cancel()
+
+        gen.on_close = abort
         return gen
 
     async def _run(self, gen: Generation) -> None:
@@ -103,7 +108,7 @@ class SyntheticEngine(Engine):
                 self._slots.release()
         except asyncio.CancelledError:
             gen.finish()
-        except Exception as exc:  # noqa: BLE001 - handed to the front end, never lost
+        except Exception as exc:
             gen.fail(exc)
         finally:
             if queued:
@@ -127,7 +132,7 @@ class SyntheticEngine(Engine):
             gen.timing.queue = now_ms() - gen.timing.queue_start
             raise expired(gen, f"in the queue after {gen.timing.queue:.0f} ms")
 
-    def _drop(self, task: asyncio.Future[bool]) -> None:
+    def _drop(self, task: asyncio.Future[Any]) -> None:
         """Give up a pending slot acquisition without leaking a slot it may just have won."""
         assert self._slots is not None
         if task.done() and not task.cancelled() and task.exception() is None:
@@ -168,7 +173,7 @@ class SyntheticEngine(Engine):
             last = k == p.max_tokens - 1
             stop_at = stop_index(text_so_far + piece, p.stop, len(text_so_far))
             if stop_at is not None:
-                piece = (text_so_far + piece)[len(text_so_far):stop_at]
+                piece = (text_so_far + piece)[len(text_so_far) : stop_at]
                 gen.push(TokenEvent(piece, [token], "stop"))
                 break
             text_so_far += piece

@@ -40,7 +40,6 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
 
 def wait_grpc(target: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, tls=None) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     from pathprobe.tls import grpc_channel
 
     deadline = time.monotonic() + timeout
@@ -65,7 +64,7 @@ class Proc:
     def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.args = list(args)
         self.log_path = log
-        self._log = open(log, "wb")
+        self._log = open(log, "wb")  # noqa: SIM115 - the child's output until stop() closes it
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.popen = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
 
@@ -86,14 +85,22 @@ class Proc:
 class Server(Proc):
     """``pathprobe serve`` on free loopback ports; ``client_tls``: how the test reaches a TLS server."""
 
-    def __init__(self, tmp: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 120.0,
-                 client_tls=None) -> None:
+    def __init__(
+        self, tmp: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 120.0, client_tls=None
+    ) -> None:
         self.client_tls = client_tls
         self.grpc_port = free_port()
         self.http_port = free_port()
         args = [
-            sys.executable, "-m", "pathprobe", "serve",
-            "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *extra,
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "serve",
+            "--grpc-port",
+            str(self.grpc_port),
+            "--http-port",
+            str(self.http_port),
+            *extra,
         ]
         super().__init__(args, tmp / f"serve-{self.grpc_port}.log", env)
         try:
