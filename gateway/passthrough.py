@@ -330,7 +330,7 @@ class Passthrough(grpc.GenericRpcHandler):
             try:
                 resp = None
                 try:
-                    for _resp in call:
+                    for resp in call:  # noqa: B007 - the last (the only) response is what is answered
                         pass
                 except grpc.RpcError as err:
                     t_up = now_ms() - t_up0

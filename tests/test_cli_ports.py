@@ -38,7 +38,7 @@ def test_serve_on_port_zero_reports_the_bound_ports(front_end: str) -> None:
         while time.monotonic() < deadline and "pathprobe serve:" not in line:
             line = proc.stderr.readline() if proc.stderr else ""
             assert line or proc.poll() is None, "serve exited before its startup line"
-        m = re.search(r"grpc=[\d.]+:(\d+) http=http://[\d.]+:(\d+)", line)
+        m = re.search(r"grpc=(?:grpcs?://)?[\d.]+:(\d+) http=https?://[\d.]+:(\d+)", line)
         assert m, line
         grpc_port, http_port = int(m.group(1)), int(m.group(2))
         assert grpc_port > 0 and http_port > 0
