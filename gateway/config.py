@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pathprobe import environment
 from pathprobe.auth import ApiKeys, bearer, parse_keys
 from pathprobe.errors import ConfigError
 from pathprobe.tls import TlsFiles
@@ -23,43 +24,7 @@ LOOPS = ("auto", "asyncio", "uvloop")
 POLLERS = ("legacy", "default")
 
 #: field -> environment variable read when the flag is not given
-ENV: dict[str, str] = {
-    "mode": "PATHPROBE_GATEWAY_MODE",
-    "listen": "PATHPROBE_GATEWAY_LISTEN",
-    "upstream": "PATHPROBE_GATEWAY_UPSTREAM",
-    "upstream_http": "PATHPROBE_GATEWAY_UPSTREAM_HTTP",
-    "balance": "PATHPROBE_GATEWAY_BALANCE",
-    "health_interval": "PATHPROBE_GATEWAY_HEALTH_INTERVAL",
-    "health_timeout": "PATHPROBE_GATEWAY_HEALTH_TIMEOUT",
-    "unhealthy_after": "PATHPROBE_GATEWAY_UNHEALTHY_AFTER",
-    "timeout": "PATHPROBE_GATEWAY_TIMEOUT",
-    "max_body_bytes": "PATHPROBE_GATEWAY_MAX_BODY_BYTES",
-    "admin_port": "PATHPROBE_GATEWAY_ADMIN_PORT",
-    "admin_host": "PATHPROBE_GATEWAY_ADMIN_HOST",
-    "threads": "PATHPROBE_GATEWAY_THREADS",
-    "workers": "PATHPROBE_GATEWAY_WORKERS",
-    "impl": "PATHPROBE_GATEWAY_IMPL",
-    "loop": "PATHPROBE_GATEWAY_LOOP",
-    "decode_metadata": "PATHPROBE_GATEWAY_DECODE_METADATA",
-    "grpc_poller": "PATHPROBE_GATEWAY_GRPC_POLLER",
-    "pool_size": "PATHPROBE_GATEWAY_POOL_SIZE",
-    "traces_file": "PATHPROBE_GATEWAY_TRACES_FILE",
-    "log_level": "PATHPROBE_GATEWAY_LOG_LEVEL",
-    "tls_cert": "PATHPROBE_GATEWAY_TLS_CERT",
-    "tls_key": "PATHPROBE_GATEWAY_TLS_KEY",
-    "tls_ca": "PATHPROBE_GATEWAY_TLS_CA",
-    "upstream_tls": "PATHPROBE_GATEWAY_UPSTREAM_TLS",
-    "upstream_ca": "PATHPROBE_GATEWAY_UPSTREAM_CA",
-    "upstream_cert": "PATHPROBE_GATEWAY_UPSTREAM_CERT",
-    "upstream_key": "PATHPROBE_GATEWAY_UPSTREAM_KEY",
-    "upstream_server_name": "PATHPROBE_GATEWAY_UPSTREAM_SERVER_NAME",
-    "max_inflight": "PATHPROBE_GATEWAY_MAX_INFLIGHT",
-    "retry_after_ms": "PATHPROBE_GATEWAY_RETRY_AFTER_MS",
-    "drain_delay_s": "PATHPROBE_GATEWAY_DRAIN_DELAY_S",
-    "drain_grace_s": "PATHPROBE_GATEWAY_DRAIN_GRACE_S",
-    "api_key": "PATHPROBE_GATEWAY_API_KEY",
-    "upstream_api_key": "PATHPROBE_GATEWAY_UPSTREAM_API_KEY",
-}
+ENV: dict[str, str] = environment.GATEWAY_OPTIONS
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")

@@ -199,8 +199,8 @@ def add_arguments(parser: Any) -> None:
 
 
 #: environment fallbacks of --api-key and --tls-* (the flag wins)
-ENV_API_KEY = "PATHPROBE_API_KEY"
-ENV_TLS = "PATHPROBE_LOAD_TLS"
+ENV_API_KEY = env_vars.PATHPROBE_API_KEY
+ENV_TLS = env_vars.PATHPROBE_LOAD_TLS
 
 
 @dataclass

@@ -181,13 +181,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-ENV_API_KEY = "PATHPROBE_SERVE_API_KEY"
+ENV_API_KEY = environment.PATHPROBE_SERVE_API_KEY
 
 
 def _tls(args: argparse.Namespace):
     from pathprobe.tls import TlsFiles
 
-    tls = TlsFiles.from_env("PATHPROBE_SERVE_TLS", {"cert": args.tls_cert, "key": args.tls_key, "ca": args.tls_ca})
+    tls = TlsFiles.from_env(
+        environment.PATHPROBE_SERVE_TLS, {"cert": args.tls_cert, "key": args.tls_key, "ca": args.tls_ca}
+    )
     return tls if tls.serving else None
 
 

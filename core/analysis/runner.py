@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pathprobe import vllmcpu
+from pathprobe import environment, vllmcpu
 from pathprobe.address import parse_hostport
 from pathprobe.analysis.config import UPSTREAM_PROTOCOL, CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.analysis.placement import Placement, plan
@@ -193,7 +193,7 @@ def probe_once(
 
     secure = url.split("://", 1)[0].endswith("s")
     if secure and tls is None:
-        tls = TlsFiles.from_env("PATHPROBE_LOAD_TLS", flag="--target")
+        tls = TlsFiles.from_env(environment.PATHPROBE_LOAD_TLS, flag="--target")
     ssl_ctx = tls.client_context() if secure else None
     t0 = time.perf_counter()
     if url.startswith(("grpc://", "grpcs://")):
