@@ -61,6 +61,13 @@ class _Abort(Exception):
         self.retry_after_ms = retry_after_ms
 
 
+def _fault(exc: _Abort | PathprobeError) -> tuple[grpc.StatusCode, str, float | None]:
+    """(status, details, retry hint) of a call that failed at the gateway or upstream."""
+    if isinstance(exc, _Abort):
+        return exc.code, exc.details, exc.retry_after_ms
+    return exc.grpc_code, exc.message, getattr(exc, "retry_after_ms", None)
+
+
 def _retry_ms(value: str | None) -> float | None:
     """``Retry-After`` seconds (the delay form) as ms; an HTTP date is not used."""
     try:
@@ -198,32 +205,10 @@ class Reencoder:
             ent.encode += t2 - t1
             spans.child("gw.decode", td, t1 - td)
             spans.child("gw.encode", t1, t2 - t1)
-        except _Abort as exc:
-            await self._finish_error(
-                ctx,
-                ent,
-                t0,
-                spans,
-                exc.code,
-                exc.details,
-                upstream_st,
-                GENERATE,
-                up.upstream.target if up else None,
-                exc.retry_after_ms,
-            )
-        except PathprobeError as exc:
-            await self._finish_error(
-                ctx,
-                ent,
-                t0,
-                spans,
-                exc.grpc_code,
-                exc.message,
-                upstream_st,
-                GENERATE,
-                up.upstream.target if up else None,
-                getattr(exc, "retry_after_ms", None),
-            )
+        except (_Abort, PathprobeError) as exc:
+            code, details, retry_after_ms = _fault(exc)
+            target = up.upstream.target if up else None
+            await self._finish_error(ctx, ent, t0, spans, code, details, upstream_st, GENERATE, target, retry_after_ms)
         finally:
             if up is not None:
                 up.resp.release()
@@ -305,31 +290,11 @@ class Reencoder:
                 ent.encode += c_enc
             Spans.end_client(up.cspan, {"http.response.status_code": 200}, None, up.t0, ent.upstream)
             ok = True
-        except _Abort as exc:
+        except (_Abort, PathprobeError) as exc:
+            code, details, retry_after_ms = _fault(exc)
+            target = up.upstream.target if up else None
             await self._finish_error(
-                ctx,
-                ent,
-                t0,
-                spans,
-                exc.code,
-                exc.details,
-                upstream_st,
-                GENERATE_STREAM,
-                up.upstream.target if up else None,
-                exc.retry_after_ms,
-            )
-        except PathprobeError as exc:
-            await self._finish_error(
-                ctx,
-                ent,
-                t0,
-                spans,
-                exc.grpc_code,
-                exc.message,
-                upstream_st,
-                GENERATE_STREAM,
-                up.upstream.target if up else None,
-                getattr(exc, "retry_after_ms", None),
+                ctx, ent, t0, spans, code, details, upstream_st, GENERATE_STREAM, target, retry_after_ms
             )
         finally:
             if up is not None:
