@@ -134,6 +134,22 @@ class Target:
         return None
 
 
+def _grpc_request(
+    pb: Any, spec: CallSpec, headers: dict[str, str], auth: tuple[tuple[str, str], ...], out: Outcome
+) -> tuple[bytes, tuple[tuple[str, str], ...] | None]:
+    """The serialized request (its time is ``client.encode``) and the call's metadata."""
+    out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
+    data = pb.GenerateRequest(
+        prompt=spec.prompt,
+        max_tokens=spec.max_tokens,
+        ignore_eos=spec.ignore_eos,
+        request_id=spec.request_id,
+        model=spec.model,
+    ).SerializeToString()
+    out.encode_ns = pc() - t0
+    return data, (tuple(headers.items()) + auth if headers else auth) or None
+
+
 # --- gRPC --------------------------------------------------------------------------------
 class GrpcTarget(Target):
     kind = "grpc"
@@ -164,16 +180,7 @@ class GrpcTarget(Target):
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
         pb = self._pb
-        out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
-        data = pb.GenerateRequest(
-            prompt=spec.prompt,
-            max_tokens=spec.max_tokens,
-            ignore_eos=spec.ignore_eos,
-            request_id=spec.request_id,
-            model=spec.model,
-        ).SerializeToString()
-        out.encode_ns = pc() - t0
-        md = (tuple(headers.items()) + self._auth if headers else self._auth) or None
+        data, md = _grpc_request(pb, spec, headers, self._auth, out)
         try:
             if spec.stream:
                 self._call_stream(data, md, out)
@@ -278,16 +285,7 @@ class H2GrpcTarget(Target):
 
     def _call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
         pb = self._pb
-        out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
-        data = pb.GenerateRequest(
-            prompt=spec.prompt,
-            max_tokens=spec.max_tokens,
-            ignore_eos=spec.ignore_eos,
-            request_id=spec.request_id,
-            model=spec.model,
-        ).SerializeToString()
-        out.encode_ns = pc() - t0
-        md = (tuple(headers.items()) + self._auth if headers else self._auth) or None
+        data, md = _grpc_request(pb, spec, headers, self._auth, out)
         if spec.stream:
             self._stream(data, md, out)
             return
