@@ -177,6 +177,27 @@ class Managed:
             pass
 
 
+def _serve_args(s: Any, engine: str, gport: int, hport: int) -> list[str]:
+    """``pathprobe serve`` for one of our servers on loopback (``s``: the config's server block)."""
+    return _py(
+        "serve",
+        "--engine",
+        engine,
+        "--model",
+        s.model,
+        "--host",
+        LOOPBACK,
+        "--grpc-port",
+        str(gport),
+        "--http-port",
+        str(hport),
+        "--max-batch-size",
+        str(s.max_batch_size),
+        "--http-server",
+        s.http_server,
+    )
+
+
 def _py(*args: str) -> list[str]:
     return [sys.executable, "-m", "pathprobe", *args]
 
@@ -376,23 +397,7 @@ class Stack:
     def start_server(self) -> None:
         s = self.cfg.server
         gport, hport = s.grpc_port or free_port(), s.http_port or free_port()
-        args = _py(
-            "serve",
-            "--engine",
-            s.engine,
-            "--model",
-            s.model,
-            "--host",
-            LOOPBACK,
-            "--grpc-port",
-            str(gport),
-            "--http-port",
-            str(hport),
-            "--max-batch-size",
-            str(s.max_batch_size),
-            "--http-server",
-            s.http_server,
-        )
+        args = _serve_args(s, s.engine, gport, hport)
         self.front_ends = {s.http_server: f"{LOOPBACK}:{hport}"}
         for fe in sorted({t.front_end for t in self.cfg.targets if t.enabled and t.front_end} - {s.http_server}):
             port = free_port()
@@ -440,24 +445,7 @@ class Stack:
         key = f"server-{engine}"
         if key not in self.others:
             gport, hport = free_port(), free_port()
-            args = _py(
-                "serve",
-                "--engine",
-                engine,
-                "--model",
-                s.model,
-                "--host",
-                LOOPBACK,
-                "--grpc-port",
-                str(gport),
-                "--http-port",
-                str(hport),
-                "--max-batch-size",
-                str(s.max_batch_size),
-                "--http-server",
-                s.http_server,
-                *s.extra_args,
-            )
+            args = [*_serve_args(s, engine, gport, hport), *s.extra_args]
             self.log(f"starting a second server of ours ({engine}, {s.model}) on grpc {gport} / http {hport}")
             m = self._start(Managed(key, args, self.out / "logs" / f"{key}.log"), "server")
             t0 = time.monotonic()
