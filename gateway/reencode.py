@@ -139,6 +139,24 @@ class Reencoder:
                 h[k] = v
         return h
 
+    async def _forward(
+        self, ctx: Any, md: Any, raw: bytes, ent: Entries, spans: Spans, stream: bool, timeout: float | None
+    ) -> Any:
+        """Check the client's key, re-encode its request as JSON and send it upstream."""
+        self.cfg.auth.check_mapping(dict(md))
+        body = self._decode(raw, ent, spans, stream)
+        return await request(
+            self.session,
+            self.pool,
+            "POST",
+            "/v1/generate",
+            self._headers(md, grpc_timeout(ctx.time_remaining())),
+            body,
+            timeout,
+            spans,
+            self.cfg.upstream_scheme,
+        )
+
     async def _finish_error(
         self,
         ctx: Any,
@@ -173,19 +191,7 @@ class Reencoder:
         up = None
         upstream_st = None
         try:
-            self.cfg.auth.check_mapping(dict(md))
-            body = self._decode(raw, ent, spans, False)
-            up = await request(
-                self.session,
-                self.pool,
-                "POST",
-                "/v1/generate",
-                self._headers(md, grpc_timeout(ctx.time_remaining())),
-                body,
-                timeout,
-                spans,
-                self.cfg.upstream_scheme,
-            )
+            up = await self._forward(ctx, md, raw, ent, spans, False, timeout)
             try:
                 data = await up.resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -233,19 +239,7 @@ class Reencoder:
         c_dec = c_enc = c_first = 0.0
         n_chunks = 0
         try:
-            self.cfg.auth.check_mapping(dict(md))
-            body = self._decode(raw, ent, spans, True)
-            up = await request(
-                self.session,
-                self.pool,
-                "POST",
-                "/v1/generate",
-                self._headers(md, grpc_timeout(ctx.time_remaining())),
-                body,
-                timeout,
-                spans,
-                self.cfg.upstream_scheme,
-            )
+            up = await self._forward(ctx, md, raw, ent, spans, True, timeout)
             if up.resp.status != 200:
                 data = await up.resp.read()
                 ent.upstream = now_ms() - up.t0
