@@ -156,7 +156,7 @@ def test_html_opens_in_headless_chromium(report_dir, tmp_path):
         "--hide-scrollbars",
     ]
     dom = subprocess.run(
-        [*flags, f"--user-data-dir={tmp_path / 'u1'}", "--virtual-time-budget=5000", "--dump-dom", html.as_uri()],
+        [*flags, f"--user-data-dir={tmp_path / 'u1'}", "--virtual-time-budget=20000", "--dump-dom", html.as_uri()],
         capture_output=True,
         text=True,
         timeout=120,
