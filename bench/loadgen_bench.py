@@ -48,8 +48,9 @@ from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 from locust.env import Environment  # noqa: E402
 from locust.event import Events  # noqa: E402
+from pathprobe import timing  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402
-from pathprobe.loadgen.targets import Target, parse_timing  # noqa: E402
+from pathprobe.loadgen.targets import Target  # noqa: E402
 from pathprobe.loadgen.users import GrpcLLMUser, HttpLLMUser  # noqa: E402
 from pathprobe.v1 import llm_pb2, llm_pb2_grpc  # noqa: E402
 
@@ -263,7 +264,7 @@ class NullTarget(Target):
     def call(self, spec, headers, out) -> None:
         out.t0 = time.perf_counter_ns()
         out.encode_ns, out.decode_ns = 8000, 9000
-        out.entries = parse_timing(SERVER_TIMING)
+        out.entries = timing.parse_chain(SERVER_TIMING)
         out.tokens_in, out.tokens_out = 5, 1
         out.ok, out.status = True, "OK"
         out.t_end = time.perf_counter_ns() + 1_000_000

@@ -54,19 +54,10 @@ def extra_headers() -> dict[str, str]:
     return obj
 
 
-def parse_timing(value: str | None) -> timing.Chain:
-    """Server-Timing entries, hop by hop (:func:`pathprobe.timing.parse_chain`)."""
-    return timing.parse_chain(value)
-
-
 def _first(value: Any) -> str | None:
     if isinstance(value, list):
         return value[0] if value else None
     return value
-
-
-def entries_from_metadata(md: Any) -> timing.Chain:
-    return timing.from_metadata(md)
 
 
 def _timing_values(md: Any) -> list[str]:
@@ -203,7 +194,7 @@ class GrpcTarget(Target):
             out.status = code.name if code is not None else "UNKNOWN"
             out.error = exc.details() if hasattr(exc, "details") else str(exc)
             try:
-                out.entries = entries_from_metadata(exc.trailing_metadata())
+                out.entries = timing.from_metadata(exc.trailing_metadata())
             except Exception:
                 pass
 
@@ -307,7 +298,7 @@ class H2GrpcTarget(Target):
                 out.status, out.error = "INTERNAL", f"unary call answered with {len(got)} messages"
             else:
                 out.status, out.error = res.status, res.details
-        out.entries = _entries(res.server_timing + res.header_timing)
+        out.entries = timing.parse_chain(res.server_timing + res.header_timing)  # trailers, then headers
 
     def _stream(self, data: bytes, md: Any, out: Outcome) -> None:
         pb = self._pb
@@ -330,7 +321,7 @@ class H2GrpcTarget(Target):
         out.t_end = pc()
         out.decode_ns = st["dec"]
         usage = st["usage"]
-        out.entries = _entries(res.server_timing + res.header_timing)
+        out.entries = timing.parse_chain(res.server_timing + res.header_timing)  # trailers, then headers
         if res.code != 0:
             out.ok, out.status, out.error = False, res.status, res.details
             return
@@ -340,12 +331,6 @@ class H2GrpcTarget(Target):
 
     def close(self) -> None:
         self.channel.close()
-
-
-def _entries(values: list[str]) -> timing.Chain:
-    """Every ``server-timing`` value of the trailers, in order (the server's, then each gateway's),
-    then the response headers' (proxies that cannot touch trailers), as :func:`entries_from_call`."""
-    return timing.parse_chain(values)
 
 
 # --- HTTP (native and OpenAI) --------------------------------------------------------------
@@ -617,7 +602,7 @@ class OpenAITarget(_HttpBase):
             _take_report(resp, obj, out)
             st = obj.get("server_timing")
             if st and not out.entries:
-                out.entries = parse_timing(st)
+                out.entries = timing.parse_chain(st)
             out.ok, out.status = True, "OK"
             return
         state: dict[str, Any] = {"n": 0, "err": None}
@@ -726,7 +711,7 @@ def _take_usage_and_timing(obj: dict[str, Any], out: Outcome) -> None:
         out.tokens_in = usage.get("prompt_tokens")
     st = obj.get("server_timing")
     if st:
-        out.entries = parse_timing(st)
+        out.entries = timing.parse_chain(st)
 
 
 def _finish_stream(out: Outcome, err: Any) -> None:
