@@ -13,6 +13,7 @@ import grpc
 import pytest
 from pathprobe import timing
 from pathprobe.timing import SERVER_ENTRIES
+from pathprobe.v1 import llm_pb2, llm_pb2_grpc
 
 from tests.support.clients import grpc_generate, grpc_stream, http_post, sse_events
 from tests.support.procs import Server
@@ -136,17 +137,36 @@ def test_synthetic_times_match_configuration(timed_server: Server) -> None:
     assert all(e["srv.queue"] < 2.0 for e in runs)
 
 
-def test_queue_grows_only_beyond_batch_slots(timed_server: Server) -> None:
-    def call(_):
-        return grpc_generate(timed_server.grpc_target, prompt="hi", max_tokens=11)[1]
+def _generate_together(target: str, n: int) -> list[dict[str, float]]:
+    """n unary calls released at once: channels connected first, then a barrier, so none
+    arrives late because its thread was still opening a connection."""
+    barrier = threading.Barrier(n)
+    channels = [grpc.insecure_channel(target) for _ in range(n)]
+    for ch in channels:
+        grpc.channel_ready_future(ch).result(timeout=10)
 
-    with ThreadPoolExecutor(2) as pool:
-        within = list(pool.map(call, range(2)))
+    def call(ch: grpc.Channel) -> dict[str, float]:
+        stub = llm_pb2_grpc.LLMStub(ch)
+        barrier.wait(timeout=10)
+        _, c = stub.Generate.with_call(llm_pb2.GenerateRequest(prompt="hi", max_tokens=11), timeout=30)
+        return timing.from_metadata(c.trailing_metadata())
+
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            return list(pool.map(call, channels))
+    finally:
+        for ch in channels:
+            ch.close()
+
+
+def test_queue_grows_only_beyond_batch_slots(timed_server: Server) -> None:
+    within = _generate_together(timed_server.grpc_target, 2)
     assert max(e["srv.queue"] for e in within) < 5.0
-    with ThreadPoolExecutor(6) as pool:
-        beyond = list(pool.map(call, range(6)))
+    beyond = _generate_together(timed_server.grpc_target, 6)
     queues = sorted(e["srv.queue"] for e in beyond)
-    # 6 requests, 2 slots, ~50 ms each: the last two wait about two generations
+    # 6 requests at once, 2 slots, ~50 ms per generation: two start at once, the other four
+    # wait for a slot (about one and two generations)
+    assert queues[2] > 25.0, queues
     assert queues[-1] > 60.0, queues
     assert all(e["srv.decode_steps"] == pytest.approx(50, rel=0.15) for e in beyond)
 
