@@ -208,7 +208,7 @@ class _HelpParser(argparse.ArgumentParser):
 
 
 def print_pathprobe_help() -> None:
-    from pathprobe.loadgen.plugin import add_arguments
+    from pathprobe.loadgen.flags import add_arguments
 
     p = _HelpParser(
         prog="pathprobe load",

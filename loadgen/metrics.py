@@ -12,17 +12,11 @@ each batch into its histograms (the local flush loop, a worker's report to the m
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pathprobe import environment
 from pathprobe.loadgen.records import SEGMENT_METRICS
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-
-#: env vars giving the port / address when ``--metrics-port`` / ``--metrics-host`` are not given
-ENV_METRICS_PORT = environment.PATHPROBE_LOAD_METRICS_PORT
-ENV_METRICS_HOST = environment.PATHPROBE_LOAD_METRICS_HOST
 
 #: ms; fine at the low end (a gateway hop is a few hundred µs), up to long generations
 MS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 150, 200, 300, 500, 1000, 2500, 5000, 10000, 30000)
@@ -89,14 +83,3 @@ class LoadMetrics:
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)
-
-
-def port_from(option: int | None) -> int:
-    """The flag's value, else the env var's, else 0 (off)."""
-    if option:
-        return int(option)
-    return int(os.environ.get(ENV_METRICS_PORT) or 0)
-
-
-def host_from(option: str | None) -> str:
-    return option or os.environ.get(ENV_METRICS_HOST) or "127.0.0.1"

@@ -1,6 +1,6 @@
 """Per-request records and their exact aggregation (per route, per metric).
 
-A record is a plain dict (the JSONL schema in the README / ``pathprobe load --help``).
+A record is a :class:`pathprobe.records.RequestRecord` (the JSONL schema, defined there).
 :class:`Aggregator` keeps request/ok/error counts and one HDR histogram per route and
 metric. Records are appended to a pending batch on the hot path; :meth:`Aggregator.flush`
 moves the batch into the histograms (vectorised) and hands it to a sink (JSONL file or
@@ -12,22 +12,15 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from hdrh.histogram import HdrHistogram
 from pathprobe.loadgen import hist
+from pathprobe.records import SPLIT_SEGMENTS, RequestRecord
 
-SEGMENT_METRICS = (
-    "network",
-    "serialization",
-    "queueing",
-    "inference",
-    "other",
-    "unsplit",
-    "network_hop1",
-    "network_hop2",
-)
+#: the split's segments, one histogram each
+SEGMENT_METRICS = SPLIT_SEGMENTS
 #: every metric a summary can hold, in table order
 METRICS = (
     "e2e",
@@ -42,7 +35,7 @@ METRICS = (
     "tpot",
 )
 
-Record = dict[str, Any]
+Record = RequestRecord
 #: a request still in flight when the test stopped: recorded, counted apart from errors
 STOPPED = "STOPPED"
 
@@ -97,15 +90,15 @@ class RouteAgg:
             "schedule_lag": [r["schedule_lag_ms"] for r in oks],
             "client_wait": [r.get("client_wait_ms", 0.0) for r in oks],
         }
-        splits = [r["split"] for r in oks if r.get("split")]
+        splits: list[Mapping[str, Any]] = [sp for r in oks if (sp := r.get("split"))]
         self.estimated += sum(1 for sp in splits if sp.get("network_estimated"))
         if splits:
             for name in SEGMENT_METRICS:
                 values[name] = [sp[name] for sp in splits]
-        ttft = [r["ttft_ms"] for r in oks if r.get("ttft_ms") is not None]
+        ttft = [t for r in oks if (t := r.get("ttft_ms")) is not None]
         if ttft:
             values["ttft"] = ttft
-        tpot = [r["tpot_ms"] for r in oks if r.get("tpot_ms") is not None]
+        tpot = [t for r in oks if (t := r.get("tpot_ms")) is not None]
         if tpot:
             values["tpot"] = tpot
         itl = [g for r in oks for g in (r.get("itl_ms") or ())]

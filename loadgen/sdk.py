@@ -21,7 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pathprobe import rtt, timing
-from pathprobe.loadgen.targets import HANDSHAKE_PROBES, CallSpec, Outcome, Target, _take_report
+from pathprobe.loadgen.call import HANDSHAKE_PROBES, CallSpec, Outcome, Target
+from pathprobe.loadgen.http_base import take_report
 
 pc = time.perf_counter_ns
 #: the API key the SDK sends (the SDK requires one; local servers ignore it)
@@ -145,7 +146,7 @@ class OpenAISdkTarget(Target):
                 out.t_end = pc()
                 out.decode_ns = out.t_end - t1
                 self._usage(obj, out)
-                _take_report(raw.headers, obj.model_extra or {}, out)  # vLLM's metrics, TGI's headers
+                take_report(raw.headers, obj.model_extra or {}, out)  # vLLM's metrics, TGI's headers
             out.network_estimate_ms = self.connect_ms
             out.ok, out.status = True, "OK"
         except self._openai.APIStatusError as exc:
@@ -173,7 +174,7 @@ class OpenAISdkTarget(Target):
             if st:
                 out.entries = timing.parse_chain(st)
             if extra.get("metrics"):  # vLLM: its per-request metrics ride on the final usage chunk
-                _take_report(None, extra, out)
+                take_report(None, extra, out)
         out.t_end = pc()
         out.decode_ns = dec
         if out.tokens_out is None:

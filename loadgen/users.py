@@ -13,7 +13,6 @@ aggregator. A request interrupted by the end of the test is recorded as ``CANCEL
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 import time
@@ -26,14 +25,13 @@ grpc_gevent.init_gevent()  # before any channel exists; makes grpc cooperative u
 import gevent  # noqa: E402
 from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
-from pathprobe import segments, serverreports  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
+from pathprobe.loadgen.recordbuild import build_record  # noqa: E402  (importable from here too)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
 from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
 
 pc = time.perf_counter_ns
 _user_ids = itertools.count()
-_SPLIT_FIELDS = tuple(f.name for f in dataclasses.fields(segments.Split))
 
 
 class RequestFailed(Exception):
@@ -108,7 +106,9 @@ class _LLMMixin:
             lag_ns = max(0, pc() - intended)
         if cfg.busy_ms > 0:  # test hook (--pathprobe-busy-ms): a client too busy for its load
             _burn(cfg.busy_ms)
-        prompt = rt.prompts.next()
+        prompts = rt.prompts
+        assert prompts is not None  # built by rt.ensure_started() in _pp_init
+        prompt = prompts.next()
         spec = CallSpec(
             prompt=prompt.text,
             max_tokens=prompt.max_tokens or cfg.max_tokens,
@@ -124,8 +124,9 @@ class _LLMMixin:
         out = Outcome()
         span = None
         waits = rt.waits
-        if rt.tracing is not None:
-            span, out.t0 = rt.tracing.start(route, target, spec, headers)
+        tracing = rt.tracing
+        if tracing is not None:
+            span, out.t0 = tracing.start(route, target, spec, headers)
         ts = time.time()
         if waits is not None:
             waits.begin()
@@ -147,8 +148,8 @@ class _LLMMixin:
             if config is not None:
                 rec["config"] = config
                 rec["cycle"] = self._cycle
-            if span is not None:
-                rt.tracing.end(span, rec, out.t_end)
+            if tracing is not None:
+                tracing.end(span, rec, out.t_end)
             rt.agg.add(rec)
             if rec["status"] != STOPPED:  # like Locust's own users: a killed request is not a failure
                 self.environment.events.request.fire(
@@ -179,82 +180,6 @@ def _interrupted(out: Outcome, status: str, error: str) -> None:
     out.ok = False
     out.status = status
     out.error = error
-
-
-def build_record(
-    out: Outcome,
-    spec: CallSpec,
-    route: str,
-    host: str,
-    ts: float,
-    lag_ns: int,
-    user: int,
-    worker: str,
-    client_wait_ms: float = 0.0,
-) -> dict[str, Any]:
-    e2e = (out.t_end - out.t0) / 1e6
-    enc = out.encode_ns / 1e6
-    dec = out.decode_ns / 1e6
-    lag = lag_ns / 1e6
-    times = out.token_times
-    ttft = itl = tpot = None
-    if spec.stream:
-        if times:
-            ttft = (times[0] - out.t0) / 1e6
-            itl = [(b - a) / 1e6 for a, b in itertools.pairwise(times)]
-        else:
-            itl = []
-        n = out.tokens_out or 0
-        if ttft is not None and n > 1:
-            tpot = (e2e - ttft) / (n - 1)
-    rep = out.server_report
-    chain = serverreports.with_report(out.entries, rep)  # a server's own report as its hop, when it has a total
-    emit = out.emit_ms if spec.stream and len(out.emit_ms) == len(times) and all(out.emit_ms) else None
-    if out.ok:
-        est = serverreports.network_estimate(chain, out.network_estimate_ms)
-        s = serverreports.split(e2e, chain, rep, enc, dec, network_estimate_ms=est, client_wait_ms=client_wait_ms)
-        # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
-        sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
-        sp["links"] = list(s.links)
-        sp["hops"] = [
-            {"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other} for h in s.hops
-        ]
-        client_wait_ms = s.client_wait
-    else:
-        sp = None
-    return {
-        "ts": ts,
-        # t0 on the wall clock (CLOCK_REALTIME, what packet captures stamp), from the monotonic t0 and
-        # the two clocks' offset read now: it moves only by NTP slewing (<= 0.05% of the request's time)
-        "t0_wall_ns": out.t0 + time.time_ns() - pc(),
-        "route": route,
-        "target": host,
-        "ok": out.ok,
-        "status": out.status,
-        "error": out.error,
-        "e2e_ms": e2e,
-        "latency_ms": e2e + lag,
-        "client_encode_ms": enc,
-        "client_decode_ms": dec,
-        "ttft_ms": ttft,
-        "itl_ms": itl if itl is not None else [],
-        # the server's emit offset of each token chunk (ms since it got the request; None: not reported)
-        "emit_ms": emit,
-        "tpot_ms": tpot,
-        "tokens_in": out.tokens_in if out.tokens_in is not None else spec.tokens_in,
-        "tokens_out": out.tokens_out,
-        "schedule_lag_ms": lag,
-        "client_wait_ms": client_wait_ms,
-        "entries": out.entries,
-        "hops": [hop.as_dict() for hop in chain.hops],
-        "server_report": {"source": rep.source, "entries": rep.entries} if rep is not None else None,
-        "network_estimate_ms": out.network_estimate_ms,
-        "split": sp,
-        "trace_id": None,
-        "user": user,
-        "worker": worker,
-        "request_id": spec.request_id,
-    }
 
 
 class LLMUser(_LLMMixin, User):

@@ -1,23 +1,26 @@
-"""Per-request records written by ``pathprobe load`` (``records.jsonl``), and the
-agreement check between trace-based and in-band splits."""
+"""Per-request records written by ``pathprobe load`` (``records.jsonl``, one
+:class:`pathprobe.records.RequestRecord` per line), and the agreement check between
+trace-based and in-band splits."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pathprobe import jsonl
-from pathprobe.segments import SEGMENTS
+from pathprobe.records import SPLIT_SEGMENTS, RequestRecord
 
-SPLIT_KEYS = (*SEGMENTS, "network_hop1", "network_hop2")
+#: the split's segments compared between a trace and a record
+SPLIT_KEYS = SPLIT_SEGMENTS
 
 
-def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_records(path: str | os.PathLike[str]) -> list[RequestRecord]:
+    """Every record of a ``records.jsonl`` file (as written; not validated key by key)."""
     return [obj for _, obj in jsonl.read(path, "records")]
 
 
-def ok_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def ok_records(records: Iterable[RequestRecord]) -> list[RequestRecord]:
     return [r for r in records if r.get("ok") and r.get("split")]
 
 
@@ -28,7 +31,7 @@ def within(a: float, b: float, rel: float = 0.05, abs_ms: float = 0.2) -> bool:
 
 def agreement(
     trace_splits: Sequence[Any],
-    records: Sequence[dict[str, Any]],
+    records: Sequence[RequestRecord],
     *,
     rel: float = 0.05,
     abs_ms: float = 0.2,
@@ -45,8 +48,9 @@ def agreement(
             continue
         matched += 1
         mine = ts.split.as_dict()
+        theirs: Mapping[str, Any] = rec["split"] or {}
         for key, st in per.items():
-            a, b = mine.get(key), rec["split"].get(key)
+            a, b = mine.get(key), theirs.get(key)
             if a is None or b is None:
                 continue
             st["n"] += 1

@@ -1,0 +1,106 @@
+"""The per-request record: one line of ``records.jsonl`` per request ``pathprobe load`` sent.
+
+This module is the schema's one definition. The load generator builds records of this type
+(:func:`pathprobe.loadgen.recordbuild.build_record`) and the analysis reads them
+(:func:`pathprobe.analysis.records.read_records`); neither needs Locust to import it. Every
+duration is in milliseconds, measured on the client's monotonic clock unless noted. A key
+of :class:`RequestRecord` is in every record; a key of the ``total=False`` part only where
+it applies (streams, call-by-call interleaving).
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pathprobe.segments import SEGMENTS
+
+#: the additive segments of a split, then the network's share per side of the first hop
+#: (the per-route metrics of a summary, one histogram each)
+SPLIT_SEGMENTS = (*SEGMENTS, "network_hop1", "network_hop2")
+
+
+class HopRecord(TypedDict):
+    """One reporting hop's timing entries (:meth:`pathprobe.timing.Hop.as_dict`)."""
+
+    kind: str  # entry prefix: "srv", "gw", or a third-party proxy's own
+    desc: str | None  # what the hop said about itself (Server-Timing ``desc``)
+    entries: dict[str, float]  # full entry names, e.g. "gw.upstream"
+
+
+class HopPartRecord(TypedDict):
+    """One reporting hop's own share of the request (:class:`pathprobe.segments.HopPart`)."""
+
+    label: str
+    total: float
+    serialization: float
+    other: float
+
+
+class SplitRecord(TypedDict):
+    """The split of an OK request (:class:`pathprobe.segments.Split`): the six segments add up
+    to ``e2e`` exactly; ``network_hop1 + network_hop2 == network``."""
+
+    e2e: float
+    network: float
+    serialization: float
+    queueing: float
+    inference: float
+    other: float
+    unsplit: float  # inside a component that reports nothing (never guessed)
+    network_hop1: float  # client <-> first hop
+    network_hop2: float  # every link behind the first hop (0 when direct)
+    links: list[float]  # network per link, outermost first
+    hops: list[HopPartRecord]  # each reporting hop's own share, outermost first
+    network_estimated: bool  # the innermost link's network is a transport round trip
+    client_wait: float  # the client's wait for its own event loop, booked in ``other``
+
+
+class ServerReportRecord(TypedDict):
+    """What a third-party server reported about the request (vLLM, TGI, Ollama)."""
+
+    source: str
+    entries: dict[str, float]  # as ``srv.*`` entries
+
+
+class _Required(TypedDict):
+    ts: float  # wall clock (s since the epoch) when the request was sent
+    t0_wall_ns: int  # the request's start on CLOCK_REALTIME (ns), what packet captures stamp
+    route: str  # e.g. "grpc.Generate", "openai.chat.stream" (``config/route`` in summaries under --mix)
+    target: str  # the URL the request went to
+    ok: bool
+    status: str  # "OK", a gRPC status name, an HTTP status code, "STOPPED", "CLIENT_ERROR", ...
+    error: str | None  # the error message (None when OK)
+    e2e_ms: float  # send (before client encode) to the end of the response (after decode)
+    latency_ms: float  # e2e + schedule lag: what a user of an open-loop run waited
+    client_encode_ms: float  # the client's request serialization
+    client_decode_ms: float  # the client's response deserialization (summed over a stream)
+    ttft_ms: float | None  # streams: time to the first token chunk
+    itl_ms: list[float]  # streams: gaps between token chunks (empty for unary calls)
+    emit_ms: list[float] | None  # streams: the server's emit offset per token chunk (None: not reported)
+    tpot_ms: float | None  # streams: (e2e - ttft) / (tokens_out - 1)
+    tokens_in: int | None  # prompt tokens (the server's count, else the prompt set's)
+    tokens_out: int | None  # completion tokens
+    schedule_lag_ms: float  # open loop: how late the request left against its schedule
+    client_wait_ms: float  # the client's wait for its own event loop on the first link
+    entries: dict[str, float]  # every hop's timing entries merged by name
+    hops: list[HopRecord]  # each reporting hop's entries, innermost (the server) first
+    server_report: ServerReportRecord | None
+    network_estimate_ms: float | None  # a transport round trip (TCP handshake, HTTP/2 PING)
+    split: SplitRecord | None  # OK requests only
+    trace_id: str | None  # the CLIENT span's trace id when it was sampled and exported
+    user: int  # the user (within its process) that sent it
+    worker: str  # the Locust worker index, or "local"
+    request_id: str  # sent with the request: ``worker-user-sequence``
+
+
+class RequestRecord(_Required, total=False):
+    """One request as ``pathprobe load`` writes it to ``records.jsonl``."""
+
+    client_wait_total_ms: float  # streams: the client's loop wait summed over every resume
+    config: str  # --mix: the configuration this call went to
+    cycle: int  # --mix: the user's shuffled round the call belongs to
+
+
+#: the keys every record has, and those some records have
+REQUIRED_KEYS: frozenset[str] = RequestRecord.__required_keys__
+OPTIONAL_KEYS: frozenset[str] = RequestRecord.__optional_keys__

@@ -1,0 +1,71 @@
+"""One call to a target: what to send (:class:`CallSpec`), what was measured (:class:`Outcome`)
+and the interface every transport implements (:class:`Target`).
+
+Each target fills an :class:`Outcome` in place, so a call interrupted by Locust (the test
+stops while it is in flight) still leaves what was measured so far. Times are
+``perf_counter_ns``. No Locust import here: targets are usable from any gevent (or plain
+threaded) program.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pathprobe import timing
+from pathprobe.serverreports import ServerReport
+
+pc = time.perf_counter_ns
+#: round trips a target times for its network estimate (the estimate is the shortest): TCP
+#: handshakes before an HTTP target's first request, HTTP/2 PINGs after a gRPC call without entries
+HANDSHAKE_PROBES = 3
+
+
+@dataclass(slots=True)
+class CallSpec:
+    prompt: str
+    max_tokens: int
+    stream: bool
+    ignore_eos: bool = True
+    model: str = ""
+    request_id: str = ""
+    tokens_in: int | None = None  # the prompt set's count, used when the server reports none
+
+
+@dataclass(slots=True)
+class Outcome:
+    t0: int = 0  # perf_counter_ns at send (before client encode; the client span's start when tracing)
+    t_end: int = 0
+    encode_ns: int = 0
+    decode_ns: int = 0
+    token_times: list[int] = field(default_factory=list)  # arrival of each chunk carrying tokens
+    emit_ms: list[float] = field(default_factory=list)  # the server's emit offset of each of those chunks
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    ok: bool = False
+    status: str = ""
+    error: str | None = None
+    entries: timing.Chain = field(default_factory=timing.Chain)  # every hop's entries
+    response_bytes: int = 0
+    #: the shortest TCP handshake seen to the target (HTTP/1.1): a transport round trip
+    #: measured without the application, the network estimate of a link whose far end
+    #: reports nothing
+    network_estimate_ms: float | None = None
+    #: what a third-party server reported about the request itself (vLLM, TGI, Ollama)
+    server_report: ServerReport | None = None
+
+
+class Target:
+    """A transport to one target; one call at a time (each user holds its own)."""
+
+    kind = "?"
+    address = ""
+
+    def route(self, stream: bool) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None

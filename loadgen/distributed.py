@@ -1,0 +1,148 @@
+"""Distributed runs: what workers and the master exchange, through Locust's messaging.
+
+Each worker ships, with each of Locust's stats reports (``report_to_master`` /
+``worker_report``), the records of the last interval plus their HDR histograms (encoded);
+the master merges the histograms (exactly) and writes the records. When the test stops
+each worker sends a final batch (:data:`MSG_FINAL`) with its own totals, and the master
+waits for every worker's final batch before it writes its files. The master tells each
+worker its share of an open-loop rate (:data:`MSG_SHARE`) and, on a headless quit, to stop
+(:data:`MSG_STOP`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import gevent
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
+from pathprobe.loadgen import hist
+from pathprobe.loadgen import monitor as monitor_mod
+from pathprobe.loadgen.records import Aggregator, write_outputs
+from pathprobe.loadgen.runtime import Runtime
+
+log = logging.getLogger("pathprobe.loadgen")
+
+MSG_FINAL = "pathprobe_final"
+MSG_SHARE = "pathprobe_share"
+MSG_STOP = "pathprobe_stop"
+#: what a worker sends when it has nothing new
+EMPTY_DELTA: dict[str, Any] = {"hists": {}, "records": [], "n": 0}
+
+
+# --- worker ----------------------------------------------------------------------------------
+def install_worker(environment: Any, rt: Runtime, runner: WorkerRunner) -> None:
+    """Listen for the master's share and stop; ship each interval's records with Locust's report."""
+
+    def on_share(environment: Any, msg: Any, **_: Any) -> None:
+        rt.share = float(msg.data.get("share", 1.0))
+
+    def on_stop(environment: Any, msg: Any, **_: Any) -> None:
+        environment.runner.stop()
+
+    runner.register_message(MSG_SHARE, on_share)
+    runner.register_message(MSG_STOP, on_stop, concurrent=True)
+
+    def on_report(client_id: str, data: dict[str, Any]) -> None:
+        delta = take_delta(rt)
+        if delta:
+            data["pathprobe"] = delta
+
+    environment.events.report_to_master.add_listener(on_report)
+
+
+def take_delta(rt: Runtime) -> dict[str, Any] | None:
+    """The records since the last report and their histograms (encoded), or None when there are none."""
+    batch = rt.agg.take_pending()
+    if not batch:
+        return None
+    if rt.metrics is not None:
+        rt.metrics.observe(batch)
+    delta = Aggregator()
+    delta.add_batch(batch)
+    rt.worker_agg.merge(delta)
+    wire = delta.to_wire()
+    for r in delta.routes.values():  # reused by the next report instead of allocated again
+        for h in r.hists.values():
+            hist.recycle(h)
+    return {"hists": wire, "records": batch if rt.cfg.records else [], "n": len(batch)}
+
+
+def send_final(rt: Runtime) -> None:
+    """The last batch, this worker's totals and loop monitor data; once per test."""
+    if rt.final_sent:
+        return
+    rt.final_sent = True
+    rt.end_wall = time.time()
+    wire = rt.stop_monitor()
+    delta = take_delta(rt) or dict(EMPTY_DELTA)
+    delta["totals"] = rt.worker_agg.totals()
+    delta["worker"] = rt.worker
+    delta["client"] = wire
+    rt.env.runner.send_message(MSG_FINAL, delta)
+    try:  # this worker's own view, for checking the master's totals
+        own = monitor_mod.merge_blocks({rt.worker: wire}, rt.cfg.lag_threshold_ms) if wire else None
+        write_outputs(rt.cfg.out, rt.worker_agg, rt.meta(), name=f"worker-{rt.worker}", client=own)
+    except OSError as exc:
+        log.warning("pathprobe: cannot write worker summary: %s", exc)
+    if rt.tracing is not None:
+        rt.tracing.shutdown()
+        rt.tracing = None
+
+
+# --- master ----------------------------------------------------------------------------------
+def install_master(environment: Any, rt: Runtime, runner: MasterRunner) -> None:
+    """Merge every worker's interval batches and final batch."""
+
+    def on_final(environment: Any, msg: Any, **_: Any) -> None:
+        merge_from_worker(rt, msg.data)
+        rt.finals[msg.node_id] = msg.data.get("totals", {})
+        if msg.data.get("client"):
+            rt.client_wires[str(msg.data.get("worker", msg.node_id))] = msg.data["client"]
+
+    runner.register_message(MSG_FINAL, on_final)
+
+    def on_worker_report(client_id: str, data: dict[str, Any]) -> None:
+        pp = data.get("pathprobe")
+        if pp:
+            merge_from_worker(rt, pp)
+
+    environment.events.worker_report.add_listener(on_worker_report)
+
+
+def merge_from_worker(rt: Runtime, data: dict[str, Any]) -> None:
+    rt.agg.merge_wire(data["hists"])
+    if rt.writer is not None and data.get("records"):
+        rt.writer(data["records"])
+
+
+def send_shares(runner: MasterRunner) -> None:
+    """Each connected worker runs an equal share of an open-loop rate."""
+    workers = [c for c in runner.clients.all if c.state != STATE_MISSING]
+    runner.send_message(MSG_SHARE, {"share": 1.0 / max(1, len(workers))})
+
+
+def master_collect(rt: Runtime, runner: MasterRunner) -> None:
+    """Wait until every worker has sent its final batch."""
+    expected = {c.id for c in runner.clients.all if c.state != STATE_MISSING}
+    if runner.user_count > 0:
+        # headless quit path: Locust fires test_stop before telling workers to stop
+        runner.send_message(MSG_STOP)
+    stop_timeout = float(getattr(rt.env, "stop_timeout", 0) or 0)
+    deadline = time.monotonic() + stop_timeout + 30.0
+    while not expected <= set(rt.finals) and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    missing = expected - set(rt.finals)
+    if missing:
+        log.error(
+            "pathprobe: no final batch from worker(s) %s; totals exclude what they did not ship",
+            ", ".join(sorted(missing)),
+        )
+
+
+def check_master_totals(rt: Runtime) -> None:
+    total = rt.agg.totals()["requests"]
+    workers = sum(int(t.get("requests", 0)) for t in rt.finals.values())
+    if total != workers:
+        log.error("pathprobe: master counted %d requests, workers reported %d", total, workers)

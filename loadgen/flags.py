@@ -1,0 +1,165 @@
+"""pathprobe's command-line flags, added to Locust's parser (``init_command_line_parser``).
+
+Their defaults are :class:`~pathprobe.loadgen.config.Config`'s; :meth:`Config.from_options`
+turns the parsed values (and the environment) into the run's configuration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pathprobe.loadgen.config import ENV, ENV_API_KEY, ENV_TLS, Config
+from pathprobe.loadgen.targets import GRPC_CLIENTS
+
+#: the defaults every flag shows
+D = Config()
+
+
+def add_arguments(parser: Any) -> None:
+    g = parser  # Locust's parser (supports include_in_web_ui); groups would not
+    g.add_argument(
+        "--out",
+        default=D.out,
+        include_in_web_ui=False,
+        help="folder for records.jsonl, summary.json/.csv, histograms.json",
+    )
+    g.add_argument("--stream", action="store_true", default=False, help="use the streaming route")
+    g.add_argument(
+        "--openai-api",
+        choices=["completions", "chat"],
+        default=D.openai_api,
+        help="OpenAI-compatible route for openai+http:// targets",
+    )
+    g.add_argument("--model", default=D.model, help="model name sent (OpenAI default: first of GET /v1/models)")
+    g.add_argument("--max-tokens", type=int, default=D.max_tokens, help="max_tokens per request")
+    g.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        default=False,
+        help="let the model stop at EOS (default: ignore_eos, exactly max_tokens)",
+    )
+    g.add_argument(
+        "--prompt-set",
+        choices=["fixed", "sweep", "mixed", "file"],
+        default=D.prompt_set,
+        help="fixed: one prompt of --prompt-tokens; sweep: --prompt-lengths round-robin; "
+        "mixed: --prompt-lengths at random; file: --prompt-file JSONL",
+    )
+    g.add_argument("--prompt", default=D.prompt, help="base text of generated prompts")
+    g.add_argument(
+        "--prompt-tokens", type=int, default=D.prompt_tokens, help="exact prompt length in tokens (fixed set)"
+    )
+    g.add_argument(
+        "--prompt-lengths",
+        default=",".join(map(str, D.prompt_lengths)),
+        help="token lengths for the sweep/mixed sets, e.g. 16,64,256",
+    )
+    g.add_argument(
+        "--prompt-file",
+        default="",
+        include_in_web_ui=False,
+        help='JSONL prompts: {"prompt": "...", "max_tokens": optional} per line',
+    )
+    g.add_argument(
+        "--tokenizer", default=D.tokenizer, help="tokenizer for exact prompt lengths: tiny | preset:NAME | PATH | none"
+    )
+    g.add_argument(
+        "--arrival",
+        choices=["closed", "constant", "poisson"],
+        default=D.arrival,
+        help="closed loop (users back to back) or open loop at --rate",
+    )
+    g.add_argument("--rate", type=float, default=0.0, help="open loop: total requests/s")
+    g.add_argument("--ramp", type=float, default=0.0, help="open loop: seconds to ramp from 0 to --rate")
+    g.add_argument(
+        "--sweep",
+        default="",
+        include_in_web_ui=False,
+        help="concurrency sweep, e.g. 1,4,16,64 (pathprobe load only): one run per value",
+    )
+    g.add_argument("--timeout-s", type=float, default=D.timeout_s, help="per-request deadline (s)")
+    g.add_argument(
+        "--grpc-client",
+        choices=list(GRPC_CLIENTS),
+        default=D.grpc_client,
+        help="gRPC transport: h2 = pathprobe's HTTP/2 client (a fraction of grpcio's CPU per call "
+        "under gevent, same records); grpcio = grpcio's channel",
+    )
+    g.add_argument(
+        "--api-key",
+        default="",
+        include_in_web_ui=False,
+        help=f"sent as 'Authorization: Bearer KEY' (default: ${ENV_API_KEY})",
+    )
+    g.add_argument(
+        "--target-ca",
+        default="",
+        include_in_web_ui=False,
+        help=f"grpcs:// / https://: CA that signs the target's certificate (default: system CAs; ${ENV_TLS}_CA)",
+    )
+    g.add_argument(
+        "--target-cert",
+        default="",
+        include_in_web_ui=False,
+        help=f"client certificate for targets that want mTLS (${ENV_TLS}_CERT)",
+    )
+    g.add_argument("--target-key", default="", include_in_web_ui=False, help=f"its private key (${ENV_TLS}_KEY)")
+    g.add_argument(
+        "--target-server-name",
+        default="",
+        include_in_web_ui=False,
+        help=f"name expected in the target's certificate (default: the host; ${ENV_TLS}_SERVER_NAME)",
+    )
+    g.add_argument(
+        "--traces-file",
+        default="",
+        include_in_web_ui=False,
+        help="write CLIENT spans to this OTLP JSON lines file (OTLP export: OTEL_EXPORTER_OTLP_ENDPOINT)",
+    )
+    g.add_argument(
+        "--no-records",
+        action="store_true",
+        default=False,
+        include_in_web_ui=False,
+        help="do not write records.jsonl (summaries stay exact)",
+    )
+    g.add_argument("--label", default="", include_in_web_ui=False, help="copied into summary.json meta.label")
+    g.add_argument("--seed", type=int, default=0, include_in_web_ui=False, help="seed for Poisson/mixed prompts")
+    g.add_argument(
+        "--client-lag-threshold-ms",
+        type=float,
+        default=D.lag_threshold_ms,
+        include_in_web_ui=False,
+        help="the load generator counts as saturated when its event-loop lag p99 reaches this "
+        "(or its loop CPU mean reaches 90%% of a core); see summary.json 'client'",
+    )
+    g.add_argument(
+        "--mix",
+        default="",
+        include_in_web_ui=False,
+        help="call-by-call interleaving: NAME=URL[,NAME=URL...]; each user sends each call to the "
+        "next configuration of a freshly shuffled order (records carry 'config' and 'cycle'; "
+        "-H is then only Locust's label)",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        include_in_web_ui=False,
+        help="serve Prometheus /metrics (the client-side split, live) on this port from each "
+        f"process that runs users (default: ${ENV['metrics_port']}, else off)",
+    )
+    g.add_argument(
+        "--metrics-host",
+        default="",
+        include_in_web_ui=False,
+        help=f"address for --metrics-port (default: ${ENV['metrics_host']}, else {D.metrics_host})",
+    )
+    g.add_argument(
+        "--pathprobe-busy-ms",
+        type=float,
+        default=0.0,
+        include_in_web_ui=False,
+        help="TEST HOOK: each user burns this many ms of CPU before each request (outside "
+        "the timed part), to make the load generator saturate on purpose",
+    )

@@ -1,0 +1,215 @@
+"""The measured HTTP client under every HTTP target (native, OpenAI-compatible, Ollama).
+
+geventhttpclient (the HTTP client under Locust's FastHttpUser), one connection per user:
+``client.encode`` / ``client.decode`` time ``json.dumps`` / ``json.loads``; timing entries
+come from the ``Server-Timing`` header (and known gateways' own headers) or, for streams,
+the last event's ``server_timing``; each TCP connect is timed as the link's network estimate.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+from pathprobe import environment, reporters, rtt, timing
+from pathprobe.errors import ConfigError
+from pathprobe.loadgen.call import HANDSHAKE_PROBES, Outcome, Target, pc
+from pathprobe.serverreports import TGI_HEADERS, ReportError
+from pathprobe.serverreports import read as read_report
+from pathprobe.tls import TlsFiles
+
+#: a JSON object of headers sent with every request (e.g. a gateway's API key); kept in the
+#: environment so a secret never shows on a command line
+ENV_HEADERS = environment.PATHPROBE_LOAD_HEADERS
+
+
+def extra_headers() -> dict[str, str]:
+    """The headers of :data:`ENV_HEADERS` (empty when unset); bad JSON is a ConfigError."""
+    raw = environment.get(ENV_HEADERS)
+    if not raw:
+        return {}
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_HEADERS}: not a JSON object of headers ({exc})") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
+        raise ConfigError(f"{ENV_HEADERS}: expected a JSON object of string header values")
+    return obj
+
+
+def _first(value: Any) -> str | None:
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+class HttpTarget(Target):
+    """A target behind one geventhttpclient connection (subclasses add the API's routes)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None, api_key: str = "") -> None:
+        from geventhttpclient import HTTPClient
+        from geventhttpclient.url import URL
+
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"host: expected http(s)://HOST:PORT, got {base_url!r}")
+        self.address = base_url
+        self.prefix = parts.path.rstrip("/")
+        self.timeout_s = timeout_s
+        ssl_kw: dict[str, Any] = {}
+        if parts.scheme == "https" and tls is not None:
+            ssl_kw["ssl_options"] = tls.gevent_ssl_options()
+        self.client = HTTPClient.from_url(
+            URL(f"{parts.scheme}://{parts.netloc}/"),
+            concurrency=1,
+            connection_timeout=timeout_s,
+            network_timeout=timeout_s,
+            **ssl_kw,
+        )
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        self._loads = json.loads
+        self.connect_ms: float | None = None
+        self._base_headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            **extra_headers(),
+        }
+        _time_connects(self.client, self)
+        # a few TCP handshakes before any request: the estimate is the shortest of several round
+        # trips, not one that a busy scheduler stretched (each later pool connect can only lower it)
+        hs = rtt.tcp_handshake_ms(
+            parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES
+        )
+        if hs is not None:
+            self._saw_connect(hs)
+
+    def _saw_connect(self, ms: float) -> None:
+        self.connect_ms = ms if self.connect_ms is None else min(self.connect_ms, ms)
+
+    def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
+        out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
+        body = self._dumps(body_obj).encode()
+        out.encode_ns = pc() - t0
+        hdrs = {**self._base_headers, **self._auth}
+        if headers:
+            hdrs.update(headers)
+        resp = self.client.post(self.prefix + path, body=body, headers=hdrs)
+        out.network_estimate_ms = self.connect_ms
+        return resp
+
+    def _entries_from_header(self, resp: Any) -> timing.Chain:
+        """``Server-Timing`` header(s) hop by hop, then what known gateways say in headers of
+        their own (LiteLLM, Envoy: :mod:`pathprobe.reporters`) as the outer hops."""
+        if not hasattr(resp, "get"):
+            return timing.Chain()
+        value = resp.get("server-timing")
+        values = list(value) if isinstance(value, list) else [value] if value is not None else []
+        values += reporters.gateway_values(lambda name: _first(resp.get(name)))
+        return timing.parse_chain(values)
+
+    def _error(self, resp: Any, out: Outcome) -> None:
+        body = resp.read()
+        out.t_end = pc()
+        out.response_bytes = len(body)
+        out.ok = False
+        out.status = str(resp.status_code)
+        out.entries = self._entries_from_header(resp)
+        msg = body.decode(errors="replace")[:500]
+        try:
+            obj = self._loads(body)
+            err = obj.get("error") if isinstance(obj, dict) else None
+            if isinstance(err, dict) and err.get("message"):
+                msg = str(err["message"])
+            elif isinstance(err, str):
+                msg = err
+        except ValueError:
+            pass
+        out.error = msg
+
+    def _unary(self, resp: Any, out: Outcome) -> dict[str, Any]:
+        body = resp.read()
+        t2 = pc()
+        obj = self._loads(body)
+        out.t_end = t3 = pc()
+        out.decode_ns = t3 - t2
+        out.response_bytes = len(body)
+        out.entries = self._entries_from_header(resp)
+        return obj
+
+    def _sse(self, resp: Any, out: Outcome, on_event: Any) -> None:
+        """Reads ``data:`` events until ``[DONE]`` or the end of the body."""
+        dec = 0
+        loads = self._loads
+        while True:
+            line = resp.readline(b"\n")
+            if not line:
+                break
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            out.response_bytes += len(line)
+            if payload == b"[DONE]":
+                break
+            ta = pc()
+            obj = loads(payload)
+            dec += pc() - ta
+            on_event(ta, obj)
+        resp.read()  # drain the end of the chunked body so the connection is reused
+        out.t_end = pc()
+        out.decode_ns = dec
+        if not out.entries:
+            out.entries = self._entries_from_header(resp)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _time_connects(client: Any, into: HttpTarget) -> None:
+    """Time each TCP connect of ``client``'s pool (the kernel's handshake: one round trip)."""
+    pool = client._connection_pool
+    connect = pool._connect_socket
+
+    def timed(sock: Any, address: Any) -> Any:
+        t0 = pc()
+        sock = connect(sock, address)
+        into._saw_connect((pc() - t0) / 1e6)
+        return sock
+
+    pool._connect_socket = timed
+
+
+def take_report(resp: Any, obj: Any, out: Outcome) -> None:
+    """A third-party server's own report of the request (body fields or TGI's headers)."""
+    headers = {k: v for k in TGI_HEADERS if isinstance(v := resp.get(k), str)} if hasattr(resp, "get") else None
+    try:
+        rep = read_report(headers, obj if isinstance(obj, dict) else None)
+    except ReportError as exc:
+        out.error = f"server report ignored: {exc.message}"
+        return
+    if rep is not None:
+        out.server_report = rep
+
+
+def take_usage_and_timing(obj: dict[str, Any], out: Outcome) -> None:
+    """An SSE event's ``usage`` and ``server_timing`` (the last event carries them)."""
+    usage = obj.get("usage")
+    if usage:
+        out.tokens_out = usage.get("completion_tokens")
+        out.tokens_in = usage.get("prompt_tokens")
+    st = obj.get("server_timing")
+    if st:
+        out.entries = timing.parse_chain(st)
+
+
+def finish_stream(out: Outcome, err: Any) -> None:
+    if err:
+        out.ok = False
+        if isinstance(err, dict):
+            out.status = str(err.get("status") or err.get("code") or "STREAM_ERROR")
+            out.error = str(err.get("message") or err)
+        else:
+            out.status, out.error = "STREAM_ERROR", str(err)
+    else:
+        out.ok, out.status = True, "OK"

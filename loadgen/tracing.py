@@ -1,0 +1,133 @@
+"""OpenTelemetry for the load generator: a CLIENT span per request, ``traceparent`` injected
+into the request's metadata / headers, the span placed on the record's own clock (span
+duration == e2e) and carrying the client's own durations and the split.
+
+Spans are exported between requests (:meth:`Tracing.drain`, called by the runtime's
+flush), never by a thread that competes for the interpreter lock while a response waits.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pathprobe.loadgen.config import Config
+from pathprobe.records import RequestRecord
+
+
+class Tracing:
+    """A CLIENT span per request; ``traceparent`` injected into metadata/headers."""
+
+    def __init__(self, tracer: Any, provider: Any, deferred: list[Any] | None = None) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+        from pathprobe import telemetry
+
+        self.tracer = tracer
+        self.provider = provider
+        self.deferred = list(deferred or ())
+        self._trace = trace
+        self._kind = SpanKind.CLIENT
+        self._status = Status
+        self._code = StatusCode
+        self._inject = telemetry.inject
+        self._wall = telemetry.mono_ms_to_wall_ns
+
+    @classmethod
+    def create(cls, cfg: Config, options: Any) -> Tracing | None:
+        from opentelemetry import trace
+        from pathprobe import telemetry
+
+        locust_otel = bool(getattr(options, "otel", False))
+        if locust_otel and hasattr(trace.get_tracer_provider(), "add_span_processor"):
+            # Locust's --otel owns the global provider (and its OTLP exporter): use it.
+            provider = trace.get_tracer_provider()
+            if cfg.traces_file and hasattr(provider, "add_span_processor"):
+                mine = telemetry.DeferredSpanProcessor(telemetry.OTLPJsonLinesExporter(cfg.traces_file))
+                provider.add_span_processor(mine)
+                return cls(provider.get_tracer("pathprobe.loadgen"), None, [mine])
+            return cls(provider.get_tracer("pathprobe.loadgen"), None)
+        # spans are exported between requests (Runtime.flush), not by a thread that competes for the
+        # interpreter lock while a response waits to be timed
+        own = telemetry.setup_tracing(
+            "pathprobe-loadgen", traces_file=cfg.traces_file or None, set_global=False, deferred=True
+        )
+        if own is None:
+            return None
+        return cls(own.get_tracer("pathprobe.loadgen"), own, telemetry.deferred_processors(own))
+
+    def drain(self) -> None:
+        """Export the spans finished since the last call (in this thread, between requests)."""
+        for p in self.deferred:
+            p.drain()
+
+    def start(self, route: str, target: Any, spec: Any, headers: dict[str, str]) -> tuple[Any, int]:
+        """Start the CLIENT span; returns it and its start (perf_counter_ns), which becomes the
+        request's t0, so span duration == e2e exactly (traceparent injection counts as client encode)."""
+        attrs: dict[str, Any] = {
+            "pathprobe.route": route,
+            "gen_ai.request.max_tokens": spec.max_tokens,
+            "pathprobe.request_id": spec.request_id,
+        }
+        if target.kind == "grpc":
+            method = "GenerateStream" if spec.stream else "Generate"
+            host, _, port = target.address.rpartition(":")
+            attrs.update(
+                {
+                    "rpc.system": "grpc",
+                    "rpc.service": "pathprobe.v1.LLM",
+                    "rpc.method": method,
+                    "server.address": host,
+                    "server.port": int(port) if port.isdigit() else 0,
+                }
+            )
+        else:
+            attrs.update({"http.request.method": "POST", "url.full": target.address})
+        # placed on the same monotonic clock as the record, so span duration == e2e
+        t0 = time.perf_counter_ns()
+        span = self.tracer.start_span(route, kind=self._kind, attributes=attrs, start_time=self._wall(t0 / 1e6))
+        self._inject(headers, self._trace.set_span_in_context(span))
+        return span, t0
+
+    def end(self, span: Any, rec: RequestRecord, t_end_ns: int = 0) -> None:
+        ctx = span.get_span_context()
+        if ctx.is_valid and ctx.trace_flags.sampled:  # only ids of traces that are exported
+            rec["trace_id"] = f"{ctx.trace_id:032x}"
+        if rec["tokens_out"] is not None:
+            span.set_attribute("gen_ai.usage.output_tokens", rec["tokens_out"])
+        if rec["tokens_in"] is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", rec["tokens_in"])
+        span.set_attribute("pathprobe.status", rec["status"])
+        if rec["status"].isdigit():
+            span.set_attribute("http.response.status_code", int(rec["status"]))
+        elif rec["route"].startswith("grpc."):
+            span.set_attribute("rpc.grpc.status_code", rec["status"])
+        # the client's own durations (what trace-based analysis needs from this hop)
+        span.set_attribute("pathprobe.client.encode_ms", round(rec["client_encode_ms"], 4))
+        span.set_attribute("pathprobe.client.decode_ms", round(rec["client_decode_ms"], 4))
+        span.set_attribute("pathprobe.e2e_ms", round(rec["e2e_ms"], 4))
+        if rec.get("client_wait_ms"):
+            span.set_attribute("pathprobe.client.wait_ms", round(rec["client_wait_ms"], 4))
+        if rec["schedule_lag_ms"]:
+            span.set_attribute("pathprobe.schedule_lag_ms", round(rec["schedule_lag_ms"], 4))
+        if rec["split"]:
+            for k, v in rec["split"].items():
+                if isinstance(v, float):  # the segments; per-link and per-hop lists stay in the record
+                    span.set_attribute(f"pathprobe.split.{k}_ms", round(v, 4))
+        if (estimate := rec.get("network_estimate_ms")) is not None:
+            span.set_attribute("pathprobe.network_estimate_ms", round(estimate, 4))
+        if rec["ttft_ms"] is not None:
+            span.set_attribute("pathprobe.ttft_ms", round(rec["ttft_ms"], 4))
+        if not rec["ok"]:
+            span.set_status(self._status(self._code.ERROR, f"{rec['status']}: {rec['error']}"))
+        span.end(end_time=self._wall(t_end_ns / 1e6) if t_end_ns else None)
+
+    def shutdown(self) -> None:
+        self.drain()
+        if self.provider is not None:
+            self.provider.force_flush()
+            self.provider.shutdown()
+        else:
+            prov = self._trace.get_tracer_provider()
+            if hasattr(prov, "force_flush"):
+                prov.force_flush()
