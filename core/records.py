@@ -10,9 +10,8 @@ it applies (streams, call-by-call interleaving).
 
 from __future__ import annotations
 
-from typing import TypedDict
-
 from pathprobe.segments import SEGMENTS
+from typing_extensions import TypedDict  # typing's own cannot be validated by pydantic before 3.12
 
 #: the additive segments of a split, then the network's share per side of the first hop
 #: (the per-route metrics of a summary, one histogram each)
