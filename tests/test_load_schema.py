@@ -1,0 +1,104 @@
+"""Every record a real load run writes is a :class:`pathprobe.records.RequestRecord`: each key it
+holds is declared there, each required key is present, each value has the declared type."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pathprobe.analysis.records import read_records
+from pathprobe.records import HopPartRecord, HopRecord, RequestRecord, SplitRecord
+from pydantic import TypeAdapter
+
+pytestmark = pytest.mark.slow
+
+
+def _problems(obj: Mapping[str, Any], schema: Any, where: str) -> list[str]:
+    """Keys of ``obj`` the TypedDict ``schema`` does not declare, and its required keys ``obj`` lacks."""
+    declared = schema.__required_keys__ | schema.__optional_keys__
+    out = [f"{where}: undeclared key {k!r}" for k in sorted(obj.keys() - declared)]
+    out += [f"{where}: missing required key {k!r}" for k in sorted(schema.__required_keys__ - obj.keys())]
+    return out
+
+
+def _record_problems(rec: Mapping[str, Any]) -> list[str]:
+    where = f"record {rec.get('request_id')}"
+    out = _problems(rec, RequestRecord, where)
+    for i, hop in enumerate(rec.get("hops") or ()):
+        out += _problems(hop, HopRecord, f"{where} hops[{i}]")
+    split = rec.get("split")
+    if split is not None:
+        out += _problems(split, SplitRecord, f"{where} split")
+        for i, part in enumerate(split.get("hops") or ()):
+            out += _problems(part, HopPartRecord, f"{where} split.hops[{i}]")
+    return out
+
+
+def test_the_key_check_can_fail() -> None:
+    rec = {k: None for k in RequestRecord.__required_keys__}
+    assert _record_problems(rec) == []
+    assert _record_problems({**rec, "e2e": 1.0}) == ["record None: undeclared key 'e2e'"]
+    rec.pop("ttft_ms")
+    assert _record_problems(rec) == ["record None: missing required key 'ttft_ms'"]
+
+
+def test_records_of_a_real_run_match_the_typed_record(synthetic_server, tmp_path: Path) -> None:
+    """A streamed, interleaved (--mix), traced run over gRPC and OpenAI-compatible HTTP: every
+    optional key and both transports' records, read back by the analysis' own reader."""
+    out = tmp_path / "load"
+    grpc_url = f"grpc://{synthetic_server.grpc_target}"
+    mix = f"g={grpc_url},o=openai+{synthetic_server.http_url}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pathprobe",
+        "load",
+        "--headless",
+        "--only-summary",
+        "-L",
+        "WARNING",
+        "--out",
+        str(out),
+        "-H",
+        grpc_url,
+        "--mix",
+        mix,
+        "--stream",
+        "-u",
+        "2",
+        "-r",
+        "2",
+        "-t",
+        "2s",
+        "--max-tokens",
+        "4",
+        "--tokenizer",
+        "none",
+        "--traces-file",
+        str(tmp_path / "traces.jsonl"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=dict(os.environ))
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = read_records(out / "records.jsonl")
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(records) == summary["totals"]["requests"] > 0
+    ok = [r for r in records if r["ok"]]
+    assert {r["config"] for r in ok} == {"g", "o"}, "both transports' records are checked"
+    assert {r["route"] for r in ok} == {"grpc.GenerateStream", "openai.completions.stream"}
+
+    problems = [p for rec in records for p in _record_problems(rec)]
+    assert not problems, problems[:20]
+    adapter = TypeAdapter(RequestRecord)
+    for rec in records:
+        adapter.validate_python(rec, strict=True)  # raises, naming the field, on a wrong type
+    # the optional keys this run must have written, and what a split and hops hold
+    for rec in ok:
+        assert {"client_wait_total_ms", "config", "cycle"} <= rec.keys()
+        assert rec["split"] is not None and rec["split"]["hops"] and rec["hops"]
+        assert isinstance(rec["trace_id"], str) and len(rec["trace_id"]) == 32
