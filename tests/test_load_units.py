@@ -176,6 +176,31 @@ def test_cli_option_helpers_and_validation(tmp_path):
     validate(["--tokenizer", "preset:llama-3-8b@tiny"])
 
 
+def test_load_config_flag_over_environment_over_default(tmp_path):
+    """One Config per run: a flag wins over its variable, which wins over the default."""
+    from argparse import Namespace
+
+    from pathprobe import environment as env_vars
+    from pathprobe.loadgen.config import Config
+
+    env = {env_vars.PATHPROBE_API_KEY: "env-key", env_vars.PATHPROBE_LOAD_METRICS_PORT: "9464"}
+    cfg = Config.from_options(Namespace(api_key="", metrics_port=0, max_tokens=8), env)
+    assert (cfg.api_key, cfg.metrics_port, cfg.metrics_host, cfg.max_tokens) == ("env-key", 9464, "127.0.0.1", 8)
+    cfg = Config.from_options(Namespace(api_key="flag-key", metrics_port=9100, metrics_host="0.0.0.0"), env)
+    assert (cfg.api_key, cfg.metrics_port, cfg.metrics_host) == ("flag-key", 9100, "0.0.0.0")
+    assert Config.from_options(None, {}) == Config()
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-")
+    cfg = Config.from_options(None, {f"{env_vars.PATHPROBE_LOAD_TLS}_CA": str(ca)})
+    assert cfg.tls is not None and cfg.tls.ca == str(ca)
+    with pytest.raises(ConfigError, match=env_vars.PATHPROBE_LOAD_METRICS_PORT):
+        Config.from_options(None, {env_vars.PATHPROBE_LOAD_METRICS_PORT: "http"})
+    with pytest.raises(ConfigError, match="max-tokens"):
+        Config(max_tokens=0)
+    with pytest.raises(ConfigError, match="mix"):
+        Config.from_options(Namespace(mix="a=grpc://h:1,a=grpc://h:2"), {})
+
+
 def test_openai_sdk_target_without_the_sdk_is_a_clear_error():
     import subprocess
     import sys
