@@ -4,9 +4,6 @@ holds is declared there, each required key is present, each value has the declar
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +12,8 @@ import pytest
 from pathprobe.analysis.records import read_records
 from pathprobe.records import HopPartRecord, HopRecord, RequestRecord, SplitRecord
 from pydantic import TypeAdapter
+
+from tests.test_load_e2e import run_load
 
 pytestmark = pytest.mark.slow
 
@@ -54,37 +53,11 @@ def test_records_of_a_real_run_match_the_typed_record(synthetic_server, tmp_path
     out = tmp_path / "load"
     grpc_url = f"grpc://{synthetic_server.grpc_target}"
     mix = f"g={grpc_url},o=openai+{synthetic_server.http_url}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pathprobe",
-        "load",
-        "--headless",
-        "--only-summary",
-        "-L",
-        "WARNING",
-        "--out",
-        str(out),
-        "-H",
-        grpc_url,
-        "--mix",
-        mix,
-        "--stream",
-        "-u",
-        "2",
-        "-r",
-        "2",
-        "-t",
-        "2s",
-        "--max-tokens",
-        "4",
-        "--tokenizer",
-        "none",
-        "--traces-file",
-        str(tmp_path / "traces.jsonl"),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=dict(os.environ))
-    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_load(
+        out,
+        *("-H", grpc_url, "--mix", mix, "--stream", "-u", "2", "-r", "2", "-t", "2s", "--max-tokens", "4"),
+        *("--tokenizer", "none", "--traces-file", str(tmp_path / "traces.jsonl")),
+    )
     records = read_records(out / "records.jsonl")
     summary = json.loads((out / "summary.json").read_text())
     assert len(records) == summary["totals"]["requests"] > 0
