@@ -30,6 +30,7 @@ from pathprobe.loadgen.tracing import Tracing
 
 log = logging.getLogger("pathprobe.loadgen")
 
+#: seconds between two flushes of the records (histograms, records.jsonl, metrics, spans)
 LOCAL_FLUSH_S = 0.25
 #: records per slice of a periodic flush; the event loop runs between slices, so a flush never
 #: holds the loop (and every user's next request) for more than a few ms (one 1 s flush of
