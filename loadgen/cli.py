@@ -19,7 +19,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pathprobe import environment
 from pathprobe.errors import ConfigError
@@ -108,27 +108,10 @@ def validate(args: Sequence[str]) -> None:
         raise ConfigError(
             "host: give the target with -H/--host: grpc://HOST:PORT, http://HOST:PORT or openai+http://HOST:PORT"
         )
-    arrival = _opt_value(args, "--arrival") or "closed"
-    if arrival not in ("closed", "constant", "poisson"):
-        raise ConfigError(f"arrival: expected closed, constant or poisson, got {arrival!r}")
-    if arrival != "closed":
-        rate = _opt_value(args, "--rate")
-        try:
-            ok = rate is not None and float(rate) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ConfigError(f"rate: --arrival {arrival} needs --rate R > 0 (requests/s), got {rate!r}")
     pf = _opt_value(args, "--prompt-file")
     if pf and not os.path.isfile(pf):
         raise ConfigError(f"prompt-file: no such file: {pf}")
-    for flag in ("--max-tokens", "--prompt-tokens"):
-        v = _opt_value(args, flag)
-        if v is not None and (not v.lstrip("-").isdigit() or int(v) <= 0):
-            raise ConfigError(f"{flag[2:]}: must be a positive integer, got {v!r}")
-    port = _opt_value(args, "--metrics-port")
-    if port is not None and (not port.isdigit() or int(port) > 65535):
-        raise ConfigError(f"metrics-port: must be a TCP port, 0..65535 (0 = off), got {port!r}")
+    _check_config(args)
     _check_tokenizer(_opt_value(args, "--tokenizer"))
 
 
@@ -205,6 +188,24 @@ class _HelpParser(argparse.ArgumentParser):
     def add_argument(self, *args: Any, **kwargs: Any) -> Any:  # drop Locust-only keywords
         kwargs.pop("include_in_web_ui", None)
         return super().add_argument(*args, **kwargs)
+
+
+class _FlagParser(_HelpParser):
+    """pathprobe's flags alone, picked out of a Locust command line (the rest is Locust's)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _check_config(args: Sequence[str]) -> None:
+    """Build the run's :class:`~pathprobe.loadgen.config.Config` from the flags and environment,
+    as each Locust process will: its checks fail here, before Locust starts."""
+    from pathprobe.loadgen.config import Config
+    from pathprobe.loadgen.flags import add_arguments
+
+    parser = _FlagParser(add_help=False, allow_abbrev=False)
+    add_arguments(parser)
+    Config.from_options(parser.parse_known_args(list(args))[0])
 
 
 def print_pathprobe_help() -> None:

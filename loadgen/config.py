@@ -69,6 +69,8 @@ class Config:
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
             raise ConfigError(f"max-tokens: must be > 0, got {self.max_tokens}")
+        if self.prompt_tokens <= 0:
+            raise ConfigError(f"prompt-tokens: must be > 0, got {self.prompt_tokens}")
         if self.arrival != "closed" and self.rate <= 0:
             raise ConfigError(f"rate: --arrival {self.arrival} needs --rate R > 0 (requests/s)")
         if self.timeout_s <= 0:

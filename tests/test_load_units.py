@@ -168,6 +168,12 @@ def test_cli_option_helpers_and_validation(tmp_path):
         validate(["--max-tokens", "0"])
     with pytest.raises(ConfigError, match="metrics-port"):
         validate(["--metrics-port", "99999"])
+    with pytest.raises(ConfigError, match="prompt-tokens"):
+        validate(["-u", "2", "--prompt-tokens", "0"])
+    with pytest.raises(ConfigError, match="--arrival"):
+        validate(["--arrival", "open"])
+    with pytest.raises(ConfigError, match="mix"):
+        validate(["--mix", "a=grpc://h:1,a=grpc://h:2"])
     with pytest.raises(ConfigError, match="tokenizer"):
         validate(["--tokenizer", str(tmp_path / "missing")])
     with pytest.raises(ConfigError, match="tokenizer"):
