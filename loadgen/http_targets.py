@@ -94,16 +94,7 @@ class OpenAITarget(HttpTarget):
     def default_model(self) -> str:
         """First id of ``GET /v1/models`` (OpenAI requires a model name)."""
         if self._model is None:
-            self._model = "default"
-            try:
-                resp = self.client.get(self.prefix + "/v1/models", headers={**extra_headers(), **self._auth})
-                body = resp.read()
-                if resp.status_code == 200:
-                    data = json.loads(body).get("data") or []
-                    if data and data[0].get("id"):
-                        self._model = str(data[0]["id"])
-            except Exception:
-                pass
+            self._model = _first_model(self, "/v1/models", "data", "id", {**extra_headers(), **self._auth})
         return self._model
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
@@ -179,16 +170,7 @@ class OllamaTarget(HttpTarget):
     def default_model(self) -> str:
         """First model of ``GET /api/tags`` (Ollama requires a model name)."""
         if self._model is None:
-            self._model = "default"
-            try:
-                resp = self.client.get(self.prefix + "/api/tags")
-                body = resp.read()
-                if resp.status_code == 200:
-                    models = json.loads(body).get("models") or []
-                    if models and models[0].get("name"):
-                        self._model = str(models[0]["name"])
-            except Exception:
-                pass
+            self._model = _first_model(self, "/api/tags", "models", "name")
         return self._model
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
@@ -235,3 +217,18 @@ class OllamaTarget(HttpTarget):
             out.tokens_out = n
         out.entries = self._entries_from_header(resp)
         finish_stream(out, err)
+
+
+def _first_model(target: HttpTarget, path: str, listing: str, key: str, headers: dict[str, str] | None = None) -> str:
+    """``key`` of the first item of the ``listing`` array that ``GET path`` answers ("default" when
+    there is none, or the server does not answer it: the request then names that model)."""
+    try:
+        resp = target.client.get(target.prefix + path, headers=headers or {})
+        body = resp.read()
+        if resp.status_code == 200:
+            items = json.loads(body).get(listing) or []
+            if items and items[0].get(key):
+                return str(items[0][key])
+    except Exception:
+        pass
+    return "default"
