@@ -16,6 +16,19 @@ from pathprobe.analysis import paired as paired_mod
 from pathprobe.analysis.accounting import merge as accounting_merge
 from pathprobe.analysis.config import CompareConfig, TargetConfig
 from pathprobe.analysis.hops import summarize_hops
+from pathprobe.analysis.loadrun import (
+    RunResult,
+    cpu_seconds,
+    interleavable,
+    prepare_prompts,
+    read_accounting,
+    read_client,
+    run_load,
+    run_load_mixed,
+)
+from pathprobe.analysis.meta import now_iso, versions
+from pathprobe.analysis.probes import normalize_address, wait_ready
+from pathprobe.analysis.procs import reachable, split_hostport
 from pathprobe.analysis.report import (
     add_comparisons,
     client_summary,
@@ -24,26 +37,8 @@ from pathprobe.analysis.report import (
     metric_values,
     summarize_group,
 )
-from pathprobe.analysis.runner import (
-    Path_,
-    RunResult,
-    Stack,
-    cpu_seconds,
-    expected_shift_ms,
-    interleavable,
-    normalize_address,
-    now_iso,
-    prepare_prompts,
-    reachable,
-    read_accounting,
-    read_client,
-    run_load,
-    run_load_mixed,
-    split_hostport,
-    versions,
-    wait_ready,
-)
 from pathprobe.analysis.selfreport import add_self_reports
+from pathprobe.analysis.stack import Path_, Stack, expected_shift_ms
 from pathprobe.errors import ConfigError
 
 
