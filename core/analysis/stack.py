@@ -282,88 +282,16 @@ class Stack:
         net = self.cfg.network_for(t)
         try:
             if t.kind == "external":
-                addr = split_hostport(t.address or "")
-                why = reachable(f"{addr[0]}:{addr[1]}")
-                if why:
-                    raise ConfigError(f"target '{t.name}': {t.address} is unreachable: {why}")
-                front = f"{addr[0]}:{addr[1]}"
-                if net:
-                    if net.hop == "upstream":
-                        p.notes.append(
-                            "external target: the condition is put on the only hop pathprobe controls "
-                            "(client <-> target)"
-                        )
-                    front, m = self.relay(t.name, front, net)
-                    p.procs.append(m)
-                p.url = url_for(t.protocol or "openai", front)
+                self._external(p, t, net)
             elif t.kind == "vllm":
-                upstream, m = self.vllm_server()
-                p.procs.append(m)
-                if net:
-                    if net.hop == "upstream":
-                        p.notes.append("vLLM's server, no gateway: the condition is on the client <-> server link")
-                    upstream, r = self.relay(t.name, upstream, net)
-                    p.procs.append(r)
-                p.url = url_for(t.protocol or "openai", upstream)
+                self._vllm_direct(p, t, net)
             elif t.kind == "direct":
-                grpc_up, http_up, srv = self.our_server(t.engine)
-                if srv is not None and srv is not self.server:  # a second server of ours (its own engine)
-                    p.procs.append(srv)
-                    upstream = grpc_up if t.protocol == "grpc" else http_up
-                else:
-                    upstream = (
-                        self.server_grpc
-                        if t.protocol == "grpc"
-                        else self.front_ends.get(t.front_end or self.cfg.server.http_server, self.server_http)
-                    )
-                ports = [port_of(upstream)]
-                if net:
-                    if net.hop == "upstream":
-                        p.notes.append("direct path: no gateway, the condition is on the client <-> server link")
-                    upstream, m = self.relay(t.name, upstream, net)
-                    p.procs.append(m)
-                    ports.insert(0, port_of(upstream))
-                p.chain = [(ports, "srv")]
-                p.url = url_for(t.protocol or "grpc", upstream)
+                self._direct(p, t, net)
             elif t.kind == "chain":
                 self._chain(p, t, net)
             else:  # one gateway or third-party proxy in front of a server (ours, or vLLM's own)
-                proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else t.protocol  # type: ignore[index]
-                if t.upstream == "vllm":
-                    upstream, srv = self.vllm_server()
-                else:
-                    grpc_up, http_up, srv = self.our_server(t.engine)
-                    upstream = grpc_up if proto == "grpc" else http_up
-                if srv is not None and srv is not self.server:
-                    p.procs.append(srv)
-                up_ports = [port_of(upstream)]
-                if net and net.hop == "upstream":
-                    upstream, m = self.relay(f"{t.name}-up", upstream, net)
-                    p.procs.append(m)
-                    up_ports.insert(0, port_of(upstream))
-                front = self._hop(
-                    p, t.name, t.kind, t.mode, t.protocol or "grpc", upstream, t.gateway_args, t.port, t.model, t.tls
-                )
-                p.url = self._front(p, t, front, net)
-                front_ports = [port_of(front)]
-                if net and net.hop == "client":
-                    front_ports.insert(0, port_of(p.url))
-                # the wire witness follows these ports; a third-party proxy counts as silent there
-                p.chain = [(front_ports, "gw" if t.kind == "gateway" else "silent"), (up_ports, "srv")]
-            ready_s = 240 if t.kind == "litellm" else 60  # LiteLLM imports for seconds (tens on a busy box)
-            client_tls = self.client_tls() if t.tls else None
-            p.probe_ms = wait_ready(
-                p.url, ready_s, [*p.procs, *([self.server] if self.server else [])], t.model, p.headers, client_tls
-            )
-            if client_tls is not None:
-                p.tls_ca = client_tls.ca or ""
-                tcp, tls_ms = handshake_ms(p.url.split("://", 1)[1], client_tls)
-                p.tls_handshake = {"tcp_connect_ms": tcp, "tcp_plus_tls_ms": tls_ms, "n": 20}
-                p.notes.append(
-                    f"TLS on the client hop: a new connection costs {tls_ms:.2f} ms (TCP connect + "
-                    f"handshake, median of 20) vs {tcp:.2f} ms plaintext; measured requests reuse "
-                    "their connections (steady state)"
-                )
+                self._proxied(p, t, net)
+            self._probe(p, t)
             p.status = "ok"
         except Skipped as exc:
             p.status, p.reason = "skipped", exc.message
@@ -372,6 +300,97 @@ class Stack:
         except PathprobeError as exc:
             p.status, p.reason = "failed", f"did not start: {exc.message}"
         return p
+
+    def _external(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
+        """A server someone else runs: checked reachable, behind a delaying relay when a condition is on."""
+        addr = split_hostport(t.address or "")
+        why = reachable(f"{addr[0]}:{addr[1]}")
+        if why:
+            raise ConfigError(f"target '{t.name}': {t.address} is unreachable: {why}")
+        front = f"{addr[0]}:{addr[1]}"
+        if net:
+            if net.hop == "upstream":
+                p.notes.append(
+                    "external target: the condition is put on the only hop pathprobe controls (client <-> target)"
+                )
+            front, m = self.relay(t.name, front, net)
+            p.procs.append(m)
+        p.url = url_for(t.protocol or "openai", front)
+
+    def _vllm_direct(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
+        """vLLM's own OpenAI server, no gateway."""
+        upstream, m = self.vllm_server()
+        p.procs.append(m)
+        if net:
+            if net.hop == "upstream":
+                p.notes.append("vLLM's server, no gateway: the condition is on the client <-> server link")
+            upstream, r = self.relay(t.name, upstream, net)
+            p.procs.append(r)
+        p.url = url_for(t.protocol or "openai", upstream)
+
+    def _direct(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
+        """Our server, no gateway (over the front end the target names)."""
+        grpc_up, http_up, srv = self.our_server(t.engine)
+        if srv is not None and srv is not self.server:  # a second server of ours (its own engine)
+            p.procs.append(srv)
+            upstream = grpc_up if t.protocol == "grpc" else http_up
+        else:
+            upstream = (
+                self.server_grpc
+                if t.protocol == "grpc"
+                else self.front_ends.get(t.front_end or self.cfg.server.http_server, self.server_http)
+            )
+        ports = [port_of(upstream)]
+        if net:
+            if net.hop == "upstream":
+                p.notes.append("direct path: no gateway, the condition is on the client <-> server link")
+            upstream, m = self.relay(t.name, upstream, net)
+            p.procs.append(m)
+            ports.insert(0, port_of(upstream))
+        p.chain = [(ports, "srv")]
+        p.url = url_for(t.protocol or "grpc", upstream)
+
+    def _proxied(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
+        """One gateway of ours or a third-party proxy in front of a server (ours, or vLLM's own)."""
+        proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else t.protocol  # type: ignore[index]
+        if t.upstream == "vllm":
+            upstream, srv = self.vllm_server()
+        else:
+            grpc_up, http_up, srv = self.our_server(t.engine)
+            upstream = grpc_up if proto == "grpc" else http_up
+        if srv is not None and srv is not self.server:
+            p.procs.append(srv)
+        up_ports = [port_of(upstream)]
+        if net and net.hop == "upstream":
+            upstream, m = self.relay(f"{t.name}-up", upstream, net)
+            p.procs.append(m)
+            up_ports.insert(0, port_of(upstream))
+        front = self._hop(
+            p, t.name, t.kind, t.mode, t.protocol or "grpc", upstream, t.gateway_args, t.port, t.model, t.tls
+        )
+        p.url = self._front(p, t, front, net)
+        front_ports = [port_of(front)]
+        if net and net.hop == "client":
+            front_ports.insert(0, port_of(p.url))
+        # the wire witness follows these ports; a third-party proxy counts as silent there
+        p.chain = [(front_ports, "gw" if t.kind == "gateway" else "silent"), (up_ports, "srv")]
+
+    def _probe(self, p: Path_, t: TargetConfig) -> None:
+        """One real request through the started path (and, over TLS, what a new connection costs)."""
+        ready_s = 240 if t.kind == "litellm" else 60  # LiteLLM imports for seconds (tens on a busy box)
+        client_tls = self.client_tls() if t.tls else None
+        p.probe_ms = wait_ready(
+            p.url, ready_s, [*p.procs, *([self.server] if self.server else [])], t.model, p.headers, client_tls
+        )
+        if client_tls is not None:
+            p.tls_ca = client_tls.ca or ""
+            tcp, tls_ms = handshake_ms(p.url.split("://", 1)[1], client_tls)
+            p.tls_handshake = {"tcp_connect_ms": tcp, "tcp_plus_tls_ms": tls_ms, "n": 20}
+            p.notes.append(
+                f"TLS on the client hop: a new connection costs {tls_ms:.2f} ms (TCP connect + "
+                f"handshake, median of 20) vs {tcp:.2f} ms plaintext; measured requests reuse "
+                "their connections (steady state)"
+            )
 
     def _front(self, p: Path_, t: TargetConfig, front: str, net: NetworkConfig | None) -> str:
         """The URL clients use: ``front``, behind a delaying relay when the condition is on the client hop."""
