@@ -37,6 +37,7 @@ from pathprobe.analysis.report import (
     metric_values,
     summarize_group,
 )
+from pathprobe.analysis.runaccounting import account, account_batch, scrape
 from pathprobe.analysis.selfreport import add_self_reports
 from pathprobe.analysis.stack import Path_, Stack, expected_shift_ms
 from pathprobe.errors import ConfigError
@@ -246,11 +247,11 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                 cpu0 = {p.name: cpu_seconds(p.procs) for p in order}
                 if mixed and len(order) > 1:
                     tf = traces_dir / f"interleaved-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
-                    before_batch = {p.name: _scrape(stack, p) for p in order}
+                    before_batch = {p.name: scrape(stack, p) for p in order}
                     batch = run_load_mixed(
                         cfg, order, conc, rnd, cfg.load.duration_s, out / "runs", tf, prompt_file, stack.placement
                     )
-                    _account_batch(stack, order, before_batch, batch)
+                    account_batch(stack, order, before_batch, batch)
                 else:
                     batch = {}
                 for p in order:
@@ -260,11 +261,11 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
                         tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
                         cpu0[p.name] = cpu_seconds(p.procs)
                         run_dir = out / "runs" / p.name / f"c{conc}" / f"r{rnd}"
-                        before = _scrape(stack, p)  # accounting: one path per run, so its counters are its own
+                        before = scrape(stack, p)  # accounting: one path per run, so its counters are its own
                         res = run_load(
                             cfg, p, conc, rnd, cfg.load.duration_s, run_dir, tf, prompt_file, stack.placement
                         )
-                        res.accounting = _account(stack, p, before, res, run_dir)
+                        res.accounting = account(stack, p, before, res, run_dir)
                     cpu1 = cpu_seconds(p.procs)
                     if cpu0[p.name] is not None and cpu1 is not None:
                         res.path_cpu_s = cpu1 - cpu0[p.name]
@@ -327,90 +328,6 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
             log(f"traces: {report['traces_error']}")
     write_reports(report, results, out, html, primary)
     return report
-
-
-def _metrics_urls(stack: Any, p: Path_) -> dict[str, str]:
-    urls = {}
-    if stack.server_http and p.target.kind != "external":
-        urls["server"] = f"http://{stack.server_http}/metrics"
-    if p.gateway_metrics:
-        urls["gateway"] = p.gateway_metrics
-    return urls
-
-
-def _scrape(stack: Any, p: Path_) -> dict[str, Any]:
-    from pathprobe.analysis import accounting
-
-    return {kind: accounting.scrape(url, kind) for kind, url in _metrics_urls(stack, p).items()}
-
-
-def _account(stack: Any, p: Path_, before: dict[str, Any], res: RunResult, run_dir: Path) -> dict[str, Any] | None:
-    """The run's requests as the server and gateway counted them, set against the records."""
-    from pathprobe.analysis import accounting
-
-    urls = _metrics_urls(stack, p)
-    if not urls:
-        return None
-    if "gateway" in urls:
-        accounting.settle(urls["gateway"], ["pathprobe_gateway_upstream_outstanding"])
-    if "server" in urls:
-        accounting.settle(urls["server"], ["pathprobe_server_running", "pathprobe_server_queue_depth"])
-    after = _scrape(stack, p)
-    delta = {}
-    for kind in urls:
-        if before.get(kind) is None or after.get(kind) is None:
-            return {"error": f"{kind} /metrics unreachable", "unexplained": 0, "differences": []}
-        d = after[kind].copy()
-        d.subtract(before[kind])
-        delta[kind] = +d  # drop zero counts
-    block = accounting.reconcile(res.records, delta.get("server"), delta.get("gateway"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "accounting.json").write_text(json.dumps(block, indent=1), encoding="utf-8")
-    return block
-
-
-def _account_batch(
-    stack: Any, paths: list[Path_], before: dict[str, dict[str, Any]], batch: dict[str, RunResult]
-) -> None:
-    """Accounting of a call-by-call interleaved run: each gateway serves only its configuration's
-    calls (set against that configuration's records); the server serves them all (set against
-    every configuration's records together, the same block on each)."""
-    from pathprobe.analysis import accounting
-
-    server_url = f"http://{stack.server_http}/metrics" if stack.server_http else ""
-    if server_url:
-        accounting.settle(server_url, ["pathprobe_server_running", "pathprobe_server_queue_depth"])
-    server_after = accounting.scrape(server_url, "server") if server_url else None
-    server_before = next((b.get("server") for b in before.values() if b.get("server") is not None), None)
-    everything = [r for p in paths if p.name in batch for r in batch[p.name].records]
-    whole = None
-    if server_after is not None and server_before is not None:
-        d = server_after.copy()
-        d.subtract(server_before)
-        whole = accounting.reconcile(everything, +d)
-    for p in paths:
-        res = batch.get(p.name)
-        if res is None:
-            continue
-        block: dict[str, Any] = {"differences": [], "unexplained": 0, "lost": 0}
-        if p.gateway_metrics and before[p.name].get("gateway") is not None:
-            accounting.settle(p.gateway_metrics, ["pathprobe_gateway_upstream_outstanding"])
-            after = accounting.scrape(p.gateway_metrics, "gateway")
-            if after is not None:
-                d = after.copy()
-                d.subtract(before[p.name]["gateway"])
-                block = accounting.reconcile(res.records, None, +d)
-        else:
-            block = accounting.reconcile(res.records, None)
-        if whole is not None:
-            block["server_interleaved"] = whole
-            block["unexplained"] += whole["unexplained"]
-            block["differences"] = block["differences"] + whole["differences"]
-            if not p.gateway_metrics:
-                block["lost"] = whole["lost"]
-        res.accounting = block
-        res.out_dir.mkdir(parents=True, exist_ok=True)
-        (res.out_dir / "accounting.json").write_text(json.dumps(block, indent=1), encoding="utf-8")
 
 
 def _first_error(records: list[dict[str, Any]]) -> str:
