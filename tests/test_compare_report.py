@@ -325,7 +325,7 @@ def test_html_shows_the_warning_and_flags_verdicts(saturated_dir):
 def test_rerender_reads_the_client_blocks_back(saturated_dir, tmp_path):
     import shutil as sh
 
-    from pathprobe.analysis.compare import rerender
+    from pathprobe.analysis.rerender import rerender
 
     src, _ = saturated_dir
     out = tmp_path / "copy"

@@ -22,8 +22,6 @@ from pathprobe.analysis.loadrun import (
     cpu_seconds,
     interleavable,
     prepare_prompts,
-    read_accounting,
-    read_client,
     run_load,
     run_load_mixed,
 )
@@ -34,10 +32,10 @@ from pathprobe.analysis.report import (
     add_comparisons,
     client_summary,
     client_warnings,
-    markdown,
     metric_values,
     summarize_group,
 )
+from pathprobe.analysis.reportfiles import write_reports
 from pathprobe.analysis.runaccounting import account, account_batch, scrape
 from pathprobe.analysis.selfreport import add_self_reports
 from pathprobe.analysis.stack import Path_, Stack, expected_shift_ms
@@ -50,14 +48,14 @@ __all__ = [  # with names that moved out of this module and are still imported f
     "build_report",
     "expected_services",
     "method_summary",
-    "rerender",
     "run_compare",
     "trace_completeness",
     "write_reports",
 ]
 
 
-def _stderr(msg: str) -> None:
+def log_stderr(msg: str) -> None:
+    """compare's progress lines, time-stamped, on stderr."""
     print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
@@ -123,7 +121,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Interrupted(f"stopped by signal {signum}")
 
 
-def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = _stderr, html: bool = True) -> dict[str, Any]:
+def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = log_stderr, html: bool = True) -> dict[str, Any]:
     """Run the matrix; every process started is ended on return, on error and on SIGTERM/SIGINT."""
     import signal
     import threading
@@ -474,13 +472,6 @@ def hop_names(t: TargetConfig) -> list[str] | None:
     return [t.kind, "server"]
 
 
-def read_path_cpu(run_dir: Path) -> float | None:
-    try:
-        return float(json.loads((run_dir / "path_cpu.json").read_text())["cpu_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def path_cpu(runs: list[RunResult]) -> dict[str, Any] | None:
     """CPU the path's own processes (gateway / proxy / relays, not the shared server) spent per
     request in these runs: their CPU seconds over every request the runs sent."""
@@ -550,97 +541,3 @@ def _network_info(net: Any) -> dict[str, Any] | None:
         "expected_request_ms": expected_shift_ms(net),
         "mechanism": "pathprobe's delaying TCP relay (pathprobe netem) inserted on the hop",
     }
-
-
-def write_reports(
-    report: dict[str, Any], results: dict[str, list[RunResult]], out: Path, html: bool, primary: str
-) -> None:
-    from pathprobe.analysis.html import json_safe, render
-
-    samples = report.pop("_samples", {})
-    report["files"] = {"json": str(out / "report.json")}
-    if html:
-        report["files"]["html"] = str(out / "report.html")
-    (out / "report.json").write_text(json.dumps(json_safe(report), indent=1), encoding="utf-8")
-    if html:
-        records = {name: {} for name in results}
-        for name, runs in results.items():
-            for run in runs:
-                records[name].setdefault(run.concurrency, []).extend(run.records)
-        render(report, samples, records, out / "report.html")
-    (out / "report.md").write_text(markdown(report) + "\n", encoding="utf-8")
-
-
-def rerender(
-    out: Path,
-    *,
-    baseline: str | None = None,
-    alpha: float | None = None,
-    html: bool = True,
-    log: Callable[[str], None] = _stderr,
-) -> dict[str, Any]:
-    """Rebuild the reports of a finished compare from its ``runs/`` folder, without running anything
-    (e.g. with another baseline or alpha). Statuses, reasons and cold starts come from the old report.json."""
-    from pathprobe.analysis.records import read_records
-
-    old_path = out / "report.json"
-    try:
-        old = json.loads(old_path.read_text(encoding="utf-8"))
-        data = old["meta"]["config"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"{old_path}: not a compare report ({exc})") from None
-    if baseline is not None:
-        data["baseline"] = baseline
-    if alpha is not None:
-        data["alpha"] = alpha
-    from pathprobe.analysis.config import parse_config
-
-    cfg = parse_config(data, str(old_path))
-    primary = old["method"]["primary_metric"]
-    paths: dict[str, Path_] = {}
-    results: dict[str, list[RunResult]] = {}
-    for t in cfg.enabled_targets:
-        prev = old["targets"].get(t.name, {})
-        p = Path_(t, url=prev.get("url", ""), status=prev.get("status", "failed"), reason=prev.get("reason", ""))
-        p.notes = prev.get("notes", [])
-        p.tls_handshake = prev.get("tls_handshake")
-        p.probe_ms = (prev.get("cold_start") or {}).get("probe_ms")
-        paths[t.name] = p
-        runs = []
-        for conc in cfg.load.concurrency:
-            for rnd in range(cfg.load.rounds):
-                d = out / "runs" / t.name / f"c{conc}" / f"r{rnd}"
-                if (d / "records.jsonl").exists():
-                    recs = read_records(d / "records.jsonl")
-                    for r in recs:
-                        r["_round"], r["_concurrency"] = rnd, conc
-                    dur = prev.get("by_concurrency", {}).get(str(conc), {}).get("duration_s")
-                    per_run = (
-                        dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
-                        if dur
-                        else cfg.load.duration_s
-                    )
-                    runs.append(
-                        RunResult(
-                            t.name,
-                            conc,
-                            rnd,
-                            d,
-                            recs,
-                            per_run,
-                            client=read_client(d),
-                            path_cpu_s=read_path_cpu(d),
-                            accounting=read_accounting(d),
-                        )
-                    )
-        results[t.name] = runs
-    report = build_report(cfg, paths, results, {}, primary, old["meta"].get("started", ""), time.monotonic())
-    for name, t in report["targets"].items():  # kept from the run: cold starts, traces, trace checks
-        prev = old["targets"].get(name, {})
-        for key in ("cold_start", "slowest", "trace_agreement"):
-            if key in prev:
-                t[key] = prev[key]
-    report["meta"]["rerendered_from"] = str(old_path)
-    write_reports(report, results, out, html, primary)
-    log(f"re-rendered {out} with baseline {report['baseline']}")
-    return report
