@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shutil
 import sys
 import time
@@ -13,10 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis import paired as paired_mod
-from pathprobe.analysis.accounting import merge as accounting_merge
-from pathprobe.analysis.config import CompareConfig, TargetConfig
+from pathprobe.analysis.config import CompareConfig
 from pathprobe.analysis.crosscheck import attach_traces, attach_witness, expected_services, trace_completeness
-from pathprobe.analysis.hops import summarize_hops
 from pathprobe.analysis.loadrun import (
     RunResult,
     cpu_seconds,
@@ -25,20 +21,19 @@ from pathprobe.analysis.loadrun import (
     run_load,
     run_load_mixed,
 )
-from pathprobe.analysis.meta import now_iso, versions
+from pathprobe.analysis.meta import now_iso, run_meta
 from pathprobe.analysis.probes import normalize_address, wait_ready
 from pathprobe.analysis.procs import reachable, split_hostport
 from pathprobe.analysis.report import (
     add_comparisons,
-    client_summary,
     client_warnings,
     metric_values,
-    summarize_group,
 )
+from pathprobe.analysis.reportbuild import network_info, target_entry
 from pathprobe.analysis.reportfiles import write_reports
 from pathprobe.analysis.runaccounting import account, account_batch, scrape
 from pathprobe.analysis.selfreport import add_self_reports
-from pathprobe.analysis.stack import Path_, Stack, expected_shift_ms
+from pathprobe.analysis.stack import Path_, Stack
 from pathprobe.errors import ConfigError
 
 __all__ = [  # with names that moved out of this module and are still imported from it
@@ -363,63 +358,14 @@ def build_report(
     started: str,
     t_start: float,
 ) -> dict[str, Any]:
-    import numpy as np
-
     concs = cfg.load.concurrency
     report_targets: dict[str, Any] = {}
     samples: dict[str, dict[int, list[float]]] = {}
     for t in cfg.enabled_targets:
         p = paths.get(t.name) or Path_(t, status="failed", reason="not started")
-        entry: dict[str, Any] = {
-            "status": p.status if p.status != "pending" else "failed",
-            "reason": p.reason,
-            "kind": t.kind,
-            "protocol": t.protocol,
-            "mode": t.mode,
-            "url": p.url,
-            "notes": p.notes,
-            "tls_handshake": p.tls_handshake,
-            "network": _network_info(cfg.network_for(t)),
-            "by_concurrency": {},
-        }
-        w = warmups.get(t.name)
-        if w is not None:
-            ok = sorted((r for r in w.records if r.get("ok")), key=lambda r: r.get("ts", 0))
-            if ok:
-                entry["cold_start"] = {
-                    "first_ms": float(ok[0]["e2e_ms"]),
-                    "probe_ms": p.probe_ms,
-                    "warmup_p50_ms": float(np.median([r["e2e_ms"] for r in ok])),
-                    "n": len(w.records),
-                }
-        elif p.probe_ms is not None:
-            entry["cold_start"] = {"first_ms": p.probe_ms, "probe_ms": p.probe_ms, "n": 0}
-        samples[t.name] = {}
-        for conc in concs:
-            runs = [r for r in results.get(t.name, []) if r.concurrency == conc]
-            if not runs:
-                continue
-            recs = [rec for r in runs for rec in r.records]
-            rounds = {r.round: r.records for r in runs}
-            g = summarize_group(
-                recs, duration_s=sum(r.duration_s for r in runs), primary=primary, n_boot=cfg.bootstrap, rounds=rounds
-            )
-            client = client_summary({r.round: r.client for r in runs})
-            if client is not None:
-                g["client"] = client
-            cpu = path_cpu(runs)
-            if cpu is not None:
-                g["path_cpu"] = cpu
-            hops = summarize_hops(recs, hop_names(t))
-            if hops is not None:
-                g["path"] = hops
-            acct = accounting_merge(r.accounting for r in runs)
-            if acct is not None:
-                g["accounting"] = acct
-            entry["by_concurrency"][str(conc)] = g
-            if entry["status"] == "ok":
-                samples[t.name][conc] = metric_values([r for r in recs if r.get("ok") and r.get("split")], primary)
-        report_targets[t.name] = entry
+        report_targets[t.name], samples[t.name] = target_entry(
+            cfg, t, p, warmups.get(t.name), results.get(t.name, []), primary
+        )
     baseline = cfg.baseline_name
     verdicts = add_comparisons(report_targets, samples, baseline, concs, primary, cfg.alpha)
     e2e_verdicts = None
@@ -433,22 +379,11 @@ def build_report(
     }
     self_reports = add_self_reports(report_targets, by_conc, baseline)
     return {
-        "meta": {
-            "started": started,
-            "finished": now_iso(),
-            "wall_s": round(time.monotonic() - t_start, 1),
-            "mode": cfg.mode,
-            "engine": f"{cfg.server.engine} / {cfg.server.model}" if cfg.mode == "local" else "remote",
-            "host": platform.node(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "versions": versions(),
-            "config": json.loads(cfg.model_dump_json()),
-        },
+        "meta": run_meta(cfg, started, t_start),
         "baseline": baseline,
         "concurrency": concs,
         "method": method_summary(cfg, primary),
-        "network": _network_info(cfg.network if cfg.network and cfg.network.active else None),
+        "network": network_info(cfg.network if cfg.network and cfg.network.active else None),
         "targets": report_targets,
         "verdicts": verdicts,
         "e2e_verdicts": e2e_verdicts,
@@ -456,35 +391,6 @@ def build_report(
         "client_warnings": warnings,
         "self_reports": self_reports,
         "_samples": samples,  # removed before writing
-    }
-
-
-def hop_names(t: TargetConfig) -> list[str] | None:
-    """Display names of a path's reporting hops, outermost first, from its config."""
-    if t.kind == "direct":
-        return ["server"]
-    if t.kind == "gateway":
-        return [f"gw ({t.mode})", "server"]
-    if t.kind == "chain":
-        return [h.kind if h.kind != "gateway" else f"gw ({h.mode})" for h in t.chain or ()] + ["server"]
-    if t.kind == "external":
-        return None
-    return [t.kind, "server"]
-
-
-def path_cpu(runs: list[RunResult]) -> dict[str, Any] | None:
-    """CPU the path's own processes (gateway / proxy / relays, not the shared server) spent per
-    request in these runs: their CPU seconds over every request the runs sent."""
-    measured = [r for r in runs if r.path_cpu_s is not None]
-    n = sum(len(r.records) for r in measured)
-    if not measured or n == 0:
-        return None
-    cpu_s = sum(r.path_cpu_s or 0.0 for r in measured)
-    return {
-        "cpu_s": round(cpu_s, 4),
-        "requests": n,
-        "ms_per_request": round(cpu_s * 1e3 / n, 4),
-        "what": "user+system CPU of the path's own processes and their children during the measured runs",
     }
 
 
@@ -527,17 +433,3 @@ def _paired_verdicts(
                 )
         verdicts += found
     return verdicts
-
-
-def _network_info(net: Any) -> dict[str, Any] | None:
-    if net is None:
-        return None
-    from pathprobe.netem.relay import LinkSpec
-
-    return {
-        "hop": net.hop,
-        "describe": LinkSpec(net.delay_ms, net.jitter_ms, net.loss, net.rto_ms, net.rate_mbit).describe(),
-        "delay_ms_one_way": net.delay_ms,
-        "expected_request_ms": expected_shift_ms(net),
-        "mechanism": "pathprobe's delaying TCP relay (pathprobe netem) inserted on the hop",
-    }
