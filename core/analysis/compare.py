@@ -1,40 +1,36 @@
-"""``pathprobe compare``: the whole job, from config to report files."""
+"""``pathprobe compare``: the whole job, from config to report files, as phases: check the
+addresses, start the local processes (:mod:`~pathprobe.analysis.stack`), bring every path up,
+warm up and measure (:mod:`~pathprobe.analysis.rounds`), attach the cross-checks
+(:mod:`~pathprobe.analysis.crosscheck`), build the report (each configuration's entry:
+:mod:`~pathprobe.analysis.reportbuild`; the comparisons and verdicts here) and write it
+(:mod:`~pathprobe.analysis.reportfiles`)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathprobe.analysis import paired as paired_mod
-from pathprobe.analysis.config import CompareConfig
+from pathprobe.analysis.config import CompareConfig, TargetConfig
 from pathprobe.analysis.crosscheck import attach_traces, attach_witness, expected_services, trace_completeness
-from pathprobe.analysis.loadrun import (
-    RunResult,
-    cpu_seconds,
-    interleavable,
-    prepare_prompts,
-    run_load,
-    run_load_mixed,
-)
+from pathprobe.analysis.loadrun import RunResult, prepare_prompts
 from pathprobe.analysis.meta import now_iso, run_meta
 from pathprobe.analysis.probes import normalize_address, wait_ready
 from pathprobe.analysis.procs import reachable, split_hostport
-from pathprobe.analysis.report import (
-    add_comparisons,
-    client_warnings,
-    metric_values,
-)
+from pathprobe.analysis.report import add_comparisons, client_warnings
 from pathprobe.analysis.reportbuild import network_info, target_entry
 from pathprobe.analysis.reportfiles import write_reports
-from pathprobe.analysis.runaccounting import account, account_batch, scrape
+from pathprobe.analysis.rounds import Rounds
 from pathprobe.analysis.selfreport import add_self_reports
 from pathprobe.analysis.stack import Path_, Stack
 from pathprobe.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pathprobe.analysis.witness import Capture
 
 __all__ = [  # with names that moved out of this module and are still imported from it
     "Interrupted",
@@ -132,186 +128,25 @@ def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = log_stderr, 
 
 
 def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) -> dict[str, Any]:
+    """The phases in order: check, start, bring every path up, warm up, measure, collect, report."""
     out = Path(cfg.out)
     _prepare_out(out)
-    started = now_iso()
-    t_start = time.monotonic()
-    targets = cfg.enabled_targets
-    stack = Stack(cfg, out, log)
-    paths: dict[str, Path_] = {}
+    started, t_start = now_iso(), time.monotonic()
     primary = "latency" if cfg.load.arrival != "closed" else "e2e"
-    results: dict[str, list[RunResult]] = {t.name: [] for t in targets}
-    warmups: dict[str, RunResult] = {}
-    capture = None
+    stack = Stack(cfg, out, log)
+    capture: Capture | None = None
     try:
-        # ---- early failures: bad addresses, taken ports
-        for t in targets:
-            if cfg.mode == "remote" or t.kind == "external":
-                host, port = split_hostport(t.address or "")
-                why = reachable(f"{host}:{port}")
-                if why:
-                    raise ConfigError(f"targets[{cfg.targets.index(t)}] '{t.name}': {t.address} is unreachable: {why}")
+        _check_addresses(cfg)
         if cfg.mode == "local":
             log(stack.placement.describe())
             stack.check_ports()
             stack.start_server()
-        # ---- bring every path up and probe it with a real request
-        for t in targets:
-            net = cfg.network_for(t)
-            if cfg.mode == "remote":
-                p = Path_(t, url=normalize_address(t.address or "", t.protocol or "grpc"))
-                try:
-                    if net:
-                        front, m = stack.relay(t.name, "{}:{}".format(*split_hostport(t.address or "")), net)
-                        p.procs.append(m)
-                        p.url = normalize_address(front, t.protocol or "grpc")
-                    p.probe_ms = wait_ready(p.url, 30, p.procs, t.model)
-                    p.status = "ok"
-                except Exception as exc:
-                    p.status, p.reason = "failed", f"did not answer: {getattr(exc, 'message', exc)}"
-            else:
-                p = stack.build(t)
-            paths[t.name] = p
-            log(
-                f"{t.name}: {p.status}"
-                + (f" ({p.reason})" if p.reason else f" at {p.url}, first request {p.probe_ms:.1f} ms")
-            )
-        live = [p for p in paths.values() if p.status == "ok"]
-        if not live:
-            raise ConfigError(
-                "no configuration could be started: " + "; ".join(f"{p.name}: {p.reason}" for p in paths.values())
-            )
-        traces_dir = out / "traces" / "client"
-        prompt_file = prepare_prompts(cfg, out, log)
-        mixed = interleavable(cfg, live)
-        # ---- warm-up per configuration (interleaved call by call when the rounds are)
-        if cfg.load.warmup_s > 0:
-            if mixed:
-                warm = run_load_mixed(
-                    cfg,
-                    live,
-                    max(cfg.load.concurrency),
-                    -1,
-                    cfg.load.warmup_s,
-                    out / "runs",
-                    None,
-                    prompt_file,
-                    stack.placement,
-                )
-            else:
-                warm = {
-                    p.name: run_load(
-                        cfg,
-                        p,
-                        max(cfg.load.concurrency),
-                        -1,
-                        cfg.load.warmup_s,
-                        out / "runs" / p.name / "warmup",
-                        None,
-                        prompt_file,
-                        stack.placement,
-                    )
-                    for p in live
-                }
-            for p in live:
-                res = warm[p.name]
-                warmups[p.name] = res
-                ok = [r for r in res.records if r.get("ok")]
-                if res.error or not ok:
-                    _fail(p, f"warm-up: {res.error or _first_error(res.records)}")
-                log(f"warm-up {p.name}: {len(ok)} ok of {len(res.records)}")
-        if cfg.witness == "pcap":
-            if cfg.mode != "local":
-                raise ConfigError("witness: pcap needs local mode (the capture follows the ports compare started)")
-            if 1 not in cfg.load.concurrency:
-                raise ConfigError(
-                    "witness: pcap matches packets to requests at concurrency 1; add 1 to load.concurrency"
-                )
-            from pathprobe.analysis.witness import Capture
-
-            ports = [port for p in live for ports_, _ in p.chain for port in ports_]
-            capture = Capture(out / "witness" / "capture.pcap", ports).start()
-            log(f"witness: capturing {len(set(ports))} loopback ports into {capture.path}")
-        # ---- measured rounds, interleaved
-        n_runs = cfg.load.rounds * len(cfg.load.concurrency)
-        k = 0
-        for rnd in range(cfg.load.rounds):
-            for ci, conc in enumerate(cfg.load.concurrency):
-                k += 1
-                order = [p for p in live if p.status == "ok"]
-                if not order:
-                    break
-                shift = (rnd + ci) % len(order)
-                order = order[shift:] + order[:shift]
-                for p in order:
-                    dead = p.dead() or (stack.server if stack.server and stack.server.exit_code() is not None else None)
-                    if dead is not None:
-                        _fail(
-                            p, f"{dead.name} exited with code {dead.exit_code()} before round {rnd + 1}: {dead.tail()}"
-                        )
-                order = [p for p in order if p.status == "ok"]
-                # CPU of each path's own processes (they serve only its requests, interleaved or not)
-                cpu0 = {p.name: cpu_seconds(p.procs) for p in order}
-                if mixed and len(order) > 1:
-                    tf = traces_dir / f"interleaved-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
-                    before_batch = {p.name: scrape(stack, p) for p in order}
-                    batch = run_load_mixed(
-                        cfg, order, conc, rnd, cfg.load.duration_s, out / "runs", tf, prompt_file, stack.placement
-                    )
-                    account_batch(stack, order, before_batch, batch)
-                else:
-                    batch = {}
-                for p in order:
-                    if p.name in batch:
-                        res = batch[p.name]
-                    else:
-                        tf = traces_dir / f"{p.name}-c{conc}-r{rnd}.jsonl" if cfg.tracing else None
-                        cpu0[p.name] = cpu_seconds(p.procs)
-                        run_dir = out / "runs" / p.name / f"c{conc}" / f"r{rnd}"
-                        before = scrape(stack, p)  # accounting: one path per run, so its counters are its own
-                        res = run_load(
-                            cfg, p, conc, rnd, cfg.load.duration_s, run_dir, tf, prompt_file, stack.placement
-                        )
-                        res.accounting = account(stack, p, before, res, run_dir)
-                    cpu1 = cpu_seconds(p.procs)
-                    if cpu0[p.name] is not None and cpu1 is not None:
-                        res.path_cpu_s = cpu1 - cpu0[p.name]
-                        (res.out_dir / "path_cpu.json").write_text(json.dumps({"cpu_s": res.path_cpu_s}))
-                    results[p.name].append(res)
-                    ok = [r for r in res.records if r.get("ok")]
-                    failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
-                    dead = p.dead()
-                    if dead is not None:
-                        _fail(
-                            p,
-                            f"{dead.name} exited with code {dead.exit_code()} during round {rnd + 1}, "
-                            f"concurrency {conc}: {dead.tail()}",
-                        )
-                    elif res.error:
-                        _fail(p, f"round {rnd + 1}, concurrency {conc}: {res.error}")
-                    elif not ok:
-                        _fail(
-                            p, f"round {rnd + 1}, concurrency {conc}: every request failed: {_first_error(res.records)}"
-                        )
-                    vals = metric_values([r for r in ok if r.get("split")], primary)
-                    import numpy as np
-
-                    p50 = f"{float(np.median(vals)):.3f} ms" if vals else "–"
-                    log(
-                        f"[{k}/{n_runs}] round {rnd + 1} c={conc} {p.name}: {len(ok)} ok, "
-                        f"{len(failed)} err, p50 {p50}"
-                        + (f"  FAILED: {p.reason}" if p.status == "failed" else "")
-                        + (
-                            f"  CLIENT SATURATED: {res.client.get('reason')}"
-                            if res.client and res.client.get("saturated")
-                            else ""
-                        )
-                        + (
-                            f"  ACCOUNTING: {res.accounting['unexplained']} unexplained difference(s)"
-                            if res.accounting and res.accounting["unexplained"]
-                            else ""
-                        )
-                    )
+        paths = _bring_up(cfg, stack, log)
+        live = _live(paths)
+        rounds = Rounds(cfg, stack, live, primary, prepare_prompts(cfg, out, log), log)
+        rounds.warm_up()
+        capture = _start_capture(cfg, live, out, log)
+        rounds.measure()
         if capture is not None:
             capture.stop()
         if cfg.tracing:
@@ -321,10 +156,89 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         if capture is not None:
             capture.stop()
         stack.close()
-    report = build_report(cfg, paths, results, warmups, primary, started, t_start)
+    report = build_report(cfg, paths, rounds.results, rounds.warmups, primary, started, t_start)
     if server_startup:
         report["server_startup_ms"] = server_startup
     report["meta"]["placement"] = stack.placement.as_dict()
+    _cross_check(cfg, report, paths, rounds.results, capture, out, log)
+    write_reports(report, rounds.results, out, html, primary)
+    return report
+
+
+def _check_addresses(cfg: CompareConfig) -> None:
+    """Early failure on an address that does not answer (remote mode, external targets)."""
+    for t in cfg.enabled_targets:
+        if cfg.mode == "remote" or t.kind == "external":
+            host, port = split_hostport(t.address or "")
+            why = reachable(f"{host}:{port}")
+            if why:
+                raise ConfigError(f"targets[{cfg.targets.index(t)}] '{t.name}': {t.address} is unreachable: {why}")
+
+
+def _bring_up(cfg: CompareConfig, stack: Stack, log: Callable[[str], None]) -> dict[str, Path_]:
+    """Every configuration's path, started (local mode) and probed with a real request."""
+    paths: dict[str, Path_] = {}
+    for t in cfg.enabled_targets:
+        p = _remote_path(cfg, stack, t) if cfg.mode == "remote" else stack.build(t)
+        paths[t.name] = p
+        log(
+            f"{t.name}: {p.status}"
+            + (f" ({p.reason})" if p.reason else f" at {p.url}, first request {p.probe_ms or 0.0:.1f} ms")
+        )
+    return paths
+
+
+def _remote_path(cfg: CompareConfig, stack: Stack, t: TargetConfig) -> Path_:
+    """A remote target's path: its address (behind a delaying relay when a condition is on), probed."""
+    net = cfg.network_for(t)
+    p = Path_(t, url=normalize_address(t.address or "", t.protocol or "grpc"))
+    try:
+        if net:
+            front, m = stack.relay(t.name, "{}:{}".format(*split_hostport(t.address or "")), net)
+            p.procs.append(m)
+            p.url = normalize_address(front, t.protocol or "grpc")
+        p.probe_ms = wait_ready(p.url, 30, p.procs, t.model)
+        p.status = "ok"
+    except Exception as exc:
+        p.status, p.reason = "failed", f"did not answer: {getattr(exc, 'message', exc)}"
+    return p
+
+
+def _live(paths: dict[str, Path_]) -> list[Path_]:
+    live = [p for p in paths.values() if p.status == "ok"]
+    if not live:
+        raise ConfigError(
+            "no configuration could be started: " + "; ".join(f"{p.name}: {p.reason}" for p in paths.values())
+        )
+    return live
+
+
+def _start_capture(cfg: CompareConfig, live: list[Path_], out: Path, log: Callable[[str], None]) -> Capture | None:
+    """The wire witness's packet capture on every port the live paths use (``witness: pcap``)."""
+    if cfg.witness != "pcap":
+        return None
+    if cfg.mode != "local":
+        raise ConfigError("witness: pcap needs local mode (the capture follows the ports compare started)")
+    if 1 not in cfg.load.concurrency:
+        raise ConfigError("witness: pcap matches packets to requests at concurrency 1; add 1 to load.concurrency")
+    from pathprobe.analysis.witness import Capture
+
+    ports = [port for p in live for ports_, _ in p.chain for port in ports_]
+    capture = Capture(out / "witness" / "capture.pcap", ports).start()
+    log(f"witness: capturing {len(set(ports))} loopback ports into {capture.path}")
+    return capture
+
+
+def _cross_check(
+    cfg: CompareConfig,
+    report: dict[str, Any],
+    paths: dict[str, Path_],
+    results: dict[str, list[RunResult]],
+    capture: Capture | None,
+    out: Path,
+    log: Callable[[str], None],
+) -> None:
+    """Attach the wire witness and the traces to the report (neither may lose the report)."""
     if capture is not None:
         attach_witness(report, paths, results, capture.path, log)
     if cfg.tracing:
@@ -333,20 +247,6 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         except Exception as exc:  # traces are a bonus; never lose the report for them
             report["traces_error"] = f"{type(exc).__name__}: {exc}"
             log(f"traces: {report['traces_error']}")
-    write_reports(report, results, out, html, primary)
-    return report
-
-
-def _first_error(records: list[dict[str, Any]]) -> str:
-    for r in records:
-        if not r.get("ok") and r.get("status") != "STOPPED":
-            return f"{r.get('status')}: {r.get('error')}"
-    return "no request was sent"
-
-
-def _fail(p: Path_, reason: str) -> None:
-    if p.status != "failed":
-        p.status, p.reason = "failed", reason
 
 
 def build_report(
