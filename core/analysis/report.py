@@ -32,11 +32,11 @@ def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> dict[str
         return None
 
     def worst(path: tuple[str, str]) -> float | None:
-        vals = [(b.get(path[0]) or {}).get(path[1]) for b in rounds.values()]
-        vals = [v for v in vals if v is not None]
+        got = [(b.get(path[0]) or {}).get(path[1]) for b in rounds.values()]
+        vals: list[float] = [v for v in got if v is not None]
         return max(vals) if vals else None
 
-    per = {}
+    per: dict[str, dict[str, Any]] = {}
     for k, b in sorted(rounds.items()):
         per[str(k)] = {
             "saturated": bool(b.get("saturated")),

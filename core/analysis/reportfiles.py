@@ -21,7 +21,7 @@ def write_reports(
         report["files"]["html"] = str(out / "report.html")
     (out / "report.json").write_text(json.dumps(json_safe(report), indent=1), encoding="utf-8")
     if html:
-        records = {name: {} for name in results}
+        records: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in results}
         for name, runs in results.items():
             for run in runs:
                 records[name].setdefault(run.concurrency, []).extend(run.records)

@@ -353,6 +353,7 @@ class Stack:
     def _proxied(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
         """One gateway of ours or a third-party proxy in front of a server (ours, or vLLM's own)."""
         proto = UPSTREAM_PROTOCOL[t.mode] if t.kind == "gateway" else t.protocol  # type: ignore[index]
+        srv: Managed | None
         if t.upstream == "vllm":
             upstream, srv = self.vllm_server()
         else:
