@@ -19,6 +19,7 @@ from pathprobe.analysis.config import CompareConfig, TargetConfig
 from pathprobe.analysis.crosscheck import attach_traces, attach_witness, expected_services, trace_completeness
 from pathprobe.analysis.loadrun import RunResult, prepare_prompts
 from pathprobe.analysis.meta import now_iso, run_meta
+from pathprobe.analysis.paths import Path_
 from pathprobe.analysis.probes import normalize_address, wait_ready
 from pathprobe.analysis.procs import reachable, split_hostport
 from pathprobe.analysis.report import add_comparisons, client_warnings
@@ -26,7 +27,7 @@ from pathprobe.analysis.reportbuild import network_info, target_entry
 from pathprobe.analysis.reportfiles import write_reports
 from pathprobe.analysis.rounds import Rounds
 from pathprobe.analysis.selfreport import add_self_reports
-from pathprobe.analysis.stack import Path_, Stack
+from pathprobe.analysis.stack import Stack
 from pathprobe.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import Any
 
 from pathprobe.analysis.config import CompareConfig
 from pathprobe.analysis.loadrun import RunResult
-from pathprobe.analysis.stack import Path_
+from pathprobe.analysis.paths import Path_
 
 
 def attach_traces(

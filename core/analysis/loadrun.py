@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis.config import CompareConfig
+from pathprobe.analysis.paths import Path_
 from pathprobe.analysis.placement import Placement
 from pathprobe.analysis.procs import Managed, pathprobe_cmd
-from pathprobe.analysis.stack import Path_
 
 
 @dataclass

@@ -10,8 +10,8 @@ from pathprobe.analysis.accounting import merge as accounting_merge
 from pathprobe.analysis.config import CompareConfig, NetworkConfig, TargetConfig
 from pathprobe.analysis.hops import summarize_hops
 from pathprobe.analysis.loadrun import RunResult
+from pathprobe.analysis.paths import Path_, expected_shift_ms
 from pathprobe.analysis.report import client_summary, metric_values, summarize_group
-from pathprobe.analysis.stack import Path_, expected_shift_ms
 
 
 def target_entry(

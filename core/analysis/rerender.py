@@ -11,8 +11,8 @@ from typing import Any
 
 from pathprobe.analysis.compare import build_report, log_stderr
 from pathprobe.analysis.loadrun import RunResult, read_accounting, read_client
+from pathprobe.analysis.paths import Path_
 from pathprobe.analysis.reportfiles import write_reports
-from pathprobe.analysis.stack import Path_
 from pathprobe.errors import ConfigError
 
 

@@ -17,9 +17,10 @@ from typing import Any
 
 from pathprobe.analysis.config import CompareConfig
 from pathprobe.analysis.loadrun import RunResult, cpu_seconds, interleavable, run_load, run_load_mixed
+from pathprobe.analysis.paths import Path_
 from pathprobe.analysis.report import metric_values
 from pathprobe.analysis.runaccounting import account, account_batch, scrape
-from pathprobe.analysis.stack import Path_, Stack
+from pathprobe.analysis.stack import Stack
 
 
 def first_error(records: list[dict[str, Any]]) -> str:

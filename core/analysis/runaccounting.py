@@ -9,7 +9,8 @@ from typing import Any
 
 from pathprobe.analysis import accounting
 from pathprobe.analysis.loadrun import RunResult
-from pathprobe.analysis.stack import Path_, Stack
+from pathprobe.analysis.paths import Path_
+from pathprobe.analysis.stack import Stack
 
 
 def _metrics_urls(stack: Stack, p: Path_) -> dict[str, str]:

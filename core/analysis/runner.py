@@ -19,6 +19,7 @@ from pathprobe.analysis.loadrun import (
     run_load_mixed,
 )
 from pathprobe.analysis.meta import now_iso, versions
+from pathprobe.analysis.paths import Path_, expected_shift_ms
 from pathprobe.analysis.probes import (
     handshake_ms,
     normalize_address,
@@ -37,7 +38,7 @@ from pathprobe.analysis.procs import (
     reachable,
     split_hostport,
 )
-from pathprobe.analysis.stack import Path_, Stack, expected_shift_ms
+from pathprobe.analysis.stack import Stack
 
 __all__ = [
     "LOOPBACK",
