@@ -82,6 +82,14 @@ def read_client(out_dir: Path) -> dict[str, Any] | None:
     return block if isinstance(block, dict) else None
 
 
+def read_path_cpu(run_dir: Path) -> float | None:
+    """CPU seconds of the path's own processes in a run (path_cpu.json), None when absent."""
+    try:
+        return float(json.loads((run_dir / "path_cpu.json").read_text())["cpu_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -> Path | None:
     """Cut the fixed/sweep prompts to exact token counts ONCE, into a prompt file.
 

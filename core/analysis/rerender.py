@@ -10,17 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis.compare import build_report, log_stderr
-from pathprobe.analysis.loadrun import RunResult, read_accounting, read_client
+from pathprobe.analysis.loadrun import RunResult, read_accounting, read_client, read_path_cpu
 from pathprobe.analysis.paths import Path_
 from pathprobe.analysis.reportfiles import write_reports
 from pathprobe.errors import ConfigError
-
-
-def read_path_cpu(run_dir: Path) -> float | None:
-    try:
-        return float(json.loads((run_dir / "path_cpu.json").read_text())["cpu_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def rerender(
