@@ -8,11 +8,14 @@ import socket
 import statistics
 import time
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pathprobe import environment
 from pathprobe.analysis.procs import Managed, split_hostport
 from pathprobe.errors import PathprobeError
+
+if TYPE_CHECKING:
+    from pathprobe.tls import TlsFiles
 
 
 def parse_startup(metrics_text: str) -> dict[str, float]:
@@ -50,7 +53,11 @@ def served_model(http_address: str, timeout: float = 10.0) -> str:
 
 
 def probe_once(
-    url: str, model: str | None = None, timeout: float = 10.0, headers: dict[str, str] | None = None, tls: Any = None
+    url: str,
+    model: str | None = None,
+    timeout: float = 10.0,
+    headers: dict[str, str] | None = None,
+    tls: TlsFiles | None = None,
 ) -> float:
     """One real 1-token request over ``url``; returns its latency in ms or raises.
     ``tls``: the client's TlsFiles for grpcs:// / https:// (None: the environment's, else system CAs)."""
@@ -59,7 +66,7 @@ def probe_once(
     secure = url.split("://", 1)[0].endswith("s")
     if secure and tls is None:
         tls = TlsFiles.from_env(environment.PATHPROBE_LOAD_TLS, flag="--target")
-    ssl_ctx = tls.client_context() if secure else None
+    ssl_ctx = tls.client_context() if secure and tls is not None else None
     t0 = time.perf_counter()
     if url.startswith(("grpc://", "grpcs://")):
         from pathprobe.v1 import llm_pb2, llm_pb2_grpc
@@ -91,7 +98,7 @@ def probe_once(
     return (time.perf_counter() - t0) * 1e3
 
 
-def handshake_ms(hostport: str, tls: Any, n: int = 20) -> tuple[float, float]:
+def handshake_ms(hostport: str, tls: TlsFiles, n: int = 20) -> tuple[float, float]:
     """Median TCP connect and TCP connect + TLS handshake times (ms) over ``n`` fresh connections:
     what a new connection costs, apart from the measured (keep-alive, steady state) requests."""
     host, port = split_hostport(hostport)
@@ -114,7 +121,7 @@ def wait_ready(
     procs: list[Managed],
     model: str | None = None,
     headers: dict[str, str] | None = None,
-    tls: Any = None,
+    tls: TlsFiles | None = None,
 ) -> float:
     """Probe until the path answers a real request; raise with the reason on timeout or exit."""
     deadline = time.monotonic() + timeout

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pathprobe import vllmcpu
 from pathprobe.analysis.config import CompareConfig, NetworkConfig, ServerConfig, TargetConfig
@@ -27,6 +27,10 @@ from pathprobe.analysis.procs import (
     reachable,
 )
 from pathprobe.errors import ConfigError, PathprobeError
+
+if TYPE_CHECKING:
+    from pathprobe.pki import Pki
+    from pathprobe.tls import TlsFiles
 
 
 def _serve_args(s: ServerConfig, engine: str, gport: int, hport: int) -> list[str]:
@@ -63,14 +67,14 @@ class Stack:
         self.front_ends: dict[str, str] = {}  # HTTP front end -> the server's address for it
         self.server: Managed | None = None
         self.traces_dir = out / "traces"
-        self._pki: Any = None
+        self._pki: Pki | None = None
         self.placement: Placement = (
             plan(cfg.placement) if cfg.mode == "local" else Placement(False, "remote mode: nothing local to place")
         )
         #: more servers, started when a target needs them: ours with another engine, vLLM's own
         self.others: dict[str, tuple[Managed, str, str]] = {}  # key -> (process, grpc H:P, http H:P)
 
-    def pki(self) -> Any:
+    def pki(self) -> Pki:
         """The run's throw-away CA and loopback certificates (made on first use, in the output folder)."""
         if self._pki is None:
             from pathprobe.pki import make_pki
@@ -78,7 +82,7 @@ class Stack:
             self._pki = make_pki(self.out / "tls", "compare")
         return self._pki
 
-    def client_tls(self) -> Any:
+    def client_tls(self) -> TlsFiles:
         from pathprobe.tls import TlsFiles
 
         return TlsFiles(ca=str(self.pki().ca))
