@@ -131,10 +131,49 @@ def run_load(
     extra: list[str] | None = None,
     label: str | None = None,
 ) -> RunResult:
-    from pathprobe.analysis.records import read_records
-
-    L = cfg.load
+    """One ``pathprobe load`` of path ``p`` for ``duration_s`` (rounded up to whole seconds) into
+    ``out_dir``; its records tagged with the round and concurrency."""
     secs = max(1, math.ceil(duration_s))
+    args = load_command(
+        cfg, p, concurrency, secs, out_dir, label or f"{p.name} c={concurrency} round={rnd}", prompt_file
+    )
+    if traces_file is not None:
+        args += ["--traces-file", str(traces_file)]
+    args += extra or []
+    args += cfg.load.extra_args
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir / "load.log"
+    code = _run_process(args, log, p.headers, placement, secs + cfg.load.timeout_s + 90)
+    rec_path = out_dir / "records.jsonl"
+    if not rec_path.exists():
+        tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
+        return RunResult(
+            p.name,
+            concurrency,
+            rnd,
+            out_dir,
+            [],
+            secs,
+            f"pathprobe load exited with code {code} and wrote no records: {tail}",
+        )
+    return RunResult(
+        p.name,
+        concurrency,
+        rnd,
+        out_dir,
+        _tagged_records(rec_path, rnd, concurrency),
+        _duration_s(out_dir, secs),
+        traces_file=str(traces_file) if traces_file else None,
+        client=read_client(out_dir),
+    )
+
+
+def load_command(
+    cfg: CompareConfig, p: Path_, concurrency: int, secs: int, out_dir: Path, label: str, prompt_file: Path | None
+) -> list[str]:
+    """``pathprobe load`` headless against ``p`` with the config's load settings (the prompts from
+    ``prompt_file`` when given, already cut: no tokenizer needed)."""
+    L = cfg.load
     if prompt_file is not None:
         prompt_args = ["--prompt-set", "file", "--prompt-file", str(prompt_file), "--tokenizer", "none"]
     else:
@@ -167,7 +206,7 @@ def run_load(
         "--stop-timeout",
         str(int(L.timeout_s)),
         "--label",
-        label or f"{p.name} c={concurrency} round={rnd}",
+        label,
     )
     if L.stream:
         args.append("--stream")
@@ -177,20 +216,20 @@ def run_load(
         args += ["--model", p.target.model]
     if p.tls_ca:
         args += ["--target-ca", p.tls_ca]
-    args += p.load_args
-    if traces_file is not None:
-        args += ["--traces-file", str(traces_file)]
-    args += extra or []
-    args += L.extra_args
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log = out_dir / "load.log"
+    return args + p.load_args
+
+
+def _run_process(
+    args: list[str], log: Path, headers: dict[str, str], placement: Placement | None, timeout: float
+) -> int:
+    """Run the load to its end (its output into ``log``); its exit code, -1 when it was killed."""
     with open(log, "wb") as fh:
         # its own process group: on timeout or interruption the load AND its Locust child are ended
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if p.headers:
+        if headers:
             from pathprobe.loadgen.targets import ENV_HEADERS
 
-            env[ENV_HEADERS] = json.dumps(p.headers)
+            env[ENV_HEADERS] = json.dumps(headers)
         proc = subprocess.Popen(
             args,
             stdout=fh,
@@ -200,49 +239,37 @@ def run_load(
             preexec_fn=placement.preexec("load") if placement else None,
         )
         try:
-            code = proc.wait(timeout=secs + L.timeout_s + 90)
+            return proc.wait(timeout=timeout)
         except BaseException:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             proc.wait()
-            code = -1
             if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
                 raise
-    rec_path = out_dir / "records.jsonl"
-    if not rec_path.exists():
-        tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
-        return RunResult(
-            p.name,
-            concurrency,
-            rnd,
-            out_dir,
-            [],
-            secs,
-            f"pathprobe load exited with code {code} and wrote no records: {tail}",
-        )
-    records = read_records(rec_path)
+            return -1
+
+
+def _tagged_records(path: Path, rnd: int, concurrency: int) -> list[dict[str, Any]]:
+    from pathprobe.analysis.records import read_records
+
+    records = read_records(path)
     for r in records:
         r["_round"] = rnd
         r["_concurrency"] = concurrency
+    return records
+
+
+def _duration_s(out_dir: Path, secs: int) -> float:
+    """The run's measured duration (its summary.json), else the asked one."""
     summary = out_dir / "summary.json"
-    dur = float(secs)
     if summary.exists():
         try:
-            dur = float(json.loads(summary.read_text())["meta"].get("duration_s") or secs)
+            return float(json.loads(summary.read_text())["meta"].get("duration_s") or secs)
         except (ValueError, KeyError, TypeError):
             pass
-    return RunResult(
-        p.name,
-        concurrency,
-        rnd,
-        out_dir,
-        records,
-        dur,
-        traces_file=str(traces_file) if traces_file else None,
-        client=read_client(out_dir),
-    )
+    return float(secs)
 
 
 MIXED = "_interleaved"  # runs/ folder of the call-by-call interleaved load runs

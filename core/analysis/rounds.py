@@ -48,14 +48,12 @@ class Rounds:
         prompt_file: Path | None,
         log: Callable[[str], None],
     ) -> None:
-        self.cfg, self.stack, self.live, self.primary, self.prompt_file, self.log = (
-            cfg,
-            stack,
-            live,
-            primary,
-            prompt_file,
-            log,
-        )
+        self.cfg = cfg
+        self.stack = stack
+        self.live = live
+        self.primary = primary  # the metric a run's p50 is logged in (e2e, or latency when open loop)
+        self.prompt_file = prompt_file
+        self.log = log
         self.runs_dir = stack.out / "runs"
         self.traces_dir = stack.out / "traces" / "client"
         self.mixed = interleavable(cfg, live)
