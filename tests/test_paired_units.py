@@ -107,12 +107,32 @@ def test_noise_gets_no_verdict():
         assert r["verdict"] == NO_CLEAR and verdicts == []
 
 
+def test_a_difference_one_round_does_not_show_gets_no_verdict():
+    # +1 ms in two rounds, nothing in the third (the machine changed between rounds): the pooled
+    # interval is beyond the minimum, but the next run could as well look like round 3
+    base, conf = _runs(1.0, seed=2)
+    for r in conf:
+        if r["_round"] == 2:
+            r["split"]["other"] -= 1.0
+            r["split"]["e2e"] -= 1.0
+            r["e2e_ms"] -= 1.0
+    res = {"gw": paired(conf, base, n_boot=400)}
+    assert judge(res, "direct", 1, 0.05) == []
+    r = res["gw"]
+    assert r["path_tax"]["median"]["lo"] > 0.2 and r["verdict"] == NO_CLEAR and "every round" in r["why"]
+
+
 def test_decide_reasons():
     assert decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.001, 0.05, 0.2) == (COSTS_MORE, "")
     assert decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.2, 0.05, 0.2)[0] == NO_CLEAR
     assert decide({"value": 1.0, "lo": -0.1, "hi": 2.0}, 0.001, 0.05, 0.2)[1] == "the 95% interval includes 0"
     assert decide({"value": -0.3, "lo": -0.4, "hi": -0.25}, 0.001, 0.05, 0.2)[0] == COSTS_LESS
-    assert decide({"value": 0.19, "lo": 0.15, "hi": 0.25}, 0.001, 0.05, 0.2)[0] == NO_CLEAR
+    assert decide({"value": 0.19, "lo": 0.15, "hi": 0.25}, 0.001, 0.05, 0.2)[0] == NO_CLEAR  # 0.15 < 0.2
+    assert decide({"value": 0.3, "lo": 0.21, "hi": 0.4}, 0.001, 0.05, 0.2)[0] == COSTS_MORE
+    # a difference one round does not show is not repeatable
+    v, why = decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.001, 0.05, 0.2, [1.1, 0.1, 0.9])
+    assert v == NO_CLEAR and "every round" in why
+    assert decide({"value": -1.0, "lo": -1.2, "hi": -0.8}, 0.001, 0.05, 0.2, [-1.1, -0.3, -0.9])[0] == COSTS_LESS
     assert min_effect(10.0) == 0.5 and min_effect(1.0) == 0.2
 
 

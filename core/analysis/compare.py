@@ -70,9 +70,10 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
             + f"; {'stream' if L.stream else 'unary'}, {L.prompt_set} prompts of {L.prompt_tokens} tokens, "
             f"max_tokens {L.max_tokens}. p50/p95/p99 with 95% bootstrap CIs ({cfg.bootstrap} resamples); "
             + (
-                f"verdicts on the paired path-tax difference: its 95% CI excludes 0, Wilcoxon signed-rank "
-                f"(Holm) below alpha {cfg.alpha}, and it is at least max({cfg.min_effect_ms:g} ms, "
-                f"{cfg.min_effect_rel:.0%} of the baseline's path tax); otherwise 'no clear difference'."
+                f"verdicts on the paired path-tax difference: Wilcoxon signed-rank (Holm) below alpha "
+                f"{cfg.alpha}, and its 95% CI and every round's paired median beyond the minimum effect "
+                f"max({cfg.min_effect_ms:g} ms, {cfg.min_effect_rel:.0%} of the baseline's path tax); "
+                f"otherwise 'no clear difference'."
                 if L.interleave == "call"
                 else f"Welch's t-test vs the baseline, Holm-adjusted, alpha {cfg.alpha}; a verdict needs "
                 f"significance and a non-negligible Cliff's delta (>= 0.147)."
