@@ -63,7 +63,7 @@ def _runs(extra_ms: float, seed: int = 0, noise_ms: float = 0.1) -> tuple[list[d
 def _judge(extra_ms: float, seed: int = 0, noise_ms: float = 0.1, **kw) -> tuple[dict, list[dict]]:
     base, conf = _runs(extra_ms, seed, noise_ms)
     res = {"gw": paired(conf, base, n_boot=400)}
-    verdicts = judge(res, "direct", 1, 0.05, **kw)
+    verdicts = judge(res, "direct", 1, **kw)
     return res["gw"], verdicts
 
 
@@ -87,7 +87,7 @@ def test_a_sure_but_tiny_difference_is_no_clear_difference():
     # but it is below the minimum effect (max(0.2 ms, 5% of ~1.1 ms)): no verdict
     r, verdicts = _judge(0.05, seed=1)
     med = r["path_tax"]["median"]
-    assert med["lo"] > 0 and med["hi"] < 0.1 and r["p_adjusted"] < 1e-6
+    assert med["lo"] > 0 and med["hi"] < 0.1 and r["p_adjusted"] < 1e-6  # sure, and tiny
     assert r["min_effect_ms"] == MIN_EFFECT_MS == 0.2
     assert r["verdict"] == NO_CLEAR and "minimum effect" in r["why"] and verdicts == []
     # the minimum is a setting: at 0.01 ms and 1% the same data gets its verdict
@@ -107,33 +107,22 @@ def test_noise_gets_no_verdict():
         assert r["verdict"] == NO_CLEAR and verdicts == []
 
 
-def test_a_difference_one_round_does_not_show_gets_no_verdict():
-    # +1 ms in two rounds, nothing in the third (the machine changed between rounds): the pooled
-    # interval is beyond the minimum, but the next run could as well look like round 3
-    base, conf = _runs(1.0, seed=2)
-    for r in conf:
-        if r["_round"] == 2:
-            r["split"]["other"] -= 1.0
-            r["split"]["e2e"] -= 1.0
-            r["e2e_ms"] -= 1.0
-    res = {"gw": paired(conf, base, n_boot=400)}
-    assert judge(res, "direct", 1, 0.05) == []
-    r = res["gw"]
-    assert r["path_tax"]["median"]["lo"] > 0.2 and r["verdict"] == NO_CLEAR and "every round" in r["why"]
+def test_verdicts_repeat_under_engine_noise():
+    # ten independent "runs" of the same paths: the engine's 20-60 ms per call (drawn anew each
+    # run) never moves a path-tax verdict; 1 ms is called every time, 0.05 ms and 0 never
+    for extra, want in ((1.0, COSTS_MORE), (0.05, NO_CLEAR), (0.0, NO_CLEAR)):
+        got = {_judge(extra, seed=10 + run, noise_ms=0.5)[0]["verdict"] for run in range(10)}
+        assert got == {want}, (extra, got)
 
 
 def test_decide_reasons():
-    assert decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.001, 0.05, 0.2) == (COSTS_MORE, "")
-    assert decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.2, 0.05, 0.2)[0] == NO_CLEAR
-    assert decide({"value": 1.0, "lo": -0.1, "hi": 2.0}, 0.001, 0.05, 0.2)[1] == "the 95% interval includes 0"
-    assert decide({"value": -0.3, "lo": -0.4, "hi": -0.25}, 0.001, 0.05, 0.2)[0] == COSTS_LESS
-    assert decide({"value": 0.19, "lo": 0.15, "hi": 0.25}, 0.001, 0.05, 0.2)[0] == NO_CLEAR  # 0.15 < 0.2
-    assert decide({"value": 0.3, "lo": 0.21, "hi": 0.4}, 0.001, 0.05, 0.2)[0] == COSTS_MORE
-    # a difference one round does not show is not repeatable
-    v, why = decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.001, 0.05, 0.2, [1.1, 0.1, 0.9])
-    assert v == NO_CLEAR and "every round" in why
-    assert decide({"value": -1.0, "lo": -1.2, "hi": -0.8}, 0.001, 0.05, 0.2, [-1.1, -0.3, -0.9])[0] == COSTS_LESS
+    assert decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.2) == (COSTS_MORE, "")
+    assert decide({"value": -0.3, "lo": -0.4, "hi": -0.15}, 0.2)[0] == COSTS_LESS  # the estimate decides
+    assert decide({"value": 1.0, "lo": -0.1, "hi": 2.0}, 0.2) == (NO_CLEAR, "the 95% interval includes 0")
+    v, why = decide({"value": 0.19, "lo": 0.15, "hi": 0.25}, 0.2)
+    assert v == NO_CLEAR and "minimum effect" in why
     assert min_effect(10.0) == 0.5 and min_effect(1.0) == 0.2
+    assert min_effect(1.0, min_ms=0.05, min_rel=0.0) == 0.05
 
 
 def test_ok_answers_without_server_timing_are_counted():

@@ -308,9 +308,8 @@ class CompareConfig(_Strict):
     min_effect_ms: float = Field(
         0.2,
         ge=0,
-        description="interleaved runs: a paired path-tax difference whose 95% CI or any round's median does not "
-        "reach max(min_effect_ms, min_effect_rel x the baseline's path tax) is 'no clear difference', however "
-        "small its p-value",
+        description="interleaved runs: a paired path-tax difference whose median is below max(min_effect_ms, "
+        "min_effect_rel x the baseline's path tax) is 'no clear difference', however small its p-value",
     )
     min_effect_rel: float = Field(0.05, ge=0, lt=1, description="see min_effect_ms")
     bootstrap: int = Field(1000, ge=100)

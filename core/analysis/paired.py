@@ -12,32 +12,31 @@ It is the answer to "what does this path cost me": the engine's own noise (which
 dominates e2e on a small CPU model) is not in it.
 
 Verdicts on the path tax, one per configuration (``verdict`` in its paired result, with
-``why`` when there is none). **costs more** / **costs less** only when all of these hold:
+``why`` when there is none): **costs more** / **costs less** when the 95% interval of the
+median paired difference (percentile bootstrap) excludes zero *and* the median difference is
+at least the **minimum effect** ``max(min_effect_ms, min_effect_rel x the baseline's median
+path tax)`` (config keys; defaults :data:`MIN_EFFECT_MS` = 0.2 ms and :data:`MIN_EFFECT_REL`
+= 5%). Otherwise **no clear difference**. The Wilcoxon signed-rank test on the paired
+differences (scipy.stats.wilcoxon, Holm-adjusted across configurations) and each round's
+paired median are reported beside it.
 
-- the Wilcoxon signed-rank test on the paired differences (scipy.stats.wilcoxon),
-  Holm-adjusted across configurations, is below ``alpha``;
-- the whole 95% interval of the median paired difference (percentile bootstrap) lies beyond
-  the *minimum effect* ``max(min_effect_ms, min_effect_rel x the baseline's median path
-  tax)`` (config keys; defaults :data:`MIN_EFFECT_MS` = 0.2 ms and :data:`MIN_EFFECT_REL` =
-  5%): the interval excludes zero *and* the difference is surely at least that large;
-- the difference replicates: the median paired difference of every round (rounds of at
-  least :data:`MIN_ROUND_PAIRS` pairs) is beyond the minimum effect on the same side.
-
-Otherwise **no clear difference**. Why each part:
+Why this rule (docs/results/2026-12-01-verdict-repeat.md measured it against stricter ones on
+the same back-to-back runs):
 
 - a test alone calls any difference real once there are enough pairs, so a 0.05 ms
   difference (a few interpreter lines) would get a verdict in one run and not in the next.
   0.2 ms is the resolution the split itself promises per hop (its ground truth and the wire
-  witness hold it to max(5%, 0.2 ms)), so a smaller difference is below what the tool can
-  attribute, and below what a model call's user would notice; 5% keeps the minimum in
+  witness hold it to max(5%, 0.2 ms)): a smaller difference is below what the tool can
+  attribute, and below what a model call's user would notice. 5% keeps the minimum in
   proportion where the path tax itself is large (a busy machine's, or a WAN's).
-- the interval's end, not the estimate, is held against the minimum: a rule on the
-  estimate ("CI excludes 0 and the median is at least the minimum") was measured less
-  repeatable (docs/results/2026-12-01-verdict-repeat.md): a difference near the minimum
-  falls on either side of it from run to run, while its interval straddles it in both.
-- rounds are about a minute apart, and what a path costs on a shared machine moves with the
-  machine's load (a proxy's extra process waits for a CPU): a difference one round does
-  not show is not one the next run can be expected to show.
+- the estimate, not the interval's far end, is held against the minimum, and no further gate
+  (Holm-adjusted p below alpha, every round beyond the minimum) is added: on a shared machine
+  the interval's width and a round's median move with the machine's load from minute to
+  minute, so each extra gate turns a real 1-3 ms difference into a verdict in a calm run and
+  none in a busy one. Measured on the same runs, those stricter rules agreed run to run on
+  8-10 of 14 (concurrency, configuration) cells, this one on 12. The interval only has to
+  exclude zero: the direction is sure; the minimum effect decides whether it matters, and a
+  configuration whose true cost is 0 must show a median of at least the minimum to be called.
 """
 
 from __future__ import annotations
@@ -145,28 +144,19 @@ def min_effect(baseline_tax_ms: float, min_ms: float = MIN_EFFECT_MS, min_rel: f
     return max(min_ms, min_rel * abs(baseline_tax_ms))
 
 
-def decide(
-    median: Mapping[str, float], p_adjusted: float, alpha: float, floor: float, rounds: Sequence[float] = ()
-) -> tuple[str, str]:
-    """(verdict, why) for one paired median difference ``{value, lo, hi}`` (ms) and its rounds' medians."""
-    if math.isnan(p_adjusted) or p_adjusted >= alpha:
-        return NO_CLEAR, f"Wilcoxon p (Holm) {p_adjusted:.2g} >= alpha {alpha:g}"
+def decide(median: Mapping[str, float], floor: float) -> tuple[str, str]:
+    """(verdict, why) for one paired median difference ``{value, lo, hi}`` (ms) and the minimum effect."""
     if median["lo"] <= 0.0 <= median["hi"]:
         return NO_CLEAR, "the 95% interval includes 0"
-    if min(abs(median["lo"]), abs(median["hi"])) < floor:
-        near = "within" if max(abs(median["lo"]), abs(median["hi"])) < floor else "reaches into"
-        return NO_CLEAR, f"the 95% interval {near} the minimum effect ±{floor:.3f} ms"
-    sign = 1.0 if median["value"] > 0 else -1.0
-    if any(sign * v < floor for v in rounds):
-        return NO_CLEAR, f"not in every round (round medians {', '.join(f'{v:+.3f}' for v in rounds)} ms)"
-    return (COSTS_MORE if sign > 0 else COSTS_LESS), ""
+    if abs(median["value"]) < floor:
+        return NO_CLEAR, f"|difference| {abs(median['value']):.3f} ms is below the minimum effect {floor:.3f} ms"
+    return (COSTS_MORE if median["value"] > 0 else COSTS_LESS), ""
 
 
 def judge(
     per_target: dict[str, dict[str, Any]],
     baseline: str,
     conc: int,
-    alpha: float,
     *,
     min_ms: float = MIN_EFFECT_MS,
     min_rel: float = MIN_EFFECT_REL,
@@ -182,7 +172,7 @@ def judge(
         med = r["path_tax"]["median"]
         floor = min_effect(r["baseline_path_tax_p50"], min_ms, min_rel)
         r["min_effect_ms"] = floor
-        r["verdict"], r["why"] = decide(med, p_adj, alpha, floor, list(r.get("rounds", {}).values()))
+        r["verdict"], r["why"] = decide(med, floor)
         r["significant"] = r["verdict"] != NO_CLEAR
         if not r["significant"]:
             continue
