@@ -63,7 +63,7 @@ def _runs(extra_ms: float, seed: int = 0, noise_ms: float = 0.1) -> tuple[list[d
 def _judge(extra_ms: float, seed: int = 0, noise_ms: float = 0.1, **kw) -> tuple[dict, list[dict]]:
     base, conf = _runs(extra_ms, seed, noise_ms)
     res = {"gw": paired(conf, base, n_boot=400)}
-    verdicts = judge(res, "direct", 1, **kw)
+    verdicts = judge(res, "direct", 1, 0.05, **kw)
     return res["gw"], verdicts
 
 
@@ -116,10 +116,12 @@ def test_verdicts_repeat_under_engine_noise():
 
 
 def test_decide_reasons():
-    assert decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.2) == (COSTS_MORE, "")
-    assert decide({"value": -0.3, "lo": -0.4, "hi": -0.15}, 0.2)[0] == COSTS_LESS  # the estimate decides
-    assert decide({"value": 1.0, "lo": -0.1, "hi": 2.0}, 0.2) == (NO_CLEAR, "the 95% interval includes 0")
-    v, why = decide({"value": 0.19, "lo": 0.15, "hi": 0.25}, 0.2)
+    assert decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.001, 0.05, 0.2) == (COSTS_MORE, "")
+    assert decide({"value": -0.3, "lo": -0.4, "hi": -0.15}, 0.001, 0.05, 0.2)[0] == COSTS_LESS  # the estimate decides
+    assert decide({"value": 1.0, "lo": -0.1, "hi": 2.0}, 0.001, 0.05, 0.2) == (NO_CLEAR, "the 95% interval includes 0")
+    v, why = decide({"value": 1.0, "lo": 0.8, "hi": 1.2}, 0.06, 0.05, 0.2)  # not sure once Holm-adjusted
+    assert v == NO_CLEAR and "Holm" in why
+    v, why = decide({"value": 0.19, "lo": 0.15, "hi": 0.25}, 0.001, 0.05, 0.2)
     assert v == NO_CLEAR and "minimum effect" in why
     assert min_effect(10.0) == 0.5 and min_effect(1.0) == 0.2
     assert min_effect(1.0, min_ms=0.05, min_rel=0.0) == 0.05
