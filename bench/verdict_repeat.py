@@ -167,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="verdict-repeat", help="folder for run1..runN (default: verdict-repeat)")
     ap.add_argument("--analyze", nargs="+", metavar="OUT", help="compare existing outputs' report.json only")
     ap.add_argument("--rejudge", nargs="+", metavar="OUT", help="re-judge existing outputs' runs/, then compare")
-    ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags passed to every pathprobe compare")
-    args = ap.parse_args(argv)
-    extra = [a for a in args.extra if a != "--"]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    extra = argv[cut + 1 :]  # after --: flags passed to every pathprobe compare
     if args.rejudge:
         for d in args.rejudge:
             rejudge(Path(d))
