@@ -26,8 +26,8 @@ same back-to-back runs):
 
 - a test alone calls any difference real once there are enough pairs, so a 0.05 ms
   difference (a few interpreter lines) would get a verdict in one run and not in the next.
-  0.2 ms is the resolution the split itself promises per hop (its ground truth and the wire
-  witness hold it to max(5%, 0.2 ms)): a smaller difference is below what the tool can
+  0.2 ms is the resolution the split itself promises per hop (the wire witness holds it to
+  max(5%, 0.2 ms) per link): a smaller difference is below what the tool can
   attribute, and below what a model call's user would notice. 5% keeps the minimum in
   proportion where the path tax itself is large (a busy machine's, or a WAN's).
 - the estimate, not the interval's far end, is held against the minimum, and rounds are not
@@ -37,7 +37,7 @@ same back-to-back runs):
   default runs (two sets of three back to back) those rules gave the same verdict in every run
   of a set for 16-19 of 28 (set, concurrency, configuration) cells, this one for 22.
 - Holm keeps the chance of any false verdict among a concurrency's configurations at
-  ``alpha``; without it each of 7 configurations would be called wrongly 5% of the time. It
+  ``alpha``; without it each of the 7 comparisons would carry its own 5% chance of one. It
   cost no repeatability on those runs.
 """
 
