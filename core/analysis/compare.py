@@ -69,8 +69,15 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
             + (f" at {L.rate:g} req/s" if L.rate else "")
             + f"; {'stream' if L.stream else 'unary'}, {L.prompt_set} prompts of {L.prompt_tokens} tokens, "
             f"max_tokens {L.max_tokens}. p50/p95/p99 with 95% bootstrap CIs ({cfg.bootstrap} resamples); "
-            f"Welch's t-test vs the baseline, Holm-adjusted, alpha {cfg.alpha}; a verdict needs "
-            f"significance and a non-negligible Cliff's delta (>= 0.147)."
+            + (
+                f"verdicts on the paired path-tax difference: its 95% CI excludes 0, Wilcoxon signed-rank "
+                f"(Holm) below alpha {cfg.alpha}, and its median is at least the minimum effect "
+                f"max({cfg.min_effect_ms:g} ms, {cfg.min_effect_rel:.0%} of the baseline's path tax); "
+                f"otherwise 'no clear difference'."
+                if L.interleave == "call"
+                else f"Welch's t-test vs the baseline, Holm-adjusted, alpha {cfg.alpha}; a verdict needs "
+                f"significance and a non-negligible Cliff's delta (>= 0.147)."
+            )
         ),
         "rounds": L.rounds,
         "interleave": L.interleave,
@@ -317,7 +324,7 @@ def _paired_verdicts(
             g["path_tax"] = paired_mod.tax_summary(recs.get(name, []))
             if name != baseline and t["status"] == "ok" and recs.get(baseline):
                 per[name] = g["paired"] = paired_mod.paired(recs.get(name, []), recs[baseline], n_boot=cfg.bootstrap)
-        found = paired_mod.judge(per, baseline, conc, cfg.alpha)
+        found = paired_mod.judge(per, baseline, conc, cfg.alpha, min_ms=cfg.min_effect_ms, min_rel=cfg.min_effect_rel)
         clients = [(t["by_concurrency"].get(str(conc)) or {}).get("client") or {} for t in report_targets.values()]
         if any(c.get("saturated") for c in clients):
             flag = "client saturated"

@@ -312,6 +312,13 @@ class CompareConfig(_Strict):
     out: str = "pathprobe-compare"
     baseline: str | None = Field(None, description="target name every other is tested against (default: the first)")
     alpha: float = Field(0.05, gt=0, lt=1)
+    min_effect_ms: float = Field(
+        0.2,
+        ge=0,
+        description="interleaved runs: a paired path-tax difference whose median is below max(min_effect_ms, "
+        "min_effect_rel x the baseline's path tax) is 'no clear difference', however small its p-value",
+    )
+    min_effect_rel: float = Field(0.05, ge=0, lt=1, description="see min_effect_ms")
     bootstrap: int = Field(1000, ge=100)
     slowest: int = Field(5, ge=0, description="slowest requests per configuration whose traces are listed")
     tracing: bool = True
