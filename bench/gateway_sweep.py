@@ -33,11 +33,11 @@ On a machine with too few cores to let one gateway saturate its core while the l
 and the upstream keep up (two cores: the client and the upstream cost about what the relay
 costs per call), ``--cpu-quota PCT`` puts each gateway in a cgroup capped at PCT % of one core
 (cgroup v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``; needs root): the gateway is then the limit,
-and calls/s ÷ (PCT / 100) is its rate per core-second. ``--baseline REV`` adds a path
-``passthrough@REV``, the relay as of git revision REV, for a before/after in one run.
+and calls/s ÷ (PCT / 100) is its rate per core-second. ``--baseline REV[,REV]`` adds a
+path ``passthrough@REV`` per revision, the relay as of it, for a before/after in one run.
 
     python bench/gateway_sweep.py [--concurrency 1,8,32,128] [--rounds 8] [--no-write]
-    python bench/gateway_sweep.py --concurrency '' --paths passthrough,nginx --cpu-quota 25 --baseline HEAD~1
+    python bench/gateway_sweep.py --concurrency '' --paths passthrough,nginx --cpu-quota 5 --baseline main
 """
 
 from __future__ import annotations
@@ -711,11 +711,11 @@ def max_throughput(
 
 def baseline_tree(rev: str, tmp: Path) -> str:
     """The package as of git revision ``rev``, laid out under ``tmp``; returns its PYTHONPATH."""
-    src = tmp / "baseline-src"
+    src = tmp / f"src-{rev}"
     src.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    tree = tmp / "baseline-tree"
+    tree = tmp / f"tree-{rev}"
     subprocess.run(["bash", str(src / "bench" / "pkgtree.sh"), str(tree)], capture_output=True, check=True)
     return str(tree)
 
@@ -740,7 +740,11 @@ def main() -> int:
     ap.add_argument(
         "--cpu-quota", type=float, default=0, help="cap each gateway at this %% of one core (a cgroup; root)"
     )
-    ap.add_argument("--baseline", default="", help="git revision: also run the relay as of it (passthrough@REV)")
+    ap.add_argument(
+        "--baseline",
+        default="",
+        help="git revisions (comma-separated): also run the relay as of each (passthrough@REV)",
+    )
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results"))
@@ -775,16 +779,17 @@ def main() -> int:
             "haproxy": stack.haproxy,
             "caddy": stack.caddy,
         }
-        if args.baseline:
+        for spec in filter(None, args.baseline.split(",")):
             rev = subprocess.run(
-                ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline],
+                ["git", "-C", str(ROOT), "rev-parse", "--short", spec],
                 capture_output=True,
                 text=True,
                 check=True,
             ).stdout.strip()
             tree = baseline_tree(rev, tmp)
-            makers[f"passthrough@{rev}"] = lambda: stack.gateway(f"passthrough@{rev}", pythonpath=tree)
-            args.paths += f",passthrough@{rev}"
+            name = f"passthrough@{rev}"
+            makers[name] = lambda name=name, tree=tree: stack.gateway(name, pythonpath=tree)
+            args.paths += f",{name}"
         binary = {"nginx": "nginx", "haproxy": "haproxy", "caddy": "caddy"}
         paths = []
         for name in args.paths.split(","):
@@ -853,7 +858,9 @@ def markdown(r: dict) -> str:
         f"Versions: Python {v['python']}, uvloop {v['uvloop']}, hpack {v['hpack']}, {v['nginx']}, {v['haproxy']}, "
         f"Caddy {v['caddy']}, {v['h2load']}.",
         f"Placement: gateways pinned to core(s) {env['proxy_cpus']}; upstream and h2load on "
-        f"{env['client_and_upstream_cpus']}. Upstream: `{r['upstream']}`. {r['rounds']} rounds per concurrency.",
+        f"{env['client_and_upstream_cpus']}. Upstream: `{r['upstream']}`."
+        + (f" {r['rounds']} rounds per concurrency." if r["sweep"] else "")
+        + (f" Commit {r['commit']}." if r.get("commit") else ""),
         "",
         "Added latency = percentile(path) − percentile(direct) over all calls of the level; in brackets the "
         "range of the same figure over rounds (min…max). × nginx = added ÷ nginx's added (per-round range in "
