@@ -767,7 +767,11 @@ def main() -> int:
         ).SerializeToString()
     )
     body.write_bytes(req)
-    cgroup = cpu_quota_group(f"pathprobe-bench-{os.getpid()}", args.cpu_quota) if args.cpu_quota else None
+    try:
+        cgroup = cpu_quota_group(f"pathprobe-bench-{os.getpid()}", args.cpu_quota) if args.cpu_quota else None
+    except OSError as exc:
+        print(f"--cpu-quota: cannot make a cgroup with a CPU quota (root and a cpu controller needed): {exc}")
+        return 2
     stack = Stack(tmp, args.upstream, proxy_cpus, other, cgroup)
     try:
         makers = {
