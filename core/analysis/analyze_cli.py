@@ -146,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
             )
     result: dict = {"source": args.source, "traces": [s.as_dict() for s in splits]}
     if args.records:
-        recs = [r for path in args.records for r in read_records(path)]
-        agr = agreement(good, recs)
+        records = [r for path in args.records for r in read_records(path)]
+        agr = agreement(good, records)
         result["agreement"] = agr
         print()
         print(

@@ -252,13 +252,9 @@ def _run_process(
 
 
 def _tagged_records(path: Path, rnd: int, concurrency: int) -> list[dict[str, Any]]:
-    from pathprobe.analysis.records import read_records
+    from pathprobe.analysis.records import read_tagged
 
-    records = read_records(path)
-    for r in records:
-        r["_round"] = rnd
-        r["_concurrency"] = concurrency
-    return records
+    return read_tagged(path, _round=rnd, _concurrency=concurrency)
 
 
 def _duration_s(out_dir: Path, secs: int) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pathprobe import jsonl
 from pathprobe.records import SPLIT_SEGMENTS, RequestRecord
@@ -20,6 +20,15 @@ def read_records(path: str | os.PathLike[str]) -> list[RequestRecord]:
     return [obj for _, obj in jsonl.read(path, "records")]
 
 
+def read_tagged(path: str | os.PathLike[str], **tags: Any) -> list[dict[str, Any]]:
+    """The records of a file, each with ``tags`` added (e.g. ``_round``, ``_concurrency``): open
+    dicts, since the tags are the analysis' own and no part of the record's schema."""
+    records = cast(list[dict[str, Any]], read_records(path))
+    for rec in records:
+        rec.update(tags)
+    return records
+
+
 def ok_records(records: Iterable[RequestRecord]) -> list[RequestRecord]:
     return [r for r in records if r.get("ok") and r.get("split")]
 
@@ -31,7 +40,7 @@ def within(a: float, b: float, rel: float = 0.05, abs_ms: float = 0.2) -> bool:
 
 def agreement(
     trace_splits: Sequence[Any],
-    records: Sequence[RequestRecord],
+    records: Sequence[Mapping[str, Any]],
     *,
     rel: float = 0.05,
     abs_ms: float = 0.2,

@@ -26,7 +26,7 @@ def rerender(
 ) -> dict[str, Any]:
     """Rebuild the reports of a finished compare from its ``runs/`` folder, without running anything
     (e.g. with another baseline or alpha). Statuses, reasons and cold starts come from the old report.json."""
-    from pathprobe.analysis.records import read_records
+    from pathprobe.analysis.records import read_tagged
 
     old_path = out / "report.json"
     try:
@@ -56,9 +56,7 @@ def rerender(
             for rnd in range(cfg.load.rounds):
                 d = out / "runs" / t.name / f"c{conc}" / f"r{rnd}"
                 if (d / "records.jsonl").exists():
-                    recs = read_records(d / "records.jsonl")
-                    for r in recs:
-                        r["_round"], r["_concurrency"] = rnd, conc
+                    recs = read_tagged(d / "records.jsonl", _round=rnd, _concurrency=conc)
                     dur = prev.get("by_concurrency", {}).get(str(conc), {}).get("duration_s")
                     per_run = (
                         dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
