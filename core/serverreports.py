@@ -253,3 +253,14 @@ def network_estimate(chain: Mapping[str, float], client_connect_ms: float | None
     if inner.kind == SERVER_KIND:
         return None
     return inner.entries.get(f"{inner.kind}.connect")
+
+
+def network_estimate_kind(chain: Mapping[str, float], client_kind: str | None) -> str | None:
+    """What :func:`network_estimate` returns for ``chain``: the client's estimate kind on a direct
+    path (:mod:`pathprobe.rtt`), the innermost forwarder's ``<kind>.connect`` behind hops."""
+    hops = [h for h in chain_of(chain).hops if h.has("total")]
+    if not hops:
+        return client_kind
+    inner = hops[0]
+    key = f"{inner.kind}.connect"
+    return key if inner.kind != SERVER_KIND and key in inner.entries else None

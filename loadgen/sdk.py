@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pathprobe import rtt, timing
+from pathprobe.loadgen import nullrtt
 from pathprobe.loadgen.targets import HANDSHAKE_PROBES, CallSpec, Outcome, Target, _take_report
 
 pc = time.perf_counter_ns
@@ -93,10 +94,23 @@ class OpenAISdkTarget(Target):
         )
         self._openai = openai
         self._model: str | None = None
-        parts = urlsplit(base_url)  # the shortest TCP handshake: the network estimate to a silent server
+        parts = urlsplit(base_url)  # the shortest TCP handshake: the network floor to a silent server
         self.connect_ms = rtt.tcp_handshake_ms(
             parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES
         )
+        self._models_url = base_url.rstrip("/") + "/v1/models"
+        self._null = nullrtt.NullRoundTrip(self._null_request)
+
+    def _null_request(self) -> bool:
+        """``GET /v1/models`` through the SDK's own HTTP client and pool (the requests' connection)."""
+        try:
+            self.http.get(self._models_url).read()
+        except Exception:
+            return False
+        return True
+
+    def after_call(self, out: Outcome) -> None:
+        self._null.apply(out)
 
     def route(self, stream: bool) -> str:
         base = "openai-sdk.chat" if self.api == "chat" else "openai-sdk.completions"
@@ -146,7 +160,7 @@ class OpenAISdkTarget(Target):
                 out.decode_ns = out.t_end - t1
                 self._usage(obj, out)
                 _take_report(raw.headers, obj.model_extra or {}, out)  # vLLM's metrics, TGI's headers
-            out.network_estimate_ms = self.connect_ms
+            nullrtt.floor(out, self.connect_ms)
             out.ok, out.status = True, "OK"
         except self._openai.APIStatusError as exc:
             out.t_end = pc()

@@ -26,13 +26,14 @@ from urllib.parse import urlsplit
 from pathprobe import environment, reporters, rtt, timing
 from pathprobe.deadline import TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import ConfigError
+from pathprobe.loadgen import nullrtt
 from pathprobe.serverreports import TGI_HEADERS, ReportError, ServerReport
 from pathprobe.serverreports import read as read_report
 from pathprobe.tls import TlsFiles
 
 pc = time.perf_counter_ns
-#: round trips a target times for its network estimate (the estimate is the shortest): TCP
-#: handshakes before an HTTP target's first request, HTTP/2 PINGs after a gRPC call without entries
+#: round trips a target times for its network floor (the shortest): TCP handshakes before an HTTP
+#: target's first request, HTTP/2 PINGs after a gRPC call without entries
 HANDSHAKE_PROBES = 3
 
 #: a JSON object of headers sent with every request (e.g. a gateway's API key); kept in the
@@ -103,10 +104,13 @@ class Outcome:
     error: str | None = None
     entries: dict[str, float] = field(default_factory=timing.Chain)  # a timing.Chain once filled
     response_bytes: int = 0
-    #: the shortest TCP handshake seen to the target (HTTP/1.1): a transport round trip
-    #: measured without the application, the network estimate of a link whose far end
-    #: reports nothing
+    #: a round trip measured apart from the request, the network estimate of a link whose far end
+    #: reports nothing: an HTTP null round trip's median on the same connection (HTTP), else the
+    #: floor below; which one is ``network_estimate_kind`` (:mod:`pathprobe.rtt`)
     network_estimate_ms: float | None = None
+    network_estimate_kind: str | None = None
+    #: the transport floor: the shortest TCP handshake (HTTP/1.1) or HTTP/2 PING (gRPC)
+    network_floor_ms: float | None = None
     #: what a third-party server reported about the request itself (vLLM, TGI, Ollama)
     server_report: ServerReport | None = None
 
@@ -120,6 +124,11 @@ class Target:
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def after_call(self, out: Outcome) -> None:
+        """Called after the request is recorded as done (outside its e2e and its client wait):
+        where a target times round trips for the network estimate of a silent server."""
+        return None
 
     def close(self) -> None:
         return None
@@ -246,7 +255,8 @@ class PingEstimate:
             host, _, port = self.address.rpartition(":")
             if port.isdigit():
                 self.ms = rtt.h2_ping_ms(host.strip("[]") or "127.0.0.1", int(port), HANDSHAKE_PROBES)
-        out.network_estimate_ms = self.ms
+        out.network_estimate_ms = out.network_floor_ms = self.ms
+        out.network_estimate_kind = rtt.H2_PING if self.ms is not None else None
 
 
 class H2GrpcTarget(Target):
@@ -335,6 +345,9 @@ class H2GrpcTarget(Target):
 
 # --- HTTP (native and OpenAI) --------------------------------------------------------------
 class _HttpBase(Target):
+    #: the null round trip's request: answered by the server without model work
+    null_path = "/v1/models"
+
     def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None, api_key: str = "") -> None:
         from geventhttpclient import HTTPClient
         from geventhttpclient.url import URL
@@ -356,6 +369,7 @@ class _HttpBase(Target):
             **ssl_kw,
         )
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._null = nullrtt.NullRoundTrip(self._null_request)
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
         self.connect_ms: float | None = None
@@ -384,8 +398,20 @@ class _HttpBase(Target):
         if headers:
             hdrs.update(headers)
         resp = self.client.post(self.prefix + path, body=body, headers=hdrs)
-        out.network_estimate_ms = self.connect_ms
+        nullrtt.floor(out, self.connect_ms)
         return resp
+
+    def after_call(self, out: Outcome) -> None:
+        self._null.apply(out)
+
+    def _null_request(self) -> bool:
+        """One cheap request on the requests' own connection (``null_path``); any HTTP answer counts."""
+        try:
+            resp = self.client.get(self.prefix + self.null_path, headers={**extra_headers(), **self._auth})
+            resp.read()
+        except Exception:
+            return False
+        return True
 
     def _entries_from_header(self, resp: Any) -> timing.Chain:
         """``Server-Timing`` header(s) hop by hop, then what known gateways say in headers of
@@ -634,6 +660,7 @@ class OllamaTarget(_HttpBase):
     (ns), read as the server's own report (a server hop)."""
 
     kind = "ollama"
+    null_path = "/api/version"
 
     def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
         super().__init__(base_url, timeout_s)

@@ -141,6 +141,8 @@ class _LLMMixin:
             raise
         finally:
             wait = waits.end() if waits is not None else (0.0, 0.0)
+            if out.ok:  # round trips for a silent server's network estimate: outside e2e and client wait
+                target.after_call(out)
             rec = build_record(out, spec, route, url, ts, lag_ns, self._uid, rt.worker, wait[0])
             if spec.stream:  # every resume's wait: what held chunks back on this side (see analysis.chunks)
                 rec["client_wait_total_ms"] = wait[1]
@@ -216,12 +218,14 @@ def build_record(
         # Split.as_dict() (dataclasses.asdict) costs ~18 us; the same dict built directly
         sp = {f: getattr(s, f) for f in _SPLIT_FIELDS}
         sp["links"] = list(s.links)
+        sp["links_estimated"] = list(s.links_estimated)
         sp["hops"] = [
             {"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other} for h in s.hops
         ]
         client_wait_ms = s.client_wait
+        kind = serverreports.network_estimate_kind(chain, out.network_estimate_kind) if s.network_estimated else None
     else:
-        sp = None
+        sp = kind = None
     return {
         "ts": ts,
         # t0 on the wall clock (CLOCK_REALTIME, what packet captures stamp), from the monotonic t0 and
@@ -249,6 +253,10 @@ def build_record(
         "hops": [hop.as_dict() for hop in chain.hops],
         "server_report": {"source": rep.source, "entries": rep.entries} if rep is not None else None,
         "network_estimate_ms": out.network_estimate_ms,
+        # which estimate the split booked for a silent link (pathprobe.rtt kinds, or a forwarder's
+        # "<kind>.connect"), None when every link is measured; the transport floor beside it
+        "network_estimate_kind": kind,
+        "network_floor_ms": out.network_floor_ms,
         "split": sp,
         "trace_id": None,
         "user": user,
