@@ -7,9 +7,10 @@ record still splits honestly:
 - ``client.encode`` = from the call until the SDK hands the request to the transport
   (building the body and headers, validation, retries' bookkeeping);
 - ``client.decode`` = for a unary call, the SDK turning the response into its typed
-  object; for a stream, per event, from the arrival of the bytes that carried it until the
-  SDK yields it (its SSE decoding and typed parsing). Each token's arrival is the arrival
-  of its bytes, not the moment the SDK was done with them.
+  object; for a stream, per event, from the arrival of the bytes that carried it (or, when
+  those bytes came in one read with an earlier event's, from when the loop asked for it)
+  until the SDK yields it (its SSE decoding and typed parsing). Each token's arrival is the
+  arrival of its bytes, not the moment the SDK was done with them.
 """
 
 from __future__ import annotations
@@ -175,9 +176,13 @@ class OpenAISdkTarget(Target):
     def _stream(self, events: Any, out: Outcome) -> None:
         clock = self.clock
         dec = 0
+        asked = 0  # when this loop asked the SDK for the next event
         for ev in events:
             ta = clock.last_arrival()
-            dec += pc() - ta
+            # the SDK's work on this event: from its bytes' arrival, or from when it was asked for it
+            # when those bytes came with an earlier event's (a burst: several events in one read),
+            # so a burst's parsing is counted once, never once per event
+            dec += pc() - max(ta, asked)
             choices = ev.choices or ()
             if any((c.delta.content if self.api == "chat" else c.text) for c in choices):
                 out.token_times.append(ta)
@@ -188,6 +193,7 @@ class OpenAISdkTarget(Target):
                 out.entries = timing.parse_chain(st)
             if extra.get("metrics"):  # vLLM: its per-request metrics ride on the final usage chunk
                 _take_report(None, extra, out)
+            asked = pc()
         out.t_end = pc()
         out.decode_ns = dec
         if out.tokens_out is None:

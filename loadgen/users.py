@@ -211,6 +211,10 @@ def build_record(
             tpot = (e2e - ttft) / (n - 1)
     rep = out.server_report
     chain = serverreports.with_report(out.entries, rep)  # a server's own report as its hop, when it has a total
+    overlap = 0.0
+    if spec.stream and out.ok:  # decode that ran while the server was still producing: not on the path
+        overlap = serverreports.decode_overlap(e2e, chain, rep, enc, dec)
+        dec -= overlap
     emit = out.emit_ms if spec.stream and len(out.emit_ms) == len(times) and all(out.emit_ms) else None
     if out.ok:
         est = serverreports.network_estimate(chain, out.network_estimate_ms)
@@ -240,6 +244,8 @@ def build_record(
         "latency_ms": e2e + lag,
         "client_encode_ms": enc,
         "client_decode_ms": dec,
+        # of the stream's measured decode, what overlapped the server's own measured work (left out above)
+        "client_decode_overlap_ms": overlap,
         "ttft_ms": ttft,
         "itl_ms": itl if itl is not None else [],
         # the server's emit offset of each token chunk (ms since it got the request; None: not reported)

@@ -175,6 +175,42 @@ def test_the_openai_sdk_target_reads_the_same_reports(tmp_path) -> None:
         )
 
 
+@pytest.mark.parametrize("burst", [False, True], ids=["spread", "burst"])
+def test_the_openai_sdk_target_books_vllm_metrics_of_a_stream(tmp_path, burst) -> None:
+    """The SDK decodes a stream's events (pydantic objects: ~0.1 ms each) while the server still
+    produces the next ones, or (vLLM's CPU build) several events that came in one burst. Neither
+    may eat the server's measured time: vLLM's metrics on the final usage chunk are booked for
+    every request."""
+    srv = OpenAIServer(
+        tmp_path,
+        "--queue-ms",
+        "4",
+        "--prefill-ms",
+        "3",
+        "--decode-ms",
+        "8",
+        "--report",
+        "vllm",
+        *(["--burst"] if burst else []),
+    )
+    try:
+        # 24 tokens: 25 events to decode
+        recs = _load(tmp_path / "load", srv.url, "--stream", "--max-tokens", "24", scheme="openai-sdk+", seconds=5)
+    finally:
+        srv.stop()
+    for r in recs:
+        sp, rep = r["split"], r["server_report"]
+        assert r["route"] == "openai-sdk.completions.stream" and r["tokens_out"] == 24
+        assert rep is not None and rep["source"] == "vLLM per-request metrics", r
+        assert sp["queueing"] == pytest.approx(rep["entries"]["srv.queue"]) and sp["queueing"] >= 4.0, r
+        assert sp["inference"] == pytest.approx(rep["entries"]["srv.prefill"] + rep["entries"]["srv.decode_steps"]), r
+        # what the client saw the server take holds what the server measured: where the events' decoding
+        # overlapped the server's work, that much of the measured decode is left out of the client's part
+        link = r["e2e_ms"] - r["client_encode_ms"] - r["client_decode_ms"]
+        assert link >= sp["queueing"] + sp["inference"] - 1e-6
+        assert r["client_decode_overlap_ms"] >= 0 and r["client_decode_ms"] >= 0
+
+
 def test_tgi_headers_make_a_server_hop(tmp_path) -> None:
     srv = OpenAIServer(tmp_path, "--queue-ms", "6", "--decode-ms", "15", "--report", "tgi")
     try:

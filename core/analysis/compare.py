@@ -45,6 +45,7 @@ from pathprobe.analysis.runner import (
 )
 from pathprobe.analysis.selfreport import add_self_reports
 from pathprobe.errors import ConfigError
+from pathprobe.serverreports import VLLM_SPAN
 
 
 def _stderr(msg: str) -> None:
@@ -452,6 +453,7 @@ def build_report(
             "kind": t.kind,
             "protocol": t.protocol,
             "mode": t.mode,
+            "upstream": t.upstream,
             "url": p.url,
             "notes": p.notes,
             "tls_handshake": p.tls_handshake,
@@ -718,13 +720,19 @@ def attach_witness(
     log(f"witness: {len(packets)} data packets matched to the requests at concurrency 1")
 
 
+#: what a trace check calls vLLM's own span (trace completeness)
+VLLM_SERVICE = "vllm"
+
+
 def expected_services(target: dict[str, Any]) -> list[str]:
     """The spans a complete trace of this configuration holds: the client's, each pathprobe hop's
     SERVER span and the engine's children (nginx and external servers export none here)."""
     want = ["pathprobe-loadgen"]
     if target.get("kind") == "gateway":
         want.append("pathprobe-gateway")
-    if target.get("kind") in ("direct", "gateway", "nginx"):
+    if target.get("kind") == "vllm" or target.get("upstream") == "vllm":
+        want.append(VLLM_SERVICE)  # vLLM's own llm_request span (its engine's intervals)
+    elif target.get("kind") in ("direct", "gateway", "nginx"):
         want += ["pathprobe-server", "engine"]
     return want
 
@@ -745,6 +753,8 @@ def trace_completeness(recs: list[dict[str, Any]], traces: dict[str, Any], want:
                     have.add(sp.service)
                 elif sp.name.startswith("engine."):
                     have.add("engine")
+                elif sp.name == VLLM_SPAN:
+                    have.add(VLLM_SERVICE)
         gone = [w for w in want if w not in have]
         for w in gone:
             missing[w] = missing.get(w, 0) + 1
