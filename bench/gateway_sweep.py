@@ -24,10 +24,20 @@ order, so slow spells of the machine hit every path alike. Added latency = perce
 percentile(direct) over the pooled calls; the spread is the range of the same figure computed
 per round (adjacent slices). CPU per call = the gateway's own CPU time (utime + stime, all
 threads and children, from /proc) over its calls. Max calls/s on one core: each gateway,
-pinned, is driven by ``h2load`` with 4 connections x 64 streams for ``--max-seconds``;
-calls/s and CPU/call over that run (rounds rotated).
+pinned, is driven by ``h2load`` with ``--max-conns`` connections x ``--max-streams`` streams for
+``--max-seconds``; calls/s and CPU/call over that run (rounds rotated), with how busy each core
+was (``/proc/stat``, every process on it) and what the load client and the upstream spent, so
+a run says which side was the limit.
+
+On a machine with too few cores to let one gateway saturate its core while the load client
+and the upstream keep up (two cores: the client and the upstream cost about what the relay
+costs per call), ``--cpu-quota PCT`` puts each gateway in a cgroup capped at PCT % of one core
+(cgroup v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``; needs root): the gateway is then the limit,
+and calls/s ÷ (PCT / 100) is its rate per core-second. ``--baseline REV[,REV]`` adds a
+path ``passthrough@REV`` per revision, the relay as of it, for a before/after in one run.
 
     python bench/gateway_sweep.py [--concurrency 1,8,32,128] [--rounds 8] [--no-write]
+    python bench/gateway_sweep.py --concurrency '' --paths passthrough,nginx --cpu-quota 5 --baseline main
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import os
 import platform
 import random
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -80,12 +91,20 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
     raise TimeoutError(f"port {port} not listening")
 
 
-def start(args: list[str], cpus: set[int] | None, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start a process pinned to ``cpus`` (inherited by its threads and children)."""
+def start(
+    args: list[str],
+    cpus: set[int] | None,
+    log: Path,
+    env: dict[str, str] | None = None,
+    cgroup: Path | None = None,
+) -> subprocess.Popen:
+    """Start a process pinned to ``cpus`` and in ``cgroup`` (inherited by its threads and children)."""
 
     def pin() -> None:
         if cpus:
             os.sched_setaffinity(0, cpus)
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
     return subprocess.Popen(
         args,
@@ -112,6 +131,52 @@ def cpu_seconds(pid: int) -> float:
         except (OSError, IndexError, ValueError):
             pass
     return total
+
+
+def cpu_quota_group(name: str, pct: float) -> Path:
+    """A cgroup capped at ``pct`` % of one core (v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``)."""
+    period = 100_000
+    quota = int(period * pct / 100)
+    v2 = Path("/sys/fs/cgroup")
+    if (v2 / "cgroup.controllers").exists():
+        g = v2 / name
+        g.mkdir(exist_ok=True)
+        (g / "cpu.max").write_text(f"{quota} {period}")
+        return g
+    g = v2 / "cpu" / name
+    g.mkdir(exist_ok=True)
+    (g / "cpu.cfs_period_us").write_text(str(period))
+    (g / "cpu.cfs_quota_us").write_text(str(quota))
+    return g
+
+
+def throttled_s(group: Path | None) -> float:
+    """Seconds the cgroup's tasks were held back by its quota so far."""
+    if group is None:
+        return 0.0
+    for line in (group / "cpu.stat").read_text().splitlines():
+        k, _, v = line.partition(" ")
+        if k == "throttled_usec":
+            return int(v) / 1e6
+        if k == "throttled_time":  # v1: nanoseconds
+            return int(v) / 1e9
+    return 0.0
+
+
+def core_ticks() -> dict[int, tuple[int, int]]:
+    """Per core: (busy, total) clock ticks so far, every process on it (``/proc/stat``)."""
+    out = {}
+    for ln in Path("/proc/stat").read_text().splitlines():
+        if ln.startswith("cpu") and ln[3:4].isdigit():
+            name, *vals = ln.split()
+            v = [int(x) for x in vals]
+            idle = v[3] + v[4]  # idle + iowait
+            out[int(name[3:])] = (sum(v[:8]) - idle, sum(v[:8]))
+    return out
+
+
+def core_busy(t0: dict[int, tuple[int, int]], t1: dict[int, tuple[int, int]]) -> dict[int, float]:
+    return {c: (t1[c][0] - t0[c][0]) / max(1, t1[c][1] - t0[c][1]) for c in t1 if c in t0}
 
 
 def grpc_frame(msg: bytes) -> bytes:
@@ -244,11 +309,20 @@ class PathProc:
 
 
 class Stack:
-    def __init__(self, tmp: Path, upstream_kind: str, proxy_cpus: set[int], other_cpus: set[int]) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        upstream_kind: str,
+        proxy_cpus: set[int],
+        other_cpus: set[int],
+        cgroup: Path | None = None,
+    ) -> None:
         self.tmp = tmp
         self.proxy_cpus = proxy_cpus
         self.other_cpus = other_cpus
+        self.cgroup = cgroup  # every gateway's, when capped (--cpu-quota)
         self.procs: list[subprocess.Popen] = []
+        self.upstream_proc: subprocess.Popen | None = None
         self.upstream = self._upstream(upstream_kind)
 
     def _upstream(self, kind: str) -> str:
@@ -281,13 +355,15 @@ class Stack:
                 self.tmp / "server.log",
             )
         self.procs.append(p)
+        self.upstream_proc = p
         wait_port(port, p, 120)
         return f"127.0.0.1:{port}"
 
     def direct(self, name: str) -> PathProc:
         return PathProc(name, int(self.upstream.rpartition(":")[2]))
 
-    def gateway(self, name: str, *extra: str) -> PathProc:
+    def gateway(self, name: str, *extra: str, pythonpath: str | None = None) -> PathProc:
+        """pathprobe's relay; ``pythonpath``: run the package found there (another revision)."""
         port = free_port()
         p = start(
             [
@@ -307,6 +383,8 @@ class Stack:
             ],
             self.proxy_cpus,
             self.tmp / f"{name}.log",
+            env={"PYTHONPATH": pythonpath} if pythonpath else None,
+            cgroup=self.cgroup,
         )
         return self._ready(name, port, p)
 
@@ -319,6 +397,7 @@ class Stack:
             ["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
             self.proxy_cpus,
             d / "out.log",
+            cgroup=self.cgroup,
         )
         return self._ready("nginx", port, p)
 
@@ -326,7 +405,7 @@ class Stack:
         port = free_port()
         cfg = self.tmp / "haproxy.cfg"
         cfg.write_text(HAPROXY.format(port=port, upstream=self.upstream))
-        p = start(["haproxy", "-db", "-f", str(cfg)], self.proxy_cpus, self.tmp / "haproxy.log")
+        p = start(["haproxy", "-db", "-f", str(cfg)], self.proxy_cpus, self.tmp / "haproxy.log", cgroup=self.cgroup)
         return self._ready("haproxy", port, p)
 
     def caddy(self) -> PathProc:
@@ -343,6 +422,7 @@ class Stack:
                 "XDG_DATA_HOME": str(self.tmp),
                 "XDG_CONFIG_HOME": str(self.tmp),
             },
+            cgroup=self.cgroup,
         )
         return self._ready("caddy", port, p)
 
@@ -552,41 +632,92 @@ def sweep(
     return result
 
 
-def max_throughput(paths: list[PathProc], rounds: int, seconds: float, body: Path, cpus: set[int]) -> dict:
+def max_throughput(
+    stack: Stack, paths: list[PathProc], rounds: int, seconds: float, body: Path, conns: int, streams: int
+) -> dict:
+    """Each gateway driven flat out for ``seconds`` per run, runs rotated over ``rounds``."""
+    cpus = stack.other_cpus
     out: dict[str, list[dict]] = {p.name: [] for p in paths if p.proc}
     for r in range(rounds):
         order = [p for p in paths if p.proc]
         order = order[r % len(order) :] + order[: r % len(order)]
         for p in order:
-            c0, t0 = cpu_seconds(p.proc.pid), time.monotonic()
-            text = h2load(p.name, p.port, 0, 4, 64, body, cpus, seconds=seconds)
-            c1, t1 = cpu_seconds(p.proc.pid), time.monotonic()
+            assert p.proc is not None
+            up = stack.upstream_proc.pid if stack.upstream_proc else None
+            k0, c0, u0, th0 = (
+                core_ticks(),
+                cpu_seconds(p.proc.pid),
+                cpu_seconds(up) if up else 0.0,
+                throttled_s(stack.cgroup),
+            )
+            ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+            text = h2load(p.name, p.port, 0, conns, streams, body, cpus, seconds=seconds)
+            ru1, t1 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+            k1, c1, u1, th1 = (
+                core_ticks(),
+                cpu_seconds(p.proc.pid),
+                cpu_seconds(up) if up else 0.0,
+                throttled_s(stack.cgroup),
+            )
             m = re.search(r"finished in [\d.]+m?s, ([\d.]+) req/s", text)
             done = re.search(r"requests: \d+ total, \d+ started, (\d+) done", text)
             rps = float(m.group(1)) if m else 0.0
             # CPU over h2load's whole run (warm-up included) per call done in it: calls = rps x (seconds + warm-up)
             n_all = rps * (seconds + 1)
+            wall = t1 - t0
+            client_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
             out[p.name].append(
                 {
                     "rps": rps,
                     "done": int(done.group(1)) if done else None,
                     "cpu_us_per_call": (c1 - c0) / n_all * 1e6 if n_all else None,
-                    "core_busy": (c1 - c0) / (t1 - t0),
+                    "core_busy": (c1 - c0) / wall,
+                    "throttled_share": (th1 - th0) / wall,
+                    "client_busy": client_s / wall,
+                    "upstream_busy": (u1 - u0) / wall,
+                    "cores_busy": {str(c): v for c, v in core_busy(k0, k1).items()},
                 }
             )
-            print(f"max {p.name}: {rps:.0f} calls/s, busy {(c1 - c0) / (t1 - t0):.2f} core", flush=True)
+            x = out[p.name][-1]
+            print(
+                f"max {p.name}: {rps:.0f} calls/s, gateway {x['core_busy']:.2f} core "
+                f"(throttled {x['throttled_share']:.2f}), h2load {x['client_busy']:.2f}, upstream "
+                f"{x['upstream_busy']:.2f}, cores {' '.join(f'{c}:{v:.2f}' for c, v in x['cores_busy'].items())}",
+                flush=True,
+            )
     summary = {}
     for name, runs in out.items():
         rps = [x["rps"] for x in runs]
+
+        def med(key: str, runs: list[dict] = runs) -> float:
+            return float(np.median([x[key] for x in runs]))
+
         summary[name] = {
             "rps_median": float(np.median(rps)),
             "rps_min": min(rps),
             "rps_max": max(rps),
-            "cpu_us_per_call_median": float(np.median([x["cpu_us_per_call"] for x in runs])),
-            "core_busy_median": float(np.median([x["core_busy"] for x in runs])),
+            "cpu_us_per_call_median": med("cpu_us_per_call"),
+            "core_busy_median": med("core_busy"),
+            "throttled_share_median": med("throttled_share"),
+            "client_busy_median": med("client_busy"),
+            "upstream_busy_median": med("upstream_busy"),
+            "cores_busy_median": {
+                c: float(np.median([x["cores_busy"][c] for x in runs])) for c in runs[0]["cores_busy"]
+            },
             "runs": runs,
         }
     return summary
+
+
+def baseline_tree(rev: str, tmp: Path) -> str:
+    """The package as of git revision ``rev``, laid out under ``tmp``; returns its PYTHONPATH."""
+    src = tmp / f"src-{rev}"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    tree = tmp / f"tree-{rev}"
+    subprocess.run(["bash", str(src / "bench" / "pkgtree.sh"), str(tree)], capture_output=True, check=True)
+    return str(tree)
 
 
 def main() -> int:
@@ -604,6 +735,16 @@ def main() -> int:
     ap.add_argument("--proxy-cpus", default="0", help="cores the gateways are pinned to")
     ap.add_argument("--max-seconds", type=float, default=4.0, help="0: skip the max-throughput part")
     ap.add_argument("--max-rounds", type=int, default=3)
+    ap.add_argument("--max-conns", type=int, default=4, help="h2load connections in the max-throughput part")
+    ap.add_argument("--max-streams", type=int, default=64, help="concurrent streams per connection there")
+    ap.add_argument(
+        "--cpu-quota", type=float, default=0, help="cap each gateway at this %% of one core (a cgroup; root)"
+    )
+    ap.add_argument(
+        "--baseline",
+        default="",
+        help="git revisions (comma-separated): also run the relay as of each (passthrough@REV)",
+    )
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results"))
@@ -615,7 +756,7 @@ def main() -> int:
     allc = set(os.sched_getaffinity(0))
     proxy_cpus = {int(x) for x in args.proxy_cpus.split(",")}
     other = (allc - proxy_cpus) or allc
-    conc = [int(x) for x in args.concurrency.split(",")]
+    conc = [int(x) for x in args.concurrency.split(",") if x.strip()]
     env = environment(proxy_cpus, other)
     tmp = Path(tempfile.mkdtemp(prefix="gwsweep-"))
     tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started as root
@@ -626,7 +767,12 @@ def main() -> int:
         ).SerializeToString()
     )
     body.write_bytes(req)
-    stack = Stack(tmp, args.upstream, proxy_cpus, other)
+    try:
+        cgroup = cpu_quota_group(f"pathprobe-bench-{os.getpid()}", args.cpu_quota) if args.cpu_quota else None
+    except OSError as exc:
+        print(f"--cpu-quota: cannot make a cgroup with a CPU quota (root and a cpu controller needed): {exc}")
+        return 2
+    stack = Stack(tmp, args.upstream, proxy_cpus, other, cgroup)
     try:
         makers = {
             "direct": lambda: stack.direct("direct"),
@@ -637,6 +783,17 @@ def main() -> int:
             "haproxy": stack.haproxy,
             "caddy": stack.caddy,
         }
+        for spec in filter(None, args.baseline.split(",")):
+            rev = subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--short", spec],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            tree = baseline_tree(rev, tmp)
+            name = f"passthrough@{rev}"
+            makers[name] = lambda name=name, tree=tree: stack.gateway(name, pythonpath=tree)
+            args.paths += f",{name}"
         binary = {"nginx": "nginx", "haproxy": "haproxy", "caddy": "caddy"}
         paths = []
         for name in args.paths.split(","):
@@ -654,10 +811,14 @@ def main() -> int:
             per_c[c] = sweep(paths, [c], args.rounds, args.slice or defaults.get(c, 10), body, other, tmp)[str(c)]
         result["sweep"] = {str(c): v for c, v in per_c.items()}
         if args.max_seconds > 0:
-            result["max_one_core"] = max_throughput(paths, args.max_rounds, args.max_seconds, body, other)
+            result["max_one_core"] = max_throughput(
+                stack, paths, args.max_rounds, args.max_seconds, body, args.max_conns, args.max_streams
+            )
     finally:
         stack.close()
         shutil.rmtree(tmp, ignore_errors=True)
+        if cgroup is not None:
+            cgroup.rmdir()
     env["loadavg_end"] = os.getloadavg()
     result.update(
         {
@@ -666,6 +827,12 @@ def main() -> int:
             "rounds": args.rounds,
             "max_tokens": args.max_tokens,
             "max_seconds": args.max_seconds,
+            "max_conns": args.max_conns,
+            "max_streams": args.max_streams,
+            "cpu_quota_pct": args.cpu_quota,
+            "commit": subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+            ).stdout.strip(),
         }
     )
     md = markdown(result)
@@ -695,7 +862,9 @@ def markdown(r: dict) -> str:
         f"Versions: Python {v['python']}, uvloop {v['uvloop']}, hpack {v['hpack']}, {v['nginx']}, {v['haproxy']}, "
         f"Caddy {v['caddy']}, {v['h2load']}.",
         f"Placement: gateways pinned to core(s) {env['proxy_cpus']}; upstream and h2load on "
-        f"{env['client_and_upstream_cpus']}. Upstream: `{r['upstream']}`. {r['rounds']} rounds per concurrency.",
+        f"{env['client_and_upstream_cpus']}. Upstream: `{r['upstream']}`."
+        + (f" {r['rounds']} rounds per concurrency." if r["sweep"] else "")
+        + (f" Commit {r['commit']}." if r.get("commit") else ""),
         "",
         "Added latency = percentile(path) − percentile(direct) over all calls of the level; in brackets the "
         "range of the same figure over rounds (min…max). × nginx = added ÷ nginx's added (per-round range in "
@@ -728,25 +897,38 @@ def markdown(r: dict) -> str:
             )
         lines.append("")
     if "max_one_core" in r:
+        quota = r.get("cpu_quota_pct") or 0
         lines += [
             "## Most calls/s on one core",
             "",
-            f"h2load, 4 connections × 64 streams, {r['max_seconds']:.0f} s per run after 1 s warm-up, runs "
-            "rotated; busy = the gateway's CPU seconds per wall second (1.0 = its core saturated).",
+            f"h2load, {r.get('max_conns', 4)} connections × {r.get('max_streams', 64)} streams, "
+            f"{r['max_seconds']:.0f} s per run after 1 s warm-up, runs rotated; medians over runs. "
+            "gateway/h2load/upstream = each one's CPU seconds per wall second; cores = how busy each core "
+            "was (every process on it, this machine's other jobs included)."
+            + (
+                f" Each gateway capped at {quota:g} % of one core (cgroup); per core-second = calls/s ÷ "
+                f"{quota / 100:g}; throttled = share of the run its cgroup was held at the cap."
+                if quota
+                else ""
+            ),
             "",
-            "| gateway | calls/s (median) | range | × nginx | CPU µs/call | busy |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| gateway | calls/s | range | × nginx | "
+            + ("per core-second | throttled | " if quota else "")
+            + "CPU µs/call | gateway | h2load | upstream | cores |",
+            "|---|---:|---:|---:|" + ("---:|---:|" if quota else "") + "---:|---:|---:|---:|---|",
         ]
         mx = r["max_one_core"]
         ng = mx.get("nginx", {}).get("rps_median")
         for name, s in mx.items():
+            xn = f"{s['rps_median'] / ng:.2f}" if ng else "–"
+            capped = (
+                f"{s['rps_median'] / (quota / 100):,.0f} | {s.get('throttled_share_median', 0):.2f} | " if quota else ""
+            )
+            cores = " ".join(f"{c}: {v:.2f}" for c, v in s.get("cores_busy_median", {}).items())
             lines.append(
-                f"| {name} | {s['rps_median']:,.0f} | {s['rps_min']:,.0f}–{s['rps_max']:,.0f} | "
-                f"{s['rps_median'] / ng:.2f} | {s['cpu_us_per_call_median']:.0f} | "
-                f"{s['core_busy_median']:.2f} |"
-                if ng
-                else f"| {name} | {s['rps_median']:,.0f} | – | – | {s['cpu_us_per_call_median']:.0f} | "
-                f"{s['core_busy_median']:.2f} |"
+                f"| {name} | {s['rps_median']:,.0f} | {s['rps_min']:,.0f}–{s['rps_max']:,.0f} | {xn} | {capped}"
+                f"{s['cpu_us_per_call_median']:.0f} | {s['core_busy_median']:.2f} | "
+                f"{s.get('client_busy_median', 0):.2f} | {s.get('upstream_busy_median', 0):.2f} | {cores} |"
             )
         lines.append("")
     return "\n".join(lines)

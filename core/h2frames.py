@@ -104,14 +104,23 @@ class BlockReader:
     ``Decoder.decode`` builds and logs a tuple per field: about 40 % of the relay's CPU per call),
     and Huffman-coded strings are decoded once per distinct string (an upstream that re-sends
     ``date``/``server`` with incremental indexing sends the same bytes again and again).
+
+    A block that refers to no dynamic-table entry and changes no table size has the same effect
+    whatever the table holds: the fields it adds, in order, and the same wanted fields. Such a
+    block is walked once; when the same bytes come again (nginx and other servers that index
+    ``date``/``server`` on every response send identical blocks for a second at a time) its adds
+    are replayed into the table (evictions happen there as usual) and its fields returned.
     """
 
     HUFFMAN_CACHE = 512
+    BLOCK_CACHE = 256
 
     def __init__(self) -> None:
         self.dec = Decoder()
         self.dec.max_allowed_table_size = 1 << 20
         self._huff: dict[bytes, bytes] = {}
+        #: (block, wanted) -> (fields it adds to the table, wanted fields) for static-only blocks
+        self._blocks: dict[tuple[bytes, frozenset[bytes]], tuple[tuple, tuple]] = {}
 
     def decode_all(self, block: bytes) -> list[tuple[bytes, bytes]]:
         """Every field, by ``hpack``'s own decoder (tracing rewrites whole blocks)."""
@@ -124,7 +133,15 @@ class BlockReader:
     def read_pairs(self, block: bytes, wanted: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
         """The wanted fields of ``block`` in order, repeats kept (``server-timing`` may come twice)."""
         table = self.dec.header_table
+        key = (block, wanted)
+        seen = self._blocks.get(key)
+        if seen is not None:
+            for name, value in seen[0]:
+                table.add(name, value)
+            return list(seen[1])
         out: list[tuple[bytes, bytes]] = []
+        adds: list[tuple[bytes, bytes]] = []
+        static = True  # no dynamic-table reference, no size update so far
         i, n = 0, len(block)
         while i < n:
             b = block[i]
@@ -136,6 +153,8 @@ class BlockReader:
                     i += used
                 if idx == 0:
                     raise HPACKDecodingError("indexed header field with index 0")
+                if idx > _STATIC:
+                    static = False
                 pair = table.get_by_index(idx)
                 if pair[0] in wanted:
                     out.append(pair)
@@ -147,6 +166,7 @@ class BlockReader:
                 if size > self.dec.max_allowed_table_size:
                     raise HPACKDecodingError(f"table size update to {size}, over the allowed size")
                 self.dec.header_table_size = size
+                static = False
                 i += used
                 continue
             indexing = b & 0x40  # literal with incremental indexing, else without / never indexed
@@ -158,6 +178,8 @@ class BlockReader:
             else:
                 idx, i = b & mask, i + 1
             if idx:
+                if idx > _STATIC:
+                    static = False
                 name = table.get_by_index(idx)[0]
             else:
                 name, i = self._string(block, i)
@@ -165,10 +187,15 @@ class BlockReader:
                 value, i = self._string(block, i)
                 if indexing:
                     table.add(name, value)
+                    adds.append((name, value))
                 if name in wanted:
                     out.append((name, value))
             else:
                 i = _skip_string(block, i)
+        if static:
+            if len(self._blocks) >= self.BLOCK_CACHE:
+                self._blocks.clear()
+            self._blocks[key] = (tuple(adds), tuple(out))
         return out
 
     def _string(self, block: bytes, i: int) -> tuple[bytes, int]:
@@ -204,6 +231,8 @@ def _skip_string(block: bytes, i: int) -> int:
     return end
 
 
+#: entries in HPACK's static table (RFC 7541 appendix A); a higher index is the dynamic table's
+_STATIC = 61
 PATH = frozenset((b":path",))
 STATUS = frozenset((b"grpc-status",))
 NOTHING: frozenset[bytes] = frozenset()

@@ -7,7 +7,7 @@ import logging
 import re
 import signal
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from aiohttp import web
@@ -15,6 +15,10 @@ from pathprobe import telemetry, timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, retry_after_header
 from pathprobe.gateway.common import dumps, error_json, http_status_of
 from pathprobe.timing import now_ms
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -67,10 +71,10 @@ class Spans:
     def __init__(
         self, tracing: bool, name: str, carrier: Mapping[str, str], attrs: dict[str, Any], t0: float | None = None
     ) -> None:
-        self.server = None
-        self.ctx = None
+        self.server: Span | None = None
+        self.ctx: Context | None = None
         self.attrs = attrs
-        self.tracer = None
+        self.tracer: Tracer | None = None
         self.t0 = t0
         if not tracing:
             return
@@ -87,7 +91,7 @@ class Spans:
 
     def child(self, name: str, start_ms: float, dur_ms: float, attrs: Mapping[str, Any] | None = None) -> None:
         """A finished child interval; ``name`` is its entry (``gw.decode`` / ``gw.encode``)."""
-        if self.server is not None:
+        if self.server is not None and self.tracer is not None:
             telemetry.child_span(
                 self.tracer, name, self.server, start_ms, dur_ms, {"pathprobe.entry": name, **(attrs or {})}
             )
@@ -95,7 +99,7 @@ class Spans:
     def client(self, name: str, attrs: dict[str, Any], start_ms: float | None = None) -> tuple[Any, dict[str, str]]:
         """Start the CLIENT span of the upstream call (at ``start_ms``, the ``gw.upstream`` start);
         returns it and the headers to propagate."""
-        if self.server is None:
+        if self.server is None or self.tracer is None:
             return None, {}
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
@@ -167,7 +171,7 @@ def run_aiohttp(
         ssl_ctx = cfg.tls.server_context(alpn=("http/1.1",)) if cfg.tls else None
         site = web.TCPSite(runner, host, port, reuse_port=True, ssl_context=ssl_ctx)
         await site.start()
-        bound = site._server.sockets[0].getsockname()[1] if site._server else port  # type: ignore[union-attr]
+        bound = runner.addresses[0][1] if runner.addresses else port
         print(f"pathprobe gateway: {label} listening on {host}:{bound}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

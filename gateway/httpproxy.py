@@ -22,7 +22,7 @@ from pathprobe.gateway import httpup
 from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import body_error, make_session
+from pathprobe.gateway.httpup import SessionOwner, body_error
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
@@ -35,13 +35,13 @@ def _req_headers(h: Any) -> dict[str, str]:
     return {k: v for k, v in h.items() if k.lower() not in HOP_BY_HOP}
 
 
-class HttpProxy:
+class HttpProxy(SessionOwner):
     def __init__(self, cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        super().__init__()
         self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.tracing = tracing
-        self.session: aiohttp.ClientSession | None = None
         self.connects = httpup.ConnectTimes()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -209,7 +209,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
     p = HttpProxy(cfg, pool, metrics, tracing)
 
     async def factory() -> web.Application:
-        p.session = make_session(cfg.pool_size, p.connects, cfg.upstream_tls_files)
+        p.open_session(cfg.pool_size, p.connects, cfg.upstream_tls_files)
         # a few TCP handshakes to each upstream before serving, off the event loop: gw.connect is
         # the shortest round trip seen, not one connect that a busy loop stretched
         await asyncio.gather(*(p.connects.probe(u.target) for u in pool.upstreams))
@@ -217,8 +217,6 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
         app.router.add_route("*", "/{tail:.*}", p.handle)
         return app
 
-    async def cleanup() -> None:
-        if p.session is not None:
-            await p.session.close()
-
-    return run_aiohttp(factory, cfg, pool, f"http-proxy -> {cfg.upstream_scheme.upper()} {pool.names()}", cleanup)
+    return run_aiohttp(
+        factory, cfg, pool, f"http-proxy -> {cfg.upstream_scheme.upper()} {pool.names()}", p.close_session
+    )

@@ -76,6 +76,27 @@ def make_session(
     )
 
 
+class SessionOwner:
+    """Holds the keep-alive pool to the HTTP upstreams; it is opened on the running loop
+    (aiohttp's rule) when serving starts, so it exists only from then on."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def open_session(self, pool_size: int, connects: ConnectTimes | None = None, tls: TlsFiles | None = None) -> None:
+        self._session = make_session(pool_size, connects, tls)
+
+    async def close_session(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the upstream session is opened when serving starts")
+        return self._session
+
+
 class UpstreamResponse:
     __slots__ = ("cspan", "resp", "t0", "upstream")
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from pathprobe.gateway.upstreams import Pool
+from pathprobe.gateway.upstreams import Pool, Upstream
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def _healthy(u: Upstream) -> float:
+    return 1.0 if u.healthy else 0.0
+
+
+def _outstanding(u: Upstream) -> float:
+    return float(u.outstanding)
 
 
 class Metrics:
@@ -52,8 +61,8 @@ class Metrics:
             "pathprobe_gateway_upstream_outstanding", "Calls in flight on the upstream.", ["upstream"], registry=r
         )
         for u in pool.upstreams:
-            healthy.labels(u.target).set_function(lambda u=u: 1.0 if u.healthy else 0.0)
-            outstanding.labels(u.target).set_function(lambda u=u: float(u.outstanding))
+            healthy.labels(u.target).set_function(partial(_healthy, u))
+            outstanding.labels(u.target).set_function(partial(_outstanding, u))
         self._children: dict[Any, Any] = {}
 
     def observe(self, method: str, code: str, total_ms: float, upstream: str | None, upstream_ms: float) -> None:

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import grpc.experimental
@@ -133,7 +133,7 @@ class Passthrough(grpc.GenericRpcHandler):
         return upstream_credentials(md, self.upstream_authorization)
 
     def _start(self, method: str, ctx: grpc.ServicerContext, md: list, t0: float) -> Any:
-        if not self.tracing:
+        if self.tracer is None:
             return None
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
@@ -158,7 +158,7 @@ class Passthrough(grpc.GenericRpcHandler):
         return [span, trace.set_span_in_context(span), attrs, t0, t0]
 
     def _client_span(self, tr: Any, method: str, u: Upstream, md: list, t_up0: float) -> tuple[Any, list]:
-        if tr is None:
+        if tr is None or self.tracer is None:
             return None, md
         from opentelemetry.trace import SpanKind
 
@@ -235,14 +235,15 @@ class Passthrough(grpc.GenericRpcHandler):
         self,
         ctx: grpc.ServicerContext,
         u: Upstream | None,
-        err: grpc.RpcError,
+        err: grpc.RpcError | PathprobeError,
         call: Any,
         t0: float,
         t_up: float,
         method: str,
         tr: Any,
         cspan: Any,
-    ) -> None:
+    ) -> NoReturn:
+        """End the call with ``err``'s status (``ctx.abort`` raises), trailers carrying the timing."""
         if isinstance(err, grpc.RpcError):
             code, details = err.code(), err.details()
         else:  # a PathprobeError raised by the gateway itself
@@ -269,6 +270,7 @@ class Passthrough(grpc.GenericRpcHandler):
         if tr is not None:
             self._end_spans(tr, cspan, code, details, own, md[-1][1])
         ctx.abort(code, details)
+        raise AssertionError("grpc's ServicerContext.abort always raises")  # for the type checker
 
     def _open(
         self,
@@ -314,29 +316,53 @@ class Passthrough(grpc.GenericRpcHandler):
             return u, call, cspan, t_up0
 
     # -------------------------------------------------------------- the three shapes
+    def _begin(
+        self, method: str, request: bytes, ctx: grpc.ServicerContext, upstream_call: Any
+    ) -> tuple[float, Any, Upstream, Any, Any, float]:
+        """A call with one request message: its start, SERVER span, key check and upstream call
+        (t0, spans, upstream, call, CLIENT span, upstream start); a refusal ends the call here."""
+        t0 = now_ms()
+        md = forward_metadata(ctx.invocation_metadata())
+        tr = self._start(method, ctx, md, t0)
+        timeout = grpc_timeout(ctx.time_remaining())
+        try:
+            md = self._credentials(md)
+            u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
+        except PathprobeError as exc:
+            self._fail(ctx, None, exc, None, t0, 0.0, method, tr, None)
+        return t0, tr, u, call, cspan, t_up0
+
+    def _upstream_failed(
+        self, ctx: grpc.ServicerContext, call: Any, err: grpc.RpcError, parts: tuple, method: str
+    ) -> NoReturn:
+        """The upstream call ended with an error: mark a lost upstream, end the call with it."""
+        t0, tr, u, _call, cspan, t_up0 = parts
+        t_up = now_ms() - t_up0
+        if err.code() is grpc.StatusCode.UNAVAILABLE and not call.trailing_metadata():
+            u.mark(False, err.details() or "")
+        self._fail(ctx, u, err, call, t0, t_up, method, tr, cspan)
+
+    def _done(self, method: str, parts: tuple, t_up: float, tm: list, own: dict[str, float]) -> None:
+        """Count and trace a call that ended OK (its trailers ``tm`` are set)."""
+        _t0, tr, u, _call, cspan, _t_up0 = parts
+        if self.metrics is not None:
+            self.metrics.observe(method, "OK", own["gw.total"], u.target, t_up)
+        if tr is not None:
+            self._end_spans(tr, cspan, grpc.StatusCode.OK, "", own, tm[-1][1])
+
     def _unary_handler(self, method: str, upstream_call: Any) -> Any:
         pool = self.pool
 
-        def handler(request: bytes, ctx: grpc.ServicerContext) -> bytes:
-            t0 = now_ms()
-            md = forward_metadata(ctx.invocation_metadata())
-            tr = self._start(method, ctx, md, t0)
-            timeout = grpc_timeout(ctx.time_remaining())
-            try:
-                md = self._credentials(md)
-                u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
-            except PathprobeError as exc:
-                return self._fail(ctx, None, exc, None, t0, 0.0, method, tr, None)  # type: ignore[arg-type]
+        def handler(request: bytes, ctx: grpc.ServicerContext) -> bytes | None:
+            parts = self._begin(method, request, ctx, upstream_call)
+            t0, _tr, u, call, _cspan, t_up0 = parts
             try:
                 resp = None
                 try:
                     for resp in call:  # noqa: B007 - the last (the only) response is what is answered
                         pass
                 except grpc.RpcError as err:
-                    t_up = now_ms() - t_up0
-                    if err.code() is grpc.StatusCode.UNAVAILABLE and not call.trailing_metadata():
-                        u.mark(False, err.details() or "")
-                    self._fail(ctx, u, err, call, t0, t_up, method, tr, cspan)
+                    self._upstream_failed(ctx, call, err, parts, method)
                 t_up = now_ms() - t_up0
                 im = call.initial_metadata()
                 if im:
@@ -345,10 +371,7 @@ class Passthrough(grpc.GenericRpcHandler):
                 ctx.set_trailing_metadata(tm)
             finally:
                 pool.release(u)
-            if self.metrics is not None:
-                self.metrics.observe(method, "OK", own["gw.total"], u.target, t_up)
-            if tr is not None:
-                self._end_spans(tr, cspan, grpc.StatusCode.OK, "", own, tm[-1][1])
+            self._done(method, parts, t_up, tm, own)
             return resp
 
         return handler
@@ -357,16 +380,8 @@ class Passthrough(grpc.GenericRpcHandler):
         pool = self.pool
 
         def handler(request: bytes, ctx: grpc.ServicerContext) -> Any:
-            t0 = now_ms()
-            md = forward_metadata(ctx.invocation_metadata())
-            tr = self._start(method, ctx, md, t0)
-            timeout = grpc_timeout(ctx.time_remaining())
-            try:
-                md = self._credentials(md)
-                u, call, cspan, t_up0 = self._open(method, request, ctx, upstream_call, tr, md, timeout)
-            except PathprobeError as exc:
-                self._fail(ctx, None, exc, None, t0, 0.0, method, tr, None)  # type: ignore[arg-type]
-                return
+            parts = self._begin(method, request, ctx, upstream_call)
+            t0, _tr, u, call, _cspan, t_up0 = parts
             try:
                 try:
                     first = True
@@ -378,10 +393,7 @@ class Passthrough(grpc.GenericRpcHandler):
                                 ctx.send_initial_metadata(im)
                         yield msg
                 except grpc.RpcError as err:
-                    t_up = now_ms() - t_up0
-                    if err.code() is grpc.StatusCode.UNAVAILABLE and not call.trailing_metadata():
-                        u.mark(False, err.details() or "")
-                    self._fail(ctx, u, err, call, t0, t_up, method, tr, cspan)
+                    self._upstream_failed(ctx, call, err, parts, method)
                 t_up = now_ms() - t_up0
                 tm, own = self._trailing(call, t0, t_up, u)
                 ctx.set_trailing_metadata(tm)
@@ -389,10 +401,7 @@ class Passthrough(grpc.GenericRpcHandler):
                 # a client that went away closes this generator: the upstream call goes too
                 call.cancel()
                 pool.release(u)
-            if self.metrics is not None:
-                self.metrics.observe(method, "OK", own["gw.total"], u.target, t_up)
-            if tr is not None:
-                self._end_spans(tr, cspan, grpc.StatusCode.OK, "", own, tm[-1][1])
+            self._done(method, parts, t_up, tm, own)
 
         return handler
 
@@ -407,8 +416,7 @@ class Passthrough(grpc.GenericRpcHandler):
                 md = self._credentials(md)
                 u = pool.acquire()
             except PathprobeError as exc:
-                self._fail(ctx, None, exc, None, t0, 0.0, method, None, None)  # type: ignore[arg-type]
-                return
+                self._fail(ctx, None, exc, None, t0, 0.0, method, None, None)
             mc = callables.get(u.index)
             if mc is None:
                 mc = callables[u.index] = u.client.stream_stream(method)

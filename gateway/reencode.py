@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import signal
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import grpc
@@ -31,7 +31,7 @@ from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import body_error, make_session, request
+from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error, request
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
@@ -89,13 +89,13 @@ def _error_of(status: int, body: bytes, target: str, retry_after: str | None = N
     return _Abort(code, message, _retry_ms(retry_after))
 
 
-class Reencoder:
+class Reencoder(SessionOwner):
     def __init__(self, cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> None:
+        super().__init__()
         self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.tracing = tracing
-        self.session: aiohttp.ClientSession | None = None
 
     def _spans(self, method: str, ctx: grpc.aio.ServicerContext, md: list, t0: float) -> Spans:
         return Spans(
@@ -141,7 +141,7 @@ class Reencoder:
 
     async def _forward(
         self, ctx: Any, md: Any, raw: bytes, ent: Entries, spans: Spans, stream: bool, timeout: float | None
-    ) -> Any:
+    ) -> UpstreamResponse:
         """Check the client's key, re-encode its request as JSON and send it upstream."""
         self.cfg.auth.check_mapping(dict(md))
         body = self._decode(raw, ent, spans, stream)
@@ -159,7 +159,7 @@ class Reencoder:
 
     async def _finish_error(
         self,
-        ctx: Any,
+        ctx: grpc.aio.ServicerContext,
         ent: Entries,
         t0: float,
         spans: Spans,
@@ -169,7 +169,7 @@ class Reencoder:
         method: str,
         target: str | None,
         retry_after_ms: float | None = None,
-    ) -> None:
+    ) -> NoReturn:
         ent.total = now_ms() - t0
         sent = timing.append(upstream_st, ent.as_dict())
         self.metrics.observe(method, code.name, ent.total, target, ent.upstream)
@@ -180,6 +180,7 @@ class Reencoder:
         if retry_after_ms is not None:
             md += ((PUSHBACK_KEY, str(int(retry_after_ms))),)
         await ctx.abort(code, details, trailing_metadata=md)
+        raise AssertionError("grpc's ServicerContext.abort always raises")  # for the type checker
 
     # -------------------------------------------------------------- unary
     async def generate(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
@@ -338,7 +339,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
     r = Reencoder(cfg, pool, metrics, tracing)
 
     async def main() -> None:
-        r.session = make_session(cfg.pool_size, tls=cfg.upstream_tls_files)
+        r.open_session(cfg.pool_size, tls=cfg.upstream_tls_files)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", cfg.max_body_bytes),
@@ -365,7 +366,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
         if cfg.drain_delay_s > 0:
             await asyncio.sleep(cfg.drain_delay_s)
         await server.stop(cfg.drain_grace_s)  # new calls refused, in-flight ones waited for
-        await r.session.close()
+        await r.close_session()
 
     asyncio.run(main())
     return 0

@@ -54,6 +54,32 @@ class _Clients:
         self.stream = self.channel.unary_stream(GENERATE_STREAM)
 
 
+class _Call:
+    """One ``POST /v1/generate`` read and encoded, ready to go upstream."""
+
+    __slots__ = ("creds", "enc", "ent", "payload", "spans", "t0", "te", "timeout")
+
+    def __init__(
+        self,
+        payload: bytes,
+        t0: float,
+        ent: Entries,
+        spans: Spans,
+        te: float,
+        enc: float,
+        creds: list[tuple[str, str]],
+        timeout: float,
+    ) -> None:
+        self.payload = payload  # the serialized GenerateRequest
+        self.t0 = t0  # the request's arrival
+        self.ent = ent  # the gateway's timing entries so far
+        self.spans = spans
+        self.te = te  # when the request's encoding started, and how long it took (its span)
+        self.enc = enc
+        self.creds = creds  # the metadata that carries credentials upstream
+        self.timeout = timeout
+
+
 def _upstream_timing(md: Any) -> str | None:
     values = [v if isinstance(v, str) else v.decode() for k, v in (md or ()) if k == timing.METADATA_KEY]
     return ", ".join(values) if values else None
@@ -144,9 +170,10 @@ class Transcoder:
                 param=getattr(exc, "field", None),
                 server_timing=sent,
             )
+        call = _Call(payload, t0, ent, spans, te, enc, creds, timeout)
         if stream:
-            return await self._stream(request, payload, t0, ent, spans, te, enc, creds, timeout)
-        return await self._unary(payload, t0, ent, spans, te, enc, creds, timeout)
+            return await self._stream(request, call)
+        return await self._unary(call)
 
     def _refused(self, exc: PathprobeError, route: str, t0: float, ent: Entries, spans: Spans) -> web.Response:
         """No upstream taken (none healthy: 503; all at the in-flight cap: 429 + Retry-After), with
@@ -209,22 +236,21 @@ class Transcoder:
             self.metrics.upstream_error(u.target, code.name)
         return code, details
 
-    async def _unary(
-        self,
-        payload: bytes,
-        t0: float,
-        ent: Entries,
-        spans: Spans,
-        te: float,
-        enc: float,
-        creds: list[tuple[str, str]],
-        timeout: float,
-    ) -> web.Response:
+    async def _begin(self, kind: str, route: str, c: _Call) -> tuple[Upstream, Any, Any, float] | web.Response:
+        """Open the upstream call (upstream, call, CLIENT span, its start), or the refusal to answer."""
         try:
-            u, call, cspan, t_up0, _cattrs = await self._call("unary", payload, spans, creds, timeout)
+            u, call, cspan, t_up0, _cattrs = await self._call(kind, c.payload, c.spans, c.creds, c.timeout)
         except PathprobeError as exc:  # no healthy upstream, or every one at --max-inflight
-            return self._refused(exc, "POST /v1/generate", t0, ent, spans)
-        spans.child("gw.encode", te, enc)
+            return self._refused(exc, route, c.t0, c.ent, c.spans)
+        c.spans.child("gw.encode", c.te, c.enc)
+        return u, call, cspan, t_up0
+
+    async def _unary(self, c: _Call) -> web.Response:
+        begun = await self._begin("unary", "POST /v1/generate", c)
+        if isinstance(begun, web.Response):
+            return begun
+        u, call, cspan, t_up0 = begun
+        t0, ent, spans = c.t0, c.ent, c.spans
         try:
             try:
                 raw = await call
@@ -270,23 +296,12 @@ class Transcoder:
         spans.end({"http.response.status_code": 200}, None, ent.total, sent)
         return web.Response(body=body, content_type="application/json", headers={timing.HTTP_HEADER: sent})
 
-    async def _stream(
-        self,
-        request: web.Request,
-        payload: bytes,
-        t0: float,
-        ent: Entries,
-        spans: Spans,
-        te: float,
-        enc: float,
-        creds: list[tuple[str, str]],
-        timeout: float,
-    ) -> web.StreamResponse:
-        try:
-            u, call, cspan, t_up0, _cattrs = await self._call("stream", payload, spans, creds, timeout)
-        except PathprobeError as exc:  # no healthy upstream, or every one at --max-inflight
-            return self._refused(exc, "POST /v1/generate stream", t0, ent, spans)
-        spans.child("gw.encode", te, enc)
+    async def _stream(self, request: web.Request, c: _Call) -> web.StreamResponse:
+        begun = await self._begin("stream", "POST /v1/generate stream", c)
+        if isinstance(begun, web.Response):
+            return begun
+        u, call, cspan, t_up0 = begun
+        t0, ent, spans = c.t0, c.ent, c.spans
         resp: web.StreamResponse | None = None
         held: dict[str, Any] | None = None
         status = 200
@@ -374,6 +389,8 @@ class Transcoder:
                 if cspan is not None and cspan.is_recording():  # the client went away mid-stream
                     Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc)
                 spans.end({"http.response.status_code": status}, None if status < 400 else "error", ent.total, ent.sent)
+        if resp is None:  # the client went away before anything was sent: nobody reads this answer
+            return web.Response(status=status)
         return resp
 
 

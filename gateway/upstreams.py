@@ -53,6 +53,10 @@ class Upstream:
         return f"Upstream({self.target}, healthy={self.healthy}, outstanding={self.outstanding})"
 
 
+def _outstanding(u: Upstream) -> int:
+    return u.outstanding
+
+
 class Pool:
     """Picks an upstream per call; tracks outstanding calls per upstream."""
 
@@ -113,12 +117,8 @@ class Pool:
             n = len(ups)
             if self.balance == "least-outstanding":
                 start = self._rr % n
-                best = None
-                for i in range(n):
-                    u = ups[(start + i) % n]
-                    if best is None or u.outstanding < best.outstanding:
-                        best = u
-                u = best
+                # the first with the fewest calls in flight, counting from the round-robin position
+                u = min((ups[(start + i) % n] for i in range(n)), key=_outstanding)
             else:
                 u = ups[self._rr % n]
             u.outstanding += 1

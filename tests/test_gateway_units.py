@@ -7,7 +7,7 @@ from hpack import Decoder, Encoder
 from pathprobe.errors import ConfigError
 from pathprobe.gateway.aio import param_of
 from pathprobe.gateway.common import forward_metadata, grpc_timeout, parse_upstreams
-from pathprobe.gateway.h2proxy import grpc_error_block
+from pathprobe.gateway.h2streams import grpc_error_block
 from pathprobe.gateway.reencode import request_to_json
 from pathprobe.h2frames import END_HEADERS, F_PRIORITY, PADDED, fragment, literal
 from pathprobe.v1 import llm_pb2

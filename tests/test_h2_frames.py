@@ -94,3 +94,45 @@ def test_table_size_updates_and_evictions_stay_in_step() -> None:
 def test_malformed_blocks_raise_hpack_errors(block: bytes) -> None:
     with pytest.raises(HPACKError):
         BlockReader().read(block, STATUS)
+
+
+def _lit(value: bytes) -> bytes:
+    assert len(value) < 127
+    return bytes((len(value),)) + value
+
+
+# Blocks as nginx writes responses: static-table references and literals with incremental indexing
+# (a static name, or a new one), so the same bytes come again; now and then a block that refers to
+# the dynamic table or shrinks it (those are never replayed from memory).
+static_field = st.one_of(
+    st.sampled_from([b"\x88", b"\x8d"]),  # :status 200 / 204, indexed
+    st.tuples(st.sampled_from([33, 54, 31]), st.binary(max_size=12)).map(  # date / server / content-type
+        lambda t: bytes((0x40 | t[0],)) + _lit(t[1].hex().encode())
+    ),
+    st.tuples(st.sampled_from([b"grpc-status", b"server-timing"]), st.sampled_from([b"0", b"14", b"x"])).map(
+        lambda t: b"\x40" + _lit(t[0]) + _lit(t[1])
+    ),
+    st.sampled_from([b"grpc-message", b"x-custom"]).map(lambda n: b"\x00" + _lit(n) + _lit(b"v")),
+)
+static_block = st.lists(static_field, min_size=1, max_size=5).map(b"".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(static_block, min_size=1, max_size=4),
+    st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["same", "dynamic", "shrink"])), min_size=1, max_size=30),
+)
+def test_repeated_static_blocks_are_replayed_in_step(pool: list, steps: list) -> None:
+    """A block seen before is replayed from memory (its adds, its fields); the table, evictions
+    included, must stay what hpack's decoder makes of the same blocks."""
+    ref, reader = Decoder(), BlockReader()
+    for n, (i, kind) in enumerate(steps):
+        block = pool[i % len(pool)]
+        if kind == "dynamic" and ref.header_table.dynamic_entries:
+            block = b"\xbe" + block  # the newest dynamic entry, then the static block
+        elif kind == "shrink" and n % 3 == 0:
+            block = b"\x3f\xe1\x01" + block  # table size update to 256: evictions from here on
+        wanted = WANTED[n % len(WANTED)] | {b"date", b"server", b"grpc-status"}
+        full = ref.decode(block, raw=True)
+        assert reader.read_pairs(block, wanted) == [(k, v) for k, v in full if k in wanted]
+        assert list(reader.dec.header_table.dynamic_entries) == list(ref.header_table.dynamic_entries)

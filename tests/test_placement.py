@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pathprobe.analysis.config import CompareConfig
 from pathprobe.analysis.placement import ENV_PLACEMENT, plan
-from pathprobe.analysis.runner import Stack
+from pathprobe.analysis.stack import Stack
 from pathprobe.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

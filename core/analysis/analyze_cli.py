@@ -14,6 +14,7 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from pathprobe.errors import ConfigError
 
@@ -116,9 +117,10 @@ def run(args: argparse.Namespace) -> int:
             problems[s.problem] = problems.get(s.problem, 0) + 1
     for msg, n in sorted(problems.items(), key=lambda kv: -kv[1]):
         print(f"  note: {n} trace(s): {msg}")
-    by_route: dict[str, list[dict[str, float]]] = {}
-    for s in good:
-        by_route.setdefault(s.route or "?", []).append(s.split.as_dict())  # type: ignore[union-attr]
+    by_route: dict[str, list[dict[str, Any]]] = {}
+    for s in splits:
+        if s.split is not None:
+            by_route.setdefault(s.route or "?", []).append(s.split.as_dict())
     print()
     print(segment_table(by_route))
     by_shape: dict[tuple[str, int, int], list[dict[str, object]]] = {}

@@ -163,8 +163,8 @@ def run(args: argparse.Namespace) -> int:
     from pathprobe.analysis.config import parse_config
 
     if args.rerender:
-        from pathprobe.analysis.compare import rerender
         from pathprobe.analysis.report import markdown as _md
+        from pathprobe.analysis.rerender import rerender
 
         print(_md(rerender(Path(args.rerender), baseline=args.baseline, html=not args.no_html)))
         return 0

@@ -17,10 +17,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 GATEWAY_MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 #: what a client speaks to each kind of target, and what the gateway speaks upstream
-CLIENT_PROTOCOL = {"passthrough": "grpc", "transcode": "http", "reencode": "grpc", "http-proxy": "http"}
+#: what a load generator speaks to a target (openai-sdk: the OpenAI routes through the official SDK)
+ClientProtocol = Literal["grpc", "http", "openai", "openai-sdk"]
+CLIENT_PROTOCOL: dict[str, ClientProtocol] = {
+    "passthrough": "grpc",
+    "transcode": "http",
+    "reencode": "grpc",
+    "http-proxy": "http",
+}
 UPSTREAM_PROTOCOL = {"passthrough": "grpc", "transcode": "grpc", "reencode": "http", "http-proxy": "http"}
 #: gateways we did not write, started from pathprobe.proxies' configs, and what clients speak to them
-THIRD_PARTY = {
+THIRD_PARTY: dict[str, tuple[ClientProtocol, ...]] = {
     "nginx": ("grpc", "http"),
     "haproxy": ("grpc", "http"),
     "caddy": ("grpc", "http"),
@@ -166,7 +173,7 @@ class TargetConfig(_Strict):
     kind: Literal["direct", "gateway", "nginx", "haproxy", "caddy", "litellm", "chain", "external", "vllm"]
     #: openai-sdk: the OpenAI-compatible routes through the official openai SDK (what an
     #: application's SDK adds shows as client serialization)
-    protocol: Literal["grpc", "http", "openai", "openai-sdk"] | None = None
+    protocol: ClientProtocol | None = None
     mode: Literal["passthrough", "transcode", "reencode", "http-proxy"] | None = None
     #: remote mode (any kind) or external: the address the load generator hits,
     #: as a URL (grpc://H:P, http://H:P, openai+http://H:P) or H:P
@@ -248,7 +255,7 @@ class TargetConfig(_Strict):
         if self.kind in THIRD_PARTY:
             allowed = THIRD_PARTY[self.kind]
             if self.protocol is None:
-                self.protocol = allowed[0]  # type: ignore[assignment]
+                self.protocol = allowed[0]
             elif self.protocol not in allowed:
                 raise ValueError(f"kind '{self.kind}' proxies {' and '.join(allowed)} clients, not '{self.protocol}'")
         if self.kind == "external" and self.protocol is None:
@@ -277,7 +284,7 @@ class TargetConfig(_Strict):
         return self
 
 
-def _protocol_of(address: str) -> str | None:
+def _protocol_of(address: str) -> ClientProtocol | None:
     if address.startswith(("grpc://", "grpcs://")):
         return "grpc"
     if address.startswith("openai+"):
@@ -305,6 +312,13 @@ class CompareConfig(_Strict):
     out: str = "pathprobe-compare"
     baseline: str | None = Field(None, description="target name every other is tested against (default: the first)")
     alpha: float = Field(0.05, gt=0, lt=1)
+    min_effect_ms: float = Field(
+        0.2,
+        ge=0,
+        description="interleaved runs: a paired path-tax difference whose median is below max(min_effect_ms, "
+        "min_effect_rel x the baseline's path tax) is 'no clear difference', however small its p-value",
+    )
+    min_effect_rel: float = Field(0.05, ge=0, lt=1, description="see min_effect_ms")
     bootstrap: int = Field(1000, ge=100)
     slowest: int = Field(5, ge=0, description="slowest requests per configuration whose traces are listed")
     tracing: bool = True
@@ -366,7 +380,7 @@ class CompareConfig(_Strict):
 def substitute_env(node: Any, env: dict[str, str] | None = None, path: str = "") -> Any:
     """Replace ``${VAR}`` / ``${VAR:-default}`` in every string value; a missing
     variable without default is an error naming the key."""
-    env = os.environ if env is None else env
+    env = dict(os.environ) if env is None else env
     if isinstance(node, dict):
         return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
     if isinstance(node, list):

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis.hops import format_path
-from pathprobe.analysis.report import SEG_COLS, estimated_note, fmt_ms, metric_values, seg_cell
+from pathprobe.analysis.report import (
+    PATH_TAX_CAPTION,
+    SEG_COLS,
+    estimated_note,
+    fmt_ms,
+    metric_values,
+    path_tax_rows,
+    seg_cell,
+)
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {
@@ -404,6 +412,55 @@ def _table(report: Mapping[str, Any], conc: int) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+_PATH_TAX_HEAD = (
+    "config",
+    "path tax",
+    "network hop 1",
+    "network hop 2+",
+    "serialization",
+    "other",
+    "engine",
+    "Δ path tax vs base",
+    "95% CI",
+    "pairs",
+    "verdict",
+)
+
+
+def _path_tax_table(report: Mapping[str, Any], conc: int) -> str:
+    """The page's lead: each configuration's path tax (its cost beside the engine) at one concurrency,
+    the same rows as the Markdown report's first table (``report.path_tax_rows``)."""
+    rows = path_tax_rows(report, str(conc))
+    if not rows:
+        return ""
+    out = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in _PATH_TAX_HEAD) + "</tr>"]
+    for r in rows:
+        d = r["diff"]
+        cells = [
+            r["config"] + (" (base)" if r["baseline"] else ""),
+            fmt_ms(r["path_tax"]),
+            fmt_ms(r["network_hop1"]),
+            fmt_ms(r["network_hop2"]),
+            fmt_ms(r["serialization"]),
+            fmt_ms(r["other"]),
+            fmt_ms(r["engine"]),
+            f"{d['value']:+.3f}" if d else "–",
+            f"{d['lo']:+.3f} – {d['hi']:+.3f}" if d else "–",
+            "–" if r["pairs"] is None else str(r["pairs"]),
+            r["verdict"] or "–",
+        ]
+        title = f" title='{html.escape(r['why'], quote=True)}'" if r["why"] else ""
+        out.append(
+            f"<tr data-config='{html.escape(r['config'], quote=True)}'{title}>"
+            + "".join(f"<td>{html.escape(x)}</td>" for x in cells)
+            + "</tr>"
+        )
+    return (
+        f"<p>{html.escape(PATH_TAX_CAPTION)}, concurrency {conc}:</p>"
+        f"<table class='path-tax' data-concurrency='{conc}'>" + "".join(out) + "</table>"
+    )
+
+
 def render(
     report: Mapping[str, Any],
     samples: Mapping[str, Mapping[int, Sequence[float]]],
@@ -476,6 +533,10 @@ def render(
             f"<p>Network condition on hop <b>{html.escape(net['hop'])}</b>: {html.escape(net['describe'])}; "
             f"expected +{net['expected_request_ms']:g} ms per request.</p>"
         )
+    lead = [t for t in (_path_tax_table(report, c) for c in report["concurrency"]) if t]
+    if lead:
+        parts.append("<h2>Path tax: what each configuration costs beside the engine</h2>")
+        parts += lead
     parts.append("<h2>Verdicts</h2>")
     if report["verdicts"]:
         for v in report["verdicts"]:

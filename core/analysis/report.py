@@ -34,11 +34,11 @@ def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> dict[str
         return None
 
     def worst(path: tuple[str, str]) -> float | None:
-        vals = [(b.get(path[0]) or {}).get(path[1]) for b in rounds.values()]
-        vals = [v for v in vals if v is not None]
+        got = [(b.get(path[0]) or {}).get(path[1]) for b in rounds.values()]
+        vals: list[float] = [v for v in got if v is not None]
         return max(vals) if vals else None
 
-    per = {}
+    per: dict[str, dict[str, Any]] = {}
     for k, b in sorted(rounds.items()):
         per[str(k)] = {
             "saturated": bool(b.get("saturated")),
@@ -316,37 +316,65 @@ def placement_line(pl: Mapping[str, Any]) -> str:
     )
 
 
+def path_tax_rows(report: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    """The path-tax table of one concurrency as data (the Markdown and HTML reports both lead with it):
+    per configuration its path tax and parts (p50 ms), the engine beside it, and the paired difference
+    to the baseline with its 95% CI, pairs and verdict (None for the baseline)."""
+    rows = []
+    for name, t in report["targets"].items():
+        g = (t.get("by_concurrency") or {}).get(key) or {}
+        tx = g.get("path_tax") or {}
+        if not tx.get("n"):
+            continue
+        pr = g.get("paired") or {}
+        d = (pr.get("path_tax") or {}).get("median")
+        rows.append(
+            {
+                "config": name,
+                "baseline": name == report["baseline"],
+                "path_tax": tx["path_tax"]["p50"],
+                "network_hop1": tx["network_hop1"]["p50"],
+                "network_hop2": tx["network_hop2"]["p50"],
+                "serialization": tx["serialization"]["p50"],
+                "other": tx["other"]["p50"],
+                "engine": tx["engine"]["p50"],
+                "diff": d,
+                "pairs": pr.get("n"),
+                "verdict": pr.get("verdict"),
+                "why": pr.get("why") or "",
+                "min_effect_ms": pr.get("min_effect_ms"),
+            }
+        )
+    return rows
+
+
+PATH_TAX_CAPTION = (
+    "path tax per call (everything but the engine; p50 ms; calls interleaved one by one, paired with "
+    "the baseline's call of the same cycle)"
+)
+
+
 def _path_tax_table(report: Mapping[str, Any], key: str) -> list[str]:
     """Interleaved runs lead with each configuration's path tax (its cost beside the engine), p50 ms."""
-    rows = [
-        (n, t["by_concurrency"][key])
-        for n, t in report["targets"].items()
-        if key in t.get("by_concurrency", {}) and (t["by_concurrency"][key].get("path_tax") or {}).get("n")
-    ]
+    rows = path_tax_rows(report, key)
     if not rows:
         return []
     out = [
-        "path tax per call (everything but the engine; p50 ms; calls interleaved one by one, paired with "
-        "the baseline's call of the same cycle):",
+        PATH_TAX_CAPTION + ":",
         "",
         "| config | path tax | network hop 1 | network hop 2+ | serial. | other | engine | "
-        "Δ path tax vs base [95% CI] | pairs |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        "Δ path tax vs base [95% CI] | pairs | verdict |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
-    for name, g in rows:
-        tx = g["path_tax"]
-        pr = g.get("paired") or {}
-        d = (pr.get("path_tax") or {}).get("median")
-        dtxt = (
-            f"{d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" + (" *" if pr.get("significant") else "")
-            if d
-            else "–"
-        )
+    for r in rows:
+        d = r["diff"]
+        dtxt = f"{d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else "–"
         out.append(
-            f"| {name}{' (base)' if name == report['baseline'] else ''} | {fmt_ms(tx['path_tax']['p50'])} | "
-            f"{fmt_ms(tx['network_hop1']['p50'])} | {fmt_ms(tx['network_hop2']['p50'])} | "
-            f"{fmt_ms(tx['serialization']['p50'])} | {fmt_ms(tx['other']['p50'])} | "
-            f"{fmt_ms(tx['engine']['p50'])} | {dtxt} | {pr.get('n', '–')} |"
+            f"| {r['config']}{' (base)' if r['baseline'] else ''} | {fmt_ms(r['path_tax'])} | "
+            f"{fmt_ms(r['network_hop1'])} | {fmt_ms(r['network_hop2'])} | "
+            f"{fmt_ms(r['serialization'])} | {fmt_ms(r['other'])} | "
+            f"{fmt_ms(r['engine'])} | {dtxt} | {r['pairs'] if r['pairs'] is not None else '–'} | "
+            f"{r['verdict'] or '–'} |"
         )
     out.append("")
     return out
@@ -466,6 +494,12 @@ def markdown(report: Mapping[str, Any]) -> str:
         for v in verdicts:
             flagged = " (flagged: " + v["client_flag"] + ")" if v.get("client_flag") else ""
             lines.append(f"- **verdict**{flagged}: {v['text']}")
+        unclear = [r for r in path_tax_rows(report, key) if r["verdict"] == "no clear difference"]
+        if unclear:
+            lines.append(
+                "- no clear difference in path tax from the baseline: "
+                + "; ".join(f"{r['config']} ({r['why']})" for r in unclear)
+            )
         if not verdicts:
             lines.append("- no configuration differs significantly from the baseline at this concurrency")
         lines.append("")

@@ -187,11 +187,10 @@ class TransformersEngine(Engine):
         tok_kind = str(config.options.get("tokenizer", "fast")).lower()
         if tok_kind not in ("fast", "slow"):
             raise ConfigError(f"--engine-option tokenizer: expected fast or slow, got {tok_kind!r}")
+        self._slow: Any = None  # the slow (Python) encoder, when asked for
         if tok_kind == "slow":
             with self.startup.phase("tokenizer_slow"):
-                slow = models.load_slow_tokenizer(config.model)
-            bos = self.tokenizer.bos_token_id
-            self.encode_prompt = lambda text: slow.encode(text, bos=bos)
+                self._slow = models.load_slow_tokenizer(config.model)
         self.tokenizer_kind = tok_kind
         self.model_name = config.model_name or models.model_display_name(config.model, self._folder)
         self.device = pick_device(config.device)
@@ -252,6 +251,12 @@ class TransformersEngine(Engine):
         self._thread = threading.Thread(target=self._worker, name="pathprobe-engine", daemon=True)
         self._thread.start()
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Prompt text -> token ids: the slow encoder when ``--engine-option tokenizer=slow``."""
+        if self._slow is not None:
+            return self._slow.encode(text, bos=self.tokenizer.bos_token_id)
+        return super().encode_prompt(text)
+
     def _read_weights(self) -> None:
         """Read the weight files once, bytes only (disk -> page cache), timed on their own."""
         from pathprobe.server.models import WEIGHT_PATTERNS
@@ -282,7 +287,8 @@ class TransformersEngine(Engine):
                         folder, dtype=self.dtype, local_files_only=True, **extra
                     )
                 with self.startup.phase("device_transfer", self.device):
-                    model.to(self.device)
+                    # transformers types PreTrainedModel.to through a decorator whose stub takes the model
+                    model.to(self.device)  # type: ignore[arg-type]
             else:  # a preset: published architecture, random weights made here
                 cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
                 cuda = [torch.device(self.device).index or 0] if self.device.startswith("cuda") else []

@@ -1,0 +1,155 @@
+"""Cross-checks attached to a compare report: the slowest requests' traces (and the trace-based
+split against the in-band one, and how complete the traces are), and the wire witness (packet
+times per link against the split's network)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pathprobe.analysis.config import CompareConfig
+from pathprobe.analysis.loadrun import RunResult
+from pathprobe.analysis.paths import Path_
+from pathprobe.serverreports import VLLM_SPAN
+
+
+def attach_traces(
+    cfg: CompareConfig,
+    report: dict[str, Any],
+    results: dict[str, list[RunResult]],
+    out: Path,
+    log: Callable[[str], None],
+) -> None:
+    """List (and write as Jaeger files) the slowest requests' traces; check trace vs in-band split."""
+    from pathprobe.analysis import traces as tr
+    from pathprobe.analysis.records import agreement
+    from pathprobe.analysis.tracesplit import split_trace
+
+    files = sorted((out / "traces").glob("*.jsonl")) + sorted((out / "traces" / "client").glob("*.jsonl"))
+    files = [f for f in files if f.stat().st_size > 0]
+    if not files:
+        return
+    wanted: dict[str, list[dict[str, Any]]] = {}
+    for name, runs in results.items():
+        ok = [r for run in runs for r in run.records if r.get("ok") and r.get("trace_id")]
+        wanted[name] = sorted(ok, key=lambda r: -float(r["e2e_ms"]))[: cfg.slowest]
+    spans = tr.read_spans(files)
+    traces = tr.group_traces(spans)
+    for name, slow in wanted.items():
+        entries = []
+        for rank, r in enumerate(slow, 1):
+            tid = r["trace_id"]
+            item = {
+                "trace_id": tid,
+                "e2e_ms": float(r["e2e_ms"]),
+                "round": r.get("_round", 0) + 1,
+                "concurrency": r.get("_concurrency"),
+                "split": r.get("split"),
+            }
+            if tid in traces:
+                path = tr.write_trace_file([traces[tid]], out / "traces" / "slowest" / name / f"{rank:02d}-{tid}.json")
+                item["file"] = str(path.relative_to(out))
+            entries.append(item)
+        report["targets"][name]["slowest"] = entries
+        # trace-based split vs in-band, for this configuration
+        recs = [r for run in results.get(name, []) for r in run.records]
+        report["targets"][name]["trace_completeness"] = trace_completeness(
+            recs, traces, expected_services(report["targets"][name])
+        )
+        ids = {r["trace_id"] for r in recs if r.get("trace_id")}
+        mine = [traces[i] for i in ids if i in traces]
+        if mine:
+            agr = {src: agreement([split_trace(t, src) for t in mine], recs) for src in ("attributes", "durations")}
+            report["targets"][name]["trace_agreement"] = {
+                src: {
+                    "matched": a["matched"],
+                    "agree": a["agree"],
+                    "rule": a["rule"],
+                    "max_abs_diff_ms": {k: v["max_abs_diff_ms"] for k, v in a["segments"].items()},
+                    "outside": {k: v["outside"] for k, v in a["segments"].items()},
+                }
+                for src, a in agr.items()
+            }
+    log(f"traces: {len(traces)} traces from {len(files)} files; slowest written under {out / 'traces' / 'slowest'}")
+
+
+def attach_witness(
+    report: dict[str, Any],
+    paths: dict[str, Path_],
+    results: dict[str, list[RunResult]],
+    pcap: Path,
+    log: Callable[[str], None],
+) -> None:
+    """Per configuration, at concurrency 1: wire vs stack time per link from the capture, beside the
+    split's network per link (see :mod:`pathprobe.analysis.witness`)."""
+    from pathprobe.analysis import witness as wit
+
+    try:
+        packets = wit.read_packets(pcap)
+    except Exception as exc:  # the report stands without the witness
+        report["witness_error"] = f"{type(exc).__name__}: {exc}"
+        log(f"witness: {report['witness_error']}")
+        return
+    report["witness"] = {
+        "file": str(pcap),
+        "packets": len(packets),
+        "method": "tcpdump -i lo, nanosecond timestamps (CLOCK_REALTIME); requests at "
+        "concurrency 1; client t0 mapped to the wall clock per request",
+    }
+    for name, p in paths.items():
+        if p.status != "ok" or not p.chain or name not in report["targets"]:
+            continue
+        chain = wit.Chain([wit.LinkPorts(list(ports), inner) for ports, inner in p.chain])
+        recs = [rec for r in results.get(name, []) if r.concurrency == 1 for rec in r.records]
+        report["targets"][name]["witness"] = wit.analyze(recs, packets, chain)
+    log(f"witness: {len(packets)} data packets matched to the requests at concurrency 1")
+
+
+#: what a trace check calls vLLM's own span (trace completeness)
+VLLM_SERVICE = "vllm"
+
+
+def expected_services(target: dict[str, Any]) -> list[str]:
+    """The spans a complete trace of this configuration holds: the client's, each pathprobe hop's
+    SERVER span and the engine's children, or vLLM's ``llm_request`` span when vLLM's own server is
+    the upstream (nginx and external servers export none here)."""
+    want = ["pathprobe-loadgen"]
+    if target.get("kind") == "gateway":
+        want.append("pathprobe-gateway")
+    if target.get("kind") == "vllm" or target.get("upstream") == "vllm":
+        want.append(VLLM_SERVICE)
+    elif target.get("kind") in ("direct", "gateway", "nginx"):
+        want += ["pathprobe-server", "engine"]
+    return want
+
+
+def trace_completeness(recs: list[dict[str, Any]], traces: dict[str, Any], want: list[str]) -> dict[str, Any]:
+    """Share of ok requests whose trace has every expected span (see :func:`expected_services`)."""
+    ok = [r for r in recs if r.get("ok")]
+    missing: dict[str, int] = {}
+    complete = 0
+    for r in ok:
+        t = traces.get(r.get("trace_id") or "")
+        have: set[str] = set()
+        if t is not None:
+            for sp in t.spans:
+                if sp.service == "pathprobe-loadgen" and sp.kind == "CLIENT":
+                    have.add("pathprobe-loadgen")
+                elif sp.kind == "SERVER" and sp.service in ("pathprobe-gateway", "pathprobe-server"):
+                    have.add(sp.service)
+                elif sp.name.startswith("engine."):
+                    have.add("engine")
+                elif sp.name == VLLM_SPAN:
+                    have.add(VLLM_SERVICE)
+        gone = [w for w in want if w not in have]
+        for w in gone:
+            missing[w] = missing.get(w, 0) + 1
+        complete += not gone
+    return {
+        "expected": want,
+        "requests": len(ok),
+        "complete": complete,
+        "share": complete / len(ok) if ok else None,
+        "missing": missing,
+    }
