@@ -50,8 +50,9 @@ class SplitRecord(TypedDict):
     network_hop2: float  # every link behind the first hop (0 when direct)
     links: list[float]  # network per link, outermost first
     hops: list[HopPartRecord]  # each reporting hop's own share, outermost first
-    network_estimated: bool  # the innermost link's network is a transport round trip
+    network_estimated: bool  # some link's network is an estimate (see links_estimated)
     client_wait: float  # the client's wait for its own event loop, booked in ``other``
+    links_estimated: list[bool]  # per link, as ``links``: its network is an estimate, not measured
 
 
 class ServerReportRecord(TypedDict):
@@ -73,6 +74,9 @@ class _Required(TypedDict):
     latency_ms: float  # e2e + schedule lag: what a user of an open-loop run waited
     client_encode_ms: float  # the client's request serialization
     client_decode_ms: float  # the client's response deserialization (summed over a stream)
+    #: streams: of the measured decode, what overlapped the server's own measured work (left out of
+    #: client_decode_ms: not on the request's path)
+    client_decode_overlap_ms: float
     ttft_ms: float | None  # streams: time to the first token chunk
     itl_ms: list[float]  # streams: gaps between token chunks (empty for unary calls)
     emit_ms: list[float] | None  # streams: the server's emit offset per token chunk (None: not reported)
@@ -84,7 +88,13 @@ class _Required(TypedDict):
     entries: dict[str, float]  # every hop's timing entries merged by name
     hops: list[HopRecord]  # each reporting hop's entries, innermost (the server) first
     server_report: ServerReportRecord | None
-    network_estimate_ms: float | None  # a transport round trip (TCP handshake, HTTP/2 PING)
+    #: a round trip measured apart from the request, for a link whose far end reports nothing:
+    #: an HTTP null round trip's median, else the transport floor (:mod:`pathprobe.rtt`)
+    network_estimate_ms: float | None
+    #: which estimate the split booked for a silent link (a :mod:`pathprobe.rtt` kind, or a
+    #: forwarder's "<kind>.connect"); None when every link is measured
+    network_estimate_kind: str | None
+    network_floor_ms: float | None  # the transport floor: shortest TCP handshake / HTTP/2 PING
     split: SplitRecord | None  # OK requests only
     trace_id: str | None  # the CLIENT span's trace id when it was sampled and exported
     user: int  # the user (within its process) that sent it

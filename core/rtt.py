@@ -1,19 +1,67 @@
-"""Transport round trips measured without the application, for the network estimate.
+"""Round trips measured apart from a request, for the network estimate of a silent link.
 
 A link whose far end reports nothing about its own time cannot be split: what it holds is
-network plus that component's work. What can be measured apart is a round trip the
-application takes no part in: the kernel's TCP handshake (HTTP/1.1), or an HTTP/2 PING,
-which the peer's HTTP/2 stack answers without the application (gRPC, h2). Each function
-returns the shortest of ``n`` tries (ms), or None when the peer cannot be reached; the
-shortest, because a round trip can only be stretched by a busy scheduler, never shortened.
+network plus that component's work. What can be measured apart is a round trip the model
+takes no part in. Three kinds, each named by a constant (a record's ``network_estimate_kind``):
+
+- :data:`HTTP_NULL`: a cheap request the server answers without model work (``GET /v1/models``),
+  sent by the load generator's own HTTP client on the connection it uses for the requests; the
+  median of recent ones (:class:`RoundTrips`). Like the network figure of a server that reports
+  its total, it holds both HTTP stacks' time outside the server's handler: the like-for-like
+  estimate.
+- :data:`TCP_HANDSHAKE`: the kernel's TCP handshake (HTTP/1.1); the shortest of ``n``: a floor.
+- :data:`H2_PING`: an HTTP/2 PING, answered by the peer's HTTP/2 stack without the application
+  (gRPC, h2); the shortest of ``n``: a floor.
+
+The handshake and PING functions return the shortest of ``n`` tries (ms), or None when the
+peer cannot be reached; the shortest, because a round trip can only be stretched by a busy
+scheduler, never shortened.
 """
 
 from __future__ import annotations
 
 import socket
+import statistics
 import time
+from collections import deque
 
 DEFAULT_TRIES = 3
+#: estimate kinds (a record's ``network_estimate_kind``; behind a forwarder it is the forwarder's
+#: ``<kind>.connect`` entry, e.g. ``gw.connect``: a TCP handshake the gateway timed)
+HTTP_NULL = "http-null-rtt"
+TCP_HANDSHAKE = "tcp-handshake"
+H2_PING = "h2-ping"
+#: what each kind is, for the notes under tables
+KINDS = {
+    HTTP_NULL: "median HTTP null round trip on the load generator's own connection (both HTTP stacks)",
+    TCP_HANDSHAKE: "shortest TCP handshake (a floor)",
+    H2_PING: "shortest HTTP/2 PING (a floor)",
+}
+
+
+def describe(kind: str) -> str:
+    """A kind in words (a forwarder's ``<kind>.connect``: its shortest TCP connect to the silent upstream)."""
+    if kind in KINDS:
+        return KINDS[kind]
+    if kind.endswith(".connect"):
+        return f"the forwarder's shortest TCP connect upstream ({kind}, a floor)"
+    return kind
+
+
+class RoundTrips:
+    """The most recent round trips (ms) of one kind; the estimate is their median."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.samples: deque[float] = deque(maxlen=keep)
+
+    def add(self, ms: float) -> None:
+        self.samples.append(ms)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
 
 
 def _ms(t0: int) -> float:

@@ -13,8 +13,9 @@ its upstream take minus what the inner one reports as its total.
 Nothing is guessed: when the innermost component reports nothing (a third-party server,
 or a forwarder whose upstream is silent), the innermost link's time holds both network
 and that component's work and cannot be split. It is booked as **unsplit**, except a
-transport round trip measured without the application (``network_estimate_ms``: an
-HTTP/2 PING, a TCP connect), which is booked as network and flagged ``network_estimated``.
+round trip measured apart (``network_estimate_ms``: an HTTP null round trip on the client's own
+connection, an HTTP/2 PING, a TCP connect), which is booked as network of that link only and
+flagged per link (``links_estimated``; ``network_estimated`` says whether any link is).
 """
 
 from __future__ import annotations
@@ -54,8 +55,12 @@ class Split:
     network_hop2: float  # every link behind the first hop (0 when direct)
     links: tuple[float, ...] = ()  # network per link, outermost first (client <-> first hop, ...)
     hops: tuple[HopPart, ...] = ()  # each reporting hop's own share, outermost first
-    network_estimated: bool = False  # the innermost link's network is a transport round trip
+    network_estimated: bool = False  # some link's network is an estimate (see links_estimated)
     client_wait: float = 0.0  # the client's own wait for its event loop, in ``other`` (never network)
+    #: per link, outermost first (as ``links``): whether its network is an estimate (a round trip
+    #: measured apart) rather than measured (e.g. client -> gateway measured, gateway -> silent server
+    #: estimated: ``(False, True)``)
+    links_estimated: tuple[bool, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -165,4 +170,5 @@ def split(
         hops=tuple(parts),
         network_estimated=estimated,
         client_wait=wait,
+        links_estimated=tuple(estimated and j == len(links) - 1 for j in range(len(links))),
     )

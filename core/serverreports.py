@@ -239,6 +239,31 @@ def split(
     )
 
 
+def decode_overlap(
+    e2e_ms: float,
+    chain: Mapping[str, float],
+    report: ServerReport | None,
+    client_encode_ms: float,
+    client_decode_ms: float,
+) -> float:
+    """How much of a stream's client decode must have overlapped what the server measured (ms).
+
+    A stream's events are decoded while the server still produces the next ones: that decode is
+    off the request's critical path, yet the split takes it out of the link. Where a report
+    without a total (vLLM's engine intervals) then claims more than the link left, at least the
+    difference of the client's decode ran while the server was working: that much (no more than
+    the decode itself) is not client time on the path. 0 when nothing needs it (or for a report
+    with a total, or none)."""
+    if report is None or report.has_total or client_decode_ms <= 0:
+        return 0.0
+    full = with_report(chain, report)
+    if any(h.kind == SERVER_KIND for h in full.hops):
+        return 0.0
+    silent = segments.split(e2e_ms, full, client_encode_ms, client_decode_ms)
+    deficit = report.known_ms - silent.unsplit
+    return min(deficit, client_decode_ms) if deficit > 1e-6 else 0.0
+
+
 def network_estimate(chain: Mapping[str, float], client_connect_ms: float | None) -> float | None:
     """The measured transport round trip of the innermost link, where there is one.
 
@@ -253,3 +278,14 @@ def network_estimate(chain: Mapping[str, float], client_connect_ms: float | None
     if inner.kind == SERVER_KIND:
         return None
     return inner.entries.get(f"{inner.kind}.connect")
+
+
+def network_estimate_kind(chain: Mapping[str, float], client_kind: str | None) -> str | None:
+    """What :func:`network_estimate` returns for ``chain``: the client's estimate kind on a direct
+    path (:mod:`pathprobe.rtt`), the innermost forwarder's ``<kind>.connect`` behind hops."""
+    hops = [h for h in chain_of(chain).hops if h.has("total")]
+    if not hops:
+        return client_kind
+    inner = hops[0]
+    key = f"{inner.kind}.connect"
+    return key if inner.kind != SERVER_KIND and key in inner.entries else None

@@ -16,8 +16,8 @@ from pathprobe import timing
 from pathprobe.serverreports import ServerReport
 
 pc = time.perf_counter_ns
-#: round trips a target times for its network estimate (the estimate is the shortest): TCP
-#: handshakes before an HTTP target's first request, HTTP/2 PINGs after a gRPC call without entries
+#: round trips a target times for its network floor (the shortest): TCP handshakes before an HTTP
+#: target's first request, HTTP/2 PINGs after a gRPC call without entries
 HANDSHAKE_PROBES = 3
 
 
@@ -47,10 +47,13 @@ class Outcome:
     error: str | None = None
     entries: timing.Chain = field(default_factory=timing.Chain)  # every hop's entries
     response_bytes: int = 0
-    #: the shortest TCP handshake seen to the target (HTTP/1.1): a transport round trip
-    #: measured without the application, the network estimate of a link whose far end
-    #: reports nothing
+    #: a round trip measured apart from the request, the network estimate of a link whose far end
+    #: reports nothing: an HTTP null round trip's median on the same connection (HTTP), else the
+    #: floor below; which one is ``network_estimate_kind`` (:mod:`pathprobe.rtt`)
     network_estimate_ms: float | None = None
+    network_estimate_kind: str | None = None
+    #: the transport floor: the shortest TCP handshake (HTTP/1.1) or HTTP/2 PING (gRPC)
+    network_floor_ms: float | None = None
     #: what a third-party server reported about the request itself (vLLM, TGI, Ollama)
     server_report: ServerReport | None = None
 
@@ -66,6 +69,11 @@ class Target:
 
     def call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def after_call(self, out: Outcome) -> None:
+        """Called after the request is recorded as done (outside its e2e and its client wait):
+        where a target times round trips for the network estimate of a silent server."""
+        return None
 
     def close(self) -> None:
         return None

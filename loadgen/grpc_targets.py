@@ -153,7 +153,8 @@ class PingEstimate:
             host, _, port = self.address.rpartition(":")
             if port.isdigit():
                 self.ms = rtt.h2_ping_ms(host.strip("[]") or "127.0.0.1", int(port), HANDSHAKE_PROBES)
-        out.network_estimate_ms = self.ms
+        out.network_estimate_ms = out.network_floor_ms = self.ms
+        out.network_estimate_kind = rtt.H2_PING if self.ms is not None else None
 
 
 class H2GrpcTarget(Target):

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from pathprobe import environment, reporters, rtt, timing
 from pathprobe.errors import ConfigError
+from pathprobe.loadgen import nullrtt
 from pathprobe.loadgen.call import HANDSHAKE_PROBES, Outcome, Target, pc
 from pathprobe.serverreports import TGI_HEADERS, ReportError
 from pathprobe.serverreports import read as read_report
@@ -47,6 +48,9 @@ def _first(value: Any) -> str | None:
 class HttpTarget(Target):
     """A target behind one geventhttpclient connection (subclasses add the API's routes)."""
 
+    #: the null round trip's request: answered by the server without model work
+    null_path = "/v1/models"
+
     def __init__(self, base_url: str, timeout_s: float = 60.0, tls: TlsFiles | None = None, api_key: str = "") -> None:
         from geventhttpclient import HTTPClient
         from geventhttpclient.url import URL
@@ -68,6 +72,7 @@ class HttpTarget(Target):
             **ssl_kw,
         )
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._null = nullrtt.NullRoundTrip(self._null_request)
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         self._loads = json.loads
         self.connect_ms: float | None = None
@@ -96,8 +101,20 @@ class HttpTarget(Target):
         if headers:
             hdrs.update(headers)
         resp = self.client.post(self.prefix + path, body=body, headers=hdrs)
-        out.network_estimate_ms = self.connect_ms
+        nullrtt.floor(out, self.connect_ms)
         return resp
+
+    def after_call(self, out: Outcome) -> None:
+        self._null.apply(out)
+
+    def _null_request(self) -> bool:
+        """One cheap request on the requests' own connection (``null_path``); any HTTP answer counts."""
+        try:
+            resp = self.client.get(self.prefix + self.null_path, headers={**extra_headers(), **self._auth})
+            resp.read()
+        except Exception:
+            return False
+        return True
 
     def _entries_from_header(self, resp: Any) -> timing.Chain:
         """``Server-Timing`` header(s) hop by hop, then what known gateways say in headers of

@@ -159,6 +159,7 @@ class OllamaTarget(HttpTarget):
     (ns), read as the server's own report (a server hop)."""
 
     kind = "ollama"
+    null_path = "/api/version"
 
     def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
         super().__init__(base_url, timeout_s)

@@ -51,14 +51,19 @@ def build_record(
             tpot = (e2e - ttft) / (n - 1)
     rep = out.server_report
     chain = serverreports.with_report(out.entries, rep)  # a server's own report as its hop, when it has a total
+    overlap = 0.0
+    if spec.stream and out.ok:  # decode that ran while the server was still producing: not on the path
+        overlap = serverreports.decode_overlap(e2e, chain, rep, enc, dec)
+        dec -= overlap
     emit = out.emit_ms if spec.stream and len(out.emit_ms) == len(times) and all(out.emit_ms) else None
     if out.ok:
         est = serverreports.network_estimate(chain, out.network_estimate_ms)
         s = serverreports.split(e2e, chain, rep, enc, dec, network_estimate_ms=est, client_wait_ms=client_wait_ms)
         sp: SplitRecord | None = split_record(s)
         client_wait_ms = s.client_wait
+        kind = serverreports.network_estimate_kind(chain, out.network_estimate_kind) if s.network_estimated else None
     else:
-        sp = None
+        sp = kind = None
     return {
         "ts": ts,
         # t0 on the wall clock (CLOCK_REALTIME, what packet captures stamp), from the monotonic t0 and
@@ -73,6 +78,8 @@ def build_record(
         "latency_ms": e2e + lag,
         "client_encode_ms": enc,
         "client_decode_ms": dec,
+        # of the stream's measured decode, what overlapped the server's own measured work (left out above)
+        "client_decode_overlap_ms": overlap,
         "ttft_ms": ttft,
         "itl_ms": itl if itl is not None else [],
         # the server's emit offset of each token chunk (ms since it got the request; None: not reported)
@@ -86,6 +93,10 @@ def build_record(
         "hops": [hop_record(hop) for hop in chain.hops],
         "server_report": {"source": rep.source, "entries": rep.entries} if rep is not None else None,
         "network_estimate_ms": out.network_estimate_ms,
+        # which estimate the split booked for a silent link (pathprobe.rtt kinds, or a forwarder's
+        # "<kind>.connect"), None when every link is measured; the transport floor beside it
+        "network_estimate_kind": kind,
+        "network_floor_ms": out.network_floor_ms,
         "split": sp,
         "trace_id": None,
         "user": user,
@@ -113,6 +124,7 @@ def split_record(s: Split) -> SplitRecord:
         ],
         "network_estimated": s.network_estimated,
         "client_wait": s.client_wait,
+        "links_estimated": list(s.links_estimated),
     }
 
 

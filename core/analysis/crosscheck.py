@@ -11,6 +11,7 @@ from typing import Any
 from pathprobe.analysis.config import CompareConfig
 from pathprobe.analysis.loadrun import RunResult
 from pathprobe.analysis.paths import Path_
+from pathprobe.serverreports import VLLM_SPAN
 
 
 def attach_traces(
@@ -105,13 +106,20 @@ def attach_witness(
     log(f"witness: {len(packets)} data packets matched to the requests at concurrency 1")
 
 
+#: what a trace check calls vLLM's own span (trace completeness)
+VLLM_SERVICE = "vllm"
+
+
 def expected_services(target: dict[str, Any]) -> list[str]:
     """The spans a complete trace of this configuration holds: the client's, each pathprobe hop's
-    SERVER span and the engine's children (nginx and external servers export none here)."""
+    SERVER span and the engine's children, or vLLM's ``llm_request`` span when vLLM's own server is
+    the upstream (nginx and external servers export none here)."""
     want = ["pathprobe-loadgen"]
     if target.get("kind") == "gateway":
         want.append("pathprobe-gateway")
-    if target.get("kind") in ("direct", "gateway", "nginx"):
+    if target.get("kind") == "vllm" or target.get("upstream") == "vllm":
+        want.append(VLLM_SERVICE)
+    elif target.get("kind") in ("direct", "gateway", "nginx"):
         want += ["pathprobe-server", "engine"]
     return want
 
@@ -132,6 +140,8 @@ def trace_completeness(recs: list[dict[str, Any]], traces: dict[str, Any], want:
                     have.add(sp.service)
                 elif sp.name.startswith("engine."):
                     have.add("engine")
+                elif sp.name == VLLM_SPAN:
+                    have.add(VLLM_SERVICE)
         gone = [w for w in want if w not in have]
         for w in gone:
             missing[w] = missing.get(w, 0) + 1

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 Record = Mapping[str, Any]
+#: a link whose network is an estimate (a round trip measured apart), as in the tables
+ESTIMATED = "est."
 
 
 def _shape(rec: Record) -> tuple[tuple[str, ...], int] | None:
@@ -22,6 +24,13 @@ def _shape(rec: Record) -> tuple[tuple[str, ...], int] | None:
     if hops is None or links is None:
         return None
     return tuple(h["label"] for h in hops), len(links)
+
+
+def _link_estimated(split: Mapping[str, Any], j: int) -> bool:
+    flags = split.get("links_estimated")
+    if flags is None:  # a record from before per-link flags: the estimate was always the innermost link's
+        return bool(split.get("network_estimated")) and j == len(split.get("links") or ()) - 1
+    return j < len(flags) and bool(flags[j])
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -67,7 +76,9 @@ def summarize_hops(records: Sequence[Record], names: Sequence[str] | None = None
         outer = "client" if j == 0 else shown[j - 1]
         inner = shown[j] if j < len(shown) else "(reports nothing)"
         vals = [r["split"]["links"][j] for r in recs]
-        links.append({"label": f"{outer} → {inner}", "mean_ms": _mean(vals), "p50_ms": _p50(vals)})
+        est = sum(1 for r in recs if _link_estimated(r["split"], j))
+        #: estimated: how many of these requests had this link's network estimated (not measured)
+        links.append({"label": f"{outer} → {inner}", "mean_ms": _mean(vals), "p50_ms": _p50(vals), "estimated": est})
     return {
         "n": count,
         "of": len(ok),
@@ -79,10 +90,12 @@ def summarize_hops(records: Sequence[Record], names: Sequence[str] | None = None
 
 
 def format_path(summary: Mapping[str, Any]) -> str:
-    """``client ─1.10─▶ gw (http-proxy) [own 0.32, ser 0.00] ─1.10─▶ ...`` (means, ms)."""
+    """``client ─1.10─▶ gw (http-proxy) [own 0.32, ser 0.00] ─0.25 est.─▶ ...`` (means, ms; est.: that
+    link's network is an estimate)."""
     parts = []
     for j, link in enumerate(summary["links"]):
-        parts.append(f"─{link['mean_ms']:.3f}─▶")
+        est = f" {ESTIMATED}" if link.get("estimated") else ""
+        parts.append(f"─{link['mean_ms']:.3f}{est}─▶")
         if j < len(summary["hops"]):
             h = summary["hops"][j]
             parts.append(f"{h['label']} [own {h['own_mean_ms']:.3f}, ser {h['serialization_mean_ms']:.3f}]")

@@ -13,9 +13,9 @@ from typing import Any
 
 from pathprobe.analysis.hops import format_path
 from pathprobe.analysis.report import (
-    ESTIMATED_NOTE,
     PATH_TAX_CAPTION,
     SEG_COLS,
+    estimated_note,
     fmt_ms,
     metric_values,
     path_tax_rows,
@@ -169,7 +169,15 @@ def plot_waterfalls(
                 ax.barh(y, b.dur, left=b.start, color=SEG_COLORS.get(b.part, "#999999"), height=0.45)
         ax.set_yticks(range(len(rows)), rows, fontsize=8)
         ax.invert_yaxis()
-        est = " (network estimated)" if rec["split"].get("network_estimated") else ""
+        flags = rec["split"].get("links_estimated") or ()
+        est_links = [str(j + 1) for j, f in enumerate(flags) if f]
+        est = (
+            f" (network of link {', '.join(est_links)} estimated)"
+            if est_links
+            else " (network estimated)"
+            if rec["split"].get("network_estimated")
+            else ""
+        )
         ax.set_title(f"{name}: one request of {rec['e2e_ms']:.2f} ms (median){est}", fontsize=9)
         ax.grid(axis="x", alpha=0.3)
     axes[-1][0].set_xlabel(
@@ -242,7 +250,10 @@ def plot_hops(report: Mapping[str, Any]) -> str | None:
         left = 0.0
         pieces: list[tuple[float, str, str | None]] = []
         for j, link in enumerate(path["links"]):
-            pieces.append((link["mean_ms"], link_colors[j % 2], f"{j + 1}"))
+            # an estimated link (a round trip measured apart, not the request's own) is labelled
+            pieces.append(
+                (link["mean_ms"], link_colors[j % 2], f"{j + 1} est." if link.get("estimated") else f"{j + 1}")
+            )
             if j < len(path["hops"]):
                 h = path["hops"][j]
                 pieces.append((h["serialization_mean_ms"], colors["serialization"], None))
@@ -541,10 +552,13 @@ def render(
     for conc in report["concurrency"]:
         parts.append(f"<h2>Concurrency {conc}</h2>")
         parts.append(_table(report, conc))
-        if any(
-            t.get("by_concurrency", {}).get(str(conc), {}).get("network_estimated") for t in report["targets"].values()
-        ):
-            parts.append(f"<p class='estimated'>{html.escape(ESTIMATED_NOTE)}.</p>")
+        est_groups = [
+            g
+            for t in report["targets"].values()
+            if (g := t.get("by_concurrency", {}).get(str(conc), {})).get("network_estimated")
+        ]
+        if est_groups:
+            parts.append(f"<p class='estimated'>{html.escape(estimated_note(est_groups))}.</p>")
         for w in report.get("client_warnings") or []:
             if w["concurrency"] == conc:
                 cls, label = ("client-warning", "WARNING") if w["kind"] == "saturated" else ("client-note", "note")

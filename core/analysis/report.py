@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pathprobe import rtt
 from pathprobe.analysis import stats
 from pathprobe.segments import SEGMENTS
 
@@ -233,6 +235,14 @@ def summarize_group(
         #: requests whose network includes an estimate (a transport round trip standing for the
         #: network of a link to a component that reports nothing; the rest of that link is unsplit)
         "network_estimated": sum(1 for r in ok if r["split"].get("network_estimated")),
+        #: which estimator (pathprobe.rtt kinds, or a forwarder's <kind>.connect): requests per kind
+        "network_estimate_kind": dict(
+            sorted(
+                Counter(
+                    str(r.get("network_estimate_kind") or "unnamed") for r in ok if r["split"].get("network_estimated")
+                ).items()
+            )
+        ),
     }
     if primary != "e2e":
         out["e2e"] = _pcts(metric_values(ok, "e2e"))
@@ -256,9 +266,18 @@ def summarize_group(
 ESTIMATED = "est."
 ESTIMATED_NOTE = (
     "network marked est.: the link to a component that reports nothing (a server we did not "
-    "write) holds its network and its work; only a measured transport round trip (TCP handshake, "
-    "HTTP/2 PING) is booked as network, the rest of that link is unsplit"
+    "write) holds its network and its work; only a round trip measured apart (an HTTP null "
+    "round trip on the load generator's connection, else a TCP handshake or HTTP/2 PING) is "
+    "booked as network of that link, the rest of that link is unsplit"
 )
+
+
+def estimated_note(groups: Iterable[Mapping[str, Any]]) -> str:
+    """:data:`ESTIMATED_NOTE` with the estimators these groups used, in words."""
+    kinds = sorted({k for g in groups for k in (g.get("network_estimate_kind") or {})})
+    if not kinds:
+        return ESTIMATED_NOTE
+    return ESTIMATED_NOTE + " (estimated here by " + "; ".join(f"{k}: {rtt.describe(k)}" for k in kinds) + ")"
 
 
 def seg_cell(group: Mapping[str, Any], seg: str) -> str:
@@ -488,8 +507,11 @@ def markdown(report: Mapping[str, Any]) -> str:
         "Segments are means per request in ms "
         "(network + serialization + queue + inference + other + unsplit = mean e2e)."
     )
-    if any(g.get("network_estimated") for t in targets.values() for g in t.get("by_concurrency", {}).values()):
-        lines.append(ESTIMATED_NOTE + ".")
+    est_groups = [
+        g for t in targets.values() for g in t.get("by_concurrency", {}).values() if g.get("network_estimated")
+    ]
+    if est_groups:
+        lines.append(estimated_note(est_groups) + ".")
     cold = [(n, t["cold_start"]) for n, t in targets.items() if t.get("cold_start")]
     if cold:
         lines.append("")

@@ -25,6 +25,7 @@ def target_entry(
         "kind": t.kind,
         "protocol": t.protocol,
         "mode": t.mode,
+        "upstream": t.upstream,
         "url": p.url,
         "notes": p.notes,
         "tls_handshake": p.tls_handshake,

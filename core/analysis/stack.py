@@ -27,10 +27,16 @@ from pathprobe.analysis.procs import (
     reachable,
 )
 from pathprobe.errors import ConfigError, PathprobeError
+from pathprobe.otlpsink import OtlpFileSink
 
 if TYPE_CHECKING:
     from pathprobe.pki import Pki
     from pathprobe.tls import TlsFiles
+
+
+#: vLLM's OpenTelemetry batch exporter every 0.5 s, as our processes export (its default is 5 s:
+#: the last spans of a run would still be in its buffer when compare reads the traces)
+VLLM_TRACES_ENV = {"OTEL_BSP_SCHEDULE_DELAY": "500"}
 
 
 def _serve_args(s: ServerConfig, engine: str, gport: int, hport: int) -> list[str]:
@@ -73,6 +79,8 @@ class Stack:
         )
         #: more servers, started when a target needs them: ours with another engine, vLLM's own
         self.others: dict[str, tuple[Managed, str, str]] = {}  # key -> (process, grpc H:P, http H:P)
+        #: OTLP receivers for servers that export spans to an endpoint (vLLM), stopped after them
+        self.sinks: list[OtlpFileSink] = []
 
     def pki(self) -> Pki:
         """The run's throw-away CA and loopback certificates (made on first use, in the output folder)."""
@@ -180,6 +188,13 @@ class Stack:
             spec = v.model or s.model
             folder = models.resolve_model(spec)
             port = v.port or free_port()
+            env = vllmcpu.cpu_env() if vllmcpu.is_cpu_build() else {}
+            endpoint = None
+            if self.cfg.tracing:  # its llm_request spans, into this run's traces beside ours
+                sink = OtlpFileSink(self.traces_dir / "vllm-server.jsonl").start()
+                self.sinks.append(sink)
+                endpoint = sink.endpoint
+                env = {**env, **VLLM_TRACES_ENV}
             args = vllmcpu.server_command(
                 folder,
                 port,
@@ -188,17 +203,13 @@ class Stack:
                 max_model_len=v.max_model_len,
                 dtype=v.dtype,
                 max_num_seqs=v.max_num_seqs or s.max_batch_size,
+                otlp_traces_endpoint=endpoint,
                 load_dummy=not models.has_weights(folder),
                 extra=v.extra_args,
             )
             self.log(f"starting vLLM's server ({spec}) on {LOOPBACK}:{port}")
             m = self.start(
-                Managed(
-                    "vllm-server",
-                    args,
-                    self.out / "logs" / "vllm-server.log",
-                    env=vllmcpu.cpu_env() if vllmcpu.is_cpu_build() else {},
-                ),
+                Managed("vllm-server", args, self.out / "logs" / "vllm-server.log", env=env),
                 "server",
             )
             t0 = time.monotonic()
@@ -244,3 +255,5 @@ class Stack:
     def close(self) -> None:
         for m in reversed(self.procs):
             m.stop()
+        for sink in self.sinks:  # after the servers that export to them: their last batch is in
+            sink.stop()

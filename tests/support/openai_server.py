@@ -11,7 +11,7 @@ Sockets get TCP_NODELAY and every response (headers and body) leaves in one writ
 loopback (Nagle + delayed ACK), a real network effect but not the one under test here.
 
     python -m tests.support.openai_server --port N [--queue-ms Q --prefill-ms P --decode-ms D]
-                                          [--report none|tgi|vllm|ollama]
+                                          [--report none|tgi|vllm|ollama] [--burst]
 """
 
 from __future__ import annotations
@@ -151,12 +151,18 @@ class Handler(BaseHTTPRequestHandler):
         )
         self.wfile.write(head.encode())
         per_token = self.server.cfg.decode_ms / n
+        burst = self.server.cfg.burst
         d = 0.0
+        pending = b""
         for i in range(n):
             if i:
                 d += _sleep_ms(per_token)
             piece = {"delta": {"content": " tok"}} if chat else {"text": " tok"}
-            self._chunk({"object": "chunk", "model": MODEL, "choices": [{"index": 0, **piece, "finish_reason": None}]})
+            chunk = {"object": "chunk", "model": MODEL, "choices": [{"index": 0, **piece, "finish_reason": None}]}
+            if burst:
+                pending += self._framed(chunk)
+            else:
+                self._chunk(chunk)
         d += _sleep_ms(per_token)
         final: dict[str, Any] = {
             "object": "chunk",
@@ -165,9 +171,8 @@ class Handler(BaseHTTPRequestHandler):
             "usage": {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n},
         }
         self._report(final, q, p, d, t_start)
-        self._chunk(final)
         data = b"data: [DONE]\n\n"
-        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+        self.wfile.write(pending + self._framed(final) + b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
 
     def _ndjson(self, n: int, q: float, p: float, t_start: float) -> None:
         """Ollama's stream: one JSON object per line, the last one (done) with the durations."""
@@ -188,8 +193,13 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _chunk(self, obj: dict[str, Any]) -> None:
+        self.wfile.write(self._framed(obj))
+
+    @staticmethod
+    def _framed(obj: dict[str, Any]) -> bytes:
+        """One SSE event as one HTTP chunk."""
         data = b"data: " + json.dumps(obj).encode() + b"\n\n"
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 class Server(ThreadingHTTPServer):
@@ -209,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill-ms", type=float, default=0.0)
     ap.add_argument("--decode-ms", type=float, default=0.0)
     ap.add_argument("--report", choices=("none", "tgi", "vllm", "ollama"), default="none")
+    ap.add_argument(
+        "--burst", action="store_true", help="stream: every chunk in one write at the end (as vLLM's CPU build emits)"
+    )
     cfg = ap.parse_args(argv)
     Server((cfg.host, cfg.port), cfg).serve_forever()
 
