@@ -141,7 +141,9 @@ def test_real_report_opens_in_headless_chromium(default_run, tmp_path):
         [
             *flags,
             f"--user-data-dir={tmp_path / 'u2'}",
-            "--window-size=1400,3000",
+            # the path-tax tables and verdicts lead the page: the plots start ~3700 px down
+            "--window-size=1400,12000",
+            "--virtual-time-budget=20000",
             f"--screenshot={shot}",
             html.as_uri(),
         ],
