@@ -19,7 +19,8 @@ import gevent
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from pathprobe.loadgen import hist
 from pathprobe.loadgen import monitor as monitor_mod
-from pathprobe.loadgen.records import Aggregator, write_outputs
+from pathprobe.loadgen.outputs import write_outputs
+from pathprobe.loadgen.records import Aggregator
 from pathprobe.loadgen.runtime import Runtime
 
 log = logging.getLogger("pathprobe.loadgen")

@@ -18,7 +18,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from pathprobe import environment as env_vars
 from pathprobe.loadgen import distributed
 from pathprobe.loadgen import monitor as monitor_mod
-from pathprobe.loadgen.records import format_table
+from pathprobe.loadgen.outputs import format_table
 from pathprobe.loadgen.runtime import find, runtime
 
 log = logging.getLogger("pathprobe.loadgen")

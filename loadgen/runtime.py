@@ -25,7 +25,8 @@ from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
 from pathprobe.loadgen.arrival import Schedule
 from pathprobe.loadgen.config import Config
-from pathprobe.loadgen.records import METRICS, Aggregator, JsonlWriter, write_outputs
+from pathprobe.loadgen.outputs import JsonlWriter, write_outputs
+from pathprobe.loadgen.records import METRICS, Aggregator
 from pathprobe.loadgen.tracing import Tracing
 
 log = logging.getLogger("pathprobe.loadgen")

@@ -10,7 +10,8 @@ from pathprobe.errors import ConfigError
 from pathprobe.loadgen import hist
 from pathprobe.loadgen.arrival import Schedule
 from pathprobe.loadgen.cli import _opt_value, _without, validate
-from pathprobe.loadgen.records import Aggregator, format_table
+from pathprobe.loadgen.outputs import format_table
+from pathprobe.loadgen.records import Aggregator
 from pathprobe.loadgen.targets import parse_host
 
 

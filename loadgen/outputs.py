@@ -1,0 +1,132 @@
+"""What a run writes: ``records.jsonl`` (batch by batch), ``summary.json`` / ``.csv`` and
+``histograms.json`` from an :class:`~pathprobe.loadgen.records.Aggregator`, and the per-route
+table a headless run prints."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Any, TextIO
+
+from pathprobe import rtt
+from pathprobe.loadgen.records import Aggregator, Record
+
+try:
+    import orjson
+
+    def dumps_lines(batch: list[Record]) -> str:
+        return b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in batch).decode()
+
+except ImportError:  # pragma: no cover - orjson is a dependency; stdlib fallback
+    _enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+    def dumps_lines(batch: list[Record]) -> str:
+        return "".join(_enc(r) + "\n" for r in batch)
+
+
+class JsonlWriter:
+    """Appends records to ``records.jsonl`` (opened lazily, flushed per batch)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fh: TextIO | None = None
+
+    def open_fresh(self) -> None:
+        self.close()
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - held across batches, closed in close()
+
+    def __call__(self, batch: list[Record]) -> None:
+        if self._fh is None:
+            self.open_fresh()
+        assert self._fh is not None
+        self._fh.write(dumps_lines(batch))
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def write_outputs(
+    out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str = "summary", client: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``<name>.json``, ``<name>.csv`` and (for the main summary) ``histograms.json``.
+
+    ``client``: the load generator's own health (event-loop lag, CPU, saturated; see
+    :mod:`pathprobe.loadgen.monitor`), written as summary.json's ``client`` block."""
+    os.makedirs(out_dir, exist_ok=True)
+    summary = agg.summary(meta)
+    summary["client"] = client
+    with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=2)
+    with open(os.path.join(out_dir, f"{name}.csv"), "w", newline="", encoding="utf-8") as fh:
+        cols = ["count", "min", "mean", "p50", "p90", "p95", "p99", "p999", "max"]
+        w = csv.writer(fh)
+        w.writerow(["route", "metric", *cols])
+        for route, rs in summary["routes"].items():
+            for metric, st in rs["metrics"].items():
+                w.writerow([route, metric, *(st.get(c, "") for c in cols)])
+    if name == "summary":
+        with open(os.path.join(out_dir, "histograms.json"), "w", encoding="utf-8") as fh:
+            json.dump(agg.histograms(), fh)
+    return summary
+
+
+TABLE_METRICS = (
+    "e2e",
+    "network",
+    "serialization",
+    "queueing",
+    "inference",
+    "other",
+    "unsplit",
+    "ttft",
+    "itl",
+    "schedule_lag",
+    "client_wait",
+)
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """Per-route p50/p95/p99 of e2e, each segment, TTFT/ITL (ms)."""
+    lines: list[str] = []
+    for route, rs in summary["routes"].items():
+        errs = ", ".join(f"{k}={v}" for k, v in rs["errors_by_status"].items()) or "none"
+        rps = f"{rs['rps']:.1f} req/s" if rs.get("rps") else "-"
+        lines.append(
+            f"{route}: {rs['requests']} requests, {rs['ok']} ok, errors: {errs}, "
+            f"{rs['stopped']} stopped in flight, {rps}"
+        )
+        lines.append(f"  {'metric (ms)':<16}{'p50':>11}{'p95':>11}{'p99':>11}{'max':>11}{'count':>9}")
+        for m in TABLE_METRICS:
+            st = rs["metrics"].get(m)
+            if not st or not st.get("count"):
+                continue
+            if m in ("schedule_lag", "unsplit", "client_wait") and st["max"] == 0:
+                continue
+            label = m
+            if m == "network" and rs.get("network_estimated"):
+                label = "network (est.)"  # a round trip measured apart stands for the silent link's network
+            lines.append(
+                f"  {label:<16}{st['p50']:>11.3f}{st['p95']:>11.3f}{st['p99']:>11.3f}{st['max']:>11.3f}{st['count']:>9}"
+            )
+    t = summary["totals"]
+    lines.append(
+        f"total: {t['requests']} requests, {t['ok']} ok, {t['errors']} errors, {t['stopped']} stopped in flight"
+    )
+    if any(rs.get("network_estimated") for rs in summary["routes"].values()):
+        kinds = sorted({k for rs in summary["routes"].values() for k in rs.get("network_estimate_kind") or {}})
+        links = sorted(
+            {j + 1 for rs in summary["routes"].values() for j, n in enumerate(rs.get("links_estimated") or ()) if n}
+        )
+        lines.append(
+            "network (est.): the link to a server that reports nothing holds its network and its "
+            "work; only a round trip measured apart is booked as network, the rest is unsplit "
+            f"(estimated: link {', '.join(map(str, links)) or '?'} of the path, by "
+            + "; ".join(f"{k}: {rtt.describe(k)}" for k in kinds)
+            + ")"
+        )
+    return "\n".join(lines)
