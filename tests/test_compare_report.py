@@ -11,8 +11,8 @@ import pytest
 from pathprobe.analysis.compare import build_report, write_reports
 from pathprobe.analysis.config import parse_config
 from pathprobe.analysis.loadrun import RunResult
+from pathprobe.analysis.markdown import markdown
 from pathprobe.analysis.paths import Path_
-from pathprobe.analysis.report import markdown
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 

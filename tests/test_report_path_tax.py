@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from pathprobe.analysis.compare import build_report, write_reports
 from pathprobe.analysis.config import parse_config
+from pathprobe.analysis.markdown import fmt_ms, markdown
 from pathprobe.analysis.paired import COSTS_MORE, NO_CLEAR
-from pathprobe.analysis.report import fmt_ms, markdown
 from pathprobe.analysis.runner import Path_, RunResult
 
 #: extra path tax per call over the baseline (ms), and how much it varies call to call

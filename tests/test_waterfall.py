@@ -74,7 +74,7 @@ def test_the_report_plots_one_waterfall_per_configuration() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from pathprobe.analysis.html import plot_waterfalls
+    from pathprobe.analysis.plots import plot_waterfalls
 
     rep = serverreports.ServerReport(serverreports.VLLM, {"srv.queue": 1.0, "srv.prefill": 3.0})
     recs = {

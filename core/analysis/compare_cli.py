@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from pathprobe.analysis.config import parse_config
 
     if args.rerender:
-        from pathprobe.analysis.report import markdown as _md
+        from pathprobe.analysis.markdown import markdown as _md
         from pathprobe.analysis.rerender import rerender
 
         print(_md(rerender(Path(args.rerender), baseline=args.baseline, html=not args.no_html)))
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False))
         return 0
     from pathprobe.analysis.compare import Interrupted, run_compare
-    from pathprobe.analysis.report import markdown
+    from pathprobe.analysis.markdown import markdown
 
     try:
         report = run_compare(cfg, html=not args.no_html)

@@ -1,10 +1,9 @@
-"""The HTML report: plots (matplotlib, inline PNG) and the tables, one self-contained file."""
+"""The HTML report: one self-contained page that leads with the path-tax tables, then the plots
+(:mod:`pathprobe.analysis.plots`) and the side-by-side tables."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -12,325 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis.hops import format_path
-from pathprobe.analysis.report import (
-    PATH_TAX_CAPTION,
-    SEG_COLS,
-    estimated_note,
-    fmt_ms,
-    metric_values,
-    path_tax_rows,
-    seg_cell,
+from pathprobe.analysis.markdown import PATH_TAX_CAPTION, estimated_note, fmt_ms, seg_cell
+from pathprobe.analysis.plots import (
+    plot_cdfs,
+    plot_hops,
+    plot_segments,
+    plot_streaming,
+    plot_sweep,
+    plot_waterfalls,
 )
+from pathprobe.analysis.report import SEG_COLS, path_tax_rows
 from pathprobe.segments import SEGMENTS
-
-SEG_COLORS = {
-    "network": "#4e79a7",
-    "serialization": "#f28e2b",
-    "queueing": "#e15759",
-    "inference": "#59a14f",
-    "other": "#9c755f",
-    "unsplit": "#bab0ac",
-}
-
-
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _plain_log_axis(ax: Any) -> None:
-    """Log scale with plain numbers (2, 5, 10) instead of 2x10^0; call after plotting."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    ax.set_xscale("log")
-    lo, hi = ax.get_xlim()
-    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
-    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-
-
-def _names(report: Mapping[str, Any], conc: int) -> list[str]:
-    return [
-        n
-        for n, t in report["targets"].items()
-        if str(conc) in t.get("by_concurrency", {}) and t["by_concurrency"][str(conc)]["ok"] > 0
-    ]
-
-
-def plot_segments(report: Mapping[str, Any]) -> str | None:
-    import matplotlib.pyplot as plt
-
-    concs = report["concurrency"]
-    if not any(_names(report, c) for c in concs):
-        return None
-    fig, axes = plt.subplots(
-        1, len(concs), figsize=(5.5 * len(concs), 0.5 + 0.45 * len(report["targets"]) + 1), squeeze=False
-    )
-    for ax, conc in zip(axes[0], concs):
-        names = _names(report, conc)
-        left = [0.0] * len(names)
-        groups = [report["targets"][n]["by_concurrency"][str(conc)] for n in names]
-        for seg in SEGMENTS:
-            vals = [max(0.0, g["segments"][seg].get("mean", 0.0)) for g in groups]
-            ax.barh(names, vals, left=left, color=SEG_COLORS[seg], label=seg)
-            if seg == "network" and any(g.get("network_estimated") for g in groups):
-                # an estimated network (a transport round trip, not the request's own) is hatched
-                est = [v if g.get("network_estimated") else 0.0 for v, g in zip(vals, groups)]
-                ax.barh(
-                    names,
-                    est,
-                    left=left,
-                    color=SEG_COLORS[seg],
-                    hatch="///",
-                    edgecolor="white",
-                    label="network (estimated)",
-                )
-            left = [a + b for a, b in zip(left, vals)]
-        ax.invert_yaxis()
-        ax.set_xlabel("ms per request (mean)")
-        ax.set_title(f"where the time goes, concurrency {conc}")
-        ax.grid(axis="x", alpha=0.3)
-    axes[0][-1].legend(loc="lower right", fontsize=8)
-    return _png(fig)
-
-
-def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequence[float]]]) -> str | None:
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    concs = report["concurrency"]
-    fig, axes = plt.subplots(1, len(concs), figsize=(5.5 * len(concs), 4), squeeze=False)
-    drawn = False
-    for ax, conc in zip(axes[0], concs):
-        for name in _names(report, conc):
-            x = np.sort(np.asarray(samples.get(name, {}).get(conc, []), dtype=float))
-            if x.size == 0:
-                continue
-            y = np.arange(1, x.size + 1) / x.size
-            ax.step(x, y, where="post", label=name, lw=1.4)
-            drawn = True
-        _plain_log_axis(ax)
-        ax.set_xlabel(f"{report['method']['primary_metric']} ms (log)")
-        ax.set_ylabel("fraction of requests")
-        ax.set_title(f"latency CDF, concurrency {conc}")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
-    if not drawn:
-        plt.close(fig)
-        return None
-    return _png(fig)
-
-
-def plot_waterfalls(
-    report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
-) -> str | None:
-    """One typical request (median e2e, highest concurrency) per configuration as a waterfall."""
-    import matplotlib.pyplot as plt
-    from pathprobe.analysis.waterfall import bars, representative
-
-    conc = max(report["concurrency"])
-    reps = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]
-    picked = [(n, r) for n, r in reps if r is not None]
-    if not picked:
-        return None
-    heights = [len({b.row for b in bars(r)}) for _, r in picked]
-    fig, axes = plt.subplots(
-        len(picked),
-        1,
-        figsize=(10, sum(0.45 * h + 0.9 for h in heights)),
-        squeeze=False,
-        gridspec_kw={"height_ratios": heights},
-    )
-    for ax, (name, rec) in zip(axes[:, 0], picked):
-        bs = bars(rec)
-        rows = list(dict.fromkeys(b.row for b in bs))
-        for b in bs:
-            y = rows.index(b.row)
-            if b.part == "span":
-                ax.barh(y, b.dur, left=b.start, color="#e8e8e8", edgecolor="#888888", height=0.7)
-            elif b.part == "unsplit":
-                ax.barh(
-                    y,
-                    b.dur,
-                    left=b.start,
-                    color=SEG_COLORS["unsplit"],
-                    hatch="xx",
-                    edgecolor="white",
-                    height=0.7,
-                    label="unsplit (reports nothing)",
-                )
-            else:
-                ax.barh(y, b.dur, left=b.start, color=SEG_COLORS.get(b.part, "#999999"), height=0.45)
-        ax.set_yticks(range(len(rows)), rows, fontsize=8)
-        ax.invert_yaxis()
-        flags = rec["split"].get("links_estimated") or ()
-        est_links = [str(j + 1) for j, f in enumerate(flags) if f]
-        est = (
-            f" (network of link {', '.join(est_links)} estimated)"
-            if est_links
-            else " (network estimated)"
-            if rec["split"].get("network_estimated")
-            else ""
-        )
-        ax.set_title(f"{name}: one request of {rec['e2e_ms']:.2f} ms (median){est}", fontsize=9)
-        ax.grid(axis="x", alpha=0.3)
-    axes[-1][0].set_xlabel(
-        "ms from the client's send (a component is drawn centred in its caller: only durations are measured)"
-    )
-    handles = [plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS[s]) for s in ("serialization", "queueing", "inference")]
-    handles.append(plt.Rectangle((0, 0), 1, 1, color=SEG_COLORS["unsplit"], hatch="xx"))
-    axes[0][0].legend(
-        handles, ["serialization", "queueing", "inference", "unsplit (reports nothing)"], fontsize=7, loc="lower right"
-    )
-    fig.tight_layout(h_pad=1.5)
-    return _png(fig)
-
-
-def plot_streaming(
-    report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
-) -> str | None:
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    conc = max(report["concurrency"])
-    data = {}
-    for name in _names(report, conc):
-        recs = records.get(name, {}).get(conc, [])
-        ok = [r for r in recs if r.get("ok")]
-        ttft, itl = metric_values(ok, "ttft"), metric_values(ok, "itl")
-        if ttft or itl:
-            data[name] = (ttft, itl)
-    if not data:
-        return None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, (ttft, itl) in data.items():
-        for ax, vals in zip(axes, (ttft, itl)):
-            if vals:
-                x = np.sort(np.asarray(vals, dtype=float))
-                ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=name, lw=1.4)
-    axes[0].set_title(f"time to first token, concurrency {conc}")
-    axes[1].set_title(f"inter-token latency, concurrency {conc}")
-    for ax in axes:
-        _plain_log_axis(ax)
-        ax.set_xlabel("ms (log)")
-        ax.set_ylabel("fraction")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
-    return _png(fig)
-
-
-def plot_hops(report: Mapping[str, Any]) -> str | None:
-    """Each path laid out hop by hop (highest concurrency): every link's network, then each
-    reporting hop's serialization and own time, the server's queue + inference last."""
-    import matplotlib.pyplot as plt
-
-    conc = max(report["concurrency"])
-    rows = [
-        (n, t["by_concurrency"][str(conc)]["path"])
-        for n, t in report["targets"].items()
-        if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")
-    ]
-    if not rows:
-        return None
-    link_colors = ("#4e79a7", "#a0cbe8")  # alternating, link by link
-    colors = {
-        "serialization": "#f28e2b",
-        "own": "#9c755f",
-        "server": "#59a14f",
-        "unsplit": "#bab0ac",
-    }
-    fig, ax = plt.subplots(figsize=(11, 0.6 + 0.45 * len(rows) + 1))
-    for y, (_name, path) in enumerate(rows):
-        left = 0.0
-        pieces: list[tuple[float, str, str | None]] = []
-        for j, link in enumerate(path["links"]):
-            # an estimated link (a round trip measured apart, not the request's own) is labelled
-            pieces.append(
-                (link["mean_ms"], link_colors[j % 2], f"{j + 1} est." if link.get("estimated") else f"{j + 1}")
-            )
-            if j < len(path["hops"]):
-                h = path["hops"][j]
-                pieces.append((h["serialization_mean_ms"], colors["serialization"], None))
-                pieces.append((h["own_mean_ms"], colors["own"], None))
-                if j == len(path["hops"]) - 1 and j == len(path["links"]) - 1:  # the server's own work
-                    work = h["total_mean_ms"] - h["serialization_mean_ms"] - h["own_mean_ms"]
-                    pieces.append((work, colors["server"], None))
-            else:
-                pieces.append((path["unsplit_mean_ms"], colors["unsplit"], None))
-        for width, color, text in pieces:
-            width = max(0.0, width)
-            ax.barh(y, width, left=left, color=color, edgecolor="white", linewidth=0.5)
-            if text and width > 0:
-                ax.text(left + width / 2, y, text, ha="center", va="center", fontsize=7, color="white")
-            left += width
-    ax.set_yticks(range(len(rows)), [n for n, _ in rows])
-    ax.invert_yaxis()
-    from matplotlib.patches import Patch
-
-    ax.legend(
-        handles=[
-            Patch(color=link_colors[0], label="network, link by link (numbered from the client)"),
-            Patch(color=colors["serialization"], label="a hop's serialization"),
-            Patch(color=colors["own"], label="a hop's own time"),
-            Patch(color=colors["server"], label="server: queue + inference"),
-            Patch(color=colors["unsplit"], label="unsplit"),
-        ],
-        fontsize=7,
-        loc="lower right",
-    )
-    ax.set_xlabel("ms per request (mean)")
-    ax.set_title(f"hop by hop, concurrency {conc}")
-    ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
-
-
-def plot_sweep(report: Mapping[str, Any]) -> str | None:
-    import matplotlib.pyplot as plt
-
-    concs = report["concurrency"]
-    primary = report["method"]["primary_metric"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    drawn = False
-    for name, t in report["targets"].items():
-        xs, p50, lo, hi, p99, rps = [], [], [], [], [], []
-        for c in concs:
-            g = t.get("by_concurrency", {}).get(str(c))
-            if not g or not g["ok"]:
-                continue
-            est = g[primary]["p50"]
-            xs.append(c)
-            p50.append(est["value"])
-            lo.append(est["value"] - est["lo"])
-            hi.append(est["hi"] - est["value"])
-            p99.append(g[primary]["p99"]["value"])
-            rps.append(g["rps"])
-        if not xs:
-            continue
-        drawn = True
-        line = axes[0].errorbar(xs, p50, yerr=[lo, hi], marker="o", capsize=3, label=f"{name} p50")
-        axes[0].plot(xs, p99, ls="--", marker="x", color=line[0].get_color(), alpha=0.6)
-        axes[1].plot(xs, rps, marker="o", label=name)
-    if not drawn:
-        plt.close(fig)
-        return None
-    axes[0].set_title(f"{primary} vs concurrency (solid p50 with 95% CI, dashed p99)")
-    axes[0].set_ylabel("ms")
-    axes[1].set_title("throughput vs concurrency")
-    axes[1].set_ylabel("successful requests / s")
-    for ax in axes:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(concs, [str(c) for c in concs])
-        ax.set_xlabel("concurrency (users)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return _png(fig)
-
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -345,6 +36,7 @@ td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
 .failed{color:#b00}.skipped{color:#888}img.plot{max-width:100%;border:1px solid #eee;margin:8px 0}
 code{background:#f4f4f4;padding:1px 3px}.meta{color:#555;font-size:13px}
 """
+
 
 _JS = """
 window.addEventListener('load', function () {
@@ -521,7 +213,7 @@ def render(
         + "</p>"
     )
     if meta.get("placement"):
-        from pathprobe.analysis.report import placement_line
+        from pathprobe.analysis.markdown import placement_line
 
         parts.append("<p class='meta'>" + html.escape(placement_line(meta["placement"])) + "</p>")
     parts.append(

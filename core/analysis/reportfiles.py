@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.analysis.loadrun import RunResult
-from pathprobe.analysis.report import markdown
+from pathprobe.analysis.markdown import markdown
 
 
 def write_reports(
