@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pathprobe import gputelemetry
 from pathprobe.errors import ConfigError
-from pathprobe.server import models, tokenizer_build
+from pathprobe.server import models, presets, tokenizer_build
 from pathprobe.server.startup import PHASES, StartupTimer
 
 from tests.support.clients import grpc_generate, http_post
@@ -29,7 +29,7 @@ def _spec(name: str) -> str:
     return f"preset:{name}@tiny"
 
 
-@pytest.mark.parametrize("name", models.STUDY_PRESETS)
+@pytest.mark.parametrize("name", presets.STUDY_PRESETS)
 def test_study_preset_builds_and_runs(name: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -37,9 +37,9 @@ def test_study_preset_builds_and_runs(name: str, cache: Path, monkeypatch: pytes
     monkeypatch.setenv("PATHPROBE_CACHE", str(cache))
     folder = models.resolve_model(_spec(name))
     cfg = json.loads((folder / "config.json").read_text())
-    full = models.PRESETS[name]
+    full = presets.PRESETS[name]
     assert cfg["model_type"] == full["model_type"] and cfg["architectures"] == full["architectures"]
-    tok_spec = models.PRESET_TOKENIZERS[name]
+    tok_spec = presets.PRESET_TOKENIZERS[name]
     assert cfg["pathprobe_tokenizer"]["kind"] == tok_spec.kind
     tok = models.load_tokenizer(_spec(name))
     slow = models.load_slow_tokenizer(_spec(name))
@@ -56,7 +56,7 @@ def test_study_preset_builds_and_runs(name: str, cache: Path, monkeypatch: pytes
 
 
 def test_full_scale_configs_keep_published_sizes() -> None:
-    for name in models.STUDY_PRESETS:
+    for name in presets.STUDY_PRESETS:
         cfg, spec = models.preset_config(name), models.preset_tokenizer(name)
         assert spec is not None and spec.vocab_size + len(models.SPECIAL_TOKENS) <= cfg["vocab_size"], name
     assert models.preset_tokenizer("phi-3-mini").kind == "sentencepiece"
