@@ -52,6 +52,14 @@ STILL = ("serialization", "queueing", "inference", "other")
 TOL = 0.3  # ms
 
 
+def _still_tol(path: str, seg: str, stream: bool) -> float:
+    """TOL, except the transcoder's own time on streams: it converts each chunk while the upstream is
+    still producing the next, and how much of that work hides under the upstream wait depends on the
+    chunks' spacing, which a delay on its upstream changes (0.2-0.34 ms seen in fresh-clone runs,
+    always out of "other" into the delayed link's network). Known and documented, not noise."""
+    return 0.5 if (stream and path == "transcode" and seg == "other") else TOL
+
+
 def _hops(path: str) -> list[str]:
     return ["client"] if path == "direct" else ["client", "upstream"]
 
@@ -155,7 +163,7 @@ def _check(d: dict[str, float], path: str, hop: str) -> None:
     assert abs(d[f"{moved}-e2e"]) <= bound, where
     assert abs(d[still]) <= TOL, where
     for seg in STILL:
-        assert abs(d[seg]) <= TOL, (seg, where)
+        assert abs(d[seg]) <= _still_tol(path, seg, "ttft" in d), (seg, where)
     if "ttft" in d:
         # the first token crosses the delayed hop once each way, like the whole unary call
         assert 0.7 * delay <= d["ttft"] <= delay + 2.0, where
