@@ -8,7 +8,12 @@ The path is a chain of hops (:class:`pathprobe.timing.Chain`), innermost first: 
 server (``srv.*``) and any number of forwarding hops (a pathprobe gateway ``gw.*``, or a
 third-party proxy that reports its own prefix). The client measures e2e and its own
 encode/decode; every link between two neighbours is measured as what the outer one saw
-its upstream take minus what the inner one reports as its total.
+its upstream take minus what the inner one reports as its total, plus what the inner one
+reports as ``<kind>.send``: on a stream, the time its handler waited on its own transport to
+take each chunk it sent towards the outer one. That wait is the transport's (a gRPC stack's
+write completion and loop wake-up per message), so it is the link's stack time as a unary
+answer's hand-off is (after the hop's total); left in the hop's own time, it would make the
+hop's "other" follow whatever else the machine ran while the stream was sent.
 
 Nothing is guessed: when the innermost component reports nothing (a third-party server,
 or a forwarder whose upstream is silent), the innermost link's time holds both network
@@ -23,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from pathprobe.timing import SERVER_KIND, Chain, Hop, chain_of
+from pathprobe.timing import SEND_PART, SERVER_KIND, Chain, Hop, chain_of
 
 SEGMENTS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
 #: parts of a server's total that are the model's own work (``srv.inference``: a server
@@ -39,7 +44,7 @@ class HopPart:
     label: str
     total: float
     serialization: float
-    other: float  # its time outside serialization, its upstream and (server) queue/inference
+    other: float  # its time outside serialization, its upstream, its send and (server) queue/inference
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +81,13 @@ def _server_part(hop: Hop) -> tuple[HopPart, float, float]:
     inference = sum(hop.entries.get(name, 0.0) for name in INFERENCE_PARTS)
     ser = _serialization(hop)
     total = hop.get("total")
-    return HopPart(hop.label, total, ser, total - ser - queue - inference), queue, inference
+    return HopPart(hop.label, total, ser, total - ser - queue - inference - hop.get(SEND_PART)), queue, inference
 
 
 def _forwarder_part(hop: Hop) -> HopPart:
     ser = _serialization(hop)
     total = hop.get("total")
-    return HopPart(hop.label, total, ser, total - hop.get("upstream") - ser)
+    return HopPart(hop.label, total, ser, total - hop.get("upstream") - ser - hop.get(SEND_PART))
 
 
 def _inner_link(time_ms: float, estimate_ms: float | None) -> tuple[float, float]:
@@ -125,7 +130,9 @@ def split(
     outer_time = e2e_ms - client_ser  # what the client saw its upstream take
     for i in range(len(hops) - 1, -1, -1):  # outermost first
         hop = hops[i]
-        links.append(outer_time - hop.get("total"))
+        # the link to this hop: what the outer side saw it take, less the hop's own time (its total
+        # without the waits on its transport for the chunks it streamed back: those are the link's)
+        links.append(outer_time - hop.get("total") + hop.get(SEND_PART))
         if hop.kind == SERVER_KIND and i == 0:
             part, queueing, inference = _server_part(hop)
             parts.append(part)

@@ -28,6 +28,11 @@ SERVER_ENTRIES = (
     "srv.total",
 )
 GATEWAY_ENTRIES = ("gw.decode", "gw.upstream", "gw.encode", "gw.total")
+#: the part (``<kind>.send``) a hop that streams reports: of its total, the time its handler waited
+#: on its own transport to take the chunks it sent towards the client (``srv.send``, ``gw.send``).
+#: It is the link's stack time, like a unary answer's hand-off after ``<kind>.total``: the split
+#: books it as network of the link between the hop and its client, not as the hop's own time
+SEND_PART = "send"
 #: the entry prefix of a model server's hop
 SERVER_KIND = "srv"
 #: the entry prefix of a pathprobe gateway's hop
@@ -130,7 +135,10 @@ class Hop:
     Contract of a reporting hop: ``<kind>.total`` is the time from receiving the request
     to sending the end of the response; a hop that forwards also reports
     ``<kind>.upstream`` (the time its upstream took, seen from it); ``<kind>.decode`` and
-    ``<kind>.encode`` are its serialization; the rest of its total is its own overhead.
+    ``<kind>.encode`` are its serialization; a hop that streams reports ``<kind>.send``, the
+    time its handler waited on its transport to take the chunks it sent downstream (inside its
+    total, outside its upstream: the downstream link's stack time, see :data:`SEND_PART`); the
+    rest of its total is its own overhead.
     """
 
     kind: str

@@ -81,6 +81,22 @@ def test_split_of_a_chain_books_each_link_and_keeps_each_hops_serialization() ->
     assert sum(getattr(s, name) for name in SEGMENTS) == pytest.approx(15.0)
 
 
+def test_a_streaming_hops_send_waits_are_the_link_towards_its_client() -> None:
+    # a stream: the server waited 0.9 ms on its transport for the chunks, the gateway 0.4 ms on its
+    # client's; those are the links' stack time (as a unary answer's hand-off after .total), not
+    # the hops' own, and a gateway's never lands in the link behind it
+    srv = SRV.replace("srv.total", "srv.send;dur=0.900, srv.total")
+    st = timing.append(srv, {"gw.decode": 0.3, "gw.upstream": 11.0, "gw.encode": 0.4, "gw.send": 0.4, "gw.total": 12.5})
+    s = split(15.0, timing.parse_chain(st), client_encode_ms=0.1, client_decode_ms=0.2)
+    assert s.links == pytest.approx((15.0 - 0.3 - 12.5 + 0.4, 11.0 - 10.0 + 0.9))
+    assert [h.other for h in s.hops] == pytest.approx([12.5 - 11.0 - 0.7 - 0.4, 10.0 - 0.3 - 2.0 - 5.0 - 0.9])
+    assert s.serialization == pytest.approx(0.3 + 0.7 + 0.3)
+    assert sum(getattr(s, name) for name in SEGMENTS) == pytest.approx(15.0)
+    # without the send entries (unary, or a hop that does not report them) nothing changes
+    plain = split(15.0, timing.parse_chain(timing.append(SRV, {"gw.upstream": 11.0, "gw.total": 12.5})))
+    assert plain.links == pytest.approx((2.5, 1.0))
+
+
 def test_silent_server_is_unsplit_never_network() -> None:
     # direct to a server that reports nothing: nothing is guessed
     s = split(21.0, {}, client_encode_ms=0.4, client_decode_ms=0.6)
