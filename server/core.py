@@ -73,6 +73,8 @@ class RequestScope:
     t0: float = field(default_factory=now_ms)
     decode_ms: float = 0.0
     encode_ms: float = 0.0
+    #: a stream's waits on the transport to take each chunk (``srv.send``); None: not a stream
+    send_ms: float | None = None
     gen: Generation | None = None
     #: the caller's deadline: an absolute now_ms() instant (gRPC), or the HTTP ``grpc-timeout`` header
     deadline_ms: float = 0.0
@@ -111,12 +113,18 @@ class RequestScope:
     def encoded(self, ms: float) -> None:
         self.encode_ms += ms
 
+    def sent(self, ms: float) -> None:
+        """A streamed chunk's hand-off: ``ms`` the handler waited for the transport to take it."""
+        self.send_ms = (self.send_ms or 0.0) + ms
+
     def entries(self) -> dict[str, float]:
         """The srv.* entries now; ``srv.total`` is measured at this call."""
         out = {"srv.decode": self.decode_ms}
         if self.gen is not None:
             out.update(self.gen.timing.entries())
         out["srv.encode"] = self.encode_ms
+        if self.send_ms is not None:
+            out["srv.send"] = self.send_ms
         out["srv.total"] = now_ms() - self.t0
         return out
 

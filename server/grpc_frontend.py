@@ -3,6 +3,13 @@
 Handlers take and return raw bytes and (de)serialize themselves, so ``srv.decode``
 and ``srv.encode`` are measured, not guessed. Every call, failed ones included, ends
 with the ``server-timing`` trailing metadata.
+
+A stream's handler yields each chunk to grpc.aio, which resumes it only once the transport
+has taken the message (the send op's completion, handed from gRPC's poller thread to the
+event loop): ``srv.send`` is the sum of those waits. It is the gRPC stack's time, not the
+handler's; it swings by tenths of a millisecond with what else the machine runs while the
+chunks go out (e.g. 0.7 ms vs 1.1 ms for six chunks, whether the receiver's relay and client
+work in parallel or not), so the split books it as the link's network (:mod:`pathprobe.segments`).
 """
 
 from __future__ import annotations
@@ -122,7 +129,9 @@ class LLMService:
                 out = chunk.SerializeToString()
                 scope.encoded(now_ms() - t0)
                 index += len(ev.token_ids)
+                t_send = now_ms()
                 yield out
+                scope.sent(now_ms() - t_send)
         except PathprobeError as exc:
             await self._abort(scope, context, exc)
             return
