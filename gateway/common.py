@@ -121,22 +121,18 @@ class Entries:
     total: float = 0.0
     #: TCP connect time of the upstream connection (a round trip; None when not measured)
     connect: float | None = None
+    #: a stream's waits on the downstream transport to take each chunk (``gw.send``: the client
+    #: link's stack time, :data:`pathprobe.timing.SEND_PART`); None when not measured
+    send: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
     #: the Server-Timing string sent downstream (upstream's entries + these), once sent
     sent: str | None = None
 
     def as_dict(self) -> dict[str, float]:
-        if self.connect is None:
-            return {
-                "gw.decode": self.decode,
-                "gw.encode": self.encode,
-                "gw.upstream": self.upstream,
-                "gw.total": self.total,
-            }
-        return {
-            "gw.decode": self.decode,
-            "gw.encode": self.encode,
-            "gw.upstream": self.upstream,
-            "gw.connect": self.connect,
-            "gw.total": self.total,
-        }
+        out = {"gw.decode": self.decode, "gw.encode": self.encode, "gw.upstream": self.upstream}
+        if self.connect is not None:
+            out["gw.connect"] = self.connect
+        if self.send is not None:
+            out["gw.send"] = self.send
+        out["gw.total"] = self.total
+        return out

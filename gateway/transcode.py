@@ -8,10 +8,16 @@ Envoy map it (:data:`pathprobe.errors.GRPC_TO_HTTP`). Timing: ``gw.decode`` = JS
 JSON; upstream ``srv.*`` entries come from the call's trailing metadata.
 
 Streams: chunks are transcoded while the upstream call is open. That time is reported in
-``gw.decode`` / ``gw.encode`` and left out of ``gw.upstream`` (the time waiting on the
-upstream), so the gateway's own "other" never goes negative; the price is that network
-hop 2 (``gw.upstream - srv.total``) is short by the part of the chunk work that ran while
-the server was still generating, and can go below zero on a fast hop.
+``gw.decode`` / ``gw.encode``; the waits for the client's transport to take each SSE event
+(``resp.prepare`` / ``resp.write``) are reported as ``gw.send``; both are left out of
+``gw.upstream``, which stays the time spent waiting on the upstream (its chunks' arrival and
+this loop's wake-up for each: the upstream link's receive side). ``gw.send`` is the client
+link's stack time, booked as that link's network (:mod:`pathprobe.segments`), as a unary
+answer's hand-off after ``gw.total`` is; before it was reported, it sat in ``gw.upstream``,
+i.e. in the network of the *upstream* link. The gateway's own "other" never goes negative; the
+price is that network hop 2 (``gw.upstream - srv.total + srv.send``) is short by the part of
+the chunk work that ran while the server was still generating, and can go below zero on a fast
+hop.
 """
 
 from __future__ import annotations
@@ -306,9 +312,10 @@ class Transcoder:
         held: dict[str, Any] | None = None
         status = 200
         # Chunks are transcoded while the upstream call is open: that time is the gateway's own
-        # (gw.decode / gw.encode), so it is taken out of gw.upstream, which stays the time spent
-        # waiting on the upstream (the segments then never count it twice).
-        c_dec = c_enc = 0.0
+        # (gw.decode / gw.encode), and handing each event to the client's transport is the client
+        # link's (gw.send), so both are taken out of gw.upstream, which stays the time spent
+        # waiting on the upstream (the segments then never count any of it twice).
+        c_dec = c_enc = c_send = 0.0
         c_first = 0.0
         n_chunks = 0
         try:
@@ -327,19 +334,24 @@ class Transcoder:
                         held = obj  # the last chunk waits for the trailers (srv.* timing)
                         continue
                     data = b"data: " + jsoncodec.dumps(obj) + b"\n\n"
-                    c_enc += now_ms() - t1
+                    ts = now_ms()
+                    c_enc += ts - t1
                     if resp is None:
                         resp = web.StreamResponse(headers=SSE_HEADERS)
                         await resp.prepare(request)
                     await resp.write(data)
-                ent.upstream = now_ms() - t_up0 - c_dec - c_enc
+                    c_send += now_ms() - ts
+                ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send
                 ent.decode += c_dec
                 ent.encode += c_enc
                 upstream_st = _upstream_timing(await call.trailing_metadata())
                 Spans.end_client(cspan, {"rpc.grpc.status_code": 0}, None, t_up0, ent.upstream)
                 if resp is None:
+                    ts = now_ms()
                     resp = web.StreamResponse(headers=SSE_HEADERS)
                     await resp.prepare(request)
+                    c_send += now_ms() - ts
+                ent.send = c_send
                 if held is not None:
                     t1 = now_ms()
                     ent.total = t1 - t0
@@ -349,9 +361,10 @@ class Transcoder:
                     await resp.write(data)
                 await resp.write(SSE_DONE)
             except grpc.aio.AioRpcError as err:
-                ent.upstream = now_ms() - t_up0 - c_dec - c_enc
+                ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send
                 ent.decode += c_dec
                 ent.encode += c_enc
+                ent.send = c_send
                 code, details = self._error(err, u)
                 Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details, t_up0, ent.upstream)
                 ent.total = now_ms() - t0
@@ -387,7 +400,7 @@ class Transcoder:
                     spans.child("gw.decode", c_first, c_dec, {"pathprobe.chunks": n_chunks})
                     spans.child("gw.encode", c_first + c_dec, c_enc, {"pathprobe.chunks": n_chunks})
                 if cspan is not None and cspan.is_recording():  # the client went away mid-stream
-                    Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc)
+                    Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc - c_send)
                 spans.end({"http.response.status_code": status}, None if status < 400 else "error", ent.total, ent.sent)
         if resp is None:  # the client went away before anything was sent: nobody reads this answer
             return web.Response(status=status)
