@@ -188,6 +188,8 @@ class HttpProxy(SessionOwner):
         ent.encode += now_ms() - t1  # after gw.total: in metrics, not in what was sent
         if spans is not None:
             spans.child("gw.decode", td, t1 - td)
+            if ent.send:  # the events' hand-offs so far, shown as one interval before this one
+                spans.child("gw.send", td - ent.send, ent.send)
         return out
 
 

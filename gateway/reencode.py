@@ -312,6 +312,7 @@ class Reencoder(SessionOwner):
                     if n_chunks:  # the chunks' transcoding, each kind shown as one interval from the first
                         spans.child("gw.decode", c_first, c_dec, {"pathprobe.chunks": n_chunks})
                         spans.child("gw.encode", c_first + c_dec, c_enc, {"pathprobe.chunks": n_chunks})
+                        spans.child("gw.send", c_first + c_dec + c_enc, c_send, {"pathprobe.chunks": n_chunks})
                     if up.cspan is not None and up.cspan.is_recording():  # ended early (error, client gone)
                         Spans.end_client(up.cspan, {}, "upstream stream not completed", up.t0, ent.upstream)
                     if not ok and spans.server.is_recording():  # the client went away

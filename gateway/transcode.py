@@ -399,6 +399,7 @@ class Transcoder:
                 if n_chunks:  # the chunks' transcoding, each kind shown as one interval from the first chunk
                     spans.child("gw.decode", c_first, c_dec, {"pathprobe.chunks": n_chunks})
                     spans.child("gw.encode", c_first + c_dec, c_enc, {"pathprobe.chunks": n_chunks})
+                    spans.child("gw.send", c_first + c_dec + c_enc, c_send, {"pathprobe.chunks": n_chunks})
                 if cspan is not None and cspan.is_recording():  # the client went away mid-stream
                     Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc - c_send)
                 spans.end({"http.response.status_code": status}, None if status < 400 else "error", ent.total, ent.sent)

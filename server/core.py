@@ -186,6 +186,12 @@ class RequestScope:
             telemetry.child_span(
                 _tracer, "server.encode", span, end - self.encode_ms, self.encode_ms, {"pathprobe.entry": "srv.encode"}
             )
+        if self.send_ms:
+            # a stream's waits for the transport to take each chunk, shown as one interval before that
+            end = self.t0 + entries["srv.total"] - self.encode_ms
+            telemetry.child_span(
+                _tracer, "server.send", span, end - self.send_ms, self.send_ms, {"pathprobe.entry": "srv.send"}
+            )
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, error.message))
             span.set_attribute("error.type", type(error).__name__)

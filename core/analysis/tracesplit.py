@@ -25,6 +25,7 @@ from pathprobe.segments import Split
 NAME_TO_ENTRY = {
     "server.decode": "srv.decode",
     "server.encode": "srv.encode",
+    "server.send": "srv.send",
     "engine.queue": "srv.queue",
     "engine.tokenize": "srv.tokenize",
     "engine.prefill": "srv.prefill",
@@ -33,6 +34,7 @@ NAME_TO_ENTRY = {
     "gw.decode": "gw.decode",
     "gw.encode": "gw.encode",
     "gw.upstream": "gw.upstream",
+    "gw.send": "gw.send",
     "gateway.decode": "gw.decode",
     "gateway.encode": "gw.encode",
     "gateway.upstream": "gw.upstream",
@@ -127,7 +129,7 @@ def _gateway_entries_from_durations(trace: Trace, gw: Span) -> dict[str, float]:
         if d.kind == "SERVER":
             break
         e = _entry_of(d)
-        if e in ("gw.decode", "gw.encode"):
+        if e in ("gw.decode", "gw.encode", "gw.send"):
             out[e] = out.get(e, 0.0) + d.duration_ms
         elif e == "gw.upstream":
             upstream = d if upstream is None else upstream
