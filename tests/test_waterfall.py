@@ -52,6 +52,22 @@ def test_our_server_behind_a_gateway_nests_with_its_phases_in_order() -> None:
     assert not any(b.part == "unsplit" for b in bs)
 
 
+def test_a_stream_whose_hops_report_send_still_nests() -> None:
+    # the hops' waits on their transport (srv.send, gw.send) are their links' network, inside their totals
+    rec = _record(
+        12.0,
+        "srv.decode;dur=0.1, srv.queue;dur=1.0, srv.prefill;dur=2.0, srv.decode_steps;dur=4.0, "
+        "srv.encode;dur=0.1, srv.send;dur=0.9, srv.total;dur=9.0, "
+        "gw.decode;dur=0.1, gw.upstream;dur=9.2, gw.encode;dur=0.1, gw.send;dur=0.8, gw.total;dur=11.0",
+    )
+    assert rec["split"]["links"] == pytest.approx([12.0 - 0.3 - 11.0 + 0.8, 9.2 - 9.0 + 0.9])
+    bs = waterfall.bars(rec)
+    gw = next(b for b in bs if b.row == "gw" and b.part == "span")
+    srv = next(b for b in bs if b.row == "srv" and b.part == "span")
+    assert gw.dur == 11.0 and srv.dur == 9.0
+    assert gw.start >= 0.1 and gw.end <= 11.8 and gw.start <= srv.start and srv.end <= gw.end  # nested
+
+
 def test_a_silent_server_is_one_unsplit_bar_with_the_engine_phases_it_reported_inside() -> None:
     rep = serverreports.ServerReport(
         serverreports.VLLM, {"srv.queue": 1.0, "srv.prefill": 3.0, "srv.decode_steps": 10.0}

@@ -67,7 +67,9 @@ def bars(rec: Mapping[str, Any]) -> list[Bar]:
     entries = dict(rec.get("entries") or {})
     for i, hop in enumerate(hops):
         link = links[i] if i < len(links) else 0.0
-        start = lo + max(link, 0.0) / 2
+        # a streaming hop's waits on its transport (<kind>.send) are its link's time but lie inside
+        # its total: the bar keeps its measured width, inside what its caller saw it take
+        start = lo + max(min(link, span - hop["total"]), 0.0) / 2
         row = str(hop["label"])
         out.append(Bar(row, start, hop["total"], "span", row))
         server = row.split(" ", 1)[0] == "srv" and i == len(hops) - 1
