@@ -12,8 +12,9 @@ packet inside a request's window belongs to it), splits each link's network time
 - **stack** of each side: packet to the application's timestamps -- the client from its
   request start (``t0``) to its first packet and from the last response packet to the
   end of its timing (gRPC core / HTTP client, event-loop wake-up, the client's wait);
-  a reporting hop's packet window minus the time it reports (``*.total`` on the side
-  facing its client, ``gw.upstream`` vs the upstream link's packet window on the other).
+  a reporting hop's packet window minus the time it reports (``*.total`` less a stream's
+  ``*.send`` on the side facing its client, ``gw.upstream`` vs the upstream link's packet
+  window on the other).
 
 A hop that reports nothing (nginx) is seen as a packet window only: its time between
 its client link and its upstream link is listed as ``silent_hop`` (the split books it as
@@ -292,12 +293,12 @@ def witness_request(
                 outer, outer_name = float(e.get("gw.upstream", 0.0)) - window, "gw.upstream"
             else:  # a silent hop: its own time is reported apart (silent_hop), its upstream side is in it
                 outer, outer_name = 0.0, "silent"
-        # the inner side: packet window minus what the hop reports
+        # the inner side: packet window minus what the hop reports as its own (its total less a
+        # stream's waits on its transport, <kind>.send: those are this side's stack, as the split has it)
         window_in = (leave_resp - arrive_req) * ms
-        if link.inner == "gw":
-            inner_stack, inner_name = window_in - float(e.get("gw.total", 0.0)), "gw"
-        elif link.inner == "srv":
-            inner_stack, inner_name = window_in - float(e.get("srv.total", 0.0)), "srv"
+        if link.inner in ("gw", "srv"):
+            own = float(e.get(f"{link.inner}.total", 0.0)) - float(e.get(f"{link.inner}.send", 0.0))
+            inner_stack, inner_name = window_in - own, link.inner
         else:
             nxt = edges[i + 1] if i + 1 < len(edges) else None
             silent = (window_in - ((nxt[3] - nxt[0]) * ms)) if nxt else window_in
