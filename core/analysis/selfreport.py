@@ -7,7 +7,8 @@ next to two measurements:
 - **its hop's own time** from the timing it reports (``<hop>.total - <hop>.upstream``): what
   the split books as that hop's own time;
 - **measured tax**: the mean of ``e2e - client (de)serialization - srv.total`` (everything
-  that is not the server) on this path, minus the same on a direct path to the same server
+  that is not the server; on a stream ``srv.send``, the server's waits for its transport, counts
+  as not the server, as in the split) on this path, minus the same on a direct path to the same server
   with the same client protocol (or the baseline) in the same run. It comes from the client's
   clock and the server's, not from the gateway, and includes all the gateway's work, also
   what its own timer misses (its HTTP server, auth, JSON) and both links.
@@ -39,7 +40,7 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 
 def outside_server_ms(records: Sequence[Record]) -> float | None:
-    """Mean of e2e - client (de)serialization - srv.total over OK records that carry srv.total."""
+    """Mean of e2e - client (de)serialization - (srv.total - srv.send) over OK records that carry srv.total."""
     vals = []
     for r in records:
         e = entries_of(r)
@@ -48,7 +49,7 @@ def outside_server_ms(records: Sequence[Record]) -> float | None:
                 float(r["e2e_ms"])
                 - float(r.get("client_encode_ms") or 0.0)
                 - float(r.get("client_decode_ms") or 0.0)
-                - e["srv.total"]
+                - (e["srv.total"] - e.get("srv.send", 0.0))  # a stream's hand-offs are the link's
             )
     return _mean(vals)
 
