@@ -4,6 +4,9 @@ The baseline for the HTTP side. Any method and path is forwarded (native and
 OpenAI-compatible routes alike). ``Server-Timing`` is forwarded with ``gw.*`` appended;
 for SSE streams the event that carries ``server_timing`` is re-written with the gateway's
 entries appended (its parse and re-dump are the only ``gw.decode`` / ``gw.encode``).
+The waits for the client's transport to take the stream's response head and each event before
+that one are ``gw.send``: the client link's stack time (:mod:`pathprobe.segments`), left out of
+``gw.upstream``.
 """
 
 from __future__ import annotations
@@ -126,7 +129,9 @@ class HttpProxy(SessionOwner):
         self, request: web.Request, up: Any, headers: dict[str, str], t0: float, ent: Entries, spans: Spans
     ) -> web.StreamResponse:
         out = web.StreamResponse(status=up.resp.status, headers=headers)
+        ts = now_ms()
         await out.prepare(request)
+        ent.send = now_ms() - ts  # the client link's: see _rewrite
         status = up.resp.status
         try:
             event: list[bytes] = []
@@ -139,7 +144,9 @@ class HttpProxy(SessionOwner):
                     event = []
                     if data.startswith(b"data:") and (b'"server_timing"' in data or _final_usage(data)):
                         data = self._rewrite(data, up, t0, ent, spans)
+                    ts = now_ms()
                     await out.write(data)
+                    ent.send += now_ms() - ts  # once the rewritten event is out: after gw.total, not sent
             except (TimeoutError, aiohttp.ClientError) as exc:
                 err = body_error(up.upstream, exc, self.cfg.timeout)
                 code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)
@@ -171,7 +178,9 @@ class HttpProxy(SessionOwner):
             return data
         t1 = now_ms()
         ent.decode += t1 - td
-        ent.upstream = td - up.t0  # the upstream's last timed event: its work is done (this parse is ours)
+        # the upstream's last timed event: its work is done (this parse is ours); the waits for the
+        # client's transport to take the events before it are the client link's (gw.send)
+        ent.upstream = td - up.t0 - (ent.send or 0.0)
         ent.connect = self.connects.get(up.upstream.target)
         ent.total = now_ms() - t0
         obj["server_timing"] = ent.sent = timing.append(obj.get("server_timing"), ent.as_dict())
@@ -179,6 +188,8 @@ class HttpProxy(SessionOwner):
         ent.encode += now_ms() - t1  # after gw.total: in metrics, not in what was sent
         if spans is not None:
             spans.child("gw.decode", td, t1 - td)
+            if ent.send:  # the events' hand-offs so far, shown as one interval before this one
+                spans.child("gw.send", td - ent.send, ent.send)
         return out
 
 
