@@ -13,6 +13,7 @@ import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 from pathprobe import environment, reporters, rtt, timing
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen import http1, nullrtt
@@ -76,7 +77,9 @@ class HttpTarget(Target):
         )
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._null = nullrtt.NullRoundTrip(self._null_request)
-        self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        # the request body: compact UTF-8 JSON, the bytes json.dumps(separators=(",", ":"),
+        # ensure_ascii=False) gives for these bodies, in a twentieth of its time
+        self._dumps = orjson.dumps
         self._loads = json.loads
         self._base_headers = {
             "Content-Type": "application/json",
@@ -95,7 +98,7 @@ class HttpTarget(Target):
 
     def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
-        body = self._dumps(body_obj).encode()
+        body = self._dumps(body_obj)
         out.encode_ns = pc() - t0
         lines = self._post_lines
         if lines is None:  # made once (a subclass may add to _auth in its __init__)

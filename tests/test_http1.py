@@ -150,3 +150,41 @@ def test_no_header_can_break_the_request_head():
         header_lines({"X-A": "1\r\nX-Injected: 2"})
     with pytest.raises(ValueError, match="invalid HTTP header"):
         header_lines({"Bad Name": "1"})
+
+
+def test_the_native_target_sends_the_same_request_and_reads_the_answer(serve):
+    import json
+
+    from pathprobe.deadline import TIMEOUT_HEADER
+    from pathprobe.loadgen.call import HANDSHAKE_PROBES
+    from pathprobe.loadgen.targets import CallSpec, NativeHttpTarget, Outcome
+
+    answer = json.dumps({"text": " Paris", "token_ids": [1], "usage": {"prompt_tokens": 5, "completion_tokens": 1}})
+    srv = serve(lambda c, i, r: c.sendall(ok(answer.encode(), b"Server-Timing: srv.total;dur=0.5\r\n")) or True)
+    target = NativeHttpTarget(f"http://127.0.0.1:{srv.port}", 20)
+    try:
+        for n in range(2):
+            out = Outcome()
+            spec = CallSpec(prompt="Où est la tour? 🗼", max_tokens=1, stream=False, request_id=f"r{n}")
+            target.call(spec, {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"} if n else {}, out)
+            assert out.ok and out.tokens_out == 1 and out.tokens_in == 5 and dict(out.entries) == {"srv.total": 0.5}
+            assert out.response_bytes == len(answer)
+    finally:
+        target.close()
+    assert srv.accepted == 1 + HANDSHAKE_PROBES  # the handshake probes at start, then one connection
+    for n, req in enumerate(srv.requests):
+        head, _, body = req.partition(b"\r\n\r\n")
+        sent = {
+            "prompt": "Où est la tour? 🗼",
+            "max_tokens": 1,
+            "ignore_eos": True,
+            "request_id": f"r{n}",
+            "stream": False,
+        }
+        # the bytes json.dumps gives (compact, UTF-8)
+        assert body == json.dumps(sent, separators=(",", ":"), ensure_ascii=False).encode()
+        lines = head.decode("latin-1").split("\r\n")
+        assert lines[0] == "POST /v1/generate HTTP/1.1"
+        assert {"Content-Type: application/json", "Accept: application/json, text/event-stream"} <= set(lines)
+        assert any(line.startswith(f"{TIMEOUT_HEADER}: ") for line in lines)
+        assert ("traceparent: 00-" + "1" * 32 + "-" + "2" * 16 + "-01" in lines) is (n == 1)
