@@ -265,9 +265,9 @@ def run_round(
     env.events.request.add_listener(on_request)
     runner.start(users, spawn_rate=users * 10)
     gevent.sleep(1.0)  # spawn + warm-up, not measured
-    n0, c0, t0 = count["n"], time.process_time(), time.perf_counter()
+    n0, c0, t0, s0 = count["n"], time.process_time(), time.perf_counter(), schedstat()
     gevent.sleep(seconds)
-    n1, c1, t1 = count["n"], time.process_time(), time.perf_counter()
+    n1, c1, t1, s1 = count["n"], time.process_time(), time.perf_counter(), schedstat()
     runner.stop()
     runner.quit()
     env.events.request.remove_listener(on_request)
@@ -277,7 +277,29 @@ def run_round(
         "failures": count["fail"],
         "rps": n / (t1 - t0),
         "cpu_us_per_req": (c1 - c0) / n * 1e6 if n else None,
+        # share of the window the process ran / waited runnable for a core (Linux schedstat, all
+        # threads): their sum near 1 means it never waited for anything but a CPU
+        "on_cpu_share": (s1[0] - s0[0]) / 1e9 / (t1 - t0) if s0 and s1 else None,
+        "runqueue_share": (s1[1] - s0[1]) / 1e9 / (t1 - t0) if s0 and s1 else None,
     }
+
+
+def schedstat() -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable waiting for one) summed over this process's threads; None off Linux."""
+    run = wait = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as fh:
+                a, b, _ = fh.read().split()
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        run += int(a)
+        wait += int(b)
+    return run, wait
 
 
 SERVER_TIMING = (
@@ -706,7 +728,8 @@ def main() -> int:
                     results[proto][name].append(res)
                     print(
                         f"{proto:5} round {r} {name:16} {res['rps']:8.1f} req/s  "
-                        f"{res['cpu_us_per_req']:7.1f} us CPU/req  failures {res['failures']}",
+                        f"{res['cpu_us_per_req']:7.1f} us CPU/req  failures {res['failures']}  "
+                        f"on CPU {res['on_cpu_share'] or 0:.2f}, runnable waiting {res['runqueue_share'] or 0:.2f}",
                         flush=True,
                     )
     finally:
@@ -773,9 +796,23 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> dict[str, dict]:
                 "paired_added_cpu_us": statistics.median(
                     x["cpu_us_per_req"] - b["cpu_us_per_req"] for x, b in zip(runs, bare)
                 ),
+                # req/s per CPU-second against bare's in the same round: the CPU-bound ceiling's ratio
+                "paired_ceiling_ratio": statistics.median(
+                    b["cpu_us_per_req"] / x["cpu_us_per_req"] for x, b in zip(runs, bare)
+                ),
+                "runnable_share": statistics.median(shares) if (shares := _runnable(runs)) else None,
             }
         summary[proto] = med
     return summary
+
+
+def _runnable(runs: list[dict]) -> list[float]:
+    """Each round's share of the window on a CPU or runnable waiting for one (older results: none)."""
+    return [
+        x["on_cpu_share"] + x["runqueue_share"]
+        for x in runs
+        if x.get("on_cpu_share") is not None and x.get("runqueue_share") is not None
+    ]
 
 
 def render_md(doc: dict) -> str:
@@ -793,17 +830,20 @@ def render_md(doc: dict) -> str:
         f"load average at start {doc['device']['loadavg_at_start']} (shared machine).",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()) + ".",
         "",
-        "| protocol | variant | max req/s | req/s vs bare (paired) | CPU µs/req | added µs/req (paired) "
+        "| protocol | variant | max req/s | req/s vs bare (paired) | range over rounds | CPU µs/req "
+        "| added µs/req (paired) | req/s per CPU-s vs bare (paired) | runnable share "
         "| req/s vs same transport bare | added µs/req vs same transport bare |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     summary = summarize(doc["rounds"])
     for proto, med in summary.items():
         for name, m in med.items():
+            lo, hi = m["paired_rps_ratio_range"]
+            share = f"{m['runnable_share']:.2f}" if m["runnable_share"] is not None else "–"
             lines.append(
-                f"| {proto} | {name} | {m['rps']:.0f} | {m['paired_rps_ratio']:.3f} | "
-                f"{m['cpu_us_per_req']:.0f} | {m['paired_added_cpu_us']:+.0f} | "
-                f"{m['paired_rps_ratio_vs_raw']:.3f} | {m['paired_added_cpu_us_vs_raw']:+.0f} |"
+                f"| {proto} | {name} | {m['rps']:.0f} | {m['paired_rps_ratio']:.3f} | {lo:.2f}–{hi:.2f} | "
+                f"{m['cpu_us_per_req']:.0f} | {m['paired_added_cpu_us']:+.0f} | {m['paired_ceiling_ratio']:.3f} | "
+                f"{share} | {m['paired_rps_ratio_vs_raw']:.3f} | {m['paired_added_cpu_us_vs_raw']:+.0f} |"
             )
     if doc.get("client_cpu_per_call"):
         runs = doc["client_cpu_per_call"]
@@ -880,6 +920,11 @@ def render_md(doc: dict) -> str:
         "  bare run of the same round; client CPU per call (measured outside Locust, interleaved in",
         "  blocks) is the figure that resolves tens of µs here, and for a load generator that is the",
         "  limit: its max req/s on a core is 1 / CPU per request.",
+        "- runnable share: the part of each round's window the load generator process was on a CPU",
+        "  or runnable waiting for one (Linux schedstat, all its threads). Near 1 it never waited for",
+        "  anything else (no blocking I/O, no sleeps): its req/s is its CPU share divided by its CPU per",
+        "  request, and the share is set by the other processes on the machine, so on a shared box the",
+        "  paired req/s swings with them while req/s per CPU-second (1 / CPU per request) does not.",
         "- `bare-h2` / `bare-http1` use the transport pathprobe's users use, with only Locust's request",
         "  event: pathprobe's own accounting is the difference to them. `bare-raw` is geventhttpclient",
         "  (the client under FastHttpUser) with only the request event.",
