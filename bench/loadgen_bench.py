@@ -7,8 +7,10 @@ test in this process with Locust's library API, for gRPC and for native HTTP:
 - bare: a minimal Locust user (grpcio stub / FastHttpUser ``client.post``), Locust's own
   request event, no records, no tracing;
 - bare+trailers (gRPC): the grpcio bare user reading trailing metadata (``with_call``);
-- bare-h2 (gRPC) / bare-raw (HTTP): the transport pathprobe's user uses (the ``h2`` gRPC
-  client / a geventhttpclient ``HTTPClient``), with the request event only: like for like;
+- bare-h2 (gRPC) / bare-http1 (HTTP): the transport pathprobe's user uses (the ``h2`` gRPC
+  client / the ``http1`` keep-alive client), with the request event only: like for like;
+- bare-raw (HTTP): a geventhttpclient ``HTTPClient`` (the client under FastHttpUser) with the
+  request event only;
 - pathprobe: ``GrpcLLMUser`` (``--grpc-client h2``, the default) / ``HttpLLMUser`` with full
   accounting (records, HDR histograms, JSONL written, summary at the end), no tracing;
 - pathprobe-grpcio (gRPC): the same user over grpcio's channel (``--grpc-client grpcio``);
@@ -146,7 +148,7 @@ class BareH2GrpcUser(User):
 
 
 class BareRawHttpUser(User):
-    """Bare, over the same geventhttpclient ``HTTPClient`` pathprobe's HTTP user uses."""
+    """Bare, over a geventhttpclient ``HTTPClient`` (the client under FastHttpUser)."""
 
     wait_time = constant(0)
 
@@ -164,6 +166,38 @@ class BareRawHttpUser(User):
     def generate(self) -> None:
         t0 = time.perf_counter()
         resp = self.client.post("/v1/generate", body=self.body, headers={"Content-Type": "application/json"})
+        json.loads(resp.read())
+        self.environment.events.request.fire(
+            request_type="http",
+            name="bare.generate",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=None if resp.status_code == 200 else RuntimeError(resp.status_code),
+            context={},
+        )
+
+
+class BareHttp1User(User):
+    """Bare, over the same HTTP/1.1 client pathprobe's HTTP user uses (``pathprobe.loadgen.http1``)."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        from urllib.parse import urlsplit
+
+        from pathprobe.loadgen.http1 import Connection
+
+        u = urlsplit(self.host)
+        self.conn = Connection(u.hostname or "127.0.0.1", u.port or 80, 60)
+        self.body = json.dumps({"prompt": PROMPT, "max_tokens": MAX_TOKENS, "ignore_eos": True}).encode()
+
+    def on_stop(self) -> None:
+        self.conn.close()
+
+    @task
+    def generate(self) -> None:
+        t0 = time.perf_counter()
+        resp = self.conn.post("/v1/generate", self.body, {"Content-Type": "application/json"})
         json.loads(resp.read())
         self.environment.events.request.fire(
             request_type="http",
@@ -231,9 +265,9 @@ def run_round(
     env.events.request.add_listener(on_request)
     runner.start(users, spawn_rate=users * 10)
     gevent.sleep(1.0)  # spawn + warm-up, not measured
-    n0, c0, t0 = count["n"], time.process_time(), time.perf_counter()
+    n0, c0, t0, s0 = count["n"], time.process_time(), time.perf_counter(), schedstat()
     gevent.sleep(seconds)
-    n1, c1, t1 = count["n"], time.process_time(), time.perf_counter()
+    n1, c1, t1, s1 = count["n"], time.process_time(), time.perf_counter(), schedstat()
     runner.stop()
     runner.quit()
     env.events.request.remove_listener(on_request)
@@ -243,7 +277,29 @@ def run_round(
         "failures": count["fail"],
         "rps": n / (t1 - t0),
         "cpu_us_per_req": (c1 - c0) / n * 1e6 if n else None,
+        # share of the window the process ran / waited runnable for a core (Linux schedstat, all
+        # threads): their sum near 1 means it never waited for anything but a CPU
+        "on_cpu_share": (s1[0] - s0[0]) / 1e9 / (t1 - t0) if s0 and s1 else None,
+        "runqueue_share": (s1[1] - s0[1]) / 1e9 / (t1 - t0) if s0 and s1 else None,
     }
+
+
+def schedstat() -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable waiting for one) summed over this process's threads; None off Linux."""
+    run = wait = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as fh:
+                a, b, _ = fh.read().split()
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        run += int(a)
+        wait += int(b)
+    return run, wait
 
 
 SERVER_TIMING = (
@@ -317,8 +373,8 @@ def bookkeeping(n: int, out: str) -> dict:
 
 def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
     """The same as :func:`client_cpu` for the native HTTP users: Locust's FastHttpSession (what a bare
-    FastHttpUser posts with), a bare geventhttpclient ``HTTPClient`` (what pathprobe's user posts
-    with) and pathprobe's ``HttpLLMUser``."""
+    FastHttpUser posts with), a bare geventhttpclient ``HTTPClient`` (the client under it), a bare
+    ``http1`` connection (what pathprobe's user posts with) and pathprobe's ``HttpLLMUser``."""
     import random
 
     from geventhttpclient import HTTPClient
@@ -346,6 +402,12 @@ def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
     fire = env.events.request.fire
     session = FastHttpSession(url, env.events.request, user=None)
     raw = HTTPClient.from_url(URL(url.rstrip("/") + "/"), concurrency=1)
+    from urllib.parse import urlsplit
+
+    from pathprobe.loadgen.http1 import Connection
+
+    u = urlsplit(url)
+    h1 = Connection(u.hostname or "127.0.0.1", u.port or 80, 60)
     body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "ignore_eos": True}
 
     def bare_fasthttp() -> None:
@@ -364,7 +426,25 @@ def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
             context={},
         )
 
-    variants = {"bare FastHttpUser": bare_fasthttp, "bare geventhttpclient": bare_raw, "pathprobe http": user.generate}
+    def bare_http1() -> None:
+        t0 = time.perf_counter()
+        resp = h1.post("/v1/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        json.loads(resp.read())
+        fire(
+            request_type="http",
+            name="bare",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
+
+    variants = {
+        "bare FastHttpUser": bare_fasthttp,
+        "bare geventhttpclient": bare_raw,
+        "bare http1": bare_http1,
+        "pathprobe http": user.generate,
+    }
     cpu = {n: 0.0 for n in variants}
     wall = {n: 0.0 for n in variants}
     rnd = random.Random(5)
@@ -384,6 +464,7 @@ def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
     env.events.test_stop.fire(environment=env)
     runner.quit()
     raw.close()
+    h1.close()
     user.on_stop()
     n = blocks * block
     return {
@@ -583,6 +664,7 @@ def main() -> int:
     )
     ap.add_argument("--cpu-blocks", type=int, default=10, help="client CPU per call: blocks of 100 calls per client")
     ap.add_argument("--results", default=str(ROOT / "docs" / "results"))
+    ap.add_argument("--name", default="loadgen", help="results file name: <date>-<name>.{md,json}")
     ap.add_argument("--render", metavar="JSON", help="only re-render the Markdown of a saved result")
     args = ap.parse_args()
     if args.render:
@@ -633,7 +715,7 @@ def main() -> int:
                 ]
                 variants.append(("pathprobe-grpcio", pp, None, "grpcio"))
             else:
-                variants.insert(1, ("bare-raw", BareRawHttpUser, None, "h2"))
+                variants[1:1] = [("bare-raw", BareRawHttpUser, None, "h2"), ("bare-http1", BareHttp1User, None, "h2")]
             if not args.no_trace_variant:
                 variants.append(("pathprobe+trace", pp, str(tmp / f"traces-{proto}.jsonl"), "h2"))
             results[proto] = {name: [] for name, _, _, _ in variants}
@@ -646,7 +728,8 @@ def main() -> int:
                     results[proto][name].append(res)
                     print(
                         f"{proto:5} round {r} {name:16} {res['rps']:8.1f} req/s  "
-                        f"{res['cpu_us_per_req']:7.1f} us CPU/req  failures {res['failures']}",
+                        f"{res['cpu_us_per_req']:7.1f} us CPU/req  failures {res['failures']}  "
+                        f"on CPU {res['on_cpu_share'] or 0:.2f}, runnable waiting {res['runqueue_share'] or 0:.2f}",
                         flush=True,
                     )
     finally:
@@ -679,10 +762,10 @@ def main() -> int:
         "rounds": results,
     }
     os.makedirs(args.results, exist_ok=True)
-    jpath = Path(args.results) / f"{today}-loadgen.json"
+    jpath = Path(args.results) / f"{today}-{args.name}.json"
     jpath.write_text(json.dumps(doc, indent=2))
     md = render_md(doc)
-    (Path(args.results) / f"{today}-loadgen.md").write_text(md)
+    (Path(args.results) / f"{today}-{args.name}.md").write_text(md)
     print(md)
     return 0
 
@@ -693,7 +776,8 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> dict[str, dict]:
     summary: dict[str, dict] = {}
     for proto, by in results.items():
         bare = by["bare"]
-        raw = by.get("bare-h2") or by.get("bare-raw") or bare  # the same transport, no accounting
+        # the same transport as pathprobe's users, no accounting (results before the http1 client: bare-raw)
+        raw = by.get("bare-h2") or by.get("bare-http1") or by.get("bare-raw") or bare
         med: dict[str, dict] = {}
         for name, runs in by.items():
             med[name] = {
@@ -704,12 +788,31 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> dict[str, dict]:
                 "rps": statistics.median(x["rps"] for x in runs),
                 "cpu_us_per_req": statistics.median(x["cpu_us_per_req"] for x in runs),
                 "paired_rps_ratio": statistics.median(x["rps"] / b["rps"] for x, b in zip(runs, bare)),
+                # the spread of the paired ratio over rounds (min, max)
+                "paired_rps_ratio_range": [
+                    min(x["rps"] / b["rps"] for x, b in zip(runs, bare)),
+                    max(x["rps"] / b["rps"] for x, b in zip(runs, bare)),
+                ],
                 "paired_added_cpu_us": statistics.median(
                     x["cpu_us_per_req"] - b["cpu_us_per_req"] for x, b in zip(runs, bare)
                 ),
+                # req/s per CPU-second against bare's in the same round: the CPU-bound ceiling's ratio
+                "paired_ceiling_ratio": statistics.median(
+                    b["cpu_us_per_req"] / x["cpu_us_per_req"] for x, b in zip(runs, bare)
+                ),
+                "runnable_share": statistics.median(shares) if (shares := _runnable(runs)) else None,
             }
         summary[proto] = med
     return summary
+
+
+def _runnable(runs: list[dict]) -> list[float]:
+    """Each round's share of the window on a CPU or runnable waiting for one (older results: none)."""
+    return [
+        x["on_cpu_share"] + x["runqueue_share"]
+        for x in runs
+        if x.get("on_cpu_share") is not None and x.get("runqueue_share") is not None
+    ]
 
 
 def render_md(doc: dict) -> str:
@@ -727,17 +830,20 @@ def render_md(doc: dict) -> str:
         f"load average at start {doc['device']['loadavg_at_start']} (shared machine).",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()) + ".",
         "",
-        "| protocol | variant | max req/s | req/s vs bare (paired) | CPU µs/req | added µs/req (paired) "
+        "| protocol | variant | max req/s | req/s vs bare (paired) | range over rounds | CPU µs/req "
+        "| added µs/req (paired) | req/s per CPU-s vs bare (paired) | runnable share "
         "| req/s vs same transport bare | added µs/req vs same transport bare |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     summary = summarize(doc["rounds"])
     for proto, med in summary.items():
         for name, m in med.items():
+            lo, hi = m["paired_rps_ratio_range"]
+            share = f"{m['runnable_share']:.2f}" if m["runnable_share"] is not None else "–"
             lines.append(
-                f"| {proto} | {name} | {m['rps']:.0f} | {m['paired_rps_ratio']:.3f} | "
-                f"{m['cpu_us_per_req']:.0f} | {m['paired_added_cpu_us']:+.0f} | "
-                f"{m['paired_rps_ratio_vs_raw']:.3f} | {m['paired_added_cpu_us_vs_raw']:+.0f} |"
+                f"| {proto} | {name} | {m['rps']:.0f} | {m['paired_rps_ratio']:.3f} | {lo:.2f}–{hi:.2f} | "
+                f"{m['cpu_us_per_req']:.0f} | {m['paired_added_cpu_us']:+.0f} | {m['paired_ceiling_ratio']:.3f} | "
+                f"{share} | {m['paired_rps_ratio_vs_raw']:.3f} | {m['paired_added_cpu_us_vs_raw']:+.0f} |"
             )
     if doc.get("client_cpu_per_call"):
         runs = doc["client_cpu_per_call"]
@@ -781,9 +887,10 @@ def render_md(doc: dict) -> str:
         v = [r[name]["cpu_us_per_call"] for r in runs if name in r]
         return statistics.median(v) if v else None
 
+    http_raw = "bare http1" if med_cpu("bare http1") else "bare geventhttpclient"  # older results: no http1
     for proto, ref, mine, raw in (
         ("grpc", "bare grpcio", "pathprobe h2", "bare h2"),
-        ("http", "bare FastHttpUser", "pathprobe http", "bare geventhttpclient"),
+        ("http", "bare FastHttpUser", "pathprobe http", http_raw),
     ):
         if proto in summary:
             m = summary[proto]["pathprobe"]
@@ -813,8 +920,14 @@ def render_md(doc: dict) -> str:
         "  bare run of the same round; client CPU per call (measured outside Locust, interleaved in",
         "  blocks) is the figure that resolves tens of µs here, and for a load generator that is the",
         "  limit: its max req/s on a core is 1 / CPU per request.",
-        "- `bare-h2` / `bare-raw` use the transport pathprobe's users use, with only Locust's request",
-        "  event: pathprobe's own accounting is the difference to them.",
+        "- runnable share: the part of each round's window the load generator process was on a CPU",
+        "  or runnable waiting for one (Linux schedstat, all its threads). Near 1 it never waited for",
+        "  anything else (no blocking I/O, no sleeps): its req/s is its CPU share divided by its CPU per",
+        "  request, and the share is set by the other processes on the machine, so on a shared box the",
+        "  paired req/s swings with them while req/s per CPU-second (1 / CPU per request) does not.",
+        "- `bare-h2` / `bare-http1` use the transport pathprobe's users use, with only Locust's request",
+        "  event: pathprobe's own accounting is the difference to them. `bare-raw` is geventhttpclient",
+        "  (the client under FastHttpUser) with only the request event.",
         "- `pathprobe+trace` exports a CLIENT span per request to an OTLP JSON lines file in the",
         "  same process; sample (`OTEL_TRACES_SAMPLER=traceidratio OTEL_TRACES_SAMPLER_ARG=0.1`)",
         "  when tracing under maximum load.",

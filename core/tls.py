@@ -5,7 +5,7 @@ with ``ca`` it also asks for and verifies client certificates (mTLS). A client v
 the server against ``ca`` (the system's CAs when unset) and presents ``cert`` + ``key``
 when given (mTLS). ``server_name`` overrides the name checked in the server's
 certificate (default: the host dialled). The same object makes the grpcio credentials
-and the ``ssl.SSLContext`` (aiohttp, asyncio, geventhttpclient), so every process
+and the ``ssl.SSLContext`` (aiohttp, asyncio, the load generator's HTTP client), so every process
 checks certificates the same way.
 """
 
@@ -103,17 +103,6 @@ class TlsFiles:
 
     def grpc_options(self) -> list[tuple[str, Any]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
-
-    def gevent_ssl_options(self) -> dict[str, Any]:
-        """``ssl_options`` for geventhttpclient's HTTPClient."""
-        out: dict[str, Any] = {}
-        if self.ca:
-            out["ca_certs"] = self.ca
-        if self.cert:
-            out["certfile"], out["keyfile"] = self.cert, self.key
-        if self.server_name:
-            out["server_hostname"] = self.server_name
-        return out
 
 
 def _read(path: str | None) -> bytes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import Any, TextIO
+from typing import IO, Any
 
 from pathprobe import rtt
 from pathprobe.loadgen.records import Aggregator, Record
@@ -15,14 +15,16 @@ from pathprobe.loadgen.records import Aggregator, Record
 try:
     import orjson
 
-    def dumps_lines(batch: list[Record]) -> str:
-        return b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in batch).decode()
+    def dumps_lines(batch: list[Record]) -> bytes:
+        """One UTF-8 JSON line per record (bytes: written as they are, never decoded and re-encoded)."""
+        dumps, opt = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+        return b"".join([dumps(r, option=opt) for r in batch])
 
 except ImportError:  # pragma: no cover - orjson is a dependency; stdlib fallback
     _enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
-    def dumps_lines(batch: list[Record]) -> str:
-        return "".join(_enc(r) + "\n" for r in batch)
+    def dumps_lines(batch: list[Record]) -> bytes:
+        return "".join(_enc(r) + "\n" for r in batch).encode()
 
 
 class JsonlWriter:
@@ -30,12 +32,12 @@ class JsonlWriter:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fh: TextIO | None = None
+        self._fh: IO[bytes] | None = None
 
     def open_fresh(self) -> None:
         self.close()
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - held across batches, closed in close()
+        self._fh = open(self.path, "wb")  # noqa: SIM115 - held across batches, closed in close()
 
     def __call__(self, batch: list[Record]) -> None:
         if self._fh is None:
