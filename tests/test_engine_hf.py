@@ -121,11 +121,17 @@ def test_batch_matches_each_alone(engine: TransformersEngine) -> None:
 
 
 def test_staggered_arrivals_join_running_batch(engine: TransformersEngine) -> None:
-    """Continuous batching: a request that arrives mid-generation joins without waiting."""
-    alone = [greedy(engine, p, 16, ignore_eos=True)[:2] for p in PROMPTS[:3]]
+    """Continuous batching: a request that arrives mid-generation joins without waiting.
+
+    The first request decodes 192 tokens and the late ones are sent after its 5th: the consumer's
+    loop may get its tokens in bursts (the GIL's 5 ms switch interval on a busy box), so a short
+    first request could be over before the late ones exist; this one is still decoding then."""
+    n_first = 192
+    alone = [greedy(engine, PROMPTS[0], n_first, ignore_eos=True)[:2]]
+    alone += [greedy(engine, p, 16, ignore_eos=True)[:2] for p in PROMPTS[1:3]]
 
     async def go():
-        first = engine.generate(GenParams(prompt=PROMPTS[0], max_tokens=16, ignore_eos=True))
+        first = engine.generate(GenParams(prompt=PROMPTS[0], max_tokens=n_first, ignore_eos=True))
         it = first.__aiter__()
         head = [await it.__anext__() for _ in range(5)]
         late = [engine.generate(GenParams(prompt=p, max_tokens=16, ignore_eos=True)) for p in PROMPTS[1:3]]
@@ -135,6 +141,7 @@ def test_staggered_arrivals_join_running_batch(engine: TransformersEngine) -> No
         return first, first_text, late, late_res
 
     first, first_text, late, late_res = run(go())
+    assert first.completion_tokens == n_first
     assert first_text == alone[0][0]
     assert late_res == alone[1:]
     assert first.timing.batch_size == 3  # the late ones joined its batch

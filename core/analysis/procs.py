@@ -4,6 +4,7 @@ processes compare starts (each with its log file, its own process group, its cor
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,7 +18,44 @@ from pathprobe.errors import PathprobeError
 LOOPBACK = "127.0.0.1"
 
 
+#: the kernel's range for outgoing connections' local ports (and for ``bind(("", 0))``)
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+#: the lowest port :func:`free_port` hands out when it picks below the ephemeral range
+LOW_PORT = 10000
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        low = int(Path(EPHEMERAL_RANGE_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return low if low - LOW_PORT >= 1000 else None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on, for a process started next.
+
+    Picked at random *below* the kernel's ephemeral range where there is one: a port from
+    ``bind(0)`` lies inside it, and between closing the probe socket and the child binding it,
+    any outgoing connection on the machine (a load generator opening hundreds) may take it as
+    its local port ("address already in use" at start). Below the range only another picker
+    can collide, which a random choice makes rare."""
+    low = _ephemeral_low()
+    if low is not None:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(LOW_PORT, low)
+            if _bindable(port):
+                return port
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,12 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pathprobe.analysis.procs import free_port
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, tls=None) -> None:
