@@ -160,9 +160,11 @@ class HttpTarget(Target):
         out.entries = self._entries_from_header(resp)
         return obj
 
-    def _sse(self, resp: Any, out: Outcome, on_event: Any) -> None:
-        """Reads ``data:`` events until ``[DONE]`` or the end of the body."""
+    def _sse(self, resp: Any, out: Outcome, on_event: Any) -> bool:
+        """Reads ``data:`` events until ``[DONE]`` or the end of the body; whether ``[DONE]`` came
+        (a stream whose body ends without it was cut short somewhere on the path)."""
         dec = 0
+        done = False
         loads = self._loads
         while True:
             line = resp.readline(b"\n")
@@ -173,6 +175,7 @@ class HttpTarget(Target):
             payload = line[5:].strip()
             out.response_bytes += len(line)
             if payload == b"[DONE]":
+                done = True
                 break
             ta = pc()
             obj = loads(payload)
@@ -183,6 +186,7 @@ class HttpTarget(Target):
         out.decode_ns = dec
         if not out.entries:
             out.entries = self._entries_from_header(resp)
+        return done
 
     def close(self) -> None:
         self.client.close()
@@ -209,6 +213,10 @@ def take_usage_and_timing(obj: dict[str, Any], out: Outcome) -> None:
     st = obj.get("server_timing")
     if st:
         out.entries = timing.parse_chain(st)
+
+
+#: the error of an SSE stream whose body ended without ``data: [DONE]``
+CUT_SHORT = "the event stream ended before data: [DONE]"
 
 
 def finish_stream(out: Outcome, err: Any) -> None:

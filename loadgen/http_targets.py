@@ -10,7 +10,14 @@ from pathprobe import timing
 from pathprobe.deadline import TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen.call import CallSpec, Outcome, pc
-from pathprobe.loadgen.http_base import HttpTarget, extra_headers, finish_stream, take_report, take_usage_and_timing
+from pathprobe.loadgen.http_base import (
+    CUT_SHORT,
+    HttpTarget,
+    extra_headers,
+    finish_stream,
+    take_report,
+    take_usage_and_timing,
+)
 from pathprobe.tls import TlsFiles
 
 
@@ -59,7 +66,8 @@ class NativeHttpTarget(HttpTarget):
                 state["n"] += len(obj.get("token_ids") or ()) or 1
             take_usage_and_timing(obj, out)
 
-        self._sse(resp, out, on_event)
+        if not self._sse(resp, out, on_event) and not state["err"]:
+            state["err"] = CUT_SHORT
         if out.tokens_out is None:
             out.tokens_out = state["n"]
         finish_stream(out, state["err"])
@@ -145,7 +153,8 @@ class OpenAITarget(HttpTarget):
             if "metrics" in obj:  # vLLM: the final usage chunk carries its per-request metrics
                 take_report(None, obj, out)
 
-        self._sse(resp, out, on_event)
+        if not self._sse(resp, out, on_event) and not state["err"]:
+            state["err"] = CUT_SHORT
         if out.tokens_out is None:
             out.tokens_out = state["n"]
         finish_stream(out, state["err"])

@@ -188,3 +188,31 @@ def test_the_native_target_sends_the_same_request_and_reads_the_answer(serve):
         assert {"Content-Type: application/json", "Accept: application/json, text/event-stream"} <= set(lines)
         assert any(line.startswith(f"{TIMEOUT_HEADER}: ") for line in lines)
         assert ("traceparent: 00-" + "1" * 32 + "-" + "2" * 16 + "-01" in lines) is (n == 1)
+
+
+def _chunked(*events: bytes) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_an_event_stream_without_done_is_a_failure_not_an_ok_record(serve, done):
+    """Nothing lost silently: a stream whose body ends (well-formed) before ``data: [DONE]`` was cut
+    short somewhere on the path; its record is not ok and says so."""
+    from pathprobe.loadgen.http_base import CUT_SHORT
+    from pathprobe.loadgen.targets import CallSpec, OpenAITarget, Outcome
+
+    events = [b'data: {"choices": [{"text": " Paris"}]}\n\n']
+    if done:
+        events.append(b"data: [DONE]\n\n")
+    srv = serve(lambda c, i, r: c.sendall(_chunked(*events)) or True)
+    target = OpenAITarget(f"http://127.0.0.1:{srv.port}", 20)
+    target._model = "m"
+    try:
+        out = Outcome()
+        target.call(CallSpec(prompt="x", max_tokens=1, stream=True, request_id="r"), {}, out)
+    finally:
+        target.close()
+    assert out.tokens_out == 1
+    assert out.ok is done
+    assert (out.error == CUT_SHORT) is (not done)
