@@ -41,7 +41,9 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import gevent  # noqa: E402
 import grpc  # noqa: E402
@@ -147,25 +149,19 @@ class BareH2GrpcUser(User):
         )
 
 
-class BareRawHttpUser(User):
-    """Bare, over a geventhttpclient ``HTTPClient`` (the client under FastHttpUser)."""
+class _BareClientUser(User):
+    """A bare HTTP user over a raw client: ``post()`` sends the request, Locust's event only."""
 
+    abstract = True
     wait_time = constant(0)
 
-    def on_start(self) -> None:
-        from geventhttpclient import HTTPClient
-        from geventhttpclient.url import URL
-
-        self.client = HTTPClient.from_url(URL(self.host.rstrip("/") + "/"), concurrency=1)
-        self.body = json.dumps({"prompt": PROMPT, "max_tokens": MAX_TOKENS, "ignore_eos": True}).encode()
-
-    def on_stop(self) -> None:
-        self.client.close()
+    def post(self) -> Any:
+        raise NotImplementedError
 
     @task
     def generate(self) -> None:
         t0 = time.perf_counter()
-        resp = self.client.post("/v1/generate", body=self.body, headers={"Content-Type": "application/json"})
+        resp = self.post()
         json.loads(resp.read())
         self.environment.events.request.fire(
             request_type="http",
@@ -177,10 +173,25 @@ class BareRawHttpUser(User):
         )
 
 
-class BareHttp1User(User):
-    """Bare, over the same HTTP/1.1 client pathprobe's HTTP user uses (``pathprobe.loadgen.http1``)."""
+class BareRawHttpUser(_BareClientUser):
+    """Bare, over a geventhttpclient ``HTTPClient`` (the client under FastHttpUser)."""
 
-    wait_time = constant(0)
+    def on_start(self) -> None:
+        from geventhttpclient import HTTPClient
+        from geventhttpclient.url import URL
+
+        self.client = HTTPClient.from_url(URL(self.host.rstrip("/") + "/"), concurrency=1)
+        self.body = json.dumps({"prompt": PROMPT, "max_tokens": MAX_TOKENS, "ignore_eos": True}).encode()
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    def post(self) -> Any:
+        return self.client.post("/v1/generate", body=self.body, headers={"Content-Type": "application/json"})
+
+
+class BareHttp1User(_BareClientUser):
+    """Bare, over the same HTTP/1.1 client pathprobe's HTTP user uses (``pathprobe.loadgen.http1``)."""
 
     def on_start(self) -> None:
         from urllib.parse import urlsplit
@@ -194,19 +205,8 @@ class BareHttp1User(User):
     def on_stop(self) -> None:
         self.conn.close()
 
-    @task
-    def generate(self) -> None:
-        t0 = time.perf_counter()
-        resp = self.conn.post("/v1/generate", self.body, {"Content-Type": "application/json"})
-        json.loads(resp.read())
-        self.environment.events.request.fire(
-            request_type="http",
-            name="bare.generate",
-            response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0,
-            exception=None if resp.status_code == 200 else RuntimeError(resp.status_code),
-            context={},
-        )
+    def post(self) -> Any:
+        return self.conn.post("/v1/generate", self.body, {"Content-Type": "application/json"})
 
 
 class BareHttpUser(FastHttpUser):
@@ -371,11 +371,52 @@ def bookkeeping(n: int, out: str) -> dict:
     return res
 
 
+def bare_event(fire: Any, kind: str, t0: float) -> None:
+    """Locust's request event for one bare call begun at ``t0`` (perf_counter seconds)."""
+    fire(
+        request_type=kind,
+        name="bare",
+        response_time=(time.perf_counter() - t0) * 1000,
+        response_length=0,
+        exception=None,
+        context={},
+    )
+
+
+def interleaved_blocks(
+    variants: dict[str, Callable[[], None]], blocks: int, block: int, seed: int, flush: Callable[[], None]
+) -> dict[str, dict[str, float]]:
+    """CPU and wall µs per call of each variant: ``blocks`` blocks of ``block`` calls each, the
+    variants in a freshly shuffled order every block (block 0 is a warm-up, not counted);
+    pathprobe's variants then flush their histograms and records, as the flusher does."""
+    import random
+
+    cpu = {n: 0.0 for n in variants}
+    wall = {n: 0.0 for n in variants}
+    rnd = random.Random(seed)
+    order = list(variants)
+    for b in range(blocks + 1):
+        rnd.shuffle(order)
+        for name in order:
+            fn = variants[name]
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(block):
+                fn()
+            if name.startswith("pathprobe"):
+                flush()
+            if b:
+                cpu[name] += time.process_time() - c0
+                wall[name] += time.perf_counter() - w0
+    n = blocks * block
+    return {
+        name: {"cpu_us_per_call": cpu[name] / n * 1e6, "wall_us_per_call": wall[name] / n * 1e6} for name in variants
+    }
+
+
 def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
     """The same as :func:`client_cpu` for the native HTTP users: Locust's FastHttpSession (what a bare
     FastHttpUser posts with), a bare geventhttpclient ``HTTPClient`` (the client under it), a bare
     ``http1`` connection (what pathprobe's user posts with) and pathprobe's ``HttpLLMUser``."""
-    import random
 
     from geventhttpclient import HTTPClient
     from geventhttpclient.url import URL
@@ -417,27 +458,13 @@ def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
         t0 = time.perf_counter()
         resp = raw.post("/v1/generate", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         json.loads(resp.read())
-        fire(
-            request_type="http",
-            name="bare",
-            response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0,
-            exception=None,
-            context={},
-        )
+        bare_event(fire, "http", t0)
 
     def bare_http1() -> None:
         t0 = time.perf_counter()
         resp = h1.post("/v1/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
         json.loads(resp.read())
-        fire(
-            request_type="http",
-            name="bare",
-            response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0,
-            exception=None,
-            context={},
-        )
+        bare_event(fire, "http", t0)
 
     variants = {
         "bare FastHttpUser": bare_fasthttp,
@@ -445,31 +472,13 @@ def http_client_cpu(url: str, blocks: int, block: int, out: str) -> dict:
         "bare http1": bare_http1,
         "pathprobe http": user.generate,
     }
-    cpu = {n: 0.0 for n in variants}
-    wall = {n: 0.0 for n in variants}
-    rnd = random.Random(5)
-    order = list(variants)
-    for b in range(blocks + 1):  # block 0: warm-up, not counted
-        rnd.shuffle(order)
-        for name in order:
-            fn = variants[name]
-            c0, w0 = time.process_time(), time.perf_counter()
-            for _ in range(block):
-                fn()
-            if name.startswith("pathprobe"):
-                rt.agg.flush(rt.writer)
-            if b:
-                cpu[name] += time.process_time() - c0
-                wall[name] += time.perf_counter() - w0
+    per_call = interleaved_blocks(variants, blocks, block, 5, lambda: rt.agg.flush(rt.writer))
     env.events.test_stop.fire(environment=env)
     runner.quit()
     raw.close()
     h1.close()
     user.on_stop()
-    n = blocks * block
-    return {
-        name: {"cpu_us_per_call": cpu[name] / n * 1e6, "wall_us_per_call": wall[name] / n * 1e6} for name in variants
-    }
+    return per_call
 
 
 def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
@@ -477,7 +486,6 @@ def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
     interleaved in blocks of ``block`` calls in shuffled order (the server is another process, so
     its CPU is not counted; grpcio's own threads are). No Locust scheduling, so the per-call
     difference between clients is resolved to a few µs even on a busy machine."""
-    import random
 
     from pathprobe.loadgen.h2grpc import Channel
     from pathprobe.loadgen.targets import GrpcTarget, H2GrpcTarget
@@ -514,41 +522,20 @@ def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
     def bare_grpcio() -> None:
         t0 = time.perf_counter()
         stub.Generate(req, timeout=60)
-        fire(
-            request_type="grpc",
-            name="bare",
-            response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0,
-            exception=None,
-            context={},
-        )
+        bare_event(fire, "grpc", t0)
 
     def bare_grpcio_trailers() -> None:
         t0 = time.perf_counter()
         _r, call = stub.Generate.with_call(req, timeout=60)
         call.trailing_metadata()
-        fire(
-            request_type="grpc",
-            name="bare",
-            response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0,
-            exception=None,
-            context={},
-        )
+        bare_event(fire, "grpc", t0)
 
     def bare_h2() -> None:
         t0 = time.perf_counter()
         got: list[bytes] = []
         h2.call("/pathprobe.v1.LLM/Generate", req.SerializeToString(), 60, None, lambda m, _t: got.append(m))
         llm_pb2.GenerateResponse.FromString(got[0])
-        fire(
-            request_type="grpc",
-            name="bare",
-            response_time=(time.perf_counter() - t0) * 1000,
-            response_length=0,
-            exception=None,
-            context={},
-        )
+        bare_event(fire, "grpc", t0)
 
     variants = {
         "bare grpcio": bare_grpcio,
@@ -557,32 +544,14 @@ def client_cpu(address: str, blocks: int, block: int, out: str) -> dict:
         "pathprobe h2": users["h2"].generate,
         "pathprobe grpcio": users["grpcio"].generate,
     }
-    cpu = {n: 0.0 for n in variants}
-    wall = {n: 0.0 for n in variants}
-    rnd = random.Random(3)
-    order = list(variants)
-    for b in range(blocks + 1):  # block 0: warm-up, not counted
-        rnd.shuffle(order)
-        for name in order:
-            fn = variants[name]
-            c0, w0 = time.process_time(), time.perf_counter()
-            for _ in range(block):
-                fn()
-            if name.startswith("pathprobe"):
-                rt.agg.flush(rt.writer)  # histograms + JSONL, as the flusher does
-            if b:
-                cpu[name] += time.process_time() - c0
-                wall[name] += time.perf_counter() - w0
+    per_call = interleaved_blocks(variants, blocks, block, 3, lambda: rt.agg.flush(rt.writer))
     env.events.test_stop.fire(environment=env)
     runner.quit()
     channel.close()
     h2.close()
     for u in users.values():
         u.target.close()
-    n = blocks * block
-    return {
-        name: {"cpu_us_per_call": cpu[name] / n * 1e6, "wall_us_per_call": wall[name] / n * 1e6} for name in variants
-    }
+    return per_call
 
 
 class Upstream:

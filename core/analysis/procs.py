@@ -32,15 +32,6 @@ def _ephemeral_low() -> int | None:
     return low if low - LOW_PORT >= 1000 else None
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port() -> int:
     """A loopback port nothing listens on, for a process started next.
 
@@ -54,7 +45,7 @@ def free_port() -> int:
         rng = random.SystemRandom()
         for _ in range(64):
             port = rng.randrange(LOW_PORT, low)
-            if _bindable(port):
+            if not port_in_use(LOOPBACK, port):
                 return port
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
