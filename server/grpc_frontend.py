@@ -6,7 +6,12 @@ with the ``server-timing`` trailing metadata.
 
 A stream's handler yields each chunk to grpc.aio, which resumes it only once the transport
 has taken the message (the send op's completion, handed from gRPC's poller thread to the
-event loop): ``srv.send`` is the sum of those waits. It is the gRPC stack's time, not the
+event loop). While it waits, the engine is producing the next token, so most of that wait
+is hidden under the engine's own time; ``srv.send`` is only the part that held the stream's
+end back: the waits after the engine's last token was ready (:func:`held_back`; the last
+chunk's wait, and a backlog of chunks when the transport is slower than the engine). Counting
+every wait would count the overlapped part twice, once in the engine's ``srv.decode_steps``
+and once here (a negative "other" where the waits are long and overlapped). It is the gRPC stack's time, not the
 handler's; it swings by tenths of a millisecond with what else the machine runs while the
 chunks go out (e.g. 0.7 ms vs 1.1 ms for six chunks, whether the receiver's relay and client
 work in parallel or not), so the split books it as the link's network (:mod:`pathprobe.segments`).
@@ -54,6 +59,14 @@ def _decode(data: bytes) -> tuple[llm_pb2.GenerateRequest, float]:
     except DecodeError as exc:
         raise InvalidArgument("request", f"not a valid pathprobe.v1.GenerateRequest: {exc}") from None
     return req, now_ms() - t0
+
+
+def held_back(handoffs: list[tuple[float, float]], last_ready_ms: float) -> float:
+    """The part of a stream's hand-offs (each chunk's ``(sent, resumed)``) that held its end back:
+    what lies after the engine's last token was ready. Before that, every wait overlapped the
+    engine producing tokens, which the engine's own time already counts (counting it again
+    would double it); after it, the stream's end waited on nothing but the hand-offs."""
+    return sum(max(0.0, resumed - max(sent, last_ready_ms)) for sent, resumed in handoffs)
 
 
 class LLMService:
@@ -113,7 +126,10 @@ class LLMService:
             scope.decoded(ms)
             gen = scope.start(params_from_proto(req))
             index = 0
+            handoffs: list[tuple[float, float]] = []  # each chunk's yield: (sent, resumed)
+            last_ready = 0.0
             async for ev in gen:
+                last_ready = ev.ready_ms
                 t0 = now_ms()
                 chunk = llm_pb2.GenerateChunk(
                     text=ev.text,
@@ -131,7 +147,8 @@ class LLMService:
                 index += len(ev.token_ids)
                 t_send = now_ms()
                 yield out
-                scope.sent(now_ms() - t_send)
+                handoffs.append((t_send, now_ms()))
+            scope.sent(held_back(handoffs, last_ready))
         except PathprobeError as exc:
             await self._abort(scope, context, exc)
             return

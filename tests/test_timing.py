@@ -141,3 +141,16 @@ def test_address_parser_names_the_flag(value: str) -> None:
 
     with pytest.raises(ConfigError, match="^--upstream: expected HOST:PORT"):
         parse_hostport(value, "--upstream")
+
+
+def test_a_streams_handoff_counts_only_what_held_the_stream_back():
+    """srv.send: the waits on chunk sends while the engine was still producing tokens are the
+    engine's time (already in srv.decode_steps); only what lies after its last token was ready
+    held the stream's end back."""
+    from pathprobe.server.grpc_frontend import held_back
+
+    # tokens ready at 10, 12, 14; sends quick: only the last wait (14.1-14.4) counts
+    assert held_back([(10.0, 10.3), (12.0, 12.3), (14.1, 14.4)], 14.0) == pytest.approx(0.3)
+    # a slow transport: a backlog drains after the last token (ready at 14): 14..20 counts, once
+    assert held_back([(10.0, 13.0), (13.1, 17.0), (17.1, 20.0)], 14.0) == pytest.approx(3.0 + 2.9)
+    assert held_back([], 0.0) == 0.0

@@ -62,6 +62,8 @@ class TokenEvent:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # set on the last event: "stop" | "length"
+    #: now_ms() when the engine handed it to the front end's loop (set by Generation.push)
+    ready_ms: float = field(default=0.0, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -115,6 +117,7 @@ class Generation:
 
     # --- engine side -------------------------------------------------------
     def push(self, event: TokenEvent) -> None:
+        event.ready_ms = now_ms()
         self.completion_tokens += len(event.token_ids)
         if event.finish_reason:
             self.finish_reason = event.finish_reason
