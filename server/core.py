@@ -73,7 +73,8 @@ class RequestScope:
     t0: float = field(default_factory=now_ms)
     decode_ms: float = 0.0
     encode_ms: float = 0.0
-    #: a stream's waits on the transport to take each chunk (``srv.send``); None: not a stream
+    #: a stream's hand-off time that held its end back (``srv.send``; the front end measures it,
+    #: e.g. :func:`pathprobe.server.grpc_frontend.held_back`); None: not reported
     send_ms: float | None = None
     gen: Generation | None = None
     #: the caller's deadline: an absolute now_ms() instant (gRPC), or the HTTP ``grpc-timeout`` header
@@ -114,7 +115,7 @@ class RequestScope:
         self.encode_ms += ms
 
     def sent(self, ms: float) -> None:
-        """A streamed chunk's hand-off: ``ms`` the handler waited for the transport to take it."""
+        """``ms`` of a stream's hand-offs to the transport that held its end back (added to ``srv.send``)."""
         self.send_ms = (self.send_ms or 0.0) + ms
 
     def entries(self) -> dict[str, float]:
