@@ -10,10 +10,12 @@ third-party proxy that reports its own prefix). The client measures e2e and its 
 encode/decode; every link between two neighbours is measured as what the outer one saw
 its upstream take minus what the inner one reports as its total, plus what the inner one
 reports as ``<kind>.send``: on a stream, the time its handler waited on its own transport to
-take each chunk it sent towards the outer one. That wait is the transport's (a gRPC stack's
-write completion and loop wake-up per message), so it is the link's stack time as a unary
-answer's hand-off is (after the hop's total); left in the hop's own time, it would make the
-hop's "other" follow whatever else the machine ran while the stream was sent.
+take the chunks it sent towards the outer one after it had the last of them
+(:func:`pathprobe.timing.held_back`; earlier waits overlapped the work behind it). That wait is
+the transport's (a gRPC stack's write completion and loop wake-up per message), so it is the
+link's stack time as a unary answer's hand-off is (after the hop's total); left in the hop's
+own time, it would make the hop's "other" follow whatever else the machine ran while the
+stream was sent.
 
 Nothing is guessed: when the innermost component reports nothing (a third-party server,
 or a forwarder whose upstream is silent), the innermost link's time holds both network

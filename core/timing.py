@@ -29,9 +29,10 @@ SERVER_ENTRIES = (
 )
 GATEWAY_ENTRIES = ("gw.decode", "gw.upstream", "gw.encode", "gw.total")
 #: the part (``<kind>.send``) a hop that streams reports: of its total, the time its handler waited
-#: on its own transport to take the chunks it sent towards the client (``srv.send``, ``gw.send``).
-#: It is the link's stack time, like a unary answer's hand-off after ``<kind>.total``: the split
-#: books it as network of the link between the hop and its client, not as the hop's own time
+#: on its own transport to take the chunks it sent towards the client (``srv.send``, ``gw.send``),
+#: the part that held the stream's end back (:func:`held_back`). It is the link's stack time, like
+#: a unary answer's hand-off after ``<kind>.total``: the split books it as network of the link
+#: between the hop and its client, not as the hop's own time
 SEND_PART = "send"
 #: the entry prefix of a model server's hop
 SERVER_KIND = "srv"
@@ -42,6 +43,15 @@ GATEWAY_KIND = "gw"
 def now_ms() -> float:
     """Monotonic time in milliseconds (only differences are meaningful)."""
     return time.perf_counter_ns() / 1e6
+
+
+def held_back(handoffs: Iterable[tuple[float, float]], last_ms: float) -> float:
+    """The part of a stream's hand-offs (each chunk's ``(sent, resumed)`` on the hop's own transport)
+    that held the stream's end back: what lies after ``last_ms``, the moment the hop had the last of
+    what it forwards (a server: its engine's last token ready; a gateway: its upstream's last message
+    seen). Before that, every wait overlapped the work upstream of it, which the hop's upstream time
+    (or its engine's) already counts; counting it again would double it. This is ``<kind>.send``."""
+    return sum(max(0.0, resumed - max(sent, last_ms)) for sent, resumed in handoffs)
 
 
 def format_entries(entries: Mapping[str, float]) -> str:

@@ -4,15 +4,17 @@ The baseline for the HTTP side. Any method and path is forwarded (native and
 OpenAI-compatible routes alike). ``Server-Timing`` is forwarded with ``gw.*`` appended;
 for SSE streams the event that carries ``server_timing`` is re-written with the gateway's
 entries appended (its parse and re-dump are the only ``gw.decode`` / ``gw.encode``).
-The waits for the client's transport to take the stream's response head and each event before
-that one are ``gw.send``: the client link's stack time (:mod:`pathprobe.segments`), left out of
-``gw.upstream``.
+The waits for the client's transport to take each event before that one are ``gw.send`` (the
+client link's stack time) as far as they held the stream's end back, i.e. lay after the upstream's
+timed event arrived (:mod:`pathprobe.gateway.streamwork`: it reads each event's ``emit_ms`` for
+that); the rest overlapped the upstream producing the next event and stays inside ``gw.upstream``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import aiohttp
@@ -27,11 +29,14 @@ from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.httpup import SessionOwner, body_error
 from pathprobe.gateway.metrics import Metrics
+from pathprobe.gateway.streamwork import StreamWork
 from pathprobe.gateway.upstreams import Pool
-from pathprobe.timing import now_ms
+from pathprobe.timing import held_back, now_ms
 
 #: paths any caller may read through the proxy (the upstream's probes and metrics)
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+#: an SSE event's emit offset (pathprobe servers put one on every chunk)
+_EMIT = re.compile(rb'"emit_ms":\s*([0-9]+(?:\.[0-9]+)?)')
 
 
 def _req_headers(h: Any) -> dict[str, str]:
@@ -129,12 +134,11 @@ class HttpProxy(SessionOwner):
         self, request: web.Request, up: Any, headers: dict[str, str], t0: float, ent: Entries, spans: Spans
     ) -> web.StreamResponse:
         out = web.StreamResponse(status=up.resp.status, headers=headers)
-        ts = now_ms()
         await out.prepare(request)
-        ent.send = now_ms() - ts  # the client link's: see _rewrite
         status = up.resp.status
         try:
             event: list[bytes] = []
+            work = StreamWork()
             try:
                 async for line in up.resp.content:
                     event.append(line)
@@ -142,11 +146,15 @@ class HttpProxy(SessionOwner):
                         continue
                     data = b"".join(event)
                     event = []
-                    if data.startswith(b"data:") and (b'"server_timing"' in data or _final_usage(data)):
-                        data = self._rewrite(data, up, t0, ent, spans)
-                    ts = now_ms()
+                    if not data.startswith(b"data:"):
+                        await out.write(data)
+                        continue
+                    td = now_ms()
+                    work.chunk(td, _emit_ms(data))
+                    if b'"server_timing"' in data or _final_usage(data):
+                        data = self._rewrite(data, up, t0, ent, spans, work)
                     await out.write(data)
-                    ent.send += now_ms() - ts  # once the rewritten event is out: after gw.total, not sent
+                    work.send.append((td, now_ms()))
             except (TimeoutError, aiohttp.ClientError) as exc:
                 err = body_error(up.upstream, exc, self.cfg.timeout)
                 code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)
@@ -170,7 +178,9 @@ class HttpProxy(SessionOwner):
             spans.end({"http.response.status_code": status}, None, ent.total, ent.sent)
         return out
 
-    def _rewrite(self, data: bytes, up: Any, t0: float, ent: Entries, spans: Spans | None = None) -> bytes:
+    def _rewrite(
+        self, data: bytes, up: Any, t0: float, ent: Entries, spans: Spans | None = None, work: StreamWork | None = None
+    ) -> bytes:
         td = now_ms()
         try:
             obj = json.loads(data[5:])
@@ -178,8 +188,10 @@ class HttpProxy(SessionOwner):
             return data
         t1 = now_ms()
         ent.decode += t1 - td
-        # the upstream's last timed event: its work is done (this parse is ours); the waits for the
-        # client's transport to take the events before it are the client link's (gw.send)
+        # the upstream's last timed event: its work is done (this parse is ours); of the hand-offs of
+        # the events before it, those after this one arrived held the stream back (gw.send)
+        if work is not None:
+            ent.send = held_back(work.send, work.last_arrival())
         ent.upstream = td - up.t0 - (ent.send or 0.0)
         ent.connect = self.connects.get(up.upstream.target)
         ent.total = now_ms() - t0
@@ -188,9 +200,15 @@ class HttpProxy(SessionOwner):
         ent.encode += now_ms() - t1  # after gw.total: in metrics, not in what was sent
         if spans is not None:
             spans.child("gw.decode", td, t1 - td)
-            if ent.send:  # the events' hand-offs so far, shown as one interval before this one
+            if ent.send:  # the hand-offs that held the stream back, shown as one interval before this one
                 spans.child("gw.send", td - ent.send, ent.send)
         return out
+
+
+def _emit_ms(data: bytes) -> float | None:
+    """An event's ``emit_ms`` (the upstream's emit offset), read without parsing the event."""
+    m = _EMIT.search(data)
+    return float(m.group(1)) if m else None
 
 
 def _final_usage(data: bytes) -> bool:

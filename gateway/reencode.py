@@ -5,16 +5,12 @@ and re-encoded twice. ``gw.decode`` = protobuf request parse + upstream JSON par
 ``gw.encode`` = JSON request dump + protobuf response serialize. Upstream ``srv.*`` come
 from the ``Server-Timing`` header (unary) or the last SSE event's ``server_timing``.
 
-Streams: chunks are transcoded while the upstream call is open. That time is reported in
-``gw.decode`` / ``gw.encode``; the waits for grpc.aio to resume the handler after each chunk it
-yields (the client transport has taken the message) are reported as ``gw.send``; both are left
-out of ``gw.upstream`` (the time waiting on the upstream). ``gw.send`` is the client link's stack
-time and is booked as its network (:mod:`pathprobe.segments`); before it was reported it sat in
-``gw.upstream``, the *upstream* link's network, and a delay on the client link moved that link's
-figure (by -0.38 ms in one run: grpc.aio's per-message completions are slower while the client's
-side works in parallel). The gateway's own "other" never goes negative; the price is that network
-hop 2 (``gw.upstream - srv.total``) is short by the part of the chunk work that ran while the
-server was still generating, and can go below zero on a fast hop.
+Streams: chunks are transcoded while the upstream call is open, and grpc.aio resumes the handler
+after each chunk it yields once the client's transport has taken the message. The part of that
+work after the upstream's last chunk arrived held the stream's end back and is the gateway's
+(``gw.decode`` / ``gw.encode``) or its client link's (``gw.send``); the rest overlapped the
+upstream producing its next chunk and stays inside ``gw.upstream``
+(:mod:`pathprobe.gateway.streamwork`, the server's rule for ``srv.send``).
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, up
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error, request
 from pathprobe.gateway.metrics import Metrics
+from pathprobe.gateway.streamwork import StreamWork, chunk_spans
 from pathprobe.gateway.upstreams import Pool
 from pathprobe.timing import now_ms
 from pathprobe.tls import add_port
@@ -242,7 +239,8 @@ class Reencoder(SessionOwner):
         up = None
         upstream_st = None
         ok = False
-        c_dec = c_enc = c_first = c_send = 0.0
+        c_dec = c_enc = c_send = 0.0
+        work = StreamWork()
         n_chunks = 0
         try:
             up = await self._forward(ctx, md, raw, ent, spans, True, timeout)
@@ -260,11 +258,11 @@ class Reencoder(SessionOwner):
                     if payload == b"[DONE]":
                         break
                     td = now_ms()
-                    if not n_chunks:
-                        c_first = td
                     n_chunks += 1
                     try:
                         obj = json.loads(payload)
+                        emit = obj.get("emit_ms")
+                        work.chunk(td, emit if isinstance(emit, int | float) else None)
                         st = obj.pop("server_timing", None)
                         if st is not None:
                             upstream_st = st
@@ -276,19 +274,20 @@ class Reencoder(SessionOwner):
                         json_format.ParseDict(obj, chunk, ignore_unknown_fields=True)
                     finally:
                         t1 = now_ms()
-                        c_dec += t1 - td
+                        work.decode.append((td, t1))
                     out = chunk.SerializeToString()
                     ts = now_ms()
-                    c_enc += ts - t1
+                    work.encode.append((t1, ts))
                     yield out
-                    c_send += now_ms() - ts
+                    work.send.append((ts, now_ms()))
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise body_error(up.upstream, exc, timeout) from None
             finally:
-                # Chunks are transcoded while the upstream call is open: that is the gateway's own
-                # time (gw.decode / gw.encode); the waits for the client's transport to take them are
-                # the client link's (gw.send). Both are taken out of gw.upstream so no segment counts
-                # them twice.
+                # Chunks are transcoded and handed to the client's transport while the upstream call
+                # is open; only the part of that work after the upstream's last chunk arrived held
+                # the stream back (gw.decode / gw.encode / gw.send, taken out of gw.upstream so no
+                # segment counts it twice): pathprobe.gateway.streamwork
+                c_dec, c_enc, c_send = work.held()
                 ent.upstream = now_ms() - up.t0 - c_dec - c_enc - c_send
                 ent.decode += c_dec
                 ent.encode += c_enc
@@ -309,10 +308,8 @@ class Reencoder(SessionOwner):
                     up.resp.close()  # a half-read stream: drop the connection, the server frees the slot
                 self.pool.release(up.upstream)
                 if spans.server is not None:
-                    if n_chunks:  # the chunks' transcoding, each kind shown as one interval from the first
-                        spans.child("gw.decode", c_first, c_dec, {"pathprobe.chunks": n_chunks})
-                        spans.child("gw.encode", c_first + c_dec, c_enc, {"pathprobe.chunks": n_chunks})
-                        spans.child("gw.send", c_first + c_dec + c_enc, c_send, {"pathprobe.chunks": n_chunks})
+                    if n_chunks:
+                        chunk_spans(spans, work, (c_dec, c_enc, c_send))
                     if up.cspan is not None and up.cspan.is_recording():  # ended early (error, client gone)
                         Spans.end_client(up.cspan, {}, "upstream stream not completed", up.t0, ent.upstream)
                     if not ok and spans.server.is_recording():  # the client went away

@@ -7,17 +7,12 @@ Envoy map it (:data:`pathprobe.errors.GRPC_TO_HTTP`). Timing: ``gw.decode`` = JS
 + message build + upstream response parse, ``gw.encode`` = request serialize + response
 JSON; upstream ``srv.*`` entries come from the call's trailing metadata.
 
-Streams: chunks are transcoded while the upstream call is open. That time is reported in
-``gw.decode`` / ``gw.encode``; the waits for the client's transport to take each SSE event
-(``resp.prepare`` / ``resp.write``) are reported as ``gw.send``; both are left out of
-``gw.upstream``, which stays the time spent waiting on the upstream (its chunks' arrival and
-this loop's wake-up for each: the upstream link's receive side). ``gw.send`` is the client
-link's stack time, booked as that link's network (:mod:`pathprobe.segments`), as a unary
-answer's hand-off after ``gw.total`` is; before it was reported, it sat in ``gw.upstream``,
-i.e. in the network of the *upstream* link. The gateway's own "other" never goes negative; the
-price is that network hop 2 (``gw.upstream - srv.total + srv.send``) is short by the part of
-the chunk work that ran while the server was still generating, and can go below zero on a fast
-hop.
+Streams: chunks are transcoded and handed to the client's transport (``resp.prepare`` /
+``resp.write``) while the upstream call is open. The part of that work after the upstream's last
+chunk arrived held the stream's end back and is the gateway's (``gw.decode`` / ``gw.encode``) or
+its client link's (``gw.send``); the rest overlapped the upstream producing its next chunk and
+stays inside ``gw.upstream`` (:mod:`pathprobe.gateway.streamwork`, the server's rule for
+``srv.send``). The last chunk waits for the trailers and goes out after ``gw.total``.
 """
 
 from __future__ import annotations
@@ -38,6 +33,7 @@ from pathprobe.gateway.common import Entries, client_credentials, error_event, u
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.passthrough import connect_failure
+from pathprobe.gateway.streamwork import StreamWork, chunk_spans
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles, grpc_channel
@@ -311,36 +307,35 @@ class Transcoder:
         resp: web.StreamResponse | None = None
         held: dict[str, Any] | None = None
         status = 200
-        # Chunks are transcoded while the upstream call is open: that time is the gateway's own
-        # (gw.decode / gw.encode), and handing each event to the client's transport is the client
-        # link's (gw.send), so both are taken out of gw.upstream, which stays the time spent
-        # waiting on the upstream (the segments then never count any of it twice).
+        # Chunks are transcoded and handed to the client's transport while the upstream call is
+        # open; only the part of that work after the upstream's last chunk arrived held the stream
+        # back (gw.decode / gw.encode / gw.send, taken out of gw.upstream): pathprobe.gateway.streamwork
+        work = StreamWork()
         c_dec = c_enc = c_send = 0.0
-        c_first = 0.0
         n_chunks = 0
         try:
             try:
                 async for raw in call:
                     td = now_ms()
                     chunk = llm_pb2.GenerateChunk.FromString(raw)
+                    work.chunk(td, chunk.emit_ms)
                     t1 = now_ms()
+                    work.decode.append((td, t1))
                     obj = jsoncodec.to_dict(chunk)
-                    if not n_chunks:
-                        c_first = td
                     n_chunks += 1
-                    c_dec += t1 - td
                     if chunk.finish_reason:
-                        c_enc += now_ms() - t1
+                        work.encode.append((t1, now_ms()))
                         held = obj  # the last chunk waits for the trailers (srv.* timing)
                         continue
                     data = b"data: " + jsoncodec.dumps(obj) + b"\n\n"
                     ts = now_ms()
-                    c_enc += ts - t1
+                    work.encode.append((t1, ts))
                     if resp is None:
                         resp = web.StreamResponse(headers=SSE_HEADERS)
                         await resp.prepare(request)
                     await resp.write(data)
-                    c_send += now_ms() - ts
+                    work.send.append((ts, now_ms()))
+                c_dec, c_enc, c_send = work.held()
                 ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send
                 ent.decode += c_dec
                 ent.encode += c_enc
@@ -361,6 +356,7 @@ class Transcoder:
                     await resp.write(data)
                 await resp.write(SSE_DONE)
             except grpc.aio.AioRpcError as err:
+                c_dec, c_enc, c_send = work.held()
                 ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send
                 ent.decode += c_dec
                 ent.encode += c_enc
@@ -396,10 +392,8 @@ class Transcoder:
                 ent.total = now_ms() - t0
             self.metrics.observe("POST /v1/generate stream", str(status), ent.total, u.target, ent.upstream)
             if spans.server is not None:
-                if n_chunks:  # the chunks' transcoding, each kind shown as one interval from the first chunk
-                    spans.child("gw.decode", c_first, c_dec, {"pathprobe.chunks": n_chunks})
-                    spans.child("gw.encode", c_first + c_dec, c_enc, {"pathprobe.chunks": n_chunks})
-                    spans.child("gw.send", c_first + c_dec + c_enc, c_send, {"pathprobe.chunks": n_chunks})
+                if n_chunks:
+                    chunk_spans(spans, work, (c_dec, c_enc, c_send))
                 if cspan is not None and cspan.is_recording():  # the client went away mid-stream
                     Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc - c_send)
                 spans.end({"http.response.status_code": status}, None if status < 400 else "error", ent.total, ent.sent)

@@ -74,7 +74,7 @@ class RequestScope:
     decode_ms: float = 0.0
     encode_ms: float = 0.0
     #: a stream's hand-off time that held its end back (``srv.send``; the front end measures it,
-    #: e.g. :func:`pathprobe.server.grpc_frontend.held_back`); None: not reported
+    #: e.g. :func:`pathprobe.timing.held_back`); None: not reported
     send_ms: float | None = None
     gen: Generation | None = None
     #: the caller's deadline: an absolute now_ms() instant (gRPC), or the HTTP ``grpc-timeout`` header

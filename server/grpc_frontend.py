@@ -8,7 +8,7 @@ A stream's handler yields each chunk to grpc.aio, which resumes it only once the
 has taken the message (the send op's completion, handed from gRPC's poller thread to the
 event loop). While it waits, the engine is producing the next token, so most of that wait
 is hidden under the engine's own time; ``srv.send`` is only the part that held the stream's
-end back: the waits after the engine's last token was ready (:func:`held_back`; the last
+end back: the waits after the engine's last token was ready (:func:`pathprobe.timing.held_back`; the last
 chunk's wait, and a backlog of chunks when the transport is slower than the engine). Counting
 every wait would count the overlapped part twice, once in the engine's ``srv.decode_steps``
 and once here (a negative "other" where the waits are long and overlapped). It is the gRPC stack's time, not the
@@ -31,7 +31,7 @@ from pathprobe import timing
 from pathprobe.deadline import PUSHBACK_KEY, deadline_in
 from pathprobe.errors import InvalidArgument, PathprobeError
 from pathprobe.server.core import RequestScope, ServerState, params_from_proto
-from pathprobe.timing import now_ms
+from pathprobe.timing import held_back, now_ms
 from pathprobe.tls import TlsFiles, add_port
 from pathprobe.v1 import llm_pb2
 
@@ -59,14 +59,6 @@ def _decode(data: bytes) -> tuple[llm_pb2.GenerateRequest, float]:
     except DecodeError as exc:
         raise InvalidArgument("request", f"not a valid pathprobe.v1.GenerateRequest: {exc}") from None
     return req, now_ms() - t0
-
-
-def held_back(handoffs: list[tuple[float, float]], last_ready_ms: float) -> float:
-    """The part of a stream's hand-offs (each chunk's ``(sent, resumed)``) that held its end back:
-    what lies after the engine's last token was ready. Before that, every wait overlapped the
-    engine producing tokens, which the engine's own time already counts (counting it again
-    would double it); after it, the stream's end waited on nothing but the hand-offs."""
-    return sum(max(0.0, resumed - max(sent, last_ready_ms)) for sent, resumed in handoffs)
 
 
 class LLMService:

@@ -163,11 +163,12 @@ def check_entries(entries: dict[str, float], decode_zero: bool = False, chunk_ti
     assert set(entries) >= GW_ENTRIES, entries
     if chunk_time_out:
         # a stream whose per-chunk time is out of gw.upstream: a transcoded stream's decode/encode
-        # (gw.decode / gw.encode) and any stream's waits for the client's transport to take each chunk
-        # (gw.send) overlap the server's work, so gw.upstream may be below srv.total when the hop is
-        # shorter than that overlap; what holds is no double counting inside the gateway
-        assert entries["gw.upstream"] > 0 and entries["gw.send"] > 0
-        own = entries["gw.upstream"] + entries["gw.decode"] + entries["gw.encode"] + entries["gw.send"]
+        # (gw.decode / gw.encode) overlap the server's work, so gw.upstream may be below srv.total when
+        # the hop is shorter than that overlap; the hand-offs (gw.send) count only what held the
+        # stream's end back; what holds is no double counting inside the gateway
+        send = entries.get("gw.send", 0.0)
+        assert entries["gw.upstream"] > 0 and send >= 0
+        own = entries["gw.upstream"] + entries["gw.decode"] + entries["gw.encode"] + send
         assert entries["gw.total"] - own >= -0.01
     else:
         # causal order (not speed): the gateway's view of the upstream call contains the server's work
@@ -505,8 +506,8 @@ def test_passthrough_body_limit_and_large_messages(tmp_path, synthetic_server, i
 @pytest.mark.parametrize("mode", ["transcode", "reencode"])
 def test_stream_transcoding_is_not_counted_in_upstream(request, mode: str) -> None:
     """Per-chunk transcoding happens while the upstream call is open; it is the gateway's own time
-    (gw.decode / gw.encode), and its waits for the client's transport to take each chunk are the
-    client link's (gw.send), so gw.upstream leaves both out and the gateway's "other"
+    (gw.decode / gw.encode), and its waits for the client's transport that held the stream's end
+    back are the client link's (gw.send), so gw.upstream leaves both out and the gateway's "other"
     (gw.total - gw.upstream - gw.decode - gw.encode - gw.send) is never negative, on every request,
     also with two streams at once."""
     from concurrent.futures import ThreadPoolExecutor
@@ -533,3 +534,8 @@ def test_stream_transcoding_is_not_counted_in_upstream(request, mode: str) -> No
         assert other >= -0.01, e
         assert e["gw.upstream"] > 0, e
         assert e["gw.decode"] > 0 and e["gw.encode"] > 0, e  # the chunks' work is still reported
+        # the hand-offs that overlapped the upstream producing its next chunk stay in gw.upstream:
+        # what the gateway saw of the upstream call, with the transcoding that ran under it, holds the
+        # server's whole time (counting every hand-off as gw.send broke this by 8 ms on 32 chunks)
+        seen = e["gw.upstream"] + e["gw.decode"] + e["gw.encode"]
+        assert seen >= e["srv.total"] - e.get("srv.send", 0.0) - 0.05, e

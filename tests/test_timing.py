@@ -147,7 +147,7 @@ def test_a_streams_handoff_counts_only_what_held_the_stream_back():
     """srv.send: the waits on chunk sends while the engine was still producing tokens are the
     engine's time (already in srv.decode_steps); only what lies after its last token was ready
     held the stream's end back."""
-    from pathprobe.server.grpc_frontend import held_back
+    from pathprobe.timing import held_back
 
     # tokens ready at 10, 12, 14; sends quick: only the last wait (14.1-14.4) counts
     assert held_back([(10.0, 10.3), (12.0, 12.3), (14.1, 14.4)], 14.0) == pytest.approx(0.3)

@@ -1,0 +1,83 @@
+"""Which part of a gateway's per-chunk work held a stream's end back.
+
+A gateway handles each chunk of a stream (parse it, re-encode it, hand it to the client's
+transport) while its upstream produces the next one. Work done before the upstream's last chunk
+arrived overlapped the upstream's own time, which ``gw.upstream`` holds; only the work after that
+instant held the stream's end back, and only that is taken out of ``gw.upstream`` as the
+gateway's (``gw.decode`` / ``gw.encode``) or its client link's (``gw.send``); see
+:func:`pathprobe.timing.held_back`, the same rule the server's ``srv.send`` follows.
+
+The instant the last chunk arrived is not seen when the gateway is behind (the chunk waits in the
+transport's buffer until the gateway asks for it). It is bounded with the upstream's own emit
+offsets (each chunk's ``emit_ms``: a duration since the upstream's request started, so no clock
+crosses a process): the last chunk left ``e_last - e_i`` after chunk ``i``, which the gateway saw at
+``seen_i``, so it arrived by ``min_i(seen_i + e_last - e_i)``. The chunk with the least delay on
+the link bounds it tightest (the minimum-delay filter NTP uses). A gateway that keeps up sees the
+last chunk as it arrives (the bound is ``seen_last``: the overlapped work stays in ``gw.upstream``);
+one that is behind gets the bound from an earlier chunk (its backlog counts as its own). Chunks
+without an emit offset (a third-party upstream) leave only ``seen_last``, which is right while the
+gateway keeps up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pathprobe.timing import held_back
+
+if TYPE_CHECKING:
+    from pathprobe.gateway.aio import Spans
+
+Interval = tuple[float, float]
+
+
+@dataclass(slots=True)
+class StreamWork:
+    """One stream's chunks as a gateway saw them, and its per-chunk work, as ``now_ms()`` intervals."""
+
+    #: each chunk: (when the gateway had it, the upstream's emit offset or None)
+    seen: list[tuple[float, float | None]] = field(default_factory=list)
+    decode: list[Interval] = field(default_factory=list)
+    encode: list[Interval] = field(default_factory=list)
+    send: list[Interval] = field(default_factory=list)
+
+    def chunk(self, seen_ms: float, emit_ms: float | None) -> None:
+        """A chunk the gateway now has; ``emit_ms`` <= 0 counts as not reported (proto3's default)."""
+        self.seen.append((seen_ms, emit_ms if emit_ms is not None and emit_ms > 0 else None))
+
+    def last_arrival(self) -> float:
+        """The latest instant the upstream's last chunk can have arrived (module docstring)."""
+        if not self.seen:
+            return 0.0
+        seen_last, e_last = self.seen[-1]
+        if e_last is None:
+            return seen_last
+        return min(s + e_last - e for s, e in self.seen if e is not None and e <= e_last)
+
+    def held(self) -> tuple[float, float, float]:
+        """(decode, encode, send): the parts of the per-chunk work after the last chunk arrived."""
+        last = self.last_arrival()
+        return held_back(self.decode, last), held_back(self.encode, last), held_back(self.send, last)
+
+    def spent(self) -> tuple[float, float, float]:
+        """(decode, encode, send): all of the per-chunk work, overlapped or not (the CPU it cost)."""
+        return _sum(self.decode), _sum(self.encode), _sum(self.send)
+
+
+def _sum(intervals: list[Interval]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def chunk_spans(spans: Spans, work: StreamWork, held: tuple[float, float, float]) -> None:
+    """The chunks' work as child spans: what held the stream back (the entries' figures), one
+    interval per kind from the last chunk's arrival on, with what overlapped the upstream as an
+    attribute (the CPU the chunks cost in all is the sum of the two)."""
+    start = work.last_arrival()
+    spent = work.spent()
+    for name, dur, total in zip(("gw.decode", "gw.encode", "gw.send"), held, spent, strict=True):
+        if name == "gw.send" and not dur:
+            continue
+        attrs = {"pathprobe.chunks": len(work.seen), "pathprobe.overlapped_ms": round(max(total - dur, 0.0), 3)}
+        spans.child(name, start, dur, attrs)
+        start += dur

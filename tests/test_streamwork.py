@@ -1,0 +1,49 @@
+"""A gateway's per-chunk work: only what lay after the upstream's last chunk arrived held the
+stream's end back (pathprobe.gateway.streamwork), whether the gateway kept up or fell behind."""
+
+from __future__ import annotations
+
+import pytest
+from pathprobe.gateway.streamwork import StreamWork
+
+
+def _work(seen: list[tuple[float, float | None]], cost: float) -> StreamWork:
+    """Chunks seen at the given instants, each decoded, encoded and sent in ``cost`` ms apiece."""
+    w = StreamWork()
+    for t, emit in seen:
+        w.chunk(t, emit)
+        w.decode.append((t, t + cost))
+        w.encode.append((t + cost, t + 2 * cost))
+        w.send.append((t + 2 * cost, t + 3 * cost))
+    return w
+
+
+def test_a_gateway_that_keeps_up_counts_only_the_last_chunks_work():
+    # the upstream emits every 2 ms and the gateway sees each chunk 1 ms later: it keeps up
+    w = _work([(11.0, 10.0), (13.0, 12.0), (15.0, 14.0)], 0.1)
+    assert w.last_arrival() == pytest.approx(15.0)
+    assert w.held() == pytest.approx((0.1, 0.1, 0.1))
+    assert w.spent() == pytest.approx((0.3, 0.3, 0.3))
+
+
+def test_a_gateway_behind_its_upstream_counts_its_backlog():
+    # the upstream emitted three chunks 0.1 ms apart; the gateway took 3 ms per chunk, so the last
+    # chunk waited in the buffer from 10.2 on and it was seen only at 16
+    w = _work([(10.0, 1.0), (13.0, 1.1), (16.0, 1.2)], 1.0)
+    assert w.last_arrival() == pytest.approx(10.2)
+    dec, enc, send = w.held()
+    # everything after 10.2: most of chunk 1's decode, its encode and send, and all of chunks 2 and 3
+    assert dec == pytest.approx(2.8) and enc == pytest.approx(3.0) and send == pytest.approx(3.0)
+
+
+def test_the_chunk_with_the_least_link_delay_bounds_the_arrival():
+    # chunk 2 came over the link faster (0.5 ms) than chunks 1 and 3 (1 ms): it bounds the last one
+    w = _work([(11.0, 10.0), (12.5, 12.0), (15.0, 14.0)], 0.1)
+    assert w.last_arrival() == pytest.approx(14.5)
+
+
+def test_without_emit_offsets_the_last_chunk_arrives_when_seen():
+    for emits in ([None, None, None], [0.0, 0.0, 0.0], [1.0, None, None]):
+        w = _work([(10.0, emits[0]), (13.0, emits[1]), (16.0, emits[2])], 1.0)
+        assert w.last_arrival() == 16.0, emits
+    assert StreamWork().held() == (0.0, 0.0, 0.0)
