@@ -31,7 +31,7 @@ from pathprobe.gateway.httpup import SessionOwner, body_error
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork
 from pathprobe.gateway.upstreams import Pool
-from pathprobe.timing import held_back, now_ms
+from pathprobe.timing import now_ms
 
 #: paths any caller may read through the proxy (the upstream's probes and metrics)
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
@@ -178,9 +178,7 @@ class HttpProxy(SessionOwner):
             spans.end({"http.response.status_code": status}, None, ent.total, ent.sent)
         return out
 
-    def _rewrite(
-        self, data: bytes, up: Any, t0: float, ent: Entries, spans: Spans | None = None, work: StreamWork | None = None
-    ) -> bytes:
+    def _rewrite(self, data: bytes, up: Any, t0: float, ent: Entries, spans: Spans, work: StreamWork) -> bytes:
         td = now_ms()
         try:
             obj = json.loads(data[5:])
@@ -190,18 +188,16 @@ class HttpProxy(SessionOwner):
         ent.decode += t1 - td
         # the upstream's last timed event: its work is done (this parse is ours); of the hand-offs of
         # the events before it, those after this one arrived held the stream back (gw.send)
-        if work is not None:
-            ent.send = held_back(work.send, work.last_arrival())
+        ent.send = work.held()[2]
         ent.upstream = td - up.t0 - (ent.send or 0.0)
         ent.connect = self.connects.get(up.upstream.target)
         ent.total = now_ms() - t0
         obj["server_timing"] = ent.sent = timing.append(obj.get("server_timing"), ent.as_dict())
         out = b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
         ent.encode += now_ms() - t1  # after gw.total: in metrics, not in what was sent
-        if spans is not None:
-            spans.child("gw.decode", td, t1 - td)
-            if ent.send:  # the hand-offs that held the stream back, shown as one interval before this one
-                spans.child("gw.send", td - ent.send, ent.send)
+        spans.child("gw.decode", td, t1 - td)
+        if ent.send:  # the hand-offs that held the stream back, shown as one interval before this one
+            spans.child("gw.send", td - ent.send, ent.send)
         return out
 
 

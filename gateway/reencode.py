@@ -241,7 +241,6 @@ class Reencoder(SessionOwner):
         ok = False
         c_dec = c_enc = c_send = 0.0
         work = StreamWork()
-        n_chunks = 0
         try:
             up = await self._forward(ctx, md, raw, ent, spans, True, timeout)
             if up.resp.status != 200:
@@ -258,7 +257,6 @@ class Reencoder(SessionOwner):
                     if payload == b"[DONE]":
                         break
                     td = now_ms()
-                    n_chunks += 1
                     try:
                         obj = json.loads(payload)
                         emit = obj.get("emit_ms")
@@ -308,8 +306,7 @@ class Reencoder(SessionOwner):
                     up.resp.close()  # a half-read stream: drop the connection, the server frees the slot
                 self.pool.release(up.upstream)
                 if spans.server is not None:
-                    if n_chunks:
-                        chunk_spans(spans, work, (c_dec, c_enc, c_send))
+                    chunk_spans(spans, work, (c_dec, c_enc, c_send))
                     if up.cspan is not None and up.cspan.is_recording():  # ended early (error, client gone)
                         Spans.end_client(up.cspan, {}, "upstream stream not completed", up.t0, ent.upstream)
                     if not ok and spans.server.is_recording():  # the client went away

@@ -72,12 +72,15 @@ def _sum(intervals: list[Interval]) -> float:
 def chunk_spans(spans: Spans, work: StreamWork, held: tuple[float, float, float]) -> None:
     """The chunks' work as child spans: what held the stream back (the entries' figures), one
     interval per kind from the last chunk's arrival on, with what overlapped the upstream as an
-    attribute (the CPU the chunks cost in all is the sum of the two)."""
+    attribute (the CPU the chunks cost in all is the sum of the two). Nothing for a stream that
+    forwarded no chunk."""
+    if not work.decode:
+        return
     start = work.last_arrival()
     spent = work.spent()
     for name, dur, total in zip(("gw.decode", "gw.encode", "gw.send"), held, spent, strict=True):
         if name == "gw.send" and not dur:
             continue
-        attrs = {"pathprobe.chunks": len(work.seen), "pathprobe.overlapped_ms": round(max(total - dur, 0.0), 3)}
+        attrs = {"pathprobe.chunks": len(work.decode), "pathprobe.overlapped_ms": round(max(total - dur, 0.0), 3)}
         spans.child(name, start, dur, attrs)
         start += dur

@@ -312,7 +312,6 @@ class Transcoder:
         # back (gw.decode / gw.encode / gw.send, taken out of gw.upstream): pathprobe.gateway.streamwork
         work = StreamWork()
         c_dec = c_enc = c_send = 0.0
-        n_chunks = 0
         try:
             try:
                 async for raw in call:
@@ -322,7 +321,6 @@ class Transcoder:
                     t1 = now_ms()
                     work.decode.append((td, t1))
                     obj = jsoncodec.to_dict(chunk)
-                    n_chunks += 1
                     if chunk.finish_reason:
                         work.encode.append((t1, now_ms()))
                         held = obj  # the last chunk waits for the trailers (srv.* timing)
@@ -392,8 +390,7 @@ class Transcoder:
                 ent.total = now_ms() - t0
             self.metrics.observe("POST /v1/generate stream", str(status), ent.total, u.target, ent.upstream)
             if spans.server is not None:
-                if n_chunks:
-                    chunk_spans(spans, work, (c_dec, c_enc, c_send))
+                chunk_spans(spans, work, (c_dec, c_enc, c_send))
                 if cspan is not None and cspan.is_recording():  # the client went away mid-stream
                     Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc - c_send)
                 spans.end({"http.response.status_code": status}, None if status < 400 else "error", ent.total, ent.sent)
