@@ -171,6 +171,7 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
             for front in fronts:
                 await front.start()
             grpc_server, grpc_port, health = await start_grpc(state, config.host, config.grpc_port, config.tls)
+        _watch_engine(engine, health)
         _phase(phases, "listeners", t)
         state.metrics.set_startup(phases)
         ready_ms = now_ms() - t0
@@ -209,6 +210,20 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
             if summary.get("gpu"):
                 log.warning("GPU telemetry: %s", json.dumps(summary, default=str))
         telemetry.shutdown(provider)
+
+
+def _watch_engine(engine: object, health: Any) -> None:
+    """An engine process that dies takes the server out of its balancers: health NOT_SERVING."""
+    if not hasattr(engine, "on_down"):
+        return
+
+    pending: list[asyncio.Future[None]] = []
+
+    def down(why: str) -> None:
+        log.error("engine down: %s; health NOT_SERVING, every request fails UNAVAILABLE", why)
+        pending.append(asyncio.ensure_future(health.enter_graceful_shutdown()))
+
+    engine.on_down = down
 
 
 def report_startup(startup: StartupTimer, state: ServerState, t0: float, ready_ms: float) -> None:

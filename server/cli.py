@@ -78,6 +78,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="engine-specific option (repeatable), e.g. cuda_graphs=1",
     )
+    p.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="run the engine (transformers, synthetic) in a process of its own, so the front ends' "
+        "work does not share its interpreter: its time is then the same whichever front end serves "
+        "(vLLM runs its engine core apart already)",
+    )
     p.add_argument("--traces-file", default=None, help="also write spans as OTLP JSON lines to this file")
     p.add_argument(
         "--api-key",
@@ -156,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         prefill_ms_per_token=args.prefill_ms_per_token,
         decode_ms_per_token=args.decode_ms_per_token,
         options=options,
+        process=args.engine_process,
     )
     extra = []
     for item in args.extra_http_server:

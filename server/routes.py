@@ -21,20 +21,20 @@ from pathprobe.v1 import llm_pb2
 
 
 async def healthz(request: HttpRequest) -> Reply:
-    """200 while serving; 503 ``draining`` once SIGTERM is seen (balancers take the server out)."""
+    """200 while serving; 503 ``draining`` once SIGTERM is seen (balancers take the server out),
+    503 ``engine down`` once the engine can serve nothing (its process died)."""
     state = request.state
     engine = state.engine
-    return Reply(
-        503 if state.draining else 200,
-        jsoncodec.dumps(
-            {
-                "status": "draining" if state.draining else "ok",
-                "model": engine.model_name,
-                "queue_depth": engine.queue_depth(),
-                "running": engine.running(),
-            }
-        ),
-    )
+    down = engine.down()
+    body: dict[str, Any] = {
+        "status": "engine down" if down else "draining" if state.draining else "ok",
+        "model": engine.model_name,
+        "queue_depth": engine.queue_depth(),
+        "running": engine.running(),
+    }
+    if down:
+        body["reason"] = down
+    return Reply(503 if down or state.draining else 200, jsoncodec.dumps(body))
 
 
 async def metrics(request: HttpRequest) -> Reply:

@@ -113,8 +113,9 @@ def check_nothing_admitted_was_lost(calls: list[Call], t_sig: float) -> int:
     return sum(1 for c in admitted if c.t0 < t_sig < c.t_end)
 
 
-@pytest.mark.parametrize("front", ["aiohttp", "fastapi"])
+@pytest.mark.parametrize("front", ["aiohttp", "fastapi", "aiohttp+engine-process"])
 def test_server_drains_under_load(tmp_path, front) -> None:
+    front, _, apart = front.partition("+")
     srv = Server(
         tmp_path,
         "--engine",
@@ -129,6 +130,7 @@ def test_server_drains_under_load(tmp_path, front) -> None:
         "10",
         "--http-server",
         front,
+        *(["--engine-process"] if apart else []),
     )
     try:
         with GrpcLoad(srv.grpc_target, 4) as g, SseLoad(srv.http_url, 3) as h:

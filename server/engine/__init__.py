@@ -13,7 +13,12 @@ __all__ = ["Engine", "EngineConfig", "EngineTiming", "GenParams", "Generation", 
 
 
 def create_engine(config: EngineConfig) -> Engine:
-    """Build the engine named by ``config.kind`` (imports heavy deps lazily)."""
+    """Build the engine named by ``config.kind`` (imports heavy deps lazily), in a process of
+    its own when ``config.process``."""
+    if config.process:
+        from pathprobe.server.engine.process import ProcessEngine
+
+        return ProcessEngine(config)
     if config.kind == "synthetic":
         from pathprobe.server.engine.synthetic import SyntheticEngine
 

@@ -38,6 +38,8 @@ class EngineConfig:
     decode_ms_per_token: float = 0.0
     # extra engine options (e.g. cuda graphs), engine-specific
     options: dict[str, Any] = field(default_factory=dict)
+    #: run the engine in a child process (pathprobe.server.engine.process), apart from the front ends
+    process: bool = False
 
 
 @dataclass(slots=True)
@@ -211,6 +213,10 @@ class Engine(abc.ABC):
 
     def running(self) -> int:
         return 0
+
+    def down(self) -> str | None:
+        """Why the engine can serve nothing any more (its process died), else None."""
+        return None
 
 
 def validate(params: GenParams, *, model_name: str) -> None:
