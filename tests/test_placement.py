@@ -68,6 +68,10 @@ def test_processes_run_on_their_cores(tmp_path, monkeypatch) -> None:
         # every thread of the server (grpc, the engine loop, torch) inherited the pinning
         for tid in os.listdir(f"/proc/{server}/task"):
             assert os.sched_getaffinity(int(tid)) == set(stack.placement.server)
+        # with placement on, the engine runs in a process of its own (engine_process: auto), on the server's cores
+        assert stack.engine_process
+        children = [int(p) for p in Path(f"/proc/{server}/task/{server}/children").read_text().split()]
+        assert children and all(os.sched_getaffinity(c) == set(stack.placement.server) for c in children)
     finally:
         stack.close()
 
@@ -111,3 +115,31 @@ def test_compare_reports_its_placement(tmp_path) -> None:
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     pl = json.loads((out / "report.json").read_text())["meta"]["placement"]
     assert pl["enabled"] and pl["server"] and pl["load"] and not set(pl["server"]) & set(pl["load"])
+    assert pl["engine_process"] is True
+
+
+def test_switches_read_unquoted_yaml_on_and_off(tmp_path) -> None:
+    """YAML 1.1 reads ``on`` / ``off`` as booleans; the auto|on|off keys take them back."""
+    from pathprobe.analysis.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("placement: on\nserver: {engine: synthetic, engine_process: off}\n")
+    cfg = load_config(path)
+    assert (cfg.placement, cfg.server.engine_process) == ("on", "off")
+    path.write_text("server: {engine_process: sometimes}\n")
+    with pytest.raises(ConfigError, match="server.engine_process"):
+        load_config(path)
+
+
+def test_engine_process_follows_placement_unless_set(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(ENV_PLACEMENT, raising=False)
+
+    def apart(placement: str, engine_process: str) -> bool:
+        cfg = CompareConfig.model_validate(
+            {"placement": placement, "out": str(tmp_path), "server": {"engine_process": engine_process}}
+        )
+        return Stack(cfg, tmp_path, lambda _m: None).engine_process
+
+    assert not apart("off", "auto") and apart("off", "on")
+    assert apart("on", "auto") == (len(os.sched_getaffinity(0)) >= 2)
+    assert not apart("on", "off")

@@ -147,6 +147,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         _check_addresses(cfg)
         if cfg.mode == "local":
             log(stack.placement.describe())
+            log(f"engine: {'in a process of its own' if stack.engine_process else 'in the server process'}")
             stack.check_ports()
             stack.start_server()
         paths = _bring_up(cfg, stack, log)
@@ -167,7 +168,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     report = build_report(cfg, paths, rounds.results, rounds.warmups, primary, started, t_start)
     if server_startup:
         report["server_startup_ms"] = server_startup
-    report["meta"]["placement"] = stack.placement.as_dict()
+    report["meta"]["placement"] = {**stack.placement.as_dict(), "engine_process": stack.engine_process}
     _cross_check(cfg, report, paths, rounds.results, capture, out, log)
     write_reports(report, rounds.results, out, html, primary)
     return report

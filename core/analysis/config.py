@@ -10,10 +10,10 @@ import os
 import re
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pathprobe.errors import ConfigError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 GATEWAY_MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 #: what a client speaks to each kind of target, and what the gateway speaks upstream
@@ -33,6 +33,19 @@ THIRD_PARTY: dict[str, tuple[ClientProtocol, ...]] = {
     "caddy": ("grpc", "http"),
     "litellm": ("openai",),
 }
+
+
+def _yaml_switch(value: Any) -> Any:
+    """YAML 1.1 reads an unquoted ``on`` / ``off`` as true / false: take them back."""
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return value
+
+
+#: auto | on | off, written quoted or not
+Switch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_yaml_switch)]
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
@@ -74,6 +87,9 @@ class ServerConfig(_Strict):
     prefill_ms_per_token: float | None = Field(None, ge=0)
     decode_ms_per_token: float | None = Field(None, ge=0)
     extra_args: list[str] = Field(default_factory=list)
+    #: the engine in a process of its own (``serve --engine-process``), so its time does not
+    #: depend on which front end serves the request; auto: where CPU placement is on
+    engine_process: Switch = "auto"
     #: local mode: pin the server's ports (default: free ports); taken ports fail early
     grpc_port: int | None = Field(None, ge=1, le=65535)
     http_port: int | None = Field(None, ge=1, le=65535)
@@ -322,7 +338,7 @@ class CompareConfig(_Strict):
     bootstrap: int = Field(1000, ge=100)
     slowest: int = Field(5, ge=0, description="slowest requests per configuration whose traces are listed")
     tracing: bool = True
-    placement: Literal["auto", "on", "off"] = Field(
+    placement: Switch = Field(
         "auto",
         description="local mode: pin the engine, the proxies and the load generator to separate cores "
         "(auto: from 3 cores; on: also on 2; env PATHPROBE_CPU_PLACEMENT overrides)",

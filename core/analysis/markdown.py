@@ -102,12 +102,13 @@ def _cell(text: Any) -> str:
 
 def placement_line(pl: Mapping[str, Any]) -> str:
     """Where the processes ran (report.json ``meta.placement``)."""
+    engine = "; engine in a process of its own" if pl.get("engine_process") else ""
     if not pl.get("enabled"):
-        return f"CPU placement: off ({pl.get('reason', '')})"
+        return f"CPU placement: off ({pl.get('reason', '')}){engine}"
     cores = {k: ",".join(map(str, pl.get(k) or ())) for k in ("server", "proxies", "load")}
     return (
         f"CPU placement: engine/server on cores {cores['server']}, gateways/nginx/relays on {cores['proxies']}, "
-        f"load generator on {cores['load']} ({pl.get('reason', '')})"
+        f"load generator on {cores['load']} ({pl.get('reason', '')}){engine}"
     )
 
 

@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 VLLM_TRACES_ENV = {"OTEL_BSP_SCHEDULE_DELAY": "500"}
 
 
-def _serve_args(s: ServerConfig, engine: str, gport: int, hport: int) -> list[str]:
-    """``pathprobe serve`` for one of our servers on loopback (``s``: the config's server block)."""
+def _serve_args(s: ServerConfig, engine: str, gport: int, hport: int, apart: bool) -> list[str]:
+    """``pathprobe serve`` for one of our servers on loopback (``s``: the config's server block;
+    ``apart``: the engine in a process of its own)."""
     return pathprobe_cmd(
         "serve",
         "--engine",
@@ -57,6 +58,7 @@ def _serve_args(s: ServerConfig, engine: str, gport: int, hport: int) -> list[st
         str(s.max_batch_size),
         "--http-server",
         s.http_server,
+        *(["--engine-process"] if apart and engine != "vllm" else []),
     )
 
 
@@ -76,6 +78,10 @@ class Stack:
         self._pki: Pki | None = None
         self.placement: Placement = (
             plan(cfg.placement) if cfg.mode == "local" else Placement(False, "remote mode: nothing local to place")
+        )
+        #: our servers run their engine in a process of its own (vLLM's is apart anyway)
+        self.engine_process = cfg.server.engine_process == "on" or (
+            cfg.server.engine_process == "auto" and self.placement.enabled
         )
         #: more servers, started when a target needs them: ours with another engine, vLLM's own
         self.others: dict[str, tuple[Managed, str, str]] = {}  # key -> (process, grpc H:P, http H:P)
@@ -119,7 +125,7 @@ class Stack:
     def start_server(self) -> None:
         s = self.cfg.server
         gport, hport = s.grpc_port or free_port(), s.http_port or free_port()
-        args = _serve_args(s, s.engine, gport, hport)
+        args = _serve_args(s, s.engine, gport, hport, self.engine_process)
         self.front_ends = {s.http_server: f"{LOOPBACK}:{hport}"}
         for fe in sorted({t.front_end for t in self.cfg.targets if t.enabled and t.front_end} - {s.http_server}):
             port = free_port()
@@ -167,7 +173,7 @@ class Stack:
         key = f"server-{engine}"
         if key not in self.others:
             gport, hport = free_port(), free_port()
-            args = [*_serve_args(s, engine, gport, hport), *s.extra_args]
+            args = [*_serve_args(s, engine, gport, hport, self.engine_process), *s.extra_args]
             self.log(f"starting a second server of ours ({engine}, {s.model}) on grpc {gport} / http {hport}")
             m = self.start(Managed(key, args, self.out / "logs" / f"{key}.log"), "server")
             t0 = time.monotonic()
