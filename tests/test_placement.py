@@ -68,7 +68,7 @@ def test_processes_run_on_their_cores(tmp_path, monkeypatch) -> None:
         # every thread of the server (grpc, the engine loop, torch) inherited the pinning
         for tid in os.listdir(f"/proc/{server}/task"):
             assert os.sched_getaffinity(int(tid)) == set(stack.placement.server)
-        # with placement on, the engine runs in a process of its own (engine_process: auto), on the server's cores
+        # the engine runs in a process of its own (server.engine_process, default true), on the server's cores
         assert stack.engine_process
         children = [int(p) for p in Path(f"/proc/{server}/task/{server}/children").read_text().split()]
         assert children and all(os.sched_getaffinity(c) == set(stack.placement.server) for c in children)
@@ -125,21 +125,17 @@ def test_switches_read_unquoted_yaml_on_and_off(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("placement: on\nserver: {engine: synthetic, engine_process: off}\n")
     cfg = load_config(path)
-    assert (cfg.placement, cfg.server.engine_process) == ("on", "off")
-    path.write_text("server: {engine_process: sometimes}\n")
-    with pytest.raises(ConfigError, match="server.engine_process"):
+    assert (cfg.placement, cfg.server.engine_process) == ("on", False)
+    path.write_text("placement: sometimes\n")
+    with pytest.raises(ConfigError, match="placement"):
         load_config(path)
 
 
-def test_engine_process_follows_placement_unless_set(tmp_path, monkeypatch) -> None:
+def test_engine_process_is_on_unless_turned_off(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv(ENV_PLACEMENT, raising=False)
 
-    def apart(placement: str, engine_process: str) -> bool:
-        cfg = CompareConfig.model_validate(
-            {"placement": placement, "out": str(tmp_path), "server": {"engine_process": engine_process}}
-        )
+    def apart(**server: object) -> bool:
+        cfg = CompareConfig.model_validate({"placement": "off", "out": str(tmp_path), "server": server})
         return Stack(cfg, tmp_path, lambda _m: None).engine_process
 
-    assert not apart("off", "auto") and apart("off", "on")
-    assert apart("on", "auto") == (len(os.sched_getaffinity(0)) >= 2)
-    assert not apart("on", "off")
+    assert apart() and apart(engine_process=True) and not apart(engine_process=False)

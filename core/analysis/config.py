@@ -87,9 +87,9 @@ class ServerConfig(_Strict):
     prefill_ms_per_token: float | None = Field(None, ge=0)
     decode_ms_per_token: float | None = Field(None, ge=0)
     extra_args: list[str] = Field(default_factory=list)
-    #: the engine in a process of its own (``serve --engine-process``), so its time does not
-    #: depend on which front end serves the request; auto: where CPU placement is on
-    engine_process: Switch = "auto"
+    #: local mode: our server runs its engine in a process of its own (``serve --engine-process``),
+    #: so the engine's time does not depend on which front end serves the request
+    engine_process: bool = True
     #: local mode: pin the server's ports (default: free ports); taken ports fail early
     grpc_port: int | None = Field(None, ge=1, le=65535)
     http_port: int | None = Field(None, ge=1, le=65535)

@@ -80,9 +80,7 @@ class Stack:
             plan(cfg.placement) if cfg.mode == "local" else Placement(False, "remote mode: nothing local to place")
         )
         #: our servers run their engine in a process of its own (vLLM's is apart anyway)
-        self.engine_process = cfg.server.engine_process == "on" or (
-            cfg.server.engine_process == "auto" and self.placement.enabled
-        )
+        self.engine_process = cfg.server.engine_process and cfg.mode == "local"
         #: more servers, started when a target needs them: ours with another engine, vLLM's own
         self.others: dict[str, tuple[Managed, str, str]] = {}  # key -> (process, grpc H:P, http H:P)
         #: OTLP receivers for servers that export spans to an endpoint (vLLM), stopped after them
