@@ -1,6 +1,7 @@
 """``pathprobe serve --engine-process``: the engine in a child process answers like the engine
 in the server's own process (same tokens, same errors, same timing entries), its timing is
-measured where it runs, and a request is never lost silently when that process goes away."""
+measured where it runs, and a request is never lost silently when that process goes away.
+(A full queue and a client that disconnects: ``tests/test_server.py``, both ways.)"""
 
 from __future__ import annotations
 
@@ -135,44 +136,6 @@ def test_deadline_and_disconnect_free_the_engine_slot(timed_pair) -> None:
     health = _settled(apart)
     assert health["running"] == 0 and health["queue_depth"] == 0, health
     assert grpc_generate(apart.grpc_target, prompt="hi", max_tokens=2)[1]["srv.queue"] < 5.0
-
-
-def test_a_full_engine_queue_is_resource_exhausted(tmp_path) -> None:
-    srv = Server(
-        tmp_path,
-        "--engine",
-        "synthetic",
-        "--decode-ms-per-token",
-        "20",
-        "--max-batch-size",
-        "1",
-        "--max-queue",
-        "1",
-        "--engine-process",
-    )
-    try:
-        import threading
-
-        results: list[object] = []
-
-        def call() -> None:
-            try:
-                grpc_generate(srv.grpc_target, prompt="hi", max_tokens=20)
-                results.append("ok")
-            except grpc.RpcError as exc:
-                results.append(exc.code())
-
-        threads = [threading.Thread(target=call) for _ in range(4)]
-        for t in threads:
-            t.start()
-            time.sleep(0.05)
-        status, headers, body = http_post(srv.http_url + "/v1/generate", {"prompt": "hi", "max_tokens": 2})
-        assert status == 429 and json.loads(body)["error"]["status"] == "RESOURCE_EXHAUSTED"
-        for t in threads:
-            t.join()
-        assert results.count("ok") == 2 and results.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 2
-    finally:
-        srv.stop()
 
 
 def test_an_engine_process_that_dies_fails_its_requests_loudly(tmp_path) -> None:

@@ -254,7 +254,8 @@ def test_http_unknown_path_and_too_large(tmp_path, http_front_end: str) -> None:
         srv.stop()
 
 
-def test_full_queue_is_resource_exhausted_and_disconnect_frees_slot(tmp_path, http_front_end: str) -> None:
+@pytest.mark.parametrize("engine", ["inline", "engine-process"])
+def test_full_queue_is_resource_exhausted_and_disconnect_frees_slot(tmp_path, http_front_end: str, engine: str) -> None:
     srv = Server(
         tmp_path,
         "--engine",
@@ -267,6 +268,7 @@ def test_full_queue_is_resource_exhausted_and_disconnect_frees_slot(tmp_path, ht
         "1",
         "--http-server",
         http_front_end,
+        *(["--engine-process"] if engine == "engine-process" else []),
     )
     try:
         results: list[object] = []

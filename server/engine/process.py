@@ -80,6 +80,7 @@ class _Info:
     max_context: int
     startup: Any  # the child engine's StartupTimer, or None
     device: str
+    tokenizer_kind: str  # "slow": the parent tokenizes with the slow encoder too
 
 
 class ProcessEngine(Engine):
@@ -92,9 +93,7 @@ class ProcessEngine(Engine):
             raise ConfigError("--engine-process: the vllm engine already runs its engine core in a process of its own")
         self.config = config
         self.tokenizer = models.load_tokenizer(config.model)
-        self._slow: Any = None
-        if str(config.options.get("tokenizer", "fast")).lower() == "slow":
-            self._slow = models.load_slow_tokenizer(config.model)
+        self._slow: Any = None  # the slow (Python) encoder, when the child's engine uses one
         self.model_name = config.model_name or ""
         self.max_context = 0
         self.device = ""
@@ -136,6 +135,10 @@ class ProcessEngine(Engine):
             info.startup,
             info.device,
         )
+        if info.tokenizer_kind == "slow":
+            from pathprobe.server import models
+
+            self._slow = await asyncio.to_thread(models.load_slow_tokenizer, self.config.model)
         self._loop = asyncio.get_running_loop()
         self._stopped = self._loop.create_future()
         self._loop.add_reader(mine.fileno(), self._on_readable)
@@ -316,6 +319,7 @@ class _Child:
             self.engine.max_context,
             getattr(self.engine, "startup", None),
             str(getattr(self.engine, "device", "")),
+            str(getattr(self.engine, "tokenizer_kind", "fast")),
         )
         if info.startup is not None:
             info.startup.sync = None  # e.g. torch.cuda.synchronize: not for the parent
