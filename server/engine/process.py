@@ -183,17 +183,8 @@ class ProcessEngine(Engine):
             raise queue_full(depth, self.config.max_queue)
         rid = self._next
         self._next += 1
-        inner = GenParams(
-            prompt_token_ids=ids,
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            seed=params.seed,
-            ignore_eos=params.ignore_eos,
-            stop=list(params.stop),
-            request_id=params.request_id,
-            deadline_ms=params.deadline_ms,
-        )
+        # the child gets the token ids (tokenized and checked here), every other field as asked
+        inner = dataclasses.replace(params, prompt=None, prompt_token_ids=ids, model="")
         try:
             self._conn.send(("gen", rid, inner))
         except OSError as exc:
