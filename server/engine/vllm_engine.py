@@ -12,6 +12,12 @@ the same stop-string rules as the transformers engine. vLLM's per-request metric
 - ``srv.prefill``: ``scheduled_ts`` → ``first_token_ts``,
 - ``srv.decode_steps``: ``first_token_ts`` → ``last_token_ts``.
 
+vLLM's engine core runs in a process of its own, so this process detokenizes a token while the
+core computes the next ones: that part of ``srv.detokenize`` lies inside ``srv.decode_steps``
+and counting it again would double it (the named parts would exceed ``srv.total``). As with a
+stream's ``srv.send`` (:func:`pathprobe.timing.held_back`), only the detokenizing after the
+core's last token counts; without vLLM's metrics all of it does (nothing to tell them apart).
+
 Both processes read CLOCK_MONOTONIC (Python's ``time.monotonic`` and
 ``time.perf_counter`` on Linux), so these differences are exact on one machine.
 """
@@ -36,7 +42,7 @@ from pathprobe.server.engine.base import (
     queue_full,
 )
 from pathprobe.server.engine.hf import IncrementalDetokenizer, holdback, stop_index
-from pathprobe.timing import now_ms
+from pathprobe.timing import held_back, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -209,33 +215,35 @@ class VLLMEngine(Engine):
             output_kind=RequestOutputKind.DELTA,
         )
 
-    def _fill_timing(self, gen: Generation, metrics: Any) -> None:
+    def _fill_timing(self, gen: Generation, metrics: Any, detok: list[tuple[float, float]]) -> None:
+        t = gen.timing
+        t.detokenize = sum(end - start for start, end in detok)
         if metrics is None:
             return
-        t = gen.timing
-        off = self._clock_offset_ms
+        off = self._clock_offset_ms  # vLLM's clock (s) to now_ms()
         sched = getattr(metrics, "scheduled_ts", 0.0) or 0.0
         first = getattr(metrics, "first_token_ts", 0.0) or 0.0
         last = getattr(metrics, "last_token_ts", 0.0) or 0.0
         queued = getattr(metrics, "queued_ts", 0.0) or 0.0
         if sched:
-            sched_ms = sched * 1000.0 + off
-            q = sched_ms - t.queue_start
+            q = sched * 1000.0 + off - t.queue_start
             if not 0 <= q < 3.6e6:  # clocks disagree: fall back to vLLM's own queue interval
                 q = max(0.0, (sched - queued) * 1000.0) if queued else 0.0
-                sched_ms = t.queue_start + q
+                off = t.queue_start + q - sched * 1000.0  # anchored at our enqueue instead
             t.queue = q
-            t.prefill_start = sched_ms
+            t.prefill_start = sched * 1000.0 + off
             if first:
                 t.prefill = max(0.0, (first - sched) * 1000.0)
                 t.decode_start = first * 1000.0 + off
                 if last:
                     t.decode_steps = max(0.0, (last - first) * 1000.0)
+                    t.detokenize = held_back(detok, last * 1000.0 + off)
 
     async def _run(self, gen: Generation, ids: list[int]) -> None:
         p, t = gen.params, gen.timing
         rid = f"{p.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         detok = IncrementalDetokenizer(self._decode)
+        detok_spans: list[tuple[float, float]] = []  # each token's (start, end), now_ms()
         text, sent, n_out = "", 0, 0
         started = False
         finish: str | None = None
@@ -274,12 +282,13 @@ class VLLMEngine(Engine):
                             else:
                                 piece = text[sent : len(text) - (holdback(text, p.stop) if p.stop else 0)]
                         sent += len(piece)
-                        t.detokenize += now_ms() - d0
+                        detok_spans.append((d0, now_ms()))
+                        t.detokenize += detok_spans[-1][1] - d0
                         events.append(TokenEvent(piece, [tok], finish))
                         if finish:
                             break
                     if finish or out.finished:
-                        self._fill_timing(gen, out.metrics)
+                        self._fill_timing(gen, out.metrics, detok_spans)
                     for ev in events:
                         gen.push(ev)
                     if finish:
