@@ -37,9 +37,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pathprobe.analysis.compare import run_compare  # noqa: E402
-from pathprobe.analysis.config import parse_config  # noqa: E402
-from pathprobe.analysis.records import read_records  # noqa: E402
+from pathprobe.analysis.lab.compare import run_compare  # noqa: E402
+from pathprobe.analysis.lab.config import parse_config  # noqa: E402
+from pathprobe.analysis.report.records import read_records  # noqa: E402
 
 #: path -> (its direct baseline, the prefix of the hop it reports, or None)
 PATHS = {

@@ -3,7 +3,7 @@ concurrency and configuration, each run's paired path-tax difference to the base
 verdict it reached, and whether every run reached the same one.
 
 A verdict is one of ``costs more`` / ``costs less`` / ``no clear difference`` (report.json:
-``targets.<name>.by_concurrency.<c>.paired.verdict``; see ``pathprobe.analysis.paired``).
+``targets.<name>.by_concurrency.<c>.paired.verdict``; see ``pathprobe.analysis.report.paired``).
 Reports written before that key existed are read from their ``verdicts`` list (a verdict or none).
 
 The machine's load average (1 min) is sampled every 5 s during each run and printed beside it:

@@ -19,8 +19,8 @@ VERBS = {
     "serve": "pathprobe.server.cli",
     "gateway": "pathprobe.gateway.cli",
     "load": "pathprobe.loadgen.cli",
-    "compare": "pathprobe.analysis.compare_cli",
-    "analyze": "pathprobe.analysis.analyze_cli",
+    "compare": "pathprobe.analysis.lab.compare_cli",
+    "analyze": "pathprobe.analysis.report.analyze_cli",
     "netem": "pathprobe.netem.cli",
     "make-model": "pathprobe.server.models",
 }

@@ -4,7 +4,7 @@ Our own processes write their spans to ``--traces-file``; a third-party server e
 to an endpoint instead (vLLM: ``--otlp-traces-endpoint``, its ``llm_request`` span). This
 receiver is that endpoint on loopback: each export request is appended to ``path`` as one
 OTLP JSON ``ExportTraceServiceRequest`` per line (protobuf's ``json_format``), the format
-:func:`pathprobe.analysis.traces.read_spans` reads beside our own files.
+:func:`pathprobe.analysis.report.traces.read_spans` reads beside our own files.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 This module is the schema's one definition. The load generator builds records of this type
 (:func:`pathprobe.loadgen.recordbuild.build_record`) and the analysis reads them
-(:func:`pathprobe.analysis.records.read_records`); neither needs Locust to import it. Every
+(:func:`pathprobe.analysis.report.records.read_records`); neither needs Locust to import it. Every
 duration is in milliseconds, measured on the client's monotonic clock unless noted. A key
 of :class:`RequestRecord` is in every record; a key of the ``total=False`` part only where
 it applies (streams, call-by-call interleaving).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pathprobe.analysis.accounting import canonical, merge, reconcile
+from pathprobe.analysis.lab.accounting import canonical, merge, reconcile
 
 
 def recs(**by_status: int) -> list[dict]:

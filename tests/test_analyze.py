@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from pathprobe.analysis import traces as tr
-from pathprobe.analysis.records import agreement, read_records, within
-from pathprobe.analysis.tracesplit import split_trace
+from pathprobe.analysis.report import traces as tr
+from pathprobe.analysis.report.records import agreement, read_records, within
+from pathprobe.analysis.report.tracesplit import split_trace
 from pathprobe.segments import SEGMENTS
 
 from tests.support.procs import Proc, Server, free_port, wait_grpc

@@ -136,8 +136,8 @@ def test_every_hops_serialization_is_kept(run):
 def test_traces_split_the_chain_hop_by_hop_too(run):
     """From span timing alone (``durations``): both gateways' spans are hops of their own, and
     the typical request's per-link network agrees with the in-band split."""
-    from pathprobe.analysis import traces as tr
-    from pathprobe.analysis.tracesplit import split_trace
+    from pathprobe.analysis.report import traces as tr
+    from pathprobe.analysis.report.tracesplit import split_trace
 
     out, _ = run
     recs = {r["trace_id"]: r for r in _records(out, "chain-d1") if r.get("trace_id")}

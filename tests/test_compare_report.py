@@ -8,11 +8,11 @@ import subprocess
 
 import numpy as np
 import pytest
-from pathprobe.analysis.compare import build_report, write_reports
-from pathprobe.analysis.config import parse_config
-from pathprobe.analysis.loadrun import RunResult
-from pathprobe.analysis.markdown import markdown
-from pathprobe.analysis.paths import Path_
+from pathprobe.analysis.lab.compare import build_report, write_reports
+from pathprobe.analysis.lab.config import parse_config
+from pathprobe.analysis.lab.loadrun import RunResult
+from pathprobe.analysis.lab.paths import Path_
+from pathprobe.analysis.report.markdown import markdown
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
@@ -325,7 +325,7 @@ def test_html_shows_the_warning_and_flags_verdicts(saturated_dir):
 def test_rerender_reads_the_client_blocks_back(saturated_dir, tmp_path):
     import shutil as sh
 
-    from pathprobe.analysis.rerender import rerender
+    from pathprobe.analysis.lab.rerender import rerender
 
     src, _ = saturated_dir
     out = tmp_path / "copy"

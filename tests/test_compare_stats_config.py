@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from pathprobe.analysis import stats
-from pathprobe.analysis.config import CompareConfig, load_config, parse_config
+from pathprobe.analysis.lab.config import CompareConfig, load_config, parse_config
+from pathprobe.analysis.report import stats
 from pathprobe.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pathprobe.analysis.records import read_records
+from pathprobe.analysis.report.records import read_records
 from pathprobe.records import HopPartRecord, HopRecord, RequestRecord, SplitRecord
 from pydantic import TypeAdapter
 

@@ -375,7 +375,7 @@ def test_prompts_are_cached_so_later_runs_skip_the_tokenizer(tmp_path):
 
 def test_jsonl_reader_names_file_and_line(tmp_path) -> None:
     from pathprobe import jsonl
-    from pathprobe.analysis.records import read_records
+    from pathprobe.analysis.report.records import read_records
     from pathprobe.errors import ConfigError, PathprobeError
     from pathprobe.loadgen.prompts import from_file
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 
-from pathprobe.analysis.compare import expected_services, trace_completeness
-from pathprobe.analysis.paired import (
+from pathprobe.analysis.lab.compare import expected_services, trace_completeness
+from pathprobe.analysis.report.figures import summarize_group
+from pathprobe.analysis.report.paired import (
     COSTS_LESS,
     COSTS_MORE,
     MIN_EFFECT_MS,
@@ -17,8 +18,7 @@ from pathprobe.analysis.paired import (
     path_tax,
     tax_summary,
 )
-from pathprobe.analysis.report import summarize_group
-from pathprobe.analysis.traces import Span, Trace
+from pathprobe.analysis.report.traces import Span, Trace
 
 
 def _rec(cycle: int, rnd: int, tax: float, engine: float, srv: bool = True) -> dict:

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from pathprobe.analysis.config import CompareConfig
-from pathprobe.analysis.placement import ENV_PLACEMENT, plan
-from pathprobe.analysis.stack import Stack
+from pathprobe.analysis.lab.config import CompareConfig
+from pathprobe.analysis.lab.placement import ENV_PLACEMENT, plan
+from pathprobe.analysis.lab.stack import Stack
 from pathprobe.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_compare_reports_its_placement(tmp_path) -> None:
 
 def test_switches_read_unquoted_yaml_on_and_off(tmp_path) -> None:
     """YAML 1.1 reads ``on`` / ``off`` as booleans; the auto|on|off keys take them back."""
-    from pathprobe.analysis.config import load_config
+    from pathprobe.analysis.lab.config import load_config
 
     path = tmp_path / "c.yaml"
     path.write_text("placement: on\nserver: {engine: synthetic, engine_process: off}\n")

@@ -8,11 +8,11 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
-from pathprobe.analysis.compare import build_report, write_reports
-from pathprobe.analysis.config import parse_config
-from pathprobe.analysis.markdown import fmt_ms, markdown
-from pathprobe.analysis.paired import COSTS_MORE, NO_CLEAR
-from pathprobe.analysis.runner import Path_, RunResult
+from pathprobe.analysis.lab.compare import build_report, write_reports
+from pathprobe.analysis.lab.config import parse_config
+from pathprobe.analysis.lab.runner import Path_, RunResult
+from pathprobe.analysis.report.markdown import fmt_ms, markdown
+from pathprobe.analysis.report.paired import COSTS_MORE, NO_CLEAR
 
 #: extra path tax per call over the baseline (ms), and how much it varies call to call
 EXTRA = {"direct-grpc": (0.0, 0.0), "passthrough": (1.0, 0.1), "same": (0.05, 0.05), "noisy": (0.0, 3.0)}

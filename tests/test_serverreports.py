@@ -218,7 +218,7 @@ def test_vllm_cpu_defaults_give_way_to_what_is_set() -> None:
 
 def test_the_estimate_is_flagged_on_its_own_link_only() -> None:
     """A chain where only the last hop is silent: client -> gateway measured, gateway -> server estimated."""
-    from pathprobe.analysis.hops import summarize_hops
+    from pathprobe.analysis.report.hops import summarize_hops
 
     gw = {"gw.total": 24.0, "gw.upstream": 22.0, "gw.connect": 0.2}
     s = sr.split(25.5, gw, None, 0.2, 0.3, network_estimate_ms=sr.network_estimate(gw, 0.9))

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from pathprobe.analysis.accounting import reconcile, scrape
+from pathprobe.analysis.lab.accounting import reconcile, scrape
 
 from tests.support.procs import Server
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pathprobe.analysis.chunks import chunk_timing, summarize
+from pathprobe.analysis.report.chunks import chunk_timing, summarize
 
 from tests.support.procs import Server, free_port
 

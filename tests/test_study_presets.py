@@ -218,7 +218,7 @@ def test_engine_options_are_checked() -> None:
 
 def test_compare_reads_startup_gauges_from_metrics_page() -> None:
     """compare reads the server's startup phases from the real /metrics rendering."""
-    from pathprobe.analysis.probes import parse_startup
+    from pathprobe.analysis.lab.probes import parse_startup
     from pathprobe.server.engine.base import EngineConfig
     from pathprobe.server.engine.synthetic import SyntheticEngine
     from pathprobe.server.metrics import ServerMetrics

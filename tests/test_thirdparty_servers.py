@@ -351,7 +351,7 @@ def test_behind_our_gateway_the_silent_server_is_unsplit_and_the_gateway_measure
 
 
 def test_compare_config_for_third_party_servers_names_the_key() -> None:
-    from pathprobe.analysis.config import parse_config
+    from pathprobe.analysis.lab.config import parse_config
     from pathprobe.errors import ConfigError
 
     cfg = parse_config(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from pathprobe.analysis.config import parse_config
-from pathprobe.analysis.selfreport import add_self_reports, claims, outside_server_ms, reference_for
+from pathprobe.analysis.lab.config import parse_config
+from pathprobe.analysis.report.selfreport import add_self_reports, claims, outside_server_ms, reference_for
 from pathprobe.errors import ConfigError
 
 

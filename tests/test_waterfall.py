@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 from pathprobe import serverreports, timing
-from pathprobe.analysis import waterfall
+from pathprobe.analysis.report import waterfall
 
 
 def _record(e2e: float, chain: str, report=None, est: float | None = None) -> dict:
@@ -90,7 +90,7 @@ def test_the_report_plots_one_waterfall_per_configuration() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from pathprobe.analysis.plots import plot_waterfalls
+    from pathprobe.analysis.report.plots import plot_waterfalls
 
     rep = serverreports.ServerReport(serverreports.VLLM, {"srv.queue": 1.0, "srv.prefill": 3.0})
     recs = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathprobe.analysis.witness import Chain, LinkPorts, Packet, analyze, connection_peers, witness_request
+from pathprobe.analysis.lab.witness import Chain, LinkPorts, Packet, analyze, connection_peers, witness_request
 
 MS = 1_000_000  # ns
 

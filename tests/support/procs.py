@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
-from pathprobe.analysis.procs import free_port
+from pathprobe.analysis.lab.procs import free_port
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, tls=None) -> None:

@@ -47,7 +47,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pathprobe.analysis import stats
+from pathprobe.analysis.report import stats
 
 #: default minimum effect: a paired path-tax difference smaller than this many ms gets no verdict
 MIN_EFFECT_MS = 0.2

@@ -1,5 +1,5 @@
 """The compare report as Markdown (printed on stdout and written to report.md), and analyze's
-segment table: rendering only; every figure comes from :mod:`pathprobe.analysis.report`."""
+segment table: rendering only; every figure comes from :mod:`pathprobe.analysis.report.figures`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pathprobe import rtt
-from pathprobe.analysis.report import path_tax_rows, percentiles
+from pathprobe.analysis.report.figures import path_tax_rows, percentiles
 from pathprobe.segments import SEGMENTS
 
 
@@ -146,7 +146,7 @@ def _path_tax_table(report: Mapping[str, Any], key: str) -> list[str]:
 
 def markdown(report: Mapping[str, Any]) -> str:
     """The side-by-side tables printed on stdout."""
-    from pathprobe.analysis.hops import format_path
+    from pathprobe.analysis.report.hops import format_path
 
     primary = report["method"]["primary_metric"]
     lines: list[str] = []

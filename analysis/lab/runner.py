@@ -1,13 +1,13 @@
-"""The names ``pathprobe.analysis.runner`` held before it was split by job; import from the
-modules themselves: :mod:`~pathprobe.analysis.procs` (ports, child processes),
-:mod:`~pathprobe.analysis.probes` (readiness and handshake probes),
-:mod:`~pathprobe.analysis.stack` (the processes of a local compare, each path),
-:mod:`~pathprobe.analysis.loadrun` (load runs and what they leave) and
-:mod:`~pathprobe.analysis.meta` (versions, timestamps)."""
+"""The names ``pathprobe.analysis.lab.runner`` held before it was split by job; import from the
+modules themselves: :mod:`~pathprobe.analysis.lab.procs` (ports, child processes),
+:mod:`~pathprobe.analysis.lab.probes` (readiness and handshake probes),
+:mod:`~pathprobe.analysis.lab.stack` (the processes of a local compare, each path),
+:mod:`~pathprobe.analysis.lab.loadrun` (load runs and what they leave) and
+:mod:`~pathprobe.analysis.lab.meta` (versions, timestamps)."""
 
 from __future__ import annotations
 
-from pathprobe.analysis.loadrun import (
+from pathprobe.analysis.lab.loadrun import (
     MIXED,
     RunResult,
     cpu_seconds,
@@ -18,9 +18,9 @@ from pathprobe.analysis.loadrun import (
     run_load,
     run_load_mixed,
 )
-from pathprobe.analysis.meta import now_iso, versions
-from pathprobe.analysis.paths import Path_, expected_shift_ms
-from pathprobe.analysis.probes import (
+from pathprobe.analysis.lab.meta import now_iso, versions
+from pathprobe.analysis.lab.paths import Path_, expected_shift_ms
+from pathprobe.analysis.lab.probes import (
     handshake_ms,
     normalize_address,
     parse_startup,
@@ -29,7 +29,7 @@ from pathprobe.analysis.probes import (
     url_for,
     wait_ready,
 )
-from pathprobe.analysis.procs import (
+from pathprobe.analysis.lab.procs import (
     LOOPBACK,
     Managed,
     Skipped,
@@ -38,7 +38,7 @@ from pathprobe.analysis.procs import (
     reachable,
     split_hostport,
 )
-from pathprobe.analysis.stack import Stack
+from pathprobe.analysis.lab.stack import Stack
 
 __all__ = [
     "LOOPBACK",

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.compare import build_report, log_stderr
-from pathprobe.analysis.loadrun import RunResult, read_accounting, read_client, read_path_cpu
-from pathprobe.analysis.paths import Path_
-from pathprobe.analysis.reportfiles import write_reports
+from pathprobe.analysis.lab.compare import build_report, log_stderr
+from pathprobe.analysis.lab.loadrun import RunResult, read_accounting, read_client, read_path_cpu
+from pathprobe.analysis.lab.paths import Path_
+from pathprobe.analysis.lab.reportfiles import write_reports
 from pathprobe.errors import ConfigError
 
 
@@ -26,7 +26,7 @@ def rerender(
 ) -> dict[str, Any]:
     """Rebuild the reports of a finished compare from its ``runs/`` folder, without running anything
     (e.g. with another baseline or alpha). Statuses, reasons and cold starts come from the old report.json."""
-    from pathprobe.analysis.records import read_tagged
+    from pathprobe.analysis.report.records import read_tagged
 
     old_path = out / "report.json"
     try:
@@ -38,7 +38,7 @@ def rerender(
         data["baseline"] = baseline
     if alpha is not None:
         data["alpha"] = alpha
-    from pathprobe.analysis.config import parse_config
+    from pathprobe.analysis.lab.config import parse_config
 
     cfg = parse_config(data, str(old_path))
     primary = old["method"]["primary_metric"]

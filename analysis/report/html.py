@@ -1,5 +1,5 @@
 """The HTML report: one self-contained page that leads with the path-tax tables, then the plots
-(:mod:`pathprobe.analysis.plots`) and the side-by-side tables."""
+(:mod:`pathprobe.analysis.report.plots`) and the side-by-side tables."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.hops import format_path
-from pathprobe.analysis.markdown import PATH_TAX_CAPTION, estimated_note, fmt_ms, seg_cell
-from pathprobe.analysis.plots import (
+from pathprobe.analysis.report.figures import SEG_COLS, path_tax_rows
+from pathprobe.analysis.report.hops import format_path
+from pathprobe.analysis.report.markdown import PATH_TAX_CAPTION, estimated_note, fmt_ms, seg_cell
+from pathprobe.analysis.report.plots import (
     plot_cdfs,
     plot_hops,
     plot_segments,
@@ -20,7 +21,6 @@ from pathprobe.analysis.plots import (
     plot_sweep,
     plot_waterfalls,
 )
-from pathprobe.analysis.report import SEG_COLS, path_tax_rows
 from pathprobe.segments import SEGMENTS
 
 _CSS = """
@@ -213,7 +213,7 @@ def render(
         + "</p>"
     )
     if meta.get("placement"):
-        from pathprobe.analysis.markdown import placement_line
+        from pathprobe.analysis.report.markdown import placement_line
 
         parts.append("<p class='meta'>" + html.escape(placement_line(meta["placement"])) + "</p>")
     parts.append(

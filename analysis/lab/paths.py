@@ -1,15 +1,16 @@
 """Each configuration's live path: what a local compare starts for it (a gateway of ours, a
-third-party proxy, a chain of them, delaying relays) on the shared :class:`~pathprobe.analysis.stack.Stack`,
+third-party proxy, a chain of them, delaying relays) on the shared processes (:class:`PathHost`),
 and the real request that tells it answers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pathprobe.analysis.config import UPSTREAM_PROTOCOL, NetworkConfig, TargetConfig
-from pathprobe.analysis.probes import handshake_ms, served_model, url_for, wait_ready
-from pathprobe.analysis.procs import (
+from pathprobe.analysis.lab.config import UPSTREAM_PROTOCOL, NetworkConfig, TargetConfig
+from pathprobe.analysis.lab.probes import handshake_ms, served_model, url_for, wait_ready
+from pathprobe.analysis.lab.procs import (
     LOOPBACK,
     Managed,
     Skipped,
@@ -22,7 +23,9 @@ from pathprobe.analysis.procs import (
 from pathprobe.errors import ConfigError, PathprobeError
 
 if TYPE_CHECKING:
-    from pathprobe.analysis.stack import Stack
+    from pathprobe.analysis.lab.config import CompareConfig
+    from pathprobe.pki import Pki
+    from pathprobe.tls import TlsFiles
 
 
 @dataclass
@@ -62,10 +65,30 @@ def expected_shift_ms(net: NetworkConfig | None) -> float:
     return 2.0 * (net.delay_ms + net.jitter_ms / 2.0)
 
 
+class PathHost(Protocol):
+    """What a :class:`PathBuilder` needs of the shared processes it starts a path on (the lab's
+    :class:`~pathprobe.analysis.lab.stack.Stack` is one): this module never imports its owner."""
+
+    cfg: CompareConfig
+    out: Path
+    traces_dir: Path
+    server: Managed | None
+    server_grpc: str
+    server_http: str
+    front_ends: dict[str, str]
+
+    def pki(self) -> Pki: ...
+    def client_tls(self) -> TlsFiles: ...
+    def start(self, m: Managed, role: str = ...) -> Managed: ...
+    def our_server(self, engine: str | None) -> tuple[str, str, Managed | None]: ...
+    def vllm_server(self) -> tuple[str, Managed]: ...
+    def relay(self, name: str, upstream: str, net: NetworkConfig) -> tuple[str, Managed]: ...
+
+
 class PathBuilder:
     """Starts what one configuration needs on ``stack`` and probes it."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: PathHost) -> None:
         self.stack = stack
 
     def build(self, t: TargetConfig) -> Path_:

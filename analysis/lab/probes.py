@@ -11,7 +11,7 @@ import urllib.request
 from typing import TYPE_CHECKING
 
 from pathprobe import environment
-from pathprobe.analysis.procs import Managed, split_hostport
+from pathprobe.analysis.lab.procs import Managed, split_hostport
 from pathprobe.errors import PathprobeError
 
 if TYPE_CHECKING:

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.loadrun import RunResult
-from pathprobe.analysis.markdown import markdown
+from pathprobe.analysis.lab.loadrun import RunResult
+from pathprobe.analysis.report.markdown import markdown
 
 
 def write_reports(
     report: dict[str, Any], results: dict[str, list[RunResult]], out: Path, html: bool, primary: str
 ) -> None:
-    from pathprobe.analysis.html import json_safe, render
+    from pathprobe.analysis.report.html import json_safe, render
 
     samples = report.pop("_samples", {})
     report["files"] = {"json": str(out / "report.json")}

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pathprobe.analysis.report import metric_values
+from pathprobe.analysis.report.figures import metric_values
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {
@@ -121,7 +121,7 @@ def plot_waterfalls(
 ) -> str | None:
     """One typical request (median e2e, highest concurrency) per configuration as a waterfall."""
     import matplotlib.pyplot as plt
-    from pathprobe.analysis.waterfall import bars, representative
+    from pathprobe.analysis.report.waterfall import bars, representative
 
     conc = max(report["concurrency"])
     reps = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]

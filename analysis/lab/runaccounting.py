@@ -1,5 +1,5 @@
 """Accounting of a compare's load runs: the path's ``/metrics`` (server, gateway) scraped before
-and after a run and set against the run's records (see :mod:`pathprobe.analysis.accounting`)."""
+and after a run and set against the run's records (see :mod:`pathprobe.analysis.lab.accounting`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis import accounting
-from pathprobe.analysis.loadrun import RunResult
-from pathprobe.analysis.paths import Path_
-from pathprobe.analysis.stack import Stack
+from pathprobe.analysis.lab import accounting
+from pathprobe.analysis.lab.loadrun import RunResult
+from pathprobe.analysis.lab.paths import Path_
+from pathprobe.analysis.lab.stack import Stack
 
 
 def _metrics_urls(stack: Stack, p: Path_) -> dict[str, str]:

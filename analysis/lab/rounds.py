@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.config import CompareConfig
-from pathprobe.analysis.loadrun import RunResult, cpu_seconds, interleavable, run_load, run_load_mixed
-from pathprobe.analysis.paths import Path_
-from pathprobe.analysis.report import metric_values
-from pathprobe.analysis.runaccounting import account, account_batch, scrape
-from pathprobe.analysis.stack import Stack
+from pathprobe.analysis.lab.config import CompareConfig
+from pathprobe.analysis.lab.loadrun import RunResult, cpu_seconds, interleavable, run_load, run_load_mixed
+from pathprobe.analysis.lab.paths import Path_
+from pathprobe.analysis.lab.runaccounting import account, account_batch, scrape
+from pathprobe.analysis.lab.stack import Stack
+from pathprobe.analysis.report.figures import metric_values
 
 
 def first_error(records: list[dict[str, Any]]) -> str:

@@ -1,6 +1,6 @@
 """The processes of a local compare (the ``Stack``): the model server (and any second server:
 ours with another engine, vLLM's own), delaying relays, and every gateway or proxy a path needs
-(started through :mod:`~pathprobe.analysis.paths`), each on a free loopback port, on the cores
+(started through :mod:`~pathprobe.analysis.lab.paths`), each on a free loopback port, on the cores
 placement gives its role; ``close()`` ends them all."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pathprobe import vllmcpu
-from pathprobe.analysis.config import CompareConfig, NetworkConfig, ServerConfig, TargetConfig
-from pathprobe.analysis.paths import Path_, PathBuilder
-from pathprobe.analysis.placement import Placement, plan
-from pathprobe.analysis.probes import parse_startup, url_for, wait_ready
-from pathprobe.analysis.procs import (
+from pathprobe.analysis.lab.config import CompareConfig, NetworkConfig, ServerConfig, TargetConfig
+from pathprobe.analysis.lab.paths import Path_, PathBuilder
+from pathprobe.analysis.lab.placement import Placement, plan
+from pathprobe.analysis.lab.probes import parse_startup, url_for, wait_ready
+from pathprobe.analysis.lab.procs import (
     LOOPBACK,
     Managed,
     Skipped,

@@ -1,9 +1,9 @@
 """``pathprobe compare``: the whole job, from config to report files, as phases: check the
-addresses, start the local processes (:mod:`~pathprobe.analysis.stack`), bring every path up,
-warm up and measure (:mod:`~pathprobe.analysis.rounds`), attach the cross-checks
-(:mod:`~pathprobe.analysis.crosscheck`), build the report (each configuration's entry:
-:mod:`~pathprobe.analysis.reportbuild`; the comparisons and verdicts here) and write it
-(:mod:`~pathprobe.analysis.reportfiles`)."""
+addresses, start the local processes (:mod:`~pathprobe.analysis.lab.stack`), bring every path up,
+warm up and measure (:mod:`~pathprobe.analysis.lab.rounds`), attach the cross-checks
+(:mod:`~pathprobe.analysis.lab.crosscheck`), build the report (each configuration's entry:
+:mod:`~pathprobe.analysis.lab.reportbuild`; the comparisons and verdicts here) and write it
+(:mod:`~pathprobe.analysis.lab.reportfiles`)."""
 
 from __future__ import annotations
 
@@ -14,24 +14,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pathprobe.analysis import paired as paired_mod
-from pathprobe.analysis.config import CompareConfig, TargetConfig
-from pathprobe.analysis.crosscheck import attach_traces, attach_witness, expected_services, trace_completeness
-from pathprobe.analysis.loadrun import RunResult, prepare_prompts
-from pathprobe.analysis.meta import now_iso, run_meta
-from pathprobe.analysis.paths import Path_
-from pathprobe.analysis.probes import normalize_address, wait_ready
-from pathprobe.analysis.procs import reachable, split_hostport
-from pathprobe.analysis.report import add_comparisons, client_warnings
-from pathprobe.analysis.reportbuild import network_info, target_entry
-from pathprobe.analysis.reportfiles import write_reports
-from pathprobe.analysis.rounds import Rounds
-from pathprobe.analysis.selfreport import add_self_reports
-from pathprobe.analysis.stack import Stack
+from pathprobe.analysis.lab.config import CompareConfig, TargetConfig
+from pathprobe.analysis.lab.crosscheck import attach_traces, attach_witness, expected_services, trace_completeness
+from pathprobe.analysis.lab.loadrun import RunResult, prepare_prompts
+from pathprobe.analysis.lab.meta import now_iso, run_meta
+from pathprobe.analysis.lab.paths import Path_
+from pathprobe.analysis.lab.probes import normalize_address, wait_ready
+from pathprobe.analysis.lab.procs import reachable, split_hostport
+from pathprobe.analysis.lab.reportbuild import network_info, target_entry
+from pathprobe.analysis.lab.reportfiles import write_reports
+from pathprobe.analysis.lab.rounds import Rounds
+from pathprobe.analysis.lab.stack import Stack
+from pathprobe.analysis.report import paired as paired_mod
+from pathprobe.analysis.report.figures import add_comparisons, client_warnings
+from pathprobe.analysis.report.selfreport import add_self_reports
 from pathprobe.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pathprobe.analysis.witness import Capture
+    from pathprobe.analysis.lab.witness import Capture
 
 __all__ = [  # with names that moved out of this module and are still imported from it
     "Interrupted",
@@ -230,7 +230,7 @@ def _start_capture(cfg: CompareConfig, live: list[Path_], out: Path, log: Callab
         raise ConfigError("witness: pcap needs local mode (the capture follows the ports compare started)")
     if 1 not in cfg.load.concurrency:
         raise ConfigError("witness: pcap matches packets to requests at concurrency 1; add 1 to load.concurrency")
-    from pathprobe.analysis.witness import Capture
+    from pathprobe.analysis.lab.witness import Capture
 
     ports = [port for p in live for ports_, _ in p.chain for port in ports_]
     capture = Capture(out / "witness" / "capture.pcap", ports).start()
@@ -311,7 +311,7 @@ def _paired_verdicts(
     concs: list[int],
 ) -> list[dict[str, Any]]:
     """Interleaved runs: each configuration's path tax, its calls paired with the baseline's of the same
-    cycle, and verdicts on the paired path-tax difference (see :mod:`pathprobe.analysis.paired`)."""
+    cycle, and verdicts on the paired path-tax difference (see :mod:`pathprobe.analysis.report.paired`)."""
     verdicts: list[dict[str, Any]] = []
     for conc in concs:
         recs = {

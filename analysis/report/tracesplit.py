@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pathprobe import serverreports, timing
-from pathprobe.analysis.traces import Span, Trace
+from pathprobe.analysis.report.traces import Span, Trace
 from pathprobe.segments import Split
 
 #: span name -> entry, for spans that carry no ``pathprobe.entry`` attribute

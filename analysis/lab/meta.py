@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 
-from pathprobe.analysis.config import CompareConfig
+from pathprobe.analysis.lab.config import CompareConfig
 
 
 def versions() -> dict[str, str]:

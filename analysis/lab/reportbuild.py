@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pathprobe.analysis.accounting import merge as accounting_merge
-from pathprobe.analysis.config import CompareConfig, NetworkConfig, TargetConfig
-from pathprobe.analysis.hops import summarize_hops
-from pathprobe.analysis.loadrun import RunResult
-from pathprobe.analysis.paths import Path_, expected_shift_ms
-from pathprobe.analysis.report import client_summary, metric_values, summarize_group
+from pathprobe.analysis.lab.accounting import merge as accounting_merge
+from pathprobe.analysis.lab.config import CompareConfig, NetworkConfig, TargetConfig
+from pathprobe.analysis.lab.loadrun import RunResult
+from pathprobe.analysis.lab.paths import Path_, expected_shift_ms
+from pathprobe.analysis.report.figures import client_summary, metric_values, summarize_group
+from pathprobe.analysis.report.hops import summarize_hops
 
 
 def target_entry(

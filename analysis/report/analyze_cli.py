@@ -80,11 +80,11 @@ def _slowest_count(spec: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathprobe.analysis import traces as tr
-    from pathprobe.analysis.hops import format_path, summarize_hops
-    from pathprobe.analysis.markdown import segment_table
-    from pathprobe.analysis.records import agreement, read_records
-    from pathprobe.analysis.tracesplit import split_trace
+    from pathprobe.analysis.report import traces as tr
+    from pathprobe.analysis.report.hops import format_path, summarize_hops
+    from pathprobe.analysis.report.markdown import segment_table
+    from pathprobe.analysis.report.records import agreement, read_records
+    from pathprobe.analysis.report.tracesplit import split_trace
 
     if not args.inputs and not args.jaeger:
         raise ConfigError("give trace files/folders, or --jaeger URL")

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.config import CompareConfig
-from pathprobe.analysis.paths import Path_
-from pathprobe.analysis.placement import Placement
-from pathprobe.analysis.procs import Managed, pathprobe_cmd
+from pathprobe import environment
+from pathprobe.analysis.lab.config import CompareConfig
+from pathprobe.analysis.lab.paths import Path_
+from pathprobe.analysis.lab.placement import Placement
+from pathprobe.analysis.lab.procs import Managed, pathprobe_cmd
 
 
 @dataclass
@@ -227,9 +228,7 @@ def _run_process(
         # its own process group: on timeout or interruption the load AND its Locust child are ended
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if headers:
-            from pathprobe.loadgen.targets import ENV_HEADERS
-
-            env[ENV_HEADERS] = json.dumps(headers)
+            env[environment.PATHPROBE_LOAD_HEADERS] = json.dumps(headers)
         proc = subprocess.Popen(
             args,
             stdout=fh,
@@ -252,7 +251,7 @@ def _run_process(
 
 
 def _tagged_records(path: Path, rnd: int, concurrency: int) -> list[dict[str, Any]]:
-    from pathprobe.analysis.records import read_tagged
+    from pathprobe.analysis.report.records import read_tagged
 
     return read_tagged(path, _round=rnd, _concurrency=concurrency)
 

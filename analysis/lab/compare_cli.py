@@ -132,7 +132,7 @@ def apply_flags(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     if args.no_tracing:
         data["tracing"] = False
     if args.target or args.targets:
-        from pathprobe.analysis.config import _default_targets
+        from pathprobe.analysis.lab.config import _default_targets
 
         targets = data.get("targets")
         if targets is None:
@@ -160,11 +160,11 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     import yaml
-    from pathprobe.analysis.config import parse_config
+    from pathprobe.analysis.lab.config import parse_config
 
     if args.rerender:
-        from pathprobe.analysis.markdown import markdown as _md
-        from pathprobe.analysis.rerender import rerender
+        from pathprobe.analysis.lab.rerender import rerender
+        from pathprobe.analysis.report.markdown import markdown as _md
 
         print(_md(rerender(Path(args.rerender), baseline=args.baseline, html=not args.no_html)))
         return 0
@@ -186,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False))
         return 0
-    from pathprobe.analysis.compare import Interrupted, run_compare
-    from pathprobe.analysis.markdown import markdown
+    from pathprobe.analysis.lab.compare import Interrupted, run_compare
+    from pathprobe.analysis.report.markdown import markdown
 
     try:
         report = run_compare(cfg, html=not args.no_html)
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"pathprobe compare: {exc}; every process it started was ended", file=sys.stderr)
         return 143
     if args.json_only:
-        from pathprobe.analysis.html import json_safe
+        from pathprobe.analysis.report.html import json_safe
 
         print(json.dumps(json_safe(report), indent=1))
     else:

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pathprobe.analysis.config import CompareConfig
-from pathprobe.analysis.loadrun import RunResult
-from pathprobe.analysis.paths import Path_
+from pathprobe.analysis.lab.config import CompareConfig
+from pathprobe.analysis.lab.loadrun import RunResult
+from pathprobe.analysis.lab.paths import Path_
 from pathprobe.serverreports import VLLM_SPAN
 
 
@@ -22,9 +22,9 @@ def attach_traces(
     log: Callable[[str], None],
 ) -> None:
     """List (and write as Jaeger files) the slowest requests' traces; check trace vs in-band split."""
-    from pathprobe.analysis import traces as tr
-    from pathprobe.analysis.records import agreement
-    from pathprobe.analysis.tracesplit import split_trace
+    from pathprobe.analysis.report import traces as tr
+    from pathprobe.analysis.report.records import agreement
+    from pathprobe.analysis.report.tracesplit import split_trace
 
     files = sorted((out / "traces").glob("*.jsonl")) + sorted((out / "traces" / "client").glob("*.jsonl"))
     files = [f for f in files if f.stat().st_size > 0]
@@ -82,8 +82,8 @@ def attach_witness(
     log: Callable[[str], None],
 ) -> None:
     """Per configuration, at concurrency 1: wire vs stack time per link from the capture, beside the
-    split's network per link (see :mod:`pathprobe.analysis.witness`)."""
-    from pathprobe.analysis import witness as wit
+    split's network per link (see :mod:`pathprobe.analysis.lab.witness`)."""
+    from pathprobe.analysis.lab import witness as wit
 
     try:
         packets = wit.read_packets(pcap)

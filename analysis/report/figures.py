@@ -1,6 +1,6 @@
 """Aggregate compare results into ``report.json`` figures: per configuration and concurrency, the
 segments, client health, the path-tax rows and the comparisons with the baseline (the Markdown
-rendering of them is :mod:`pathprobe.analysis.markdown`, the HTML page :mod:`pathprobe.analysis.html`)."""
+rendering of them is :mod:`pathprobe.analysis.report.markdown`, the HTML page :mod:`pathprobe.analysis.report.html`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pathprobe.analysis import stats
+from pathprobe.analysis.report import stats
 from pathprobe.segments import SEGMENTS
 
 SEG_COLS = (*SEGMENTS, "network_hop1", "network_hop2")
@@ -207,7 +207,7 @@ def summarize_group(
     }
     if primary != "e2e":
         out["e2e"] = percentiles(metric_values(ok, "e2e"))
-    from pathprobe.analysis.chunks import summarize as chunk_summary
+    from pathprobe.analysis.report.chunks import summarize as chunk_summary
 
     chunks = chunk_summary(ok)
     if chunks is not None:
