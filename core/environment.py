@@ -14,6 +14,10 @@ PATHPROBE_CACHE = "PATHPROBE_CACHE"
 #: Also write spans as OTLP JSON lines to this file (``--traces-file`` wins).
 PATHPROBE_TRACES_FILE = "PATHPROBE_TRACES_FILE"
 
+#: Also write the GenAI metrics (``gen_ai.client.*`` from the load generator, ``gen_ai.server.*``
+#: from the server) as OTLP JSON lines to this file (:mod:`pathprobe.genai`).
+PATHPROBE_METRICS_FILE = "PATHPROBE_METRICS_FILE"
+
 #: ``pathprobe serve`` defaults, for containers configured by environment:
 #: the engine (``--engine``), the model (``--model``), the HTTP front end (``--http-server``).
 PATHPROBE_ENGINE = "PATHPROBE_ENGINE"
@@ -138,6 +142,8 @@ GATEWAY_OPTIONS: dict[str, str] = {
 #: OpenTelemetry's own: where spans go over OTLP/gRPC (the traces-specific one wins).
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+#: ... and where metrics go (the metrics-specific one wins over the general endpoint).
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
 
 #: Locust's own: the target when ``-H/--host`` is not given.
 LOCUST_HOST = "LOCUST_HOST"

@@ -69,6 +69,8 @@ def on_test_stop(environment: Any, **_kw: Any) -> None:
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
         distributed.send_final(rt)
+        if rt.metrics is not None:
+            rt.metrics.flush()
     elif isinstance(runner, MasterRunner):
         distributed.master_collect(rt, runner)
         rt.end_wall = time.time()
@@ -76,6 +78,8 @@ def on_test_stop(environment: Any, **_kw: Any) -> None:
         distributed.check_master_totals(rt)
     else:
         rt.stop_test_local()
+        if rt.metrics is not None:
+            rt.metrics.flush()
         if rt.tracing is not None:
             rt.tracing.shutdown()
             rt.tracing = None
@@ -84,6 +88,8 @@ def on_test_stop(environment: Any, **_kw: Any) -> None:
 def on_quitting(environment: Any, **_kw: Any) -> None:
     """A headless run ends with the per-route split table (and the saturation warnings)."""
     rt = find(environment)
+    if rt is not None and rt.metrics is not None:
+        rt.metrics.close()
     if rt is None or rt.role == "worker":
         return
     if rt.last_summary is not None and getattr(environment.parsed_options, "headless", False):

@@ -18,6 +18,7 @@ from typing import Any
 
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
+from pathprobe import genai
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen import clientwait, hist
 from pathprobe.loadgen import metrics as metrics_mod
@@ -202,11 +203,17 @@ class Runtime:
                 gevent.sleep(0)
 
     def serve_metrics(self) -> None:
-        """Start the Prometheus endpoint when a port is given (flag or env); once per process."""
+        """Start the Prometheus endpoint when a port is given (flag or env), and the GenAI metrics' OTLP
+        export when one is configured (:func:`pathprobe.genai.setup_otlp`); once per process."""
         port, host = self.cfg.metrics_port, self.cfg.metrics_host
-        if not port or self.metrics is not None:
+        if self.metrics is not None:
             return
-        self.metrics = metrics_mod.LoadMetrics(self.cfg.label)
+        otlp = genai.setup_otlp("pathprobe-loadgen")
+        if not port and otlp is None:
+            return
+        self.metrics = metrics_mod.LoadMetrics(self.cfg.label, otlp=otlp, prometheus=bool(port))
+        if not port:
+            return
         try:
             self.metrics.serve(host, port)
         except OSError as exc:

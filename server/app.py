@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from pathprobe import telemetry
+from pathprobe import genai, telemetry
 from pathprobe.auth import ApiKeys
 from pathprobe.errors import ConfigError
 from pathprobe.gputelemetry import GpuSampler
@@ -159,7 +159,9 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
     await engine.start()
     t = _phase(phases, "engine_start", t)
     startup: StartupTimer = getattr(engine, "startup", None) or StartupTimer(t0=t0)
-    state = ServerState(engine=engine, metrics=ServerMetrics(engine), auth=ApiKeys(config.api_keys))
+    otlp_metrics = genai.setup_otlp("pathprobe-server")
+    metrics = ServerMetrics(engine, otlp=otlp_metrics)
+    state = ServerState(engine=engine, metrics=metrics, auth=ApiKeys(config.api_keys))
     if gpu is not None:
         state.metrics.watch_gpu(gpu)
     fronts = [
@@ -210,6 +212,8 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
             if summary.get("gpu"):
                 log.warning("GPU telemetry: %s", json.dumps(summary, default=str))
         telemetry.shutdown(provider)
+        if otlp_metrics is not None:
+            otlp_metrics.shutdown()
 
 
 def _watch_engine(engine: object, health: Any) -> None:

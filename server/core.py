@@ -136,6 +136,9 @@ class RequestScope:
         self.state.metrics.observe(self.route, code, entries)
         self.state.first_request_done(self.t0, entries["srv.total"])
         gen = self.gen
+        first = gen.timing.first_token_at - self.t0 if gen is not None and gen.timing.first_token_at else None
+        tokens = gen.completion_tokens if gen is not None else 0
+        self.state.metrics.observe_genai(self.route, code, entries["srv.total"], first, tokens)
         if gen is not None:
             self.state.metrics.observe_generation(gen.prompt_tokens, gen.completion_tokens, gen.timing.batch_size)
         self._end_span(entries, code, error, gen)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pathprobe import genai
 from pathprobe.gputelemetry import GpuSampler
 from pathprobe.server.engine.base import Engine
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -14,9 +15,12 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class ServerMetrics:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, otlp: genai.OtlpMetrics | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        #: the GenAI conventions' server histograms (gen_ai.server.*), on /metrics and over OTLP
+        self.genai = genai.Recorder(genai.SERVER_INSTRUMENTS, r, otlp)
+        self.model = engine.model_name
         self.requests = Counter(
             "pathprobe_server_requests", "Requests handled, by route and status code", ["route", "code"], registry=r
         )
@@ -92,6 +96,23 @@ class ServerMetrics:
         self.prompt_tokens.inc(prompt_tokens)
         if batch_size:
             self.batch_size.observe(batch_size)
+
+    def observe_genai(self, route: str, code: str, total_ms: float, first_token_ms: float | None, tokens: int) -> None:
+        """One request into the gen_ai.server.* histograms (seconds; formulas in :mod:`pathprobe.genai`):
+        its duration always; time to first token and time per output token when it succeeded and
+        the engine handed out a first token (``first_token_ms``: since the handler's entry)."""
+        attrs: dict[str, str | int] = {
+            "gen_ai.operation.name": genai.operation_name(route),
+            "gen_ai.provider.name": genai.provider_name(route),
+            "gen_ai.request.model": self.model,
+        }
+        ok = code in ("OK", "200")
+        self.genai.observe(genai.SERVER_DURATION, total_ms / 1e3, attrs if ok else {**attrs, "error.type": code})
+        if not ok or first_token_ms is None:
+            return
+        self.genai.observe(genai.SERVER_TTFT, first_token_ms / 1e3, attrs)
+        if tokens > 1:
+            self.genai.observe(genai.SERVER_TPOT, (total_ms - first_token_ms) / (tokens - 1) / 1e3, attrs)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
