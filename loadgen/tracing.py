@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pathprobe import genai
 from pathprobe.loadgen.config import Config
 from pathprobe.records import RequestRecord
 
@@ -66,6 +67,8 @@ class Tracing:
         request's t0, so span duration == e2e exactly (traceparent injection counts as client encode)."""
         attrs: dict[str, Any] = {
             "pathprobe.route": route,
+            "gen_ai.operation.name": genai.operation_name(route),
+            "gen_ai.provider.name": genai.provider_name(route),
             "gen_ai.request.max_tokens": spec.max_tokens,
             "pathprobe.request_id": spec.request_id,
         }
@@ -120,6 +123,10 @@ class Tracing:
             span.set_attribute("pathprobe.network_estimate_kind", rec["network_estimate_kind"])
         if rec["ttft_ms"] is not None:
             span.set_attribute("pathprobe.ttft_ms", round(rec["ttft_ms"], 4))
+            # the conventions' span attribute for the same instant (seconds)
+            span.set_attribute("gen_ai.response.time_to_first_chunk", rec["ttft_ms"] / 1e3)
+        if not rec["ok"]:
+            span.set_attribute("error.type", rec["status"])
         if not rec["ok"]:
             span.set_status(self._status(self._code.ERROR, f"{rec['status']}: {rec['error']}"))
         span.end(end_time=self._wall(t_end_ns / 1e6) if t_end_ns else None)

@@ -125,15 +125,18 @@ def test_server_page_and_export_count_every_request(run: dict[str, Any]) -> None
     ok = [r for r in records if r["ok"]]
     families = {f.name: f for f in text_string_to_metric_families(run["page"])}
     fam = families["gen_ai_server_request_duration_seconds"]
-    assert sum(s.value for s in fam.samples if s.name.endswith("_count")) == len(records)
+    # every request the client sent and got an answer to; a request stopped in flight at the end of
+    # the run (status STOPPED) may or may not have reached the server
+    stopped = sum(r["status"] == "STOPPED" for r in records)
+    counted = sum(s.value for s in fam.samples if s.name.endswith("_count"))
+    assert len(records) - stopped <= counted <= len(records)
     ttft = families["gen_ai_server_time_to_first_token_seconds"]
     buckets = sorted({float(s.labels["le"]) for s in ttft.samples if s.name.endswith("_bucket")})
     assert buckets == [*map(float, genai.TTFT_BUCKETS), float("inf")]
-    assert sum(s.value for s in ttft.samples if s.name.endswith("_count")) == len(ok)
+    assert len(ok) <= sum(s.value for s in ttft.samples if s.name.endswith("_count")) <= len(ok) + stopped
     tpot = families["gen_ai_server_time_per_output_token_seconds"]
-    assert sum(s.value for s in tpot.samples if s.name.endswith("_count")) == sum(
-        (r["tokens_out"] or 0) > 1 for r in ok
-    )
+    several = sum((r["tokens_out"] or 0) > 1 for r in ok)
+    assert several <= sum(s.value for s in tpot.samples if s.name.endswith("_count")) <= several + stopped
     # the synthetic engine's decode is 1 ms per token: the server's TPOT lands in the first bucket
     # (<= 10 ms), far from 0 and far from a unit slip (1 s)
     tpot_sum = sum(s.value for s in tpot.samples if s.name.endswith("_sum"))
@@ -149,4 +152,6 @@ def test_server_otlp_export_after_shutdown(run: dict[str, Any]) -> None:
     hist = _otlp_histograms(path)
     for ins in genai.SERVER_INSTRUMENTS:
         _check_shape(hist[ins.name], ins)
-    assert _count(hist[genai.SERVER_DURATION.name]) == len(run["records"])
+    records = run["records"]
+    stopped = sum(r["status"] == "STOPPED" for r in records)
+    assert len(records) - stopped <= _count(hist[genai.SERVER_DURATION.name]) <= len(records)
