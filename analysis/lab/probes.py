@@ -60,7 +60,8 @@ def probe_once(
     tls: TlsFiles | None = None,
 ) -> float:
     """One real 1-token request over ``url``; returns its latency in ms or raises.
-    ``tls``: the client's TlsFiles for grpcs:// / https:// (None: the environment's, else system CAs)."""
+    ``tls``: the client's TlsFiles for grpcs:// / https:// (None: the environment's, else system CAs).
+    ``headers`` go as HTTP headers, or as gRPC metadata (lower-cased) on gRPC."""
     from pathprobe.tls import TlsFiles, grpc_channel
 
     secure = url.split("://", 1)[0].endswith("s")
@@ -73,7 +74,12 @@ def probe_once(
 
         with grpc_channel(url.split("://", 1)[1], tls if secure else None) as ch:
             stub = llm_pb2_grpc.LLMStub(ch)
-            stub.Generate(llm_pb2.GenerateRequest(prompt="Hello", max_tokens=1, model=model or ""), timeout=timeout)
+            metadata = [(k.lower(), v) for k, v in (headers or {}).items()]
+            stub.Generate(
+                llm_pb2.GenerateRequest(prompt="Hello", max_tokens=1, model=model or ""),
+                timeout=timeout,
+                metadata=metadata or None,
+            )
     else:
         if url.startswith("openai+"):
             base = url[len("openai+") :].rstrip("/")
