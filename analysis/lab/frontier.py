@@ -1,0 +1,218 @@
+"""The throughput frontier: the most load a path carries while what it adds stays under a bound.
+
+For each bound (added p99 of 1 / 5 / 10 / 50 ms, say) the frontier is the highest offered load at
+which the path's p99 minus the direct path's p99, measured side by side at the same load, stays
+under the bound with no error. The load is an open-loop request rate (unary calls), or a number of
+concurrent streams at a fixed pacing, where the figure is the added inter-chunk gap p99.
+
+The search does not walk a fixed grid. It steps the load up geometrically until the largest bound
+is crossed (or errors appear), then bisects each bound's interval between the last load that held
+and the first that did not, until the two are within ``tolerance`` of each other; every load is
+measured once and reused by every bound. A point where the load generator itself saturated
+(``summary.json``'s ``client.saturated``) measures the client, not the path: it is refused — kept
+with its reason, never used as a result — and the search stops there, saying so.
+
+:func:`search` is the algorithm over any ``measure(load) -> Point``; :func:`rate_point` measures
+one rate with two ``pathprobe load`` processes at once (the path and its direct path, each offered
+``rate`` requests/s at constant spacing).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_BOUNDS_MS = (1.0, 5.0, 10.0, 50.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One load, measured: what the path added over the direct path at that load."""
+
+    load: float
+    added_p50_ms: float | None
+    added_p99_ms: float | None
+    requests: int
+    errors: int
+    client_saturated: bool = False
+    reason: str = ""
+
+    def holds(self, bound_ms: float) -> bool:
+        return self.errors == 0 and self.added_p99_ms is not None and self.added_p99_ms <= bound_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Knee:
+    """One bound's frontier: ``load`` held (the highest measured that did); ``next_load`` did not.
+    ``load`` None: even the first load crossed the bound; ``next_load`` None: nothing measured
+    crossed it (the frontier is at least ``load``)."""
+
+    bound_ms: float
+    load: float | None
+    next_load: float | None
+
+
+@dataclass(slots=True)
+class Frontier:
+    knees: list[Knee] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
+    refused: list[Point] = field(default_factory=list)  # client saturated: not a measurement of the path
+    note: str = ""
+
+    def knee(self, bound_ms: float) -> Knee:
+        return next(k for k in self.knees if k.bound_ms == bound_ms)
+
+
+Measure = Callable[[float], Point]
+
+
+def search(
+    measure: Measure,
+    bounds_ms: Sequence[float] = DEFAULT_BOUNDS_MS,
+    *,
+    start: float,
+    limit: float,
+    growth: float = 2.0,
+    tolerance: float = 0.05,
+) -> Frontier:
+    """Step up from ``start`` by ``growth`` (at most ``limit``), then bisect each bound's interval."""
+    out = Frontier()
+    seen: dict[float, Point] = {}
+
+    def at(load: float) -> Point | None:
+        if load not in seen:
+            point = measure(load)
+            if point.client_saturated:
+                out.refused.append(point)
+                out.note = f"the load generator saturated at {load:g}: {point.reason}; higher loads not measured"
+                return None
+            seen[load] = point
+            out.points.append(point)
+        return seen[load]
+
+    _step_up(at, max(bounds_ms), start, limit, growth)
+    for bound in sorted(bounds_ms):
+        out.knees.append(_bisect(at, seen, bound, tolerance))
+    out.points.sort(key=lambda p: p.load)
+    return out
+
+
+def _step_up(at: Callable[[float], Point | None], bound: float, start: float, limit: float, growth: float) -> None:
+    load = start
+    while load <= limit:
+        point = at(load)
+        if point is None or not point.holds(bound):
+            return
+        load = min(load * growth, limit) if load < limit else limit * 2  # the limit itself is measured once
+
+
+def _bisect(at: Callable[[float], Point | None], seen: dict[float, Point], bound: float, tolerance: float) -> Knee:
+    while True:
+        held = [p.load for p in seen.values() if p.holds(bound)]
+        broke = [p.load for p in seen.values() if not p.holds(bound)]
+        lo = max((x for x in held if not broke or x < min(broke)), default=None)
+        hi = min(broke) if broke else None
+        if lo is None or hi is None or (hi - lo) <= tolerance * lo:
+            return Knee(bound, lo, hi)
+        if at(math.sqrt(lo * hi)) is None:  # refused: stop where the measurements end
+            return Knee(bound, lo, hi)
+
+
+def _p(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def point_from_runs(
+    load: float, runs: dict[str, tuple[list[dict[str, object]], dict[str, object]]], warmup_s: float = 0.0
+) -> Point:
+    """A :class:`Point` from the path's run and its direct path's run at the same load (each the
+    records and summary of one ``pathprobe load``), without each run's first ``warmup_s`` (its
+    connections, first calls and the schedule catching up: start-up, not load)."""
+    runs = {name: (_after(recs, warmup_s), summary) for name, (recs, summary) in runs.items()}
+    e2e = {name: [float(r["e2e_ms"]) for r in recs if r.get("ok")] for name, (recs, _) in runs.items()}  # type: ignore[arg-type]
+    path_records = [r for r in runs["path"][0] if r.get("status") != "STOPPED"]
+    errors = sum(not r.get("ok") for r in path_records)
+    saturated = [(name, s["client"]) for name, (_, s) in runs.items() if _client(s).get("saturated")]
+    return Point(
+        load,
+        _added(e2e, 50),
+        _added(e2e, 99),
+        len(path_records),
+        errors,
+        client_saturated=bool(saturated),
+        reason="; ".join(f"{name}: {_client(runs[name][1]).get('reason')}" for name, _ in saturated),
+    )
+
+
+def _after(records: list[dict[str, object]], warmup_s: float) -> list[dict[str, object]]:
+    if not records or warmup_s <= 0:
+        return records
+    t0 = min(float(r["ts"]) for r in records)  # type: ignore[arg-type]
+    return [r for r in records if float(r["ts"]) >= t0 + warmup_s]  # type: ignore[arg-type]
+
+
+def _client(summary: dict[str, object]) -> dict[str, object]:
+    client = summary.get("client")
+    return client if isinstance(client, dict) else {}
+
+
+def _added(e2e: dict[str, list[float]], q: float) -> float | None:
+    path, direct = _p(e2e["path"], q), _p(e2e["direct"], q)
+    return None if path is None or direct is None else path - direct
+
+
+def rate_point(
+    path_url: str,
+    direct_url: str,
+    rate: float,
+    *,
+    duration_s: float = 3.0,
+    warmup_s: float = 1.0,
+    users: int = 64,
+    extra_args: Sequence[str] = (),
+    out: Path | None = None,
+) -> Point:
+    """The path and its direct path, each offered ``rate`` requests/s at constant spacing by a load
+    process of its own, at the same time (so both see the same machine); the path's added p50/p99.
+    Two processes rather than one interleaving calls: interleaving would make the arrivals at the
+    path random, and a path's queueing would then follow the mix, not the load."""
+    folder = out or Path(tempfile.mkdtemp(prefix="frontier-"))
+    procs = {
+        name: _start_load(url, rate, warmup_s + duration_s, users, extra_args, folder / name)
+        for name, url in (("path", path_url), ("direct", direct_url))
+    }
+    runs = {name: _finish_load(proc, folder / name, warmup_s + duration_s) for name, proc in procs.items()}
+    return point_from_runs(rate, runs, warmup_s)
+
+
+def _start_load(
+    url: str, rate: float, duration_s: float, users: int, extra: Sequence[str], out: Path
+) -> subprocess.Popen[bytes]:
+    out.mkdir(parents=True, exist_ok=True)
+    args = [
+        *(sys.executable, "-m", "pathprobe", "load", "--headless", "--only-summary", "-L", "WARNING", "-H", url),
+        *("--arrival", "constant", "--rate", f"{rate:g}", "-u", str(users), "-r", str(users)),
+        *("-t", f"{duration_s:g}s", "--out", str(out), "--tokenizer", "none", *extra),
+    ]
+    log = open(out / "load.log", "wb")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _finish_load(
+    proc: subprocess.Popen[bytes], out: Path, duration_s: float
+) -> tuple[list[dict[str, object]], dict[str, object]]:
+    code = proc.wait(timeout=duration_s + 120)
+    summary_path = out / "summary.json"
+    if not summary_path.exists():
+        tail = (out / "load.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"pathprobe load wrote no summary (exit {code}): {tail}")
+    lines = (out / "records.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line], json.loads(summary_path.read_text())

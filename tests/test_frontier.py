@@ -1,0 +1,94 @@
+"""The throughput frontier finds a known knee: nginx with ``limit_req`` (a leaky bucket that DELAYS
+requests beyond its rate, so the path's capacity is that rate exactly) in front of a fast server;
+the frontier of every generous bound lands within 10 % of the configured capacity. The search
+itself (step up, bisect, refuse a saturated client) is checked on a made-up path too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pathprobe import proxies
+from pathprobe.analysis.lab import frontier as fr
+
+from tests.support.procs import Server, free_port
+from tests.test_proxies import Running
+
+pytestmark = pytest.mark.slow
+
+#: requests/s nginx lets through (limit_req rate). Below it nginx still spaces requests that come
+#: closer than 1/rate (50 ms: a late client or a late nginx timer costs little against that), so
+#: the bounds checked are well above that shaping; above it the wait grows with the run (5 % over
+#: it for 6 s: about 6 requests x 50 ms behind)
+CAPACITY = 20.0
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Running]]:
+    if proxies.executable("nginx") is None:
+        pytest.skip(proxies.missing_reason("nginx"))
+    tmp = tmp_path_factory.mktemp("frontier")
+    srv = Server(tmp, "--engine", "synthetic", "--max-batch-size", "64", "--max-wait-ms", "0")
+    port = free_port()
+    launch = proxies.launch("nginx", tmp / "nginx", f"127.0.0.1:{port}", [f"127.0.0.1:{srv.http_port}"], "http")
+    text = launch.config.read_text()
+    zone = f"limit_req_zone $binary_remote_addr zone=cap:1m rate={CAPACITY:.0f}r/s;"
+    text = text.replace("http {", f"http {{\n    {zone}", 1)
+    cap = "limit_req zone=cap burst=100000;"  # no nodelay: beyond the rate, requests wait their turn
+    text = text.replace("proxy_pass http://llm;", f"proxy_pass http://llm;\n            {cap}")
+    launch.config.write_text(text)
+    ngx = Running(launch, port, tmp / "nginx.log")
+    yield srv, ngx
+    ngx.stop()
+    srv.stop()
+
+
+def test_the_frontier_finds_a_known_capacity(capped, tmp_path: Path) -> None:
+    srv, ngx = capped
+
+    def measure(rate: float) -> fr.Point:
+        return fr.rate_point(
+            f"http://127.0.0.1:{ngx.port}",
+            srv.http_url,
+            rate,
+            duration_s=6.0,
+            extra_args=("--max-tokens", "1"),
+            out=tmp_path / f"rate-{rate:.1f}",
+        )
+
+    result = fr.search(measure, (100.0, 200.0), start=10.0, limit=160.0, tolerance=0.04)
+    assert not result.refused, result.note
+    for bound in (100.0, 200.0):
+        knee = result.knee(bound)
+        assert knee.load is not None and knee.next_load is not None, (knee, result.points)
+        assert abs(knee.load - CAPACITY) <= 0.1 * CAPACITY, (knee, [(p.load, p.added_p99_ms) for p in result.points])
+    # far below the capacity the cap costs next to nothing; above it, the delay grows with the run
+    low = min(result.points, key=lambda p: p.load)
+    high = max(result.points, key=lambda p: p.load)
+    assert low.added_p99_ms is not None and low.added_p99_ms < 100.0
+    assert high.added_p99_ms is not None and high.added_p99_ms > 200.0
+
+
+def _made_up(capacity: float, saturate_at: float | None = None) -> fr.Measure:
+    """A path that adds 1 ms below ``capacity`` and 1 ms per 1 % above it."""
+
+    def measure(load: float) -> fr.Point:
+        if saturate_at is not None and load >= saturate_at:
+            return fr.Point(load, None, None, 100, 0, client_saturated=True, reason="loop busy")
+        added = 1.0 if load <= capacity else 1.0 + 100 * (load / capacity - 1)
+        return fr.Point(load, added, added, 100, 0)
+
+    return measure
+
+
+def test_search_bisects_each_bound_and_refuses_a_saturated_client() -> None:
+    result = fr.search(_made_up(300.0), (5.0, 50.0), start=10.0, limit=10_000.0, tolerance=0.01)
+    five, fifty = result.knee(5.0), result.knee(50.0)
+    assert five.load is not None and 300.0 <= five.load <= 312.0 and five.next_load <= five.load * 1.01 + 1e-9
+    assert fifty.load is not None and 440.0 <= fifty.load <= 450.0
+    assert len(result.points) < 25, "bisection, not a grid"
+    refused = fr.search(_made_up(300.0, saturate_at=200.0), (5.0,), start=50.0, limit=10_000.0)
+    assert [p.load for p in refused.refused] == [200.0] and "saturated" in refused.note
+    knee = refused.knee(5.0)
+    assert knee.load == 100.0 and knee.next_load is None, "no figure beyond what was measured"
