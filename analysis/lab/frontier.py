@@ -130,14 +130,26 @@ def _p(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+Run = tuple[list[dict[str, object]], dict[str, object]]  # one load process's records and summary
+
+
+def _e2e(records: list[dict[str, object]]) -> list[float]:
+    return [float(r["e2e_ms"]) for r in records if r.get("ok")]  # type: ignore[arg-type]
+
+
+def _gaps(records: list[dict[str, object]]) -> list[float]:
+    return [float(g) for r in records if r.get("ok") for g in r.get("itl_ms") or ()]  # type: ignore[attr-defined]
+
+
 def point_from_runs(
-    load: float, runs: dict[str, tuple[list[dict[str, object]], dict[str, object]]], warmup_s: float = 0.0
+    load: float, runs: dict[str, Run], warmup_s: float = 0.0, metric: Callable[..., list[float]] = _e2e
 ) -> Point:
     """A :class:`Point` from the path's run and its direct path's run at the same load (each the
     records and summary of one ``pathprobe load``), without each run's first ``warmup_s`` (its
-    connections, first calls and the schedule catching up: start-up, not load)."""
+    connections, first calls and the schedule catching up: start-up, not load). ``metric``: the
+    values compared (e2e of each call; :func:`_gaps`: each stream's inter-chunk gaps)."""
     runs = {name: (_after(recs, warmup_s), summary) for name, (recs, summary) in runs.items()}
-    e2e = {name: [float(r["e2e_ms"]) for r in recs if r.get("ok")] for name, (recs, _) in runs.items()}  # type: ignore[arg-type]
+    e2e = {name: metric(recs) for name, (recs, _) in runs.items()}
     path_records = [r for r in runs["path"][0] if r.get("status") != "STOPPED"]
     errors = sum(not r.get("ok") for r in path_records)
     saturated = [(name, s["client"]) for name, (_, s) in runs.items() if _client(s).get("saturated")]
@@ -193,13 +205,39 @@ def rate_point(
     return point_from_runs(rate, runs, warmup_s)
 
 
+def stream_point(
+    path_url: str,
+    direct_url: str,
+    streams: int,
+    *,
+    chunks: int = 64,
+    duration_s: float = 5.0,
+    warmup_s: float = 1.0,
+    extra_args: Sequence[str] = (),
+    out: Path | None = None,
+) -> Point:
+    """``streams`` concurrent streams of ``chunks`` chunks each (closed loop) through the path and,
+    at the same time from another process, through its direct path; the path's added inter-chunk
+    gap p50/p99. The pacing is the server's (e.g. the synthetic engine at 20 ms per token)."""
+    folder = out or Path(tempfile.mkdtemp(prefix="frontier-streams-"))
+    extra = ("--stream", "--max-tokens", str(chunks), *extra_args)
+    procs = {
+        name: _start_load(url, None, warmup_s + duration_s, streams, extra, folder / name)
+        for name, url in (("path", path_url), ("direct", direct_url))
+    }
+    runs = {name: _finish_load(proc, folder / name, warmup_s + duration_s) for name, proc in procs.items()}
+    return point_from_runs(streams, runs, warmup_s, _gaps)
+
+
 def _start_load(
-    url: str, rate: float, duration_s: float, users: int, extra: Sequence[str], out: Path
+    url: str, rate: float | None, duration_s: float, users: int, extra: Sequence[str], out: Path
 ) -> subprocess.Popen[bytes]:
+    """One ``pathprobe load``: open loop at ``rate`` requests/s, or closed loop (``rate`` None)."""
     out.mkdir(parents=True, exist_ok=True)
+    arrival = ("--arrival", "constant", "--rate", f"{rate:g}") if rate is not None else ()
     args = [
         *(sys.executable, "-m", "pathprobe", "load", "--headless", "--only-summary", "-L", "WARNING", "-H", url),
-        *("--arrival", "constant", "--rate", f"{rate:g}", "-u", str(users), "-r", str(users)),
+        *(*arrival, "-u", str(users), "-r", str(users)),
         *("-t", f"{duration_s:g}s", "--out", str(out), "--tokenizer", "none", *extra),
     ]
     log = open(out / "load.log", "wb")  # noqa: SIM115 - closed with the process
