@@ -108,6 +108,7 @@ class RequestRecord(_Required, total=False):
     client_wait_total_ms: float  # streams: the client's loop wait summed over every resume
     config: str  # --mix: the configuration this call went to
     cycle: int  # --mix: the user's shuffled round the call belongs to
+    trace_index: int  # --trace: the replayed request's index in the trace (sorted by arrival, from 0)
 
 
 #: the keys every record has, and those some records have

@@ -205,7 +205,10 @@ def _check_config(args: Sequence[str]) -> None:
 
     parser = _FlagParser(add_help=False, allow_abbrev=False)
     add_arguments(parser)
-    Config.from_options(parser.parse_known_args(list(args))[0])
+    cfg = Config.from_options(parser.parse_known_args(list(args))[0])
+    from pathprobe.loadgen.datasets import check_inputs
+
+    check_inputs(cfg.trace, cfg.trace_format, cfg.prompt_set, cfg.prompt_file, cfg.corpus)
 
 
 def print_pathprobe_help() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from pathprobe import environment as env_vars
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen import prompts as prompts_mod
+from pathprobe.loadgen import traces as traces_mod
 from pathprobe.loadgen.monitor import DEFAULT_LAG_THRESHOLD_MS
 from pathprobe.tls import TlsFiles
 
@@ -46,10 +47,16 @@ class Config:
     prompt_tokens: int = 64
     prompt_lengths: tuple[int, ...] = prompts_mod.DEFAULT_LENGTHS
     prompt_file: str = ""
+    #: text that prompts of a given token length are cut from (token-count lines, traces); "" = built-in
+    corpus: str = ""
     tokenizer: str = "tiny"
     arrival: str = "closed"
     rate: float = 0.0
     ramp: float = 0.0
+    #: open-loop replay of an arrival trace (pathprobe.loadgen.traces): its file, format, time scale
+    trace: str = ""
+    trace_format: str = ""
+    time_scale: float = 1.0
     timeout_s: float = 60.0
     grpc_client: str = "h2"
     traces_file: str = ""
@@ -73,6 +80,16 @@ class Config:
             raise ConfigError(f"prompt-tokens: must be > 0, got {self.prompt_tokens}")
         if self.arrival != "closed" and self.rate <= 0:
             raise ConfigError(f"rate: --arrival {self.arrival} needs --rate R > 0 (requests/s)")
+        if self.trace_format and self.trace_format not in traces_mod.FORMATS:
+            raise ConfigError(
+                f"trace-format: expected one of {', '.join(traces_mod.FORMATS)}, got {self.trace_format!r}"
+            )
+        if self.time_scale <= 0:
+            raise ConfigError(f"time-scale: must be > 0, got {self.time_scale}")
+        if self.trace and self.arrival != "closed":
+            raise ConfigError(f"arrival: --trace sets every request's send time; drop --arrival {self.arrival}")
+        if self.trace_format and not self.trace:
+            raise ConfigError("trace-format: needs --trace FILE")
         if self.timeout_s <= 0:
             raise ConfigError("timeout-s: must be > 0")
         if self.lag_threshold_ms <= 0:
@@ -119,6 +136,10 @@ def _given(o: Any) -> dict[str, Any]:
         "prompt_tokens": _num(int, f("prompt_tokens")),
         "prompt_lengths": lengths,
         "prompt_file": f("prompt_file"),
+        "corpus": f("corpus"),
+        "trace": f("trace"),
+        "trace_format": f("trace_format"),
+        "time_scale": _num(float, f("time_scale")),
         "tokenizer": None if f("tokenizer") is None else (f("tokenizer") or "none"),
         "arrival": f("arrival"),
         "rate": _num(float, f("rate")),

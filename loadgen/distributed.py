@@ -5,8 +5,11 @@ Each worker ships, with each of Locust's stats reports (``report_to_master`` /
 the master merges the histograms (exactly) and writes the records. When the test stops
 each worker sends a final batch (:data:`MSG_FINAL`) with its own totals, and the master
 waits for every worker's final batch before it writes its files. The master tells each
-worker its share of an open-loop rate (:data:`MSG_SHARE`) and, on a headless quit, to stop
-(:data:`MSG_STOP`).
+worker its share of an open-loop rate and its rank among the workers (:data:`MSG_SHARE`: a
+``--trace`` replay gives worker ``rank`` of ``of`` the entries whose index is ``rank`` modulo
+``of``, so each request is sent once) and, on a headless quit, to stop (:data:`MSG_STOP`); a
+worker that has recorded its whole share of a trace says so (:data:`MSG_TRACE_DONE`) and the
+master ends the run when every worker has.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ log = logging.getLogger("pathprobe.loadgen")
 MSG_FINAL = "pathprobe_final"
 MSG_SHARE = "pathprobe_share"
 MSG_STOP = "pathprobe_stop"
+#: a worker has recorded its whole share of a --trace replay
+MSG_TRACE_DONE = "pathprobe_trace_done"
 #: what a worker sends when it has nothing new
 EMPTY_DELTA: dict[str, Any] = {"hists": {}, "records": [], "n": 0}
 
@@ -38,6 +43,13 @@ def install_worker(environment: Any, rt: Runtime, runner: WorkerRunner) -> None:
 
     def on_share(environment: Any, msg: Any, **_: Any) -> None:
         rt.share = float(msg.data.get("share", 1.0))
+        rt.rank = int(msg.data.get("rank", 0))
+        rt.of = int(msg.data.get("of", 1))
+
+    def trace_done() -> None:
+        runner.send_message(MSG_TRACE_DONE, {"worker": rt.worker, "sent": rt.replay.total if rt.replay else 0})
+
+    rt.on_trace_done = trace_done
 
     def on_stop(environment: Any, msg: Any, **_: Any) -> None:
         environment.runner.stop()
@@ -103,6 +115,16 @@ def install_master(environment: Any, rt: Runtime, runner: MasterRunner) -> None:
             rt.client_wires[str(msg.data.get("worker", msg.node_id))] = msg.data["client"]
 
     runner.register_message(MSG_FINAL, on_final)
+    done: set[str] = set()
+
+    def on_trace_done(environment: Any, msg: Any, **_: Any) -> None:
+        done.add(msg.node_id)
+        active = {c.id for c in runner.clients.all if c.state != STATE_MISSING}
+        if active <= done:
+            done.clear()
+            gevent.spawn(rt.end_run)
+
+    runner.register_message(MSG_TRACE_DONE, on_trace_done)
 
     def on_worker_report(client_id: str, data: dict[str, Any]) -> None:
         pp = data.get("pathprobe")
@@ -119,9 +141,11 @@ def merge_from_worker(rt: Runtime, data: dict[str, Any]) -> None:
 
 
 def send_shares(runner: MasterRunner) -> None:
-    """Each connected worker runs an equal share of an open-loop rate."""
-    workers = [c for c in runner.clients.all if c.state != STATE_MISSING]
-    runner.send_message(MSG_SHARE, {"share": 1.0 / max(1, len(workers))})
+    """Each connected worker runs an equal share of an open-loop rate, and a trace's entries of its rank."""
+    workers = sorted(c.id for c in runner.clients.all if c.state != STATE_MISSING)
+    n = max(1, len(workers))
+    for rank, client_id in enumerate(workers):
+        runner.send_message(MSG_SHARE, {"share": 1.0 / n, "rank": rank, "of": n}, client_id=client_id)
 
 
 def master_collect(rt: Runtime, runner: MasterRunner) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from pathprobe.loadgen.config import ENV, ENV_API_KEY, ENV_TLS, Config
+from pathprobe.loadgen.prompts import PROMPT_SETS
 from pathprobe.loadgen.targets import GRPC_CLIENTS
+from pathprobe.loadgen.traces import FORMATS as TRACE_FORMATS
 
 #: the defaults every flag shows
 D = Config()
@@ -40,10 +42,11 @@ def add_arguments(parser: Any) -> None:
     )
     g.add_argument(
         "--prompt-set",
-        choices=["fixed", "sweep", "mixed", "file"],
+        choices=list(PROMPT_SETS),
         default=D.prompt_set,
         help="fixed: one prompt of --prompt-tokens; sweep: --prompt-lengths round-robin; "
-        "mixed: --prompt-lengths at random; file: --prompt-file JSONL",
+        "mixed: --prompt-lengths at random; file: --prompt-file JSONL; sharegpt: --prompt-file "
+        "ShareGPT conversation JSON (first turn sent, max_tokens = the reply's length)",
     )
     g.add_argument("--prompt", default=D.prompt, help="base text of generated prompts")
     g.add_argument(
@@ -58,7 +61,37 @@ def add_arguments(parser: Any) -> None:
         "--prompt-file",
         default="",
         include_in_web_ui=False,
-        help='JSONL prompts: {"prompt": "...", "max_tokens": optional} per line',
+        help='JSONL prompts: {"prompt": "..."} or {"input_tokens": N} per line, each with an optional '
+        '"max_tokens" / "output_tokens"; with --prompt-set sharegpt a ShareGPT JSON file',
+    )
+    g.add_argument(
+        "--corpus",
+        default="",
+        include_in_web_ui=False,
+        help="UTF-8 text that prompts of a given token length are cut from (token-count lines, "
+        "--trace); default: a built-in text",
+    )
+    g.add_argument(
+        "--trace",
+        default="",
+        include_in_web_ui=False,
+        help="replay an arrival trace open loop (each request once, split across workers): "
+        "Azure LLM inference CSV or Mooncake JSONL",
+    )
+    g.add_argument(
+        "--trace-format",
+        choices=["", *TRACE_FORMATS],
+        default="",
+        include_in_web_ui=False,
+        help="azure: CSV TIMESTAMP,ContextTokens,GeneratedTokens; mooncake: JSONL timestamp (ms), "
+        "input_length, output_length, hash_ids (default: from the file's extension)",
+    )
+    g.add_argument(
+        "--time-scale",
+        type=float,
+        default=D.time_scale,
+        include_in_web_ui=False,
+        help="--trace: multiplies the trace's arrival times (0.5 replays twice as fast)",
     )
     g.add_argument(
         "--tokenizer", default=D.tokenizer, help="tokenizer for exact prompt lengths: tiny | preset:NAME | PATH | none"

@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pathprobe import jsonl
 from pathprobe.errors import ConfigError
 
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_LENGTHS = (16, 64, 256, 1024)
+#: the prompt sets of ``--prompt-set``
+PROMPT_SETS = ("fixed", "sweep", "mixed", "file", "sharegpt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,22 +130,19 @@ def exact_length(base: str, n: int, tok: Tokenizer) -> Prompt:
     return Prompt(candidate, len(tok.encode(candidate)))
 
 
-def from_file(path: str, tok: Tokenizer | None) -> list[Prompt]:
-    """JSONL: one ``{"prompt": str, "max_tokens": int?}`` per line (a bare JSON string also works)."""
-    out: list[Prompt] = []
-    for lineno, obj in jsonl.read(path, "prompt-file", ConfigError):
-        if isinstance(obj, str):
-            obj = {"prompt": obj}
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
-            raise ConfigError(f"prompt-file: {path}:{lineno}: needs a non-empty string 'prompt'")
-        mt = obj.get("max_tokens")
-        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
-            raise ConfigError(f"prompt-file: {path}:{lineno}: max_tokens must be a positive integer")
-        n = len(tok.encode(obj["prompt"])) if tok is not None else None
-        out.append(Prompt(obj["prompt"], n, mt))
-    if not out:
-        raise ConfigError(f"prompt-file: {path} holds no prompts")
-    return out
+def is_word_tokenizer(tok: Tokenizer) -> bool:
+    """``--tokenizer none``: whitespace words stand for tokens (nothing to decode)."""
+    return isinstance(tok, _WordTokenizer)
+
+
+def from_file(path: str, tok: Tokenizer | None, corpus_path: str = "") -> list[Prompt]:
+    """JSONL: one ``{"prompt": str}`` or ``{"input_tokens": N}`` per line, each with an optional
+    ``max_tokens`` / ``output_tokens`` (a bare JSON string also works); see
+    :func:`pathprobe.loadgen.datasets.read_jsonl`."""
+    from pathprobe.loadgen import datasets
+
+    corpus = datasets.load_corpus(corpus_path, tok if tok is not None else _WordTokenizer())
+    return datasets.read_jsonl(path, tok, corpus)
 
 
 def _tokenizer_digest(spec: str) -> str | None:
@@ -220,6 +218,7 @@ def build(
     path: str | None = None,
     tokenizer: str = "tiny",
     seed: int = 0,
+    corpus: str = "",
 ) -> PromptSet:
     loaded: list[Tokenizer] = []
 
@@ -238,8 +237,14 @@ def build(
         if not path:
             raise ConfigError("prompt-file: --prompt-set file needs --prompt-file PATH")
         t = tok()
-        return PromptSet(from_file(path, None if isinstance(t, _WordTokenizer) else t))
-    raise ConfigError(f"prompt-set: unknown set {kind!r} (fixed, sweep, mixed, file)")
+        return PromptSet(from_file(path, None if isinstance(t, _WordTokenizer) else t, corpus))
+    if kind == "sharegpt":
+        if not path:
+            raise ConfigError("prompt-file: --prompt-set sharegpt needs --prompt-file PATH (ShareGPT JSON)")
+        from pathprobe.loadgen import datasets
+
+        return PromptSet(datasets.read_sharegpt(path, tok()))
+    raise ConfigError(f"prompt-set: unknown set {kind!r} ({', '.join(PROMPT_SETS)})")
 
 
 def parse_int_list(value: str, flag: str) -> list[int]:

@@ -14,20 +14,23 @@ import os
 import platform
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 from pathprobe import genai
 from pathprobe.errors import ConfigError
-from pathprobe.loadgen import clientwait, hist
+from pathprobe.loadgen import clientwait, datasets, hist
 from pathprobe.loadgen import metrics as metrics_mod
 from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
+from pathprobe.loadgen import traces as traces_mod
 from pathprobe.loadgen.arrival import Schedule
 from pathprobe.loadgen.config import Config
 from pathprobe.loadgen.outputs import JsonlWriter, write_outputs
 from pathprobe.loadgen.records import METRICS, Aggregator
+from pathprobe.loadgen.replay import Replay
 from pathprobe.loadgen.tracing import Tracing
 
 log = logging.getLogger("pathprobe.loadgen")
@@ -67,6 +70,16 @@ class Runtime:
         self.metrics: metrics_mod.LoadMetrics | None = None  # Prometheus export (processes that run users)
         self.client: dict[str, Any] | None = None
         self._prompts_key: tuple[Any, ...] | None = None
+        #: --trace: the trace's entries and the corpus its prompts are cut from (read at init),
+        #: this process's share of it (made at test start), and this worker's rank among ``of``
+        #: (dealt by the master; a single process replays everything)
+        self.trace_entries: list[traces_mod.TraceEntry] = []
+        self.corpus: datasets.Corpus | None = None
+        self.replay: Replay | None = None
+        self.rank = 0
+        self.of = 1
+        #: called when this process has recorded its whole share of the trace (a worker: tell the master)
+        self.on_trace_done: Callable[[], None] = self.end_run
 
     # role
     @property
@@ -128,17 +141,26 @@ class Runtime:
             cfg.prompt_file,
             cfg.tokenizer,
             cfg.seed,
+            cfg.corpus,
+            cfg.trace,
+            cfg.trace_format,
         )
         if self._prompts_key != key:
-            self.prompts = prompts_mod.build(
-                cfg.prompt_set,
-                base=cfg.prompt,
-                tokens=cfg.prompt_tokens,
-                lengths=cfg.prompt_lengths,
-                path=cfg.prompt_file or None,
-                tokenizer=cfg.tokenizer,
-                seed=cfg.seed,
-            )
+            if cfg.trace:  # the trace's own lengths: every prompt is cut from the corpus at its turn
+                self.trace_entries = traces_mod.read(cfg.trace, cfg.trace_format)
+                self.corpus = datasets.load_corpus(cfg.corpus, prompts_mod.load_tokenizer(cfg.tokenizer))
+                self.prompts = None
+            else:
+                self.prompts = prompts_mod.build(
+                    cfg.prompt_set,
+                    base=cfg.prompt,
+                    tokens=cfg.prompt_tokens,
+                    lengths=cfg.prompt_lengths,
+                    path=cfg.prompt_file or None,
+                    tokenizer=cfg.tokenizer,
+                    seed=cfg.seed,
+                    corpus=cfg.corpus,
+                )
             self._prompts_key = key
             # one route's histograms + the loop monitor's, allocated before the clock runs
             hist.prefill(len(METRICS) + 2)
@@ -156,9 +178,37 @@ class Runtime:
             self.schedule = Schedule(rate, cfg.arrival, cfg.ramp, seed=seed)
         else:
             self.schedule = None
+        self.replay = None
+        if cfg.trace and self.corpus is not None:
+            self.replay = Replay(self.trace_entries, self.corpus, cfg.time_scale, self.rank, self.of)
+            log.info(
+                "pathprobe: replaying %d of the trace's %d requests (share %d of %d)",
+                self.replay.total,
+                len(self.trace_entries),
+                self.rank,
+                self.of,
+            )
+            if self.replay.total == 0:  # more workers than requests: nothing for this one
+                gevent.spawn(self.on_trace_done)
         if self.tracing is None:
             self.tracing = Tracing.create(cfg, self.env.parsed_options)
         self.started = True
+
+    def trace_recorded(self) -> None:
+        """A user recorded one request of the trace; the last of this process's share ends its part."""
+        if self.replay is not None and self.replay.done_one():
+            gevent.spawn(self.on_trace_done)
+
+    def end_run(self) -> None:
+        """The whole trace is recorded: stop the test (headless: and quit, as ``-t`` does)."""
+        runner = self.env.runner
+        if runner is None:
+            return
+        log.info("pathprobe: the trace is replayed; stopping")
+        if getattr(self.env.parsed_options, "headless", False):
+            runner.quit()
+        else:
+            runner.stop()
 
     def _flush_loop(self) -> None:
         while True:
@@ -247,6 +297,8 @@ class Runtime:
             "prompt_set": cfg.prompt_set,
             "prompt_tokens": cfg.prompt_tokens if cfg.prompt_set == "fixed" else None,
             "prompt_lengths": list(cfg.prompt_lengths) if cfg.prompt_set in ("sweep", "mixed") else None,
+            "trace": cfg.trace or None,
+            "time_scale": cfg.time_scale if cfg.trace else None,
             "start_wall": self.start_wall,
             "end_wall": self.end_wall or time.time(),
             "duration_s": round((self.end_wall or time.time()) - self.start_wall, 3),

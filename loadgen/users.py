@@ -31,6 +31,8 @@ from pathprobe.loadgen.records import STOPPED  # noqa: E402
 from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
 
 pc = time.perf_counter_ns
+#: --trace: how long a user whose process has handed out its whole share waits before looking again
+IDLE_S = 0.5
 _user_ids = itertools.count()
 
 
@@ -98,17 +100,29 @@ class _LLMMixin:
         rt = self._rt
         cfg = rt.cfg
         lag_ns = 0
-        if rt.schedule is not None:
+        item = None
+        intended: int | None = None
+        if rt.replay is not None:  # --trace: the next entry of this process's share, at its time
+            item = rt.replay.take()
+            if item is None:  # all taken: the run ends once every process has recorded its share
+                gevent.sleep(IDLE_S)
+                return
+            intended = item.intended_ns
+        elif rt.schedule is not None:
             intended = rt.schedule.next_ns()
+        if intended is not None:
             now = pc()
             if intended > now:
                 gevent.sleep((intended - now) / 1e9)
             lag_ns = max(0, pc() - intended)
         if cfg.busy_ms > 0:  # test hook (--pathprobe-busy-ms): a client too busy for its load
             _burn(cfg.busy_ms)
-        prompts = rt.prompts
-        assert prompts is not None  # built by rt.ensure_started() in _pp_init
-        prompt = prompts.next()
+        if item is not None:
+            prompt = item.prompt
+        else:
+            prompts = rt.prompts
+            assert prompts is not None  # built by rt.ensure_started() in _pp_init
+            prompt = prompts.next()
         spec = CallSpec(
             prompt=prompt.text,
             max_tokens=prompt.max_tokens or cfg.max_tokens,
@@ -150,6 +164,8 @@ class _LLMMixin:
             if config is not None:
                 rec["config"] = config
                 rec["cycle"] = self._cycle
+            if item is not None:
+                rec["trace_index"] = item.entry.index
             if tracing is not None:
                 tracing.end(span, rec, out.t_end)
             rt.agg.add(rec)
@@ -166,6 +182,8 @@ class _LLMMixin:
                     response=None,
                 )
             rt.after_request()  # records/spans flushed here: between this user's requests, never inside one
+            if item is not None:
+                rt.trace_recorded()
 
 
 def _burn(ms: float) -> None:
