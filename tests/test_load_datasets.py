@@ -17,6 +17,8 @@ import pytest
 from pathprobe.errors import ConfigError
 from pathprobe.loadgen import datasets, prompts, traces
 from pathprobe.loadgen.replay import Replay
+from pathprobe.records import RequestRecord
+from pydantic import TypeAdapter
 
 from tests.support.procs import Proc, free_port
 
@@ -218,6 +220,10 @@ def test_each_format_replays_open_loop(synthetic_server, tmp_path: Path, fmt: st
     assert all(r["ok"] or r["status"] == "STOPPED" for r in recs), [r["error"] for r in recs if not r["ok"]][:3]
     if distributed:
         assert {r["worker"] for r in recs} == {"0", "1"}
+    adapter = TypeAdapter(RequestRecord)
+    for rec in recs:  # trace_index included: every key declared, every value of its type
+        assert rec.keys() <= RequestRecord.__required_keys__ | RequestRecord.__optional_keys__
+        adapter.validate_python(rec, strict=True)
     if fmt in ("azure", "mooncake"):
         entries = traces.read(flags[1])
         # every scheduled request exactly once: no duplicate, no drop; the run ended with the trace
