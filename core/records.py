@@ -109,6 +109,12 @@ class RequestRecord(_Required, total=False):
     config: str  # --mix: the configuration this call went to
     cycle: int  # --mix: the user's shuffled round the call belongs to
     trace_index: int  # --trace: the replayed request's index in the trace (sorted by arrival, from 0)
+    session_id: str  # --sessions: the conversation the turn belongs to (``worker-user-n``)
+    turn: int  # --sessions: the turn's index in its session, from 0 (turn 1+ carries the history)
+    #: prompt tokens the server served from its prefix cache, as it reported them (OpenAI
+    #: ``usage.prompt_tokens_details.cached_tokens``, native ``usage.cached_tokens``, gRPC
+    #: ``Usage.cached_tokens``); absent when the server reports none (never guessed)
+    cached_tokens: int
 
 
 #: the keys every record has, and those some records have

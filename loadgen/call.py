@@ -30,6 +30,9 @@ class CallSpec:
     model: str = ""
     request_id: str = ""
     tokens_in: int | None = None  # the prompt set's count, used when the server reports none
+    #: --sessions on OpenAI chat: the conversation so far (``prompt`` is then its concatenation)
+    messages: list[dict[str, str]] | None = None
+    keep_text: bool = False  # collect the reply's text into ``Outcome.text`` (a session's history)
 
 
 @dataclass(slots=True)
@@ -56,6 +59,23 @@ class Outcome:
     network_floor_ms: float | None = None
     #: what a third-party server reported about the request itself (vLLM, TGI, Ollama)
     server_report: ServerReport | None = None
+    #: prompt tokens the server served from its prefix cache, when it reports them (OpenAI
+    #: ``usage.prompt_tokens_details.cached_tokens``, native ``usage.cached_tokens``, gRPC
+    #: ``Usage.cached_tokens``); None: not reported
+    cached_tokens: int | None = None
+    text: list[str] = field(default_factory=list)  # the reply's pieces (only with ``CallSpec.keep_text``)
+
+
+def usage_cached_tokens(usage: object) -> int | None:
+    """``cached_tokens`` of a JSON ``usage`` object: OpenAI's ``prompt_tokens_details.cached_tokens``
+    or a top-level ``cached_tokens``; None when neither is there (never guessed)."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    if value is None:
+        value = usage.get("cached_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class Target:

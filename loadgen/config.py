@@ -57,6 +57,12 @@ class Config:
     trace: str = ""
     trace_format: str = ""
     time_scale: float = 1.0
+    #: conversations (pathprobe.loadgen.sessions): on/off, turns per session, think time (s),
+    #: the session affinity header's name ("" = none)
+    sessions: bool = False
+    turns: int = 3
+    think_time: float = 0.0
+    session_header: str = ""
     timeout_s: float = 60.0
     grpc_client: str = "h2"
     traces_file: str = ""
@@ -90,6 +96,18 @@ class Config:
             raise ConfigError(f"arrival: --trace sets every request's send time; drop --arrival {self.arrival}")
         if self.trace_format and not self.trace:
             raise ConfigError("trace-format: needs --trace FILE")
+        if self.turns < 1:
+            raise ConfigError(f"turns: must be >= 1, got {self.turns}")
+        if self.think_time < 0:
+            raise ConfigError(f"think-time: must be >= 0, got {self.think_time}")
+        if self.sessions and (self.trace or self.arrival != "closed"):
+            raise ConfigError("sessions: a session's turns follow each other (closed loop); drop --trace / --arrival")
+        if self.sessions and self.mix:
+            raise ConfigError("sessions: a session stays on one target; drop --mix")
+        if self.session_header and not self.session_header.replace("-", "").isalnum():
+            raise ConfigError(
+                f"session-header: expected a header name (letters, digits, '-'), got {self.session_header!r}"
+            )
         if self.timeout_s <= 0:
             raise ConfigError("timeout-s: must be > 0")
         if self.lag_threshold_ms <= 0:
@@ -140,6 +158,10 @@ def _given(o: Any) -> dict[str, Any]:
         "trace": f("trace"),
         "trace_format": f("trace_format"),
         "time_scale": _num(float, f("time_scale")),
+        "sessions": None if f("sessions") is None else bool(f("sessions")),
+        "turns": _num(int, f("turns")),
+        "think_time": _num(float, f("think_time")),
+        "session_header": None if f("session_header") is None else str(f("session_header")).lower(),
         "tokenizer": None if f("tokenizer") is None else (f("tokenizer") or "none"),
         "arrival": f("arrival"),
         "rate": _num(float, f("rate")),

@@ -87,6 +87,24 @@ def add_arguments(parser: Any) -> None:
         "input_length, output_length, hash_ids (default: from the file's extension)",
     )
     g.add_argument(
+        "--sessions",
+        action="store_true",
+        default=False,
+        help="conversations: each user runs sessions of --turns turns, each turn sending the "
+        "history so far (OpenAI chat: messages; other routes: the history concatenated)",
+    )
+    g.add_argument("--turns", type=int, default=D.turns, help="--sessions: turns per session")
+    g.add_argument(
+        "--think-time", type=float, default=D.think_time, help="--sessions: seconds between a reply and the next turn"
+    )
+    g.add_argument(
+        "--session-header",
+        default="",
+        include_in_web_ui=False,
+        help="--sessions: send the session id in this header (e.g. x-session-id) so a router keeps "
+        "a session on one upstream",
+    )
+    g.add_argument(
         "--time-scale",
         type=float,
         default=D.time_scale,

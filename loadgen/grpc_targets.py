@@ -33,6 +33,19 @@ def entries_from_call(call: Any) -> timing.Chain:
     return timing.parse_chain(values)
 
 
+def cached_tokens(usage: Any) -> int | None:
+    """``Usage.cached_tokens`` where the server's proto has that field (None otherwise, and when a
+    field with presence is unset)."""
+    if usage is None:
+        return None
+    field = usage.DESCRIPTOR.fields_by_name.get("cached_tokens")
+    if field is None:
+        return None
+    if getattr(field, "has_presence", False) and not usage.HasField("cached_tokens"):
+        return None
+    return int(usage.cached_tokens)
+
+
 def _grpc_request(
     pb: Any, spec: CallSpec, headers: dict[str, str], auth: tuple[tuple[str, str], ...], out: Outcome
 ) -> tuple[bytes, tuple[tuple[str, str], ...] | None]:
@@ -81,7 +94,7 @@ class GrpcTarget(Target):
         data, md = _grpc_request(pb, spec, headers, self._auth, out)
         try:
             if spec.stream:
-                self._call_stream(data, md, out)
+                self._call_stream(data, md, out, spec.keep_text)
             else:
                 resp_bytes, call = self._unary.with_call(data, timeout=self.timeout_s, metadata=md)
                 t2 = pc()
@@ -91,6 +104,9 @@ class GrpcTarget(Target):
                 out.response_bytes = len(resp_bytes)
                 out.tokens_out = resp.usage.completion_tokens if resp.HasField("usage") else len(resp.token_ids)
                 out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
+                out.cached_tokens = cached_tokens(resp.usage if resp.HasField("usage") else None)
+                if spec.keep_text:
+                    out.text.append(resp.text)
                 out.entries = entries_from_call(call)
                 out.ok, out.status = True, "OK"
             self._estimate(out)
@@ -105,7 +121,7 @@ class GrpcTarget(Target):
             except Exception:
                 pass
 
-    def _call_stream(self, data: bytes, md: Any, out: Outcome) -> None:
+    def _call_stream(self, data: bytes, md: Any, out: Outcome, keep_text: bool = False) -> None:
         pb = self._pb
         it = self._stream(data, timeout=self.timeout_s, metadata=md)
         dec = 0
@@ -118,6 +134,8 @@ class GrpcTarget(Target):
             chunk = pb.GenerateChunk.FromString(raw)
             dec += pc() - ta
             out.response_bytes += len(raw)
+            if keep_text and chunk.text:
+                out.text.append(chunk.text)
             if chunk.token_ids or chunk.text:
                 times.append(ta)
                 emits.append(chunk.emit_ms)
@@ -128,6 +146,7 @@ class GrpcTarget(Target):
         out.decode_ns = dec
         out.tokens_out = usage.completion_tokens if usage is not None else n
         out.tokens_in = usage.prompt_tokens if usage is not None else None
+        out.cached_tokens = cached_tokens(usage)
         out.entries = entries_from_call(it)
         out.ok, out.status = True, "OK"
 
@@ -186,7 +205,7 @@ class H2GrpcTarget(Target):
         pb = self._pb
         data, md = _grpc_request(pb, spec, headers, self._auth, out)
         if spec.stream:
-            self._stream(data, md, out)
+            self._stream(data, md, out, spec.keep_text)
             return
         got: list[bytes] = []
         res = self.channel.call("/pathprobe.v1.LLM/Generate", data, self.timeout_s, md, lambda m, _t: got.append(m))
@@ -198,6 +217,9 @@ class H2GrpcTarget(Target):
             out.response_bytes = len(got[0])
             out.tokens_out = resp.usage.completion_tokens if resp.HasField("usage") else len(resp.token_ids)
             out.tokens_in = resp.usage.prompt_tokens if resp.HasField("usage") else None
+            out.cached_tokens = cached_tokens(resp.usage if resp.HasField("usage") else None)
+            if spec.keep_text:
+                out.text.append(resp.text)
             out.ok, out.status = True, "OK"
         else:
             out.t_end = pc()
@@ -208,7 +230,7 @@ class H2GrpcTarget(Target):
                 out.status, out.error = res.status, res.details
         out.entries = timing.parse_chain(res.server_timing + res.header_timing)  # trailers, then headers
 
-    def _stream(self, data: bytes, md: Any, out: Outcome) -> None:
+    def _stream(self, data: bytes, md: Any, out: Outcome, keep_text: bool = False) -> None:
         pb = self._pb
         st: dict[str, Any] = {"dec": 0, "n": 0, "usage": None}
         times = out.token_times
@@ -218,6 +240,8 @@ class H2GrpcTarget(Target):
             chunk = pb.GenerateChunk.FromString(raw)
             st["dec"] += pc() - t
             out.response_bytes += len(raw)
+            if keep_text and chunk.text:
+                out.text.append(chunk.text)
             if chunk.token_ids or chunk.text:
                 times.append(ta)
                 out.emit_ms.append(chunk.emit_ms)
@@ -235,6 +259,7 @@ class H2GrpcTarget(Target):
             return
         out.tokens_out = usage.completion_tokens if usage is not None else st["n"]
         out.tokens_in = usage.prompt_tokens if usage is not None else None
+        out.cached_tokens = cached_tokens(usage)
         out.ok, out.status = True, "OK"
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from pathprobe import timing
 from pathprobe.deadline import TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import ConfigError
-from pathprobe.loadgen.call import CallSpec, Outcome, pc
+from pathprobe.loadgen.call import CallSpec, Outcome, pc, usage_cached_tokens
 from pathprobe.loadgen.http_base import (
     CUT_SHORT,
     HttpTarget,
@@ -53,9 +53,13 @@ class NativeHttpTarget(HttpTarget):
             usage = obj.get("usage") or {}
             out.tokens_out = usage.get("completion_tokens", len(obj.get("token_ids") or ()))
             out.tokens_in = usage.get("prompt_tokens")
+            out.cached_tokens = usage_cached_tokens(usage)
+            if spec.keep_text:
+                out.text.append(str(obj.get("text") or ""))
             out.ok, out.status = True, "OK"
             return
         state: dict[str, Any] = {"n": 0, "err": None}
+        keep = spec.keep_text
 
         def on_event(ta: int, obj: dict[str, Any]) -> None:
             if "error" in obj:
@@ -64,7 +68,11 @@ class NativeHttpTarget(HttpTarget):
                 out.token_times.append(ta)
                 out.emit_ms.append(float(obj.get("emit_ms") or 0.0))
                 state["n"] += len(obj.get("token_ids") or ()) or 1
+                if keep and obj.get("text"):
+                    out.text.append(str(obj["text"]))
             take_usage_and_timing(obj, out)
+            if obj.get("usage"):
+                out.cached_tokens = usage_cached_tokens(obj["usage"])
 
         if not self._sse(resp, out, on_event) and not state["err"]:
             state["err"] = CUT_SHORT
@@ -115,7 +123,9 @@ class OpenAITarget(HttpTarget):
             "stream": spec.stream,
         }
         if chat:
-            body["messages"] = [{"role": "user", "content": spec.prompt}]
+            body["messages"] = (
+                spec.messages if spec.messages is not None else [{"role": "user", "content": spec.prompt}]
+            )
         else:
             body["prompt"] = spec.prompt
         if spec.ignore_eos:
@@ -132,6 +142,11 @@ class OpenAITarget(HttpTarget):
             usage = obj.get("usage") or {}
             out.tokens_out = usage.get("completion_tokens")
             out.tokens_in = usage.get("prompt_tokens")
+            out.cached_tokens = usage_cached_tokens(usage)
+            if spec.keep_text:
+                for choice in obj.get("choices") or ():
+                    piece = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+                    out.text.append(str(piece or ""))
             take_report(resp, obj, out)
             st = obj.get("server_timing")
             if st and not out.entries:
@@ -139,6 +154,7 @@ class OpenAITarget(HttpTarget):
             out.ok, out.status = True, "OK"
             return
         state: dict[str, Any] = {"n": 0, "err": None}
+        keep = spec.keep_text
 
         def on_event(ta: int, obj: dict[str, Any]) -> None:
             if "error" in obj:
@@ -149,7 +165,11 @@ class OpenAITarget(HttpTarget):
                     out.token_times.append(ta)
                     out.emit_ms.append(float(obj.get("emit_ms") or 0.0))
                     state["n"] += 1
+                    if keep:
+                        out.text.append(str(piece))
             take_usage_and_timing(obj, out)
+            if obj.get("usage"):
+                out.cached_tokens = usage_cached_tokens(obj["usage"])
             if "metrics" in obj:  # vLLM: the final usage chunk carries its per-request metrics
                 take_report(None, obj, out)
 

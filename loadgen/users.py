@@ -28,6 +28,7 @@ from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.recordbuild import build_record  # noqa: E402  (importable from here too)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
+from pathprobe.loadgen.sessions import Session  # noqa: E402
 from pathprobe.loadgen.targets import CallSpec, Outcome, Target, make_target, parse_host  # noqa: E402
 
 pc = time.perf_counter_ns
@@ -68,6 +69,8 @@ class _LLMMixin:
         }
         self._order: list[str] = []
         self._cycle = -1
+        self._session: Session | None = None  # --sessions: the conversation in progress
+        self._session_seq = itertools.count()
         self._rng = random.Random(cfg.seed * 100_003 + self._uid)
         self.target: Target = (
             next(iter(self._mix.values()))[1]
@@ -115,6 +118,13 @@ class _LLMMixin:
             if intended > now:
                 gevent.sleep((intended - now) / 1e9)
             lag_ns = max(0, pc() - intended)
+        session = None
+        if cfg.sessions:  # the next turn of this user's conversation, after its think time
+            session = self._session
+            if session is None or session.done:
+                session = self._session = Session(f"{rt.worker}-{self._uid}-{next(self._session_seq)}", cfg.turns)
+            elif cfg.think_time > 0:
+                gevent.sleep(cfg.think_time)
         if cfg.busy_ms > 0:  # test hook (--pathprobe-busy-ms): a client too busy for its load
             _burn(cfg.busy_ms)
         if item is not None:
@@ -123,18 +133,23 @@ class _LLMMixin:
             prompts = rt.prompts
             assert prompts is not None  # built by rt.ensure_started() in _pp_init
             prompt = prompts.next()
+        turn = session.turn(prompt) if session is not None else None
         spec = CallSpec(
-            prompt=prompt.text,
+            prompt=turn.prompt if turn is not None else prompt.text,
             max_tokens=prompt.max_tokens or cfg.max_tokens,
             stream=cfg.stream,
             ignore_eos=cfg.ignore_eos,
             model=cfg.model,
             request_id=f"{rt.worker}-{self._uid}-{next(self._seq)}",
-            tokens_in=prompt.tokens,
+            tokens_in=prompt.tokens if turn is None else None,
+            messages=turn.messages if turn is not None else None,
+            keep_text=turn is not None,
         )
         config, target, url = self._next_config()
         route = target.route(cfg.stream)
         headers: dict[str, str] = {}
+        if turn is not None and cfg.session_header:  # session affinity for routers
+            headers[cfg.session_header] = turn.session_id
         out = Outcome()
         span = None
         waits = rt.waits
@@ -166,6 +181,15 @@ class _LLMMixin:
                 rec["cycle"] = self._cycle
             if item is not None:
                 rec["trace_index"] = item.entry.index
+            if out.cached_tokens is not None:  # only what the server reported
+                rec["cached_tokens"] = out.cached_tokens
+            if turn is not None and session is not None:
+                rec["session_id"] = turn.session_id
+                rec["turn"] = turn.index
+                if out.ok:
+                    session.answered(turn, "".join(out.text))
+                else:  # a failed turn ends its session: the next request starts a new one
+                    self._session = None
             if tracing is not None:
                 tracing.end(span, rec, out.t_end)
             rt.agg.add(rec)

@@ -1,0 +1,57 @@
+"""Conversations (``--sessions``): each user runs sessions of ``--turns`` turns one after the other,
+waiting ``--think-time`` seconds between two turns, and every turn carries the history so far.
+
+A turn's new user message is the next prompt of the run's prompt set; the reply the server
+streamed (or returned) is kept and the next turn sends the whole conversation: as OpenAI chat
+``messages`` on ``--openai-api chat``, else (native HTTP, gRPC, OpenAI completions) as one
+prompt, the history's messages concatenated (``role: content`` lines), so a server with a prefix
+cache can serve turn 2+ from it. Each record carries ``session_id`` and ``turn`` (0-based), and
+``cached_tokens`` when the server reports its prefix-cache hit. With ``--session-header NAME``
+every turn sends ``NAME: <session id>`` so a router can keep a session on one upstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pathprobe.loadgen.prompts import Prompt
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    session_id: str
+    index: int  # 0-based turn of the session
+    prompt: str  # the whole conversation as one prompt (routes without chat messages)
+    messages: list[dict[str, str]]  # the same as chat messages, this turn's user message last
+    max_tokens: int | None
+
+
+@dataclass(slots=True)
+class Session:
+    """One conversation of ``turns`` turns."""
+
+    session_id: str
+    turns: int
+    history: list[dict[str, str]] = field(default_factory=list)
+    index: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.index >= self.turns
+
+    def turn(self, prompt: Prompt) -> Turn:
+        """The next turn: the history plus ``prompt`` as the new user message."""
+        messages = [*self.history, {"role": "user", "content": prompt.text}]
+        return Turn(self.session_id, self.index, concatenate(messages), messages, prompt.max_tokens)
+
+    def answered(self, turn: Turn, reply: str) -> None:
+        """Keep the turn and its reply in the history; the session moves to its next turn."""
+        self.history = [*turn.messages, {"role": "assistant", "content": reply}]
+        self.index += 1
+
+
+def concatenate(messages: list[dict[str, str]]) -> str:
+    """The conversation as one prompt: ``role: content`` per message, one per line (a turn's
+    prompt begins with the previous turn's prompt and reply, byte for byte; the prompt tokens
+    are the server's count)."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
