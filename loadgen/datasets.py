@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from pathprobe import jsonl
@@ -213,20 +213,14 @@ def _entries_with_lines(path: str, text: str) -> list[tuple[int, object]]:
         out.append((line, obj))
 
 
-def read_sharegpt(path: str, tok: Tokenizer) -> list[Prompt]:
-    """One prompt per conversation of two turns or more: the first turn's text, ``max_tokens``
-    the second turn's length (vLLM's benchmarks' reading of ShareGPT)."""
+def _sharegpt(path: str) -> list[list[tuple[str, str]]]:
+    """Every conversation of a ShareGPT file as ``(from, value)`` turns, checked."""
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"prompt-file: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    out: list[Prompt] = []
-    words = is_word_tokenizer(tok)
-
-    def count(s: str) -> int:
-        return len(s.split()) if words else len(tok.encode(s))
-
+    out: list[list[tuple[str, str]]] = []
     for line, entry in _entries_with_lines(path, text):
         where = f"prompt-file: {path}:{line}"
         if not isinstance(entry, dict):
@@ -234,19 +228,60 @@ def read_sharegpt(path: str, tok: Tokenizer) -> list[Prompt]:
         conv = entry.get("conversations")
         if not isinstance(conv, list):
             raise ConfigError(f"{where}: conversations: missing or not a list")
+        turns: list[tuple[str, str]] = []
         for j, turn in enumerate(conv):
             if not isinstance(turn, dict):
                 raise ConfigError(f"{where}: conversations[{j}]: expected an object with 'from' and 'value'")
-            if not isinstance(turn.get("from"), str):
+            who, value = turn.get("from"), turn.get("value")
+            if not isinstance(who, str):
                 raise ConfigError(f"{where}: conversations[{j}].from: missing or not a string")
-            if not isinstance(turn.get("value"), str):
+            if not isinstance(value, str):
                 raise ConfigError(f"{where}: conversations[{j}].value: missing or not a string")
-        if len(conv) < 2 or not conv[0]["value"].strip():
+            turns.append((who, value))
+        out.append(turns)
+    return out
+
+
+def _counter(tok: Tokenizer) -> Callable[[str], int]:
+    if is_word_tokenizer(tok):
+        return lambda s: len(s.split())
+    return lambda s: len(tok.encode(s))
+
+
+def read_sharegpt(path: str, tok: Tokenizer) -> list[Prompt]:
+    """One prompt per conversation of two turns or more: the first turn's text, ``max_tokens``
+    the second turn's length (vLLM's benchmarks' reading of ShareGPT)."""
+    count = _counter(tok)
+    out: list[Prompt] = []
+    for conv in _sharegpt(path):
+        if len(conv) < 2 or not conv[0][1].strip():
             continue  # what vLLM skips: nothing to answer, or no answer to size max_tokens by
-        prompt = str(conv[0]["value"])
-        out.append(Prompt(prompt, count(prompt), max(1, count(str(conv[1]["value"])))))
+        out.append(Prompt(conv[0][1], count(conv[0][1]), max(1, count(conv[1][1]))))
     if not out:
         raise ConfigError(f"prompt-file: {path} holds no conversation of two turns or more")
+    return out
+
+
+#: the speakers of a ShareGPT turn, by side
+ASKS = ("human", "user")
+ANSWERS = ("gpt", "assistant", "chatgpt", "bard", "bing", "model")
+
+
+def read_sharegpt_conversations(path: str, tok: Tokenizer) -> list[list[Prompt]]:
+    """``--sessions`` over ShareGPT: per conversation, each user turn that has a reply, as a
+    prompt whose ``max_tokens`` is that reply's length (the history sent is the server's replies)."""
+    count = _counter(tok)
+    out: list[list[Prompt]] = []
+    for conv in _sharegpt(path):
+        turns = [
+            Prompt(ask, count(ask), max(1, count(conv[i + 1][1])))
+            for i, (who, ask) in enumerate(conv[:-1])
+            if who.lower() in ASKS and conv[i + 1][0].lower() in ANSWERS and ask.strip()
+        ]
+        if turns:
+            out.append(turns)
+    if not out:
+        raise ConfigError(f"prompt-file: {path} holds no conversation with a user turn and its reply")
     return out
 
 

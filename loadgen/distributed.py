@@ -115,9 +115,9 @@ def install_master(environment: Any, rt: Runtime, runner: MasterRunner) -> None:
             rt.client_wires[str(msg.data.get("worker", msg.node_id))] = msg.data["client"]
 
     runner.register_message(MSG_FINAL, on_final)
-    done: set[str] = set()
 
     def on_trace_done(environment: Any, msg: Any, **_: Any) -> None:
+        done = rt.trace_done_workers
         done.add(msg.node_id)
         active = {c.id for c in runner.clients.all if c.state != STATE_MISSING}
         if active <= done:

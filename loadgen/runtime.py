@@ -80,6 +80,10 @@ class Runtime:
         self.of = 1
         #: called when this process has recorded its whole share of the trace (a worker: tell the master)
         self.on_trace_done: Callable[[], None] = self.end_run
+        self.trace_done_workers: set[str] = set()  # master: the workers that have recorded their share
+        #: --sessions over ShareGPT: each conversation's user turns; handed out round robin
+        self.conversations: list[list[prompts_mod.Prompt]] = []
+        self._conversation = 0
 
     # role
     @property
@@ -106,6 +110,7 @@ class Runtime:
         self.finals = {}
         self.client_wires = {}
         self.client = None
+        self.trace_done_workers = set()
         self.final_sent = False
         self.start_wall = time.time()
         self.started = False
@@ -161,6 +166,10 @@ class Runtime:
                     seed=cfg.seed,
                     corpus=cfg.corpus,
                 )
+            self.conversations = []
+            if cfg.sessions and cfg.prompt_set == "sharegpt" and cfg.prompt_file:  # each session one conversation
+                tok = prompts_mod.load_tokenizer(cfg.tokenizer)
+                self.conversations = datasets.read_sharegpt_conversations(cfg.prompt_file, tok)
             self._prompts_key = key
             # one route's histograms + the loop monitor's, allocated before the clock runs
             hist.prefill(len(METRICS) + 2)
@@ -193,6 +202,14 @@ class Runtime:
         if self.tracing is None:
             self.tracing = Tracing.create(cfg, self.env.parsed_options)
         self.started = True
+
+    def next_conversation(self) -> list[prompts_mod.Prompt]:
+        """The next recorded conversation for a new session ([] when sessions use the prompt set)."""
+        if not self.conversations:
+            return []
+        conv = self.conversations[self._conversation % len(self.conversations)]
+        self._conversation += 1
+        return conv
 
     def trace_recorded(self) -> None:
         """A user recorded one request of the trace; the last of this process's share ends its part."""

@@ -1,7 +1,8 @@
 """Conversations (``--sessions``): each user runs sessions of ``--turns`` turns one after the other,
 waiting ``--think-time`` seconds between two turns, and every turn carries the history so far.
 
-A turn's new user message is the next prompt of the run's prompt set; the reply the server
+A turn's new user message is the next prompt of the run's prompt set (with ``--prompt-set
+sharegpt``: the conversation's own user turns, in order, at most ``--turns``); the reply the server
 streamed (or returned) is kept and the next turn sends the whole conversation: as OpenAI chat
 ``messages`` on ``--openai-api chat``, else (native HTTP, gRPC, OpenAI completions) as one
 prompt, the history's messages concatenated (``role: content`` lines), so a server with a prefix
@@ -34,6 +35,12 @@ class Session:
     turns: int
     history: list[dict[str, str]] = field(default_factory=list)
     index: int = 0
+    #: a recorded conversation's user turns (ShareGPT): sent in order instead of the prompt set's
+    script: list[Prompt] = field(default_factory=list)
+
+    def scripted(self) -> Prompt | None:
+        """This turn's message from the script, if the session follows one."""
+        return self.script[self.index] if self.index < len(self.script) else None
 
     @property
     def done(self) -> bool:

@@ -122,13 +122,19 @@ class _LLMMixin:
         if cfg.sessions:  # the next turn of this user's conversation, after its think time
             session = self._session
             if session is None or session.done:
-                session = self._session = Session(f"{rt.worker}-{self._uid}-{next(self._session_seq)}", cfg.turns)
+                script = rt.next_conversation()
+                turns = min(cfg.turns, len(script)) if script else cfg.turns
+                sid = f"{rt.worker}-{self._uid}-{next(self._session_seq)}"
+                session = self._session = Session(sid, turns, script=script)
             elif cfg.think_time > 0:
                 gevent.sleep(cfg.think_time)
         if cfg.busy_ms > 0:  # test hook (--pathprobe-busy-ms): a client too busy for its load
             _burn(cfg.busy_ms)
+        scripted = session.scripted() if session is not None else None
         if item is not None:
             prompt = item.prompt
+        elif scripted is not None:
+            prompt = scripted
         else:
             prompts = rt.prompts
             assert prompts is not None  # built by rt.ensure_started() in _pp_init

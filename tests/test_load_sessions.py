@@ -138,3 +138,46 @@ def test_native_and_grpc_sessions_send_the_concatenated_history(synthetic_server
         assert [r["turn"] for r in turns] == [0, 1, 2]
         sizes = [r["tokens_in"] for r in turns]  # the server's count: the history grows every turn
         assert sizes[0] < sizes[1] < sizes[2], sizes
+
+
+SHAREGPT = Path(__file__).resolve().parent / "data" / "datasets" / "sharegpt.json"
+
+
+def test_sharegpt_conversations_give_each_session_its_user_turns() -> None:
+    from pathprobe.loadgen import datasets, prompts
+
+    convs = datasets.read_sharegpt_conversations(str(SHAREGPT), prompts.load_tokenizer("none"))
+    assert [[p.text for p in c] for c in convs][1] == [
+        "Name three birds that live in reed beds.",
+        "Which of them is the loudest?",
+    ]
+    assert [p.max_tokens for p in convs[1]] == [6, 8]  # each reply's length
+    assert len(convs) == 3  # the conversation without a reply has no turn to send
+
+
+@pytest.mark.slow
+def test_sharegpt_sessions_replay_each_conversations_user_turns(tmp_path: Path) -> None:
+    _Chat.seen = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        host = f"openai+http://127.0.0.1:{srv.server_address[1]}"
+        recs = _run(
+            tmp_path,
+            host,
+            *("--openai-api", "chat", "--sessions", "--turns", "5"),
+            *("--prompt-set", "sharegpt", "--prompt-file", str(SHAREGPT)),
+        )
+    finally:
+        srv.shutdown()
+    assert recs and max(r["turn"] for r in recs) == 1  # the two-turn conversation, whole
+    wanted = {
+        ("What is the difference between a weir and a dam?",),
+        ("Name three birds that live in reed beds.",),
+        ("Name three birds that live in reed beds.", "Which of them is the loudest?"),
+        ("Summarise the history of river ferries in two sentences.",),
+    }
+    for _, body in _Chat.seen:
+        asked = tuple(m["content"] for m in body["messages"] if m["role"] == "user")
+        assert asked in wanted, asked
+        assert body["max_tokens"] in (14, 6, 8)
