@@ -101,7 +101,7 @@ def test_eviction_keeps_the_cache_bounded(engine: TransformersEngine) -> None:
     finally:
         engine.prefix_cache = kept
     with pytest.raises(ConfigError):
-        PrefixCacheOptions.from_options({"prefix_cache_mb": "0"}, bool)
+        PrefixCacheOptions.parse(True, "0", 64)
 
 
 def test_the_engine_process_pipe_carries_the_count() -> None:

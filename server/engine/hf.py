@@ -46,6 +46,8 @@ from pathprobe.server.engine.base import (
     stop_index,
 )
 from pathprobe.server.engine.hfstatic import StaticBatch
+from pathprobe.server.engine.prefix import DEFAULT_ENTRIES as PREFIX_ENTRIES
+from pathprobe.server.engine.prefix import DEFAULT_MB as PREFIX_MB
 from pathprobe.server.engine.prefix import PrefixCache, PrefixCacheOptions
 from pathprobe.server.engine.quant import QUANT
 from pathprobe.server.startup import StartupTimer
@@ -247,7 +249,11 @@ class TransformersEngine(Engine):
         self._prefill_max_batch = int(opts.get("prefill_max_batch", 4))
         self._experts = opts.get("experts")  # transformers' experts_implementation for MoE models
         # prefix caching (dynamic KV cache only): set up in _load once the model's layers are known
-        self._prefix_opts = PrefixCacheOptions.from_options(opts, _flag)
+        self._prefix_opts = PrefixCacheOptions.parse(
+            _flag(opts.get("prefix_cache", True)),
+            opts.get("prefix_cache_mb", PREFIX_MB),
+            opts.get("prefix_cache_entries", PREFIX_ENTRIES),
+        )
         self.prefix_cache: PrefixCache | None = None
         if self.device.startswith("cuda"):
             import torch

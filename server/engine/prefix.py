@@ -34,13 +34,10 @@ class PrefixCacheOptions:
     max_entries: int = DEFAULT_ENTRIES
 
     @classmethod
-    def from_options(cls, opts: dict[str, Any], flag: Any) -> PrefixCacheOptions:
+    def parse(cls, enabled: bool, max_mb: Any, max_entries: Any) -> PrefixCacheOptions:
+        """From the engine's option values (``--engine-option`` strings or numbers)."""
         try:
-            out = cls(
-                enabled=flag(opts.get("prefix_cache", True)),
-                max_mb=float(opts.get("prefix_cache_mb", DEFAULT_MB)),
-                max_entries=int(opts.get("prefix_cache_entries", DEFAULT_ENTRIES)),
-            )
+            out = cls(enabled=enabled, max_mb=float(max_mb), max_entries=int(max_entries))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"--engine-option prefix_cache_mb / prefix_cache_entries: {exc}") from None
         if out.max_mb <= 0 or out.max_entries < 1:
