@@ -435,6 +435,10 @@ VARIANTS = {
     "graphs": [],
     "graphs-eager-prefill": ["--engine-option", "prefill_max_len=0"],
     "graphs-compile": ["--engine-option", "compile=1"],
+    "graphs-nowarm": ["--engine-option", "graph_warm=0"],
+    "graphs-int8": ["--engine-option", "quant=int8"],
+    "graphs-int4": ["--engine-option", "quant=int4"],
+    "graphs-cudnn": ["--engine-option", "cudnn_sdp=1"],
     "eager": None,
 }
 

@@ -16,6 +16,9 @@ from typing import Any
 #: gRPC trailing-metadata key and HTTP header that carry the entries.
 METADATA_KEY = "server-timing"
 HTTP_HEADER = "Server-Timing"
+#: gRPC trailing-metadata key and HTTP header (same name, any case) that carry a model server's
+#: prompt tokens served from its prefix cache: a count, not a duration, so not a Server-Timing entry
+CACHED_TOKENS_KEY = "pathprobe-cached-tokens"
 
 SERVER_ENTRIES = (
     "srv.decode",
@@ -52,6 +55,28 @@ def held_back(handoffs: Iterable[tuple[float, float]], last_ms: float) -> float:
     seen). Before that, every wait overlapped the work upstream of it, which the hop's upstream time
     (or its engine's) already counts; counting it again would double it. This is ``<kind>.send``."""
     return sum(max(0.0, resumed - max(sent, last_ms)) for sent, resumed in handoffs)
+
+
+class Entries(dict[str, float]):
+    """A hop's entries (name -> ms) with the counts that travel beside them (``cached_tokens``:
+    :data:`CACHED_TOKENS_KEY`), so a front end that formats the entries also finds the counts."""
+
+    __slots__ = ("cached_tokens",)
+
+    def __init__(self, *args: Any, cached_tokens: int = 0, **kw: float) -> None:
+        super().__init__(*args, **kw)
+        self.cached_tokens = cached_tokens
+
+
+def count_items(entries: Mapping[str, float] | None) -> tuple[tuple[str, str], ...]:
+    """The counts beside ``entries`` as (lower-case key, value) pairs; none when there are none."""
+    n = getattr(entries, "cached_tokens", 0)
+    return ((CACHED_TOKENS_KEY, str(n)),) if n else ()
+
+
+def metadata(entries: Mapping[str, float]) -> tuple[tuple[str, str], ...]:
+    """gRPC trailing metadata for a hop's ``entries``: ``server-timing`` and the counts beside it."""
+    return ((METADATA_KEY, format_entries(entries)), *count_items(entries))
 
 
 def format_entries(entries: Mapping[str, float]) -> str:

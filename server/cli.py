@@ -22,6 +22,13 @@ ENGINE_OPTIONS: dict[str, frozenset[str]] = {
             "prefill_max_batch",
             "tokenizer",
             "experts",
+            "prefix_cache",
+            "prefix_cache_mb",
+            "prefix_cache_entries",
+            "graph_warm",
+            "quant",
+            "cudnn_sdp",
+            "gc_freeze",
         }
     ),
     "synthetic": frozenset(),

@@ -13,7 +13,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from pathprobe import telemetry
+from pathprobe import telemetry, timing
 from pathprobe.auth import ApiKeys
 from pathprobe.deadline import parse_timeout
 from pathprobe.errors import PathprobeError
@@ -119,10 +119,12 @@ class RequestScope:
         self.send_ms = (self.send_ms or 0.0) + ms
 
     def entries(self) -> dict[str, float]:
-        """The srv.* entries now; ``srv.total`` is measured at this call."""
-        out = {"srv.decode": self.decode_ms}
+        """The srv.* entries now; ``srv.total`` is measured at this call (with the prompt tokens
+        the engine's prefix cache served beside them: :class:`pathprobe.timing.Entries`)."""
+        out = timing.Entries({"srv.decode": self.decode_ms})
         if self.gen is not None:
             out.update(self.gen.timing.entries())
+            out.cached_tokens = self.gen.timing.cached_tokens
         out["srv.encode"] = self.encode_ms
         if self.send_ms is not None:
             out["srv.send"] = self.send_ms

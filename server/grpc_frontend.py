@@ -74,7 +74,7 @@ class LLMService:
 
     async def _abort(self, scope: RequestScope, context: grpc.aio.ServicerContext, exc: PathprobeError) -> None:
         entries = scope.finish(exc.grpc_code.name, error=exc)
-        md: tuple[tuple[str, str], ...] = ((timing.METADATA_KEY, timing.format_entries(entries)),)
+        md: tuple[tuple[str, str], ...] = timing.metadata(entries)
         retry = getattr(exc, "retry_after_ms", None)
         if retry is not None:
             md += ((PUSHBACK_KEY, str(int(retry))),)
@@ -93,7 +93,11 @@ class LLMService:
                 text=text,
                 token_ids=ids,
                 finish_reason=gen.finish_reason or "",
-                usage=llm_pb2.Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens),
+                usage=llm_pb2.Usage(
+                    prompt_tokens=gen.prompt_tokens,
+                    completion_tokens=gen.completion_tokens,
+                    cached_tokens=gen.timing.cached_tokens,
+                ),
                 request_id=req.request_id,
                 model=self.state.engine.model_name,
             )
@@ -106,7 +110,7 @@ class LLMService:
             scope.finish("CANCELLED")
             raise
         entries = scope.finish("OK")
-        context.set_trailing_metadata(((timing.METADATA_KEY, timing.format_entries(entries)),))
+        context.set_trailing_metadata(timing.metadata(entries))
         return out
 
     async def generate_stream(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -134,6 +138,7 @@ class LLMService:
                     chunk.finish_reason = ev.finish_reason
                     chunk.usage.prompt_tokens = gen.prompt_tokens
                     chunk.usage.completion_tokens = gen.completion_tokens
+                    chunk.usage.cached_tokens = gen.timing.cached_tokens
                 out = chunk.SerializeToString()
                 scope.encoded(now_ms() - t0)
                 index += len(ev.token_ids)
@@ -151,7 +156,7 @@ class LLMService:
             if gen is not None and gen.finish_reason is None:
                 gen.close()  # client went away mid-stream: free the engine slot
         entries = scope.finish("OK")
-        context.set_trailing_metadata(((timing.METADATA_KEY, timing.format_entries(entries)),))
+        context.set_trailing_metadata(timing.metadata(entries))
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(

@@ -63,7 +63,9 @@ def error_body(exc: PathprobeError) -> dict[str, Any]:
 
 
 def timing_headers(entries: Mapping[str, float] | None) -> dict[str, str]:
-    return {timing.HTTP_HEADER: timing.format_entries(entries)} if entries else {}
+    if not entries:
+        return {}
+    return {timing.HTTP_HEADER: timing.format_entries(entries), **dict(timing.count_items(entries))}
 
 
 def error_reply(exc: PathprobeError, entries: Mapping[str, float] | None = None) -> Reply:

@@ -43,7 +43,11 @@ async def generate(request: HttpRequest) -> Reply | StreamReply:
             text=text,
             token_ids=ids,
             finish_reason=gen.finish_reason or "",
-            usage=llm_pb2.Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens),
+            usage=llm_pb2.Usage(
+                prompt_tokens=gen.prompt_tokens,
+                completion_tokens=gen.completion_tokens,
+                cached_tokens=gen.timing.cached_tokens,
+            ),
             request_id=req.request_id,
             model=request.state.engine.model_name,
         )
@@ -68,7 +72,11 @@ async def _events(scope: RequestScope, gen: Generation, req: llm_pb2.GenerateReq
             }
             index += len(ev.token_ids)
             if ev.finish_reason:
-                chunk["usage"] = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens}
+                chunk["usage"] = {
+                    "prompt_tokens": gen.prompt_tokens,
+                    "completion_tokens": gen.completion_tokens,
+                    "cached_tokens": gen.timing.cached_tokens,
+                }
                 entries = scope.entries()
                 chunk["server_timing"] = timing.format_entries(entries)
                 yield sse_event(scope, chunk)

@@ -160,11 +160,7 @@ async def _respond(
     if body.stream:
         return StreamReply(_events(scope, gen, body, rid, created, model, chat))
     text, _ = await gen.collect()
-    usage = {
-        "prompt_tokens": gen.prompt_tokens,
-        "completion_tokens": gen.completion_tokens,
-        "total_tokens": gen.prompt_tokens + gen.completion_tokens,
-    }
+    usage = _usage(gen)
     if chat:
         choice = {
             "index": 0,
@@ -192,6 +188,17 @@ async def _respond(
         }
     out = encode_json(scope, obj)
     return json_reply(out, scope.finish("200"))
+
+
+def _usage(gen: Generation) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens whose KV came
+    from the engine's prefix cache (0 where the engine has none)."""
+    return {
+        "prompt_tokens": gen.prompt_tokens,
+        "completion_tokens": gen.completion_tokens,
+        "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": gen.timing.cached_tokens},
+    }
 
 
 async def _events(
@@ -227,11 +234,7 @@ async def _events(
             else:
                 yield sse_event(scope, chunk)
         if include_usage:
-            usage = {
-                "prompt_tokens": gen.prompt_tokens,
-                "completion_tokens": gen.completion_tokens,
-                "total_tokens": gen.prompt_tokens + gen.completion_tokens,
-            }
+            usage = _usage(gen)
             entries = scope.entries()
             chunk = {
                 "id": rid,

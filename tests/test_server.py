@@ -54,7 +54,7 @@ def test_http_native_unary_and_sse(http_server: Server) -> None:
     status, headers, body = http_post(url, {"prompt": "hello", "max_tokens": 6})
     assert status == 200
     obj = json.loads(body)
-    assert obj["usage"] == {"prompt_tokens": obj["usage"]["prompt_tokens"], "completion_tokens": 6}
+    assert obj["usage"] == {"prompt_tokens": obj["usage"]["prompt_tokens"], "completion_tokens": 6, "cached_tokens": 0}
     assert_complete_split(timing.parse(headers["Server-Timing"]))
     resp, _ = grpc_generate(synthetic_server.grpc_target, prompt="hello", max_tokens=6)
     assert obj["text"] == resp.text and obj["token_ids"] == list(resp.token_ids)

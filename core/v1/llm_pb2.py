@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pathprobe/v1/llm.proto\x12\x0cpathprobe.v1\"\xc6\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\r\n\x05model\x18\n \x01(\t\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\x91\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.pathprobe.v1.Usage\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\"\x9f\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.pathprobe.v1.Usage\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\r\n\x05index\x18\x06 \x01(\x05\x12\x0f\n\x07\x65mit_ms\x18\x07 \x01(\x01\x32\xa0\x01\n\x03LLM\x12I\n\x08Generate\x12\x1d.pathprobe.v1.GenerateRequest\x1a\x1e.pathprobe.v1.GenerateResponse\x12N\n\x0eGenerateStream\x12\x1d.pathprobe.v1.GenerateRequest\x1a\x1b.pathprobe.v1.GenerateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pathprobe/v1/llm.proto\x12\x0cpathprobe.v1\"\xc6\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\r\n\x05model\x18\n \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\x91\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.pathprobe.v1.Usage\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\"\x9f\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.pathprobe.v1.Usage\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\r\n\x05index\x18\x06 \x01(\x05\x12\x0f\n\x07\x65mit_ms\x18\x07 \x01(\x01\x32\xa0\x01\n\x03LLM\x12I\n\x08Generate\x12\x1d.pathprobe.v1.GenerateRequest\x1a\x1e.pathprobe.v1.GenerateResponse\x12N\n\x0eGenerateStream\x12\x1d.pathprobe.v1.GenerateRequest\x1a\x1b.pathprobe.v1.GenerateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,11 +34,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=41
   _globals['_GENERATEREQUEST']._serialized_end=239
   _globals['_USAGE']._serialized_start=241
-  _globals['_USAGE']._serialized_end=298
-  _globals['_GENERATERESPONSE']._serialized_start=301
-  _globals['_GENERATERESPONSE']._serialized_end=446
-  _globals['_GENERATECHUNK']._serialized_start=449
-  _globals['_GENERATECHUNK']._serialized_end=608
-  _globals['_LLM']._serialized_start=611
-  _globals['_LLM']._serialized_end=771
+  _globals['_USAGE']._serialized_end=321
+  _globals['_GENERATERESPONSE']._serialized_start=324
+  _globals['_GENERATERESPONSE']._serialized_end=469
+  _globals['_GENERATECHUNK']._serialized_start=472
+  _globals['_GENERATECHUNK']._serialized_end=631
+  _globals['_LLM']._serialized_start=634
+  _globals['_LLM']._serialized_end=794
 # @@protoc_insertion_point(module_scope)

@@ -88,6 +88,12 @@ class EngineTiming:
     decode_start: float = 0.0
     first_token_at: float = 0.0  # monotonic ms of the first token handed out
     batch_size: int = 0  # the largest batch this request ran in
+    #: prompt tokens whose KV came from the engine's prefix cache (not prefilled again); a count
+    cached_tokens: int = 0
+    #: which prefill ran (in-process only, for diagnosis): ``graph:N`` (a captured static prefill of
+    #: bucket N), ``static:N`` (the same, uncaptured), ``eager:BxW`` (a batched dynamic prefill of B
+    #: rows, W columns), ``cached:L+S`` (L tokens from the prefix cache, S computed)
+    prefill_path: str = ""
 
     def entries(self) -> dict[str, float]:
         return {

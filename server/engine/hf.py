@@ -46,6 +46,10 @@ from pathprobe.server.engine.base import (
     stop_index,
 )
 from pathprobe.server.engine.hfstatic import StaticBatch
+from pathprobe.server.engine.prefix import DEFAULT_ENTRIES as PREFIX_ENTRIES
+from pathprobe.server.engine.prefix import DEFAULT_MB as PREFIX_MB
+from pathprobe.server.engine.prefix import PrefixCache, PrefixCacheOptions
+from pathprobe.server.engine.quant import QUANT
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
 
@@ -58,7 +62,7 @@ BATCHING = ("continuous", "dynamic", "static")
 
 
 #: phases timed inside ``_load`` (the rest of ``start`` is booked as engine_other)
-_LOAD_PHASES = ("weights_read", "weights_init", "device_transfer", "warmup", "cuda_graphs")
+_LOAD_PHASES = ("weights_read", "weights_init", "device_transfer", "quantize", "warmup", "cuda_graphs", "graph_warm")
 
 
 #: seed of a weightless folder's random weights (presets), so two loads are the same model
@@ -173,6 +177,7 @@ class _Req:
     n_pos: int = 0  # tokens in the KV cache for this row (prompt + fed outputs)
     last: int = 0  # last sampled token (next decode input)
     done: bool = False
+    finished: bool = False  # ended by its own finish (stop, length), not cancelled or expired
     slot: int = -1  # static mode: the KV row this request owns
 
 
@@ -227,11 +232,29 @@ class TransformersEngine(Engine):
             )
         self._pad_mode, self._pad_to = _padding_option(str(opts.get("pad", "longest")))
         self._compile = _flag(opts.get("compile", False))
+        # replay every captured graph once at start-up (a graph's first launch is slower)
+        self._graph_warm = _flag(opts.get("graph_warm", True))
+        self._quant = str(opts.get("quant", "none")).lower()  # weight-only quantization (torchao)
+        # torch's cuDNN attention backend: off by default on CUDA (on an H200 it built a plan for
+        # each new eager prefill shape, 55-95 ms on the shape's first call; 2026-12-02 result)
+        self._cudnn_sdp = _flag(opts.get("cudnn_sdp", False))
+        # after start-up, move every object made so far out of the collector's generations
+        # (gc.freeze): a full collection then no longer walks the model's and libraries' objects
+        self._gc_freeze = _flag(opts.get("gc_freeze", True))
+        if self._quant not in QUANT:
+            raise ConfigError(f"--engine-option quant: expected one of {', '.join(QUANT)}, got {self._quant!r}")
         # static prefill (graphs on CUDA): prompts up to prefill_max_len tokens, at most
         # prefill_max_batch newcomers at once (more go through one batched eager prefill)
         self._prefill_max_len = int(opts.get("prefill_max_len", 512 if self._graphs else 0))
         self._prefill_max_batch = int(opts.get("prefill_max_batch", 4))
         self._experts = opts.get("experts")  # transformers' experts_implementation for MoE models
+        # prefix caching (dynamic KV cache only): set up in _load once the model's layers are known
+        self._prefix_opts = PrefixCacheOptions.parse(
+            _flag(opts.get("prefix_cache", True)),
+            opts.get("prefix_cache_mb", PREFIX_MB),
+            opts.get("prefix_cache_entries", PREFIX_ENTRIES),
+        )
+        self.prefix_cache: PrefixCache | None = None
         if self.device.startswith("cuda"):
             import torch
 
@@ -244,6 +267,8 @@ class TransformersEngine(Engine):
             "tokens": 0,
             "cancelled": 0,
             "finished": 0,
+            "prefill_tokens": 0,  # prompt tokens the model computed
+            "cached_tokens": 0,  # prompt tokens whose KV came from the prefix cache
         }
 
     # --- lifecycle ------------------------------------------------------------------
@@ -251,10 +276,27 @@ class TransformersEngine(Engine):
         self._loop = asyncio.get_running_loop()
         t0 = now_ms()
         await asyncio.to_thread(self._load)
+        if self._gc_freeze:
+            import gc
+
+            gc.collect()
+            gc.freeze()
         known = sum(p.ms for p in self.startup.ordered() if p.name in _LOAD_PHASES)
         self.startup.record("engine_other", t0, max(0.0, now_ms() - t0 - known))
         self._thread = threading.Thread(target=self._worker, name="pathprobe-engine", daemon=True)
         self._thread.start()
+        if self._static is not None and self._graphs and self._graph_warm:
+            await self._warm_request()
+
+    async def _warm_request(self) -> None:
+        """One short request through the whole static path (prefill graph, slot placement, sampling,
+        decode graph, detokenizing) before serving: on an H200 a fresh engine's first request still
+        spent 36-47 ms in a 64-token prefill that takes ~10 ms after it (2026-12-02 result)."""
+        n = max(1, min(64, self.max_context // 4))
+        with self.startup.phase("warm_request", f"{n} prompt tokens, 2 new"):
+            gen = self.generate(GenParams(prompt_token_ids=[self._pad] * n, max_tokens=2, ignore_eos=True))
+            await gen.collect()
+        self.stats.update(dict.fromkeys(self.stats, 0))  # the counters count requests served
 
     def encode_prompt(self, text: str) -> list[int]:
         """Prompt text -> token ids: the slow encoder when ``--engine-option tokenizer=slow``."""
@@ -282,6 +324,8 @@ class TransformersEngine(Engine):
 
         if self._threads:
             torch.set_num_threads(self._threads)
+        if self.device.startswith("cuda") and not self._cudnn_sdp:
+            torch.backends.cuda.enable_cudnn_sdp(False)  # the engine owns its process
         folder = str(self._folder)
         extra = {"experts_implementation": self._experts} if self._experts else {}
         try:
@@ -307,6 +351,11 @@ class TransformersEngine(Engine):
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model: cannot load {folder}: {exc}") from exc
         model.eval()
+        if self._quant != "none":
+            from pathprobe.server.engine.quant import quantize
+
+            with self.startup.phase("quantize") as ph:
+                ph.note = quantize(model, self._quant, self.device)
         self.model = model
         # transformers >= 5.2x names the KV cache argument ``cache``; older ones ``past_key_values``
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -348,8 +397,27 @@ class TransformersEngine(Engine):
             note = "static KV cache and graph capture" if self._graphs else "static KV cache only"
             with self.startup.phase("cuda_graphs", note), torch.inference_mode():
                 self._static = StaticBatch(self, self.config.max_batch_size, self.max_context, self._graphs)
+            if self._graphs and self._graph_warm:
+                with self.startup.phase("graph_warm") as ph, torch.inference_mode():
+                    ph.note = f"each captured graph replayed once: {self._static.warm()} graphs"
+        self.prefix_cache = self._make_prefix_cache()
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
+
+    def _make_prefix_cache(self) -> PrefixCache | None:
+        """The prefix cache, where it is asked for and exact: the dynamic KV cache (the static one
+        keeps its own slots) of a model whose layers all keep every position (no sliding window)."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        opts = self._prefix_opts
+        if not opts.enabled or self._static_opt:
+            return None
+        probe = DynamicCache(config=self.model.config)
+        if not probe.layers or any(type(layer) is not DynamicLayer for layer in probe.layers):
+            log.info("prefix cache off: the model's cache has layers that drop positions")
+            return None
+        return PrefixCache(int(opts.max_mb * 2**20), opts.max_entries)
 
     async def stop(self) -> None:
         with self._cond:
@@ -509,25 +577,41 @@ class TransformersEngine(Engine):
             self.stats["static_prefills"] += len(new)
             ncache = None
         else:
-            width = self._prefill_width(max(len(r.ids) for r in new))
-            ids = torch.full((len(new), width), self._pad, dtype=torch.long)
-            nmask = torch.zeros((len(new), width), dtype=torch.long)
-            for i, r in enumerate(new):
-                n = len(r.ids)
-                ids[i, width - n :] = torch.tensor(r.ids, dtype=torch.long)
-                nmask[i, width - n :] = 1
-            ids, nmask = ids.to(self.device), nmask.to(self.device)
-            pos = (nmask.cumsum(-1) - 1).clamp(min=0)
-            ncache = DynamicCache(config=self.model.config)
-            out = self.model(
-                input_ids=ids,
-                attention_mask=nmask,
-                position_ids=pos,
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_kw: ncache},
-            )
-            tokens = self._sample(out.logits[:, -1, :], new)
+            hits = self._prefix_hits(new)
+            misses = [r for r in new if r not in hits]
+            new[:] = misses + list(hits)  # the caller appends ``new`` to the batch in this row order
+            tokens, parts = [], []
+            if misses:
+                width = self._prefill_width(max(len(r.ids) for r in misses))
+                ids = torch.full((len(misses), width), self._pad, dtype=torch.long)
+                nmask = torch.zeros((len(misses), width), dtype=torch.long)
+                for i, r in enumerate(misses):
+                    n = len(r.ids)
+                    ids[i, width - n :] = torch.tensor(r.ids, dtype=torch.long)
+                    nmask[i, width - n :] = 1
+                ids, nmask = ids.to(self.device), nmask.to(self.device)
+                pos = (nmask.cumsum(-1) - 1).clamp(min=0)
+                ncache = DynamicCache(config=self.model.config)
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=nmask,
+                    position_ids=pos,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{self._cache_kw: ncache},
+                )
+                tokens += self._sample(out.logits[:, -1, :], misses)
+                for r in misses:
+                    r.gen.timing.prefill_path = f"eager:{len(misses)}x{width}"
+                self.stats["prefill_tokens"] += sum(len(r.ids) for r in misses)
+                parts.append((ncache, nmask))
+            for r, hit in hits.items():  # each alone: its cached prefix, then only its new tokens
+                tok, hcache, hmask = self._prefill_after(r, hit)
+                tokens.append(tok)
+                parts.append((hcache, hmask))
+            ncache, nmask = parts[0]
+            for c, m in parts[1:]:
+                ncache, nmask = _merge(ncache, nmask, c, m)
         end = now_ms()
         self.stats["prefills"] += 1
         for r in running:  # the batch stalled while the newcomers prefilled
@@ -546,6 +630,61 @@ class TransformersEngine(Engine):
         if cache is None:
             return ncache, nmask
         return _merge(cache, mask, ncache, nmask)
+
+    def _prefix_hits(self, new: list[_Req]) -> dict[_Req, Any]:
+        """The newcomers whose prompt starts with a cached prefix, with that prefix (a ``Hit``)."""
+        pc = self.prefix_cache
+        if pc is None:
+            return {}
+        hits = {}
+        for r in new:
+            hit = pc.lookup(r.ids)
+            if hit is not None:
+                hits[r] = hit
+        return hits
+
+    def _prefill_after(self, r: _Req, hit: Any) -> tuple[int, Any, Any]:
+        """Prefill ``r``'s prompt after its cached prefix: a cache holding the prefix's KV (copied
+        on the first append, so the entry stays as it was), then a forward over the new tokens only."""
+        import torch
+        from transformers import DynamicCache
+
+        n, cached = len(r.ids), hit.tokens
+        hcache = DynamicCache(config=self.model.config)
+        layers: list[Any] = list(hcache.layers)  # plain DynamicLayers (_make_prefix_cache checked)
+        for layer, (k, v) in zip(layers, hit.kv, strict=True):
+            layer.update(k[:, :, :cached, :], v[:, :, :cached, :])
+        ids = torch.tensor([r.ids[cached:]], dtype=torch.long, device=self.device)
+        hmask = torch.ones((1, n), dtype=torch.long, device=self.device)
+        pos = torch.arange(cached, n, dtype=torch.long, device=self.device).unsqueeze(0)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=hmask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: hcache},
+        )
+        r.gen.timing.cached_tokens = cached
+        r.gen.timing.prefill_path = f"cached:{cached}+{n - cached}"
+        self.stats["prefill_tokens"] += n - cached
+        self.stats["cached_tokens"] += cached
+        return self._sample(out.logits[:, -1, :], [r])[0], hcache, hmask
+
+    def _keep_prefix(self, rows: list[tuple[int, _Req]], cache: Any, width: int) -> None:
+        """Put finished rows' KV (prompt and the outputs fed back) into the prefix cache."""
+        pc = self.prefix_cache
+        if pc is None:
+            return
+        for i, r in rows:
+            n = r.n_pos  # the row's tokens are the cache's last n columns (left padding)
+            if not r.finished or n != len(r.ids) + len(r.out) - 1 or n > width:
+                continue
+            kv = [
+                (layer.keys[i : i + 1, :, width - n :, :].clone(), layer.values[i : i + 1, :, width - n :, :].clone())
+                for layer in cache.layers
+            ]
+            pc.store((r.ids + r.out)[:n], kv)
 
     def _prefill_width(self, longest: int) -> int:
         """Columns of a batched prefill: the longest prompt, a power-of-two bucket, or a fixed length."""
@@ -658,6 +797,7 @@ class TransformersEngine(Engine):
         r.sent += len(piece)
         if finish:
             r.done = True
+            r.finished = True
             self.stats["finished"] += 1
         t.detokenize += now_ms() - d0
         return TokenEvent(piece, [tok], finish)
@@ -684,6 +824,7 @@ class TransformersEngine(Engine):
                 if r.done:
                     self._static.release(r)
             return [r for r in running if not r.done], None, None
+        self._keep_prefix([(i, r) for i, r in enumerate(running) if r.done], cache, mask.shape[1])
         if not keep:
             return [], None, None
         idx = torch.tensor(keep, device=mask.device)

@@ -49,13 +49,14 @@ Load = tuple[int, int]  # the child engine's (queue depth, running)
 
 
 def _timing(t: EngineTiming) -> tuple[float | int, ...]:
-    return (*(getattr(t, f) for f in _TIMING), t.batch_size)
+    return (*(getattr(t, f) for f in _TIMING), t.cached_tokens, t.batch_size)
 
 
 def _apply(t: EngineTiming, values: tuple[float | int, ...]) -> None:
     for name, value in zip(_TIMING, values, strict=False):
         setattr(t, name, value)
     t.batch_size = int(values[-1])
+    t.cached_tokens = int(values[-2])
 
 
 def pack_error(exc: BaseException) -> tuple[type[BaseException], str, dict[str, Any]]:
