@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from hpack.exceptions import HPACKError
 from pathprobe import timing
@@ -18,6 +17,7 @@ from pathprobe.deadline import PUSHBACK_KEY
 from pathprobe.errors import PathprobeError, Unavailable
 from pathprobe.gateway import h2spans
 from pathprobe.gateway.h2headers import ResponseReader, request_block
+from pathprobe.gateway.h2settings import RelaySettings
 from pathprobe.gateway.h2streams import CODE_NAMES, NO_TIME, Stream, grpc_error_block
 from pathprobe.gateway.upstreams import Upstream
 from pathprobe.h2frames import (
@@ -42,9 +42,6 @@ from pathprobe.h2frames import (
     literal,
 )
 from pathprobe.timing import now_ms
-
-if TYPE_CHECKING:
-    from pathprobe.gateway.h2proxy import Relay
 
 log = logging.getLogger("pathprobe.gateway")
 #: upstream connections being opened (asyncio keeps only weak references to running tasks)
@@ -71,8 +68,9 @@ class UpstreamProto(asyncio.Protocol):
 class ClientConn(asyncio.Protocol):
     """One client connection and the upstream connection paired with it."""
 
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
+    def __init__(self, settings: RelaySettings, clients: set[ClientConn]) -> None:
+        self.settings = settings
+        self.clients = clients  # the relay's open connections: this one is in it while open
         self.transport: asyncio.Transport | None = None
         self.up: UpstreamProto | None = None
         self.upstream: Upstream | None = None
@@ -84,7 +82,7 @@ class ClientConn(asyncio.Protocol):
         self.pending_up: list[bytes] = []  # client bytes held until the upstream connects
         self.tried: tuple[Upstream, ...] = ()
         self.cdec = BlockReader()  # the client's request header blocks
-        self.responses = ResponseReader(relay.metrics, relay.tracing)  # the upstream's
+        self.responses = ResponseReader(settings.metrics, settings.tracing)  # the upstream's
         self.c_hdr: tuple[int, int, bytearray] | None = None  # (sid, flags, block) while CONTINUATIONs come
         self.u_hdr: tuple[int, int, bytes, bytearray] | None = None
         self.dead = False
@@ -97,16 +95,16 @@ class ClientConn(asyncio.Protocol):
     # ---------------------------------------------------------------- connection set-up
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.relay.clients.add(self)
+        self.clients.add(self)
         self._connect()
 
     def _connect(self) -> None:
         try:
-            u = self.relay.pool.acquire(self.tried)
+            u = self.settings.pool.acquire(self.tried)
         except Unavailable as exc:  # every upstream tried
             self._refuse_all(str(exc))
             return
-        self.relay.pool.release(u)  # outstanding is counted per stream below
+        self.settings.pool.release(u)  # outstanding is counted per stream below
         self.upstream = u
         u.outstanding += len(self.streams)
         log.info("client connection -> upstream %s", u.target)
@@ -119,7 +117,7 @@ class ClientConn(asyncio.Protocol):
     async def _open(self, u: Upstream, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         try:
-            ssl_ctx = self.relay.upstream_ssl
+            ssl_ctx = self.settings.upstream_ssl
             if ssl_ctx is None:
                 await loop.create_connection(lambda: UpstreamProto(self), host, port)
             else:
@@ -128,7 +126,7 @@ class ClientConn(asyncio.Protocol):
                     host,
                     port,
                     ssl=ssl_ctx,
-                    server_hostname=self.relay.upstream_server_name or host,
+                    server_hostname=self.settings.upstream_server_name or host,
                 )
         except OSError as exc:
             why = f"upstream {u.target}: connect failed: {exc.strerror or exc}"
@@ -138,7 +136,7 @@ class ClientConn(asyncio.Protocol):
             self.tried += (u,)
             if self.transport is None:
                 return
-            if len(self.tried) < len(self.relay.pool.upstreams):
+            if len(self.tried) < len(self.settings.pool.upstreams):
                 self._connect()
             else:
                 self._refuse_all(why)
@@ -189,8 +187,8 @@ class ClientConn(asyncio.Protocol):
                 self.max_sid = sid
                 block = grpc_error_block(14, self.dead_why, NO_TIME, True)
                 out.append(frame(HEADERS, END_STREAM | END_HEADERS, sid, block))
-                if self.relay.metrics is not None:
-                    self.relay.metrics.observe("?", "UNAVAILABLE", 0.0, None, 0.0)
+                if self.settings.metrics is not None:
+                    self.settings.metrics.observe("?", "UNAVAILABLE", 0.0, None, 0.0)
         del buf[:pos]
         if out and self.transport is not None:
             answered = self.max_sid > 0
@@ -222,7 +220,7 @@ class ClientConn(asyncio.Protocol):
         run = 0  # start of the run of frames forwarded untouched
         decode_after: list[tuple[int, bytes]] = []
         new_streams: list[Stream] = []
-        relay = self.relay
+        settings = self.settings
         start = end = pos  # what is consumed: up to the end of the last whole frame
         for pos, end, ftype, flags, sid in frames(buf, start):
             if self.unforwarded and ftype not in (HEADERS, CONTINUATION) and sid in self.unforwarded:
@@ -239,7 +237,7 @@ class ClientConn(asyncio.Protocol):
                 st = self.streams.get(sid)
                 if st is not None:
                     st.received += length
-                    if st.received > relay.max_body:
+                    if st.received > settings.max_body:
                         if run < pos:
                             out.append(bytes(buf[run:pos]))
                         run = end
@@ -273,7 +271,7 @@ class ClientConn(asyncio.Protocol):
                 if flags & END_HEADERS and self.c_hdr is not None:
                     hsid, hflags, block = self.c_hdr
                     self.c_hdr = None
-                    if relay.rewrite:
+                    if settings.rewrite:
                         # rewrite the whole block (decoded now): key checked, credential replaced,
                         # the CLIENT span's traceparent
                         if run < pos:
@@ -284,9 +282,9 @@ class ClientConn(asyncio.Protocol):
                             return
                         if new is not None:
                             out.append(frame(HEADERS, (hflags & END_STREAM) | END_HEADERS, hsid, new))
-                    elif relay.decode:
+                    elif settings.decode:
                         decode_after.append((hsid, bytes(block)))
-                elif relay.rewrite:
+                elif settings.rewrite:
                     if run < pos:
                         out.append(bytes(buf[run:pos]))
                     run = end
@@ -303,7 +301,7 @@ class ClientConn(asyncio.Protocol):
             if self.up is not None and self.up.transport is not None:
                 # stamp before the write: a preemption after it must not shrink gw.upstream (traced
                 # streams are stamped when their CLIENT span starts, just before their header block is made)
-                if new_streams and not relay.tracing:
+                if new_streams and not settings.tracing:
                     t = now_ms()
                     for st in new_streams:
                         st.t_fwd = t
@@ -354,7 +352,7 @@ class ClientConn(asyncio.Protocol):
             return None
         st = self.streams.get(sid)
         try:
-            return request_block(self.relay, st, headers, self.upstream)
+            return request_block(self.settings, st, headers, self.upstream)
         except PathprobeError as exc:
             if st is not None:
                 self._refuse(st, exc)
@@ -383,7 +381,7 @@ class ClientConn(asyncio.Protocol):
         client, not a connection error, and their header blocks still reach its HPACK
         decoder.
         """
-        msg = f"request body: over the gateway limit of {self.relay.max_body} bytes"
+        msg = f"request body: over the gateway limit of {self.settings.max_body} bytes"
         log.info("stream %d: %s", st.sid, msg)
         if self.transport is not None:
             self.transport.write(frame(RST_STREAM, 0, st.sid, (0xB).to_bytes(4, "big")))
@@ -460,7 +458,7 @@ class ClientConn(asyncio.Protocol):
         finishes = self.finishes
         codes: dict[int, str] = {}
         sts: dict[int, str] | None = None
-        if self.relay.decode:
+        if self.settings.decode:
             codes, sts = self.responses.read(decode_after, self.upstream.target if self.upstream else "?")
         if finishes:
             self.finishes = []
@@ -468,7 +466,7 @@ class ClientConn(asyncio.Protocol):
                 # without decoding the status is unknown to the relay: label it "?" rather than guess
                 self._finish(
                     st,
-                    codes.get(st.sid, "2" if self.relay.decode else "?"),
+                    codes.get(st.sid, "2" if self.settings.decode else "?"),
                     None,
                     own,
                     sts.get(st.sid) if sts is not None else None,
@@ -491,7 +489,7 @@ class ClientConn(asyncio.Protocol):
         if self.upstream is not None:
             self.upstream.outstanding -= 1
         own = own or st.own()
-        m = self.relay.metrics
+        m = self.settings.metrics
         if m is not None:
             name = CODE_NAMES.get(code, code)
             m.observe(
@@ -532,7 +530,7 @@ class ClientConn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self.relay.clients.discard(self)
+        self.clients.discard(self)
         for st in list(self.streams.values()):
             self._finish(st, "1", "client connection lost")
         if self.up is not None and self.up.transport is not None:

@@ -11,17 +11,14 @@ counted and logged, not guessed.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from hpack.exceptions import HPACKError
 from pathprobe.gateway import h2spans
+from pathprobe.gateway.h2settings import RelaySettings
 from pathprobe.gateway.h2streams import Stream
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Upstream
 from pathprobe.h2frames import NOTHING, STATUS, BlockReader, literal_block
-
-if TYPE_CHECKING:
-    from pathprobe.gateway.h2proxy import Relay
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -37,22 +34,22 @@ def label(st: Stream, headers: list[tuple[bytes, bytes]]) -> None:
 
 
 def request_block(
-    relay: Relay, st: Stream | None, headers: list[tuple[bytes, bytes]], upstream: Upstream | None
+    settings: RelaySettings, st: Stream | None, headers: list[tuple[bytes, bytes]], upstream: Upstream | None
 ) -> bytes:
     """The request header block to forward: the caller's key checked, the credential replaced,
     the CLIENT span's ``traceparent``. Raises :class:`~pathprobe.errors.PathprobeError` when
     the call is refused (the key, or the upstream at ``--max-inflight``)."""
     if st is not None:
         label(st, headers)
-        if relay.auth:
-            relay.auth.check_mapping({k.decode(errors="replace"): v.decode(errors="replace") for k, v in headers})
-        if upstream is not None and relay.pool.over_cap(upstream):
-            raise relay.pool.full()
-    if relay.upstream_authorization is not None:
+        if settings.auth:
+            settings.auth.check_mapping({k.decode(errors="replace"): v.decode(errors="replace") for k, v in headers})
+        if upstream is not None and settings.pool.over_cap(upstream):
+            raise settings.pool.full()
+    if settings.upstream_authorization is not None:
         headers = [(k, v) for k, v in headers if k not in _CREDENTIALS]
-        headers.append((b"authorization", relay.upstream_authorization))
-    if relay.tracer is not None and st is not None:
-        headers = h2spans.start(relay.tracer, st, headers, upstream.target if upstream else None)
+        headers.append((b"authorization", settings.upstream_authorization))
+    if settings.tracer is not None and st is not None:
+        headers = h2spans.start(settings.tracer, st, headers, upstream.target if upstream else None)
     return literal_block(headers)
 
 

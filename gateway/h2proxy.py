@@ -25,7 +25,8 @@ upstream connection is retried on the next upstream before anything is sent.
 Trade-off: balancing is per client connection (like an L4 balancer), not per call; use
 ``--impl grpc`` for per-call balancing over one client connection.
 
-Modules: this one holds the relay's settings and serves it (listener, drain on SIGTERM);
+Modules: this one serves the relay (listener, drain on SIGTERM);
+:mod:`~pathprobe.gateway.h2settings` is the relay's settings, one frozen value built here once;
 :mod:`~pathprobe.gateway.h2conn` relays one client connection and its upstream connection;
 :mod:`~pathprobe.gateway.h2headers` reads and rewrites header blocks;
 :mod:`~pathprobe.gateway.h2streams` is a call's record, timing entries and error trailers;
@@ -41,18 +42,12 @@ import logging
 import signal
 import subprocess
 import sys
-from typing import TYPE_CHECKING
 
-from pathprobe import telemetry
-from pathprobe.auth import ApiKeys
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.h2conn import ClientConn
+from pathprobe.gateway.h2settings import RelaySettings
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool
-from pathprobe.tls import TlsFiles
-
-if TYPE_CHECKING:
-    from opentelemetry.trace import Tracer
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -60,37 +55,19 @@ log = logging.getLogger("pathprobe.gateway")
 class Relay:
     """The relay's settings, shared by every client connection, and the connections open."""
 
-    def __init__(
-        self,
-        pool: Pool,
-        metrics: Metrics | None,
-        tracing: bool,
-        max_body: int,
-        decode: bool = True,
-        upstream_tls: TlsFiles | None = None,
-        auth: ApiKeys | None = None,
-        upstream_authorization: str | None = None,
-    ) -> None:
-        self.pool = pool
-        self.auth = auth or ApiKeys()
-        self.upstream_authorization = upstream_authorization.encode() if upstream_authorization else None
-        #: TLS to the upstreams (ALPN h2), and the name their certificates must carry
-        self.upstream_ssl = upstream_tls.client_context(alpn=("h2",)) if upstream_tls is not None else None
-        self.upstream_server_name = upstream_tls.server_name if upstream_tls is not None else None
-        self.metrics = metrics
-        self.tracing = tracing
-        #: request header blocks decoded and re-encoded (as literals: no HPACK table moves) before forwarding
-        self.rewrite = tracing or bool(self.auth) or self.upstream_authorization is not None or bool(pool.max_inflight)
-        self.decode = decode or self.rewrite
-        self.tracer: Tracer | None = telemetry.get_tracer("pathprobe.gateway") if tracing else None
-        self.max_body = max_body
+    def __init__(self, settings: RelaySettings) -> None:
+        self.settings = settings
         self.clients: set[ClientConn] = set()
+
+    def connection(self) -> ClientConn:
+        """A new client connection (the listener's protocol factory)."""
+        return ClientConn(self.settings, self.clients)
 
 
 async def drain(relay: Relay, server: asyncio.Server, delay_s: float, grace_s: float) -> None:
     """SIGTERM: listener closed (after ``delay_s``), GOAWAY to every client naming the last stream
     it opened (the client sends later calls elsewhere), in-flight streams get ``grace_s``."""
-    relay.pool.draining = True
+    relay.settings.pool.draining = True
     if delay_s > 0:
         await asyncio.sleep(delay_s)
     server.close()
@@ -112,22 +89,13 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
     if cfg.workers > 1 and not cfg.worker_child:
         for _ in range(1, cfg.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "pathprobe", *sys.argv[1:], "--worker-child"]))
-    relay = Relay(
-        pool,
-        metrics,
-        tracing,
-        cfg.max_body_bytes,
-        decode=cfg.decode_metadata,
-        upstream_tls=cfg.upstream_tls_files,
-        auth=cfg.auth,
-        upstream_authorization=cfg.upstream_authorization,
-    )
+    relay = Relay(RelaySettings.build(cfg, pool, metrics, tracing))
     ssl_ctx = cfg.tls.server_context(alpn=("h2",)) if cfg.tls else None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: ClientConn(relay), cfg.listen_host, cfg.listen_port, reuse_port=True, backlog=1024, ssl=ssl_ctx
+            relay.connection, cfg.listen_host, cfg.listen_port, reuse_port=True, backlog=1024, ssl=ssl_ctx
         )
         bound = server.sockets[0].getsockname()[1]
         print(
