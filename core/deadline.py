@@ -45,10 +45,6 @@ def deadline_in(seconds: float | None) -> float:
     return 0.0 if seconds is None else now_ms() + seconds * 1000.0
 
 
-def remaining_s(deadline_ms: float) -> float | None:
-    return None if not deadline_ms else (deadline_ms - now_ms()) / 1000.0
-
-
 def retry_after_header(ms: float) -> str:
     """``Retry-After`` is whole seconds: rounded up, at least 1."""
     return str(max(1, math.ceil(ms / 1000.0)))

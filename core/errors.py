@@ -58,11 +58,6 @@ class NotFound(PathprobeError):
     http_status = 404
 
 
-class Unimplemented(PathprobeError):
-    grpc_code = grpc.StatusCode.UNIMPLEMENTED
-    http_status = 404
-
-
 class ResourceExhausted(PathprobeError):
     """The engine queue is full (or a body is over the size limit).
 
@@ -90,11 +85,6 @@ class Unavailable(PathprobeError):
 class DeadlineExceeded(PathprobeError):
     grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
     http_status = 504
-
-
-class Cancelled(PathprobeError):
-    grpc_code = grpc.StatusCode.CANCELLED
-    http_status = 499
 
 
 class Unauthenticated(PathprobeError):

@@ -14,7 +14,6 @@ from aiohttp import web
 from pathprobe import telemetry, timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, retry_after_header
 from pathprobe.gateway.common import dumps, error_json, http_status_of
-from pathprobe.timing import now_ms
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -192,10 +191,6 @@ def run_aiohttp(
 
     asyncio.run(main())
     return 0
-
-
-def elapsed(t0: float) -> float:
-    return now_ms() - t0
 
 
 def retry_after_of(exc: Any = None, metadata: Any = None) -> str | None:

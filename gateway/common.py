@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 from pathprobe import address, jsoncodec
-from pathprobe.errors import GRPC_TO_HTTP, ConfigError, PathprobeError, error_json
+from pathprobe.errors import GRPC_TO_HTTP, ConfigError, error_json
 
 MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 BALANCE = ("round-robin", "least-outstanding")
@@ -84,10 +84,6 @@ def grpc_timeout(time_remaining: float | None) -> float | None:
     if time_remaining is None or time_remaining > 1e8:
         return None
     return time_remaining
-
-
-def exc_json(exc: PathprobeError) -> dict[str, Any]:
-    return exc.to_json()
 
 
 def http_status_of(code: grpc.StatusCode) -> int:

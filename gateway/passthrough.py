@@ -17,7 +17,6 @@ stream, so the upstream decides (``UNIMPLEMENTED`` for a method it does not have
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -482,7 +481,3 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
         except subprocess.TimeoutExpired:
             c.kill()
     return 0
-
-
-def want_legacy_poller(cfg: GatewayConfig) -> bool:
-    return cfg.grpc_poller == "legacy" and os.environ.get("GRPC_EXPERIMENTS") is None

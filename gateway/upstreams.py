@@ -12,7 +12,7 @@ from __future__ import annotations
 import http.client
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from pathprobe.address import host_and_port
@@ -23,7 +23,7 @@ log = logging.getLogger("pathprobe.gateway")
 
 
 class Upstream:
-    __slots__ = ("_on_change", "client", "failures", "healthy", "index", "kind", "outstanding", "target")
+    __slots__ = ("client", "failures", "healthy", "index", "kind", "outstanding", "target")
 
     def __init__(self, target: str, kind: str, index: int) -> None:
         self.target = target
@@ -33,7 +33,6 @@ class Upstream:
         self.outstanding = 0
         self.failures = 0
         self.client: Any = None  # mode-specific (a channel, a session, ...)
-        self._on_change: Callable[[Upstream], None] | None = None
 
     def mark(self, healthy: bool, why: str = "") -> None:
         if healthy:
@@ -46,8 +45,6 @@ class Upstream:
                 "healthy" if healthy else "UNHEALTHY",
                 f" ({why})" if why else "",
             )
-            if self._on_change is not None:
-                self._on_change(self)
 
     def __repr__(self) -> str:
         return f"Upstream({self.target}, healthy={self.healthy}, outstanding={self.outstanding})"
@@ -79,10 +76,6 @@ class Pool:
         self._single = self.upstreams[0] if len(self.upstreams) == 1 else None
         #: the gateway got SIGTERM: its own health answers NOT_SERVING / 503 from now on
         self.draining = False
-
-    def set_on_change(self, fn: Callable[[Upstream], None]) -> None:
-        for u in self.upstreams:
-            u._on_change = fn
 
     def names(self) -> str:
         return ",".join(u.target for u in self.upstreams)
