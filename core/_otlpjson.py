@@ -9,10 +9,12 @@ several hundred µs of CPU per span on a 2-core box, CPU taken from the measured
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind
+from pathprobe.jsontypes import JsonObject, JsonValue
 
 _KIND = {
     SpanKind.INTERNAL: "SPAN_KIND_INTERNAL",
@@ -26,7 +28,7 @@ _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
 
 
-def value(v: Any) -> dict[str, Any]:
+def value(v: object) -> JsonObject:
     if isinstance(v, bool):
         return {"boolValue": v}
     if isinstance(v, int):
@@ -46,7 +48,7 @@ def value(v: Any) -> dict[str, Any]:
     return {"stringValue": str(v)}  # not an OTel attribute type: written as its text
 
 
-def attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def attributes(attrs: Mapping[str, object] | None) -> list[JsonValue]:
     return [{"key": k, "value": value(v)} for k, v in (attrs or {}).items()]
 
 
@@ -54,16 +56,16 @@ def _flags(parent: SpanContext | None) -> int:
     return _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
 
 
-def _put(d: dict[str, Any], key: str, value: Any) -> None:
+def _put(d: JsonObject, key: str, value: JsonValue) -> None:
     if value:
         d[key] = value
 
 
-def _span(s: ReadableSpan) -> dict[str, Any]:
+def _span(s: ReadableSpan) -> JsonObject:
     ctx = s.get_span_context()
     if ctx is None:  # a ReadableSpan built without a context: nothing to identify it by
         raise ValueError(f"span {s.name!r} has no span context")
-    out: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+    out: JsonObject = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
     if ctx.trace_state:
         out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
     if s.parent is not None:
@@ -74,9 +76,9 @@ def _span(s: ReadableSpan) -> dict[str, Any]:
     _put(out, "endTimeUnixNano", str(s.end_time) if s.end_time else "")
     _put(out, "attributes", attributes(s.attributes))
     _put(out, "droppedAttributesCount", s.dropped_attributes)
-    events = []
+    events: list[JsonValue] = []
     for e in s.events:
-        ev: dict[str, Any] = {}
+        ev: JsonObject = {}
         _put(ev, "timeUnixNano", str(e.timestamp) if e.timestamp else "")
         _put(ev, "name", e.name)
         _put(ev, "attributes", attributes(e.attributes))
@@ -84,16 +86,16 @@ def _span(s: ReadableSpan) -> dict[str, Any]:
         events.append(ev)
     _put(out, "events", events)
     _put(out, "droppedEventsCount", s.dropped_events)
-    links = []
+    links: list[JsonValue] = []
     for link in s.links:
-        lk: dict[str, Any] = {"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}"}
+        lk: JsonObject = {"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}"}
         _put(lk, "attributes", attributes(link.attributes))
         _put(lk, "droppedAttributesCount", link.dropped_attributes)
         lk["flags"] = _flags(link.context)
         links.append(lk)
     _put(out, "links", links)
     _put(out, "droppedLinksCount", s.dropped_links)
-    status: dict[str, Any] = {}
+    status: JsonObject = {}
     if s.status is not None:
         _put(status, "message", s.status.description or "")
         code = s.status.status_code.value
@@ -104,18 +106,18 @@ def _span(s: ReadableSpan) -> dict[str, Any]:
     return out
 
 
-def encode(spans: Iterable[ReadableSpan]) -> dict[str, Any]:
+def encode(spans: Iterable[ReadableSpan]) -> JsonObject:
     """``{"resourceSpans": [...]}`` grouped by resource, then instrumentation scope."""
-    grouped: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
+    grouped: dict[Resource, dict[InstrumentationScope | None, list[JsonValue]]] = {}
     for s in spans:
         grouped.setdefault(s.resource, {}).setdefault(s.instrumentation_scope or None, []).append(_span(s))
-    resource_spans = []
+    resource_spans: list[JsonValue] = []
     for resource, scopes in grouped.items():
-        scope_spans = []
+        scope_spans: list[JsonValue] = []
         for scope, encoded in scopes.items():
-            entry: dict[str, Any] = {}
+            entry: JsonObject = {}
             if scope is not None:
-                sc: dict[str, Any] = {}
+                sc: JsonObject = {}
                 _put(sc, "name", scope.name)
                 _put(sc, "version", scope.version or "")
                 _put(sc, "attributes", attributes(scope.attributes))
@@ -124,8 +126,8 @@ def encode(spans: Iterable[ReadableSpan]) -> dict[str, Any]:
             if scope is not None:
                 _put(entry, "schemaUrl", scope.schema_url or "")
             scope_spans.append(entry)
-        rs: dict[str, Any] = {}
-        res: dict[str, Any] = {}
+        rs: JsonObject = {}
+        res: JsonObject = {}
         _put(res, "attributes", attributes(resource.attributes))
         rs["resource"] = res
         rs["scopeSpans"] = scope_spans

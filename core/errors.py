@@ -6,9 +6,8 @@ gateway and the load generator report the same failure the same way.
 
 from __future__ import annotations
 
-from typing import Any
-
 import grpc
+from pathprobe.jsontypes import JsonObject
 
 
 class PathprobeError(Exception):
@@ -21,11 +20,11 @@ class PathprobeError(Exception):
         super().__init__(message)
         self.message = message
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return error_json(self.http_status, self.grpc_code, self.message, getattr(self, "field", None))
 
 
-def error_json(status: int, code: grpc.StatusCode, message: str, param: str | None = None) -> dict[str, Any]:
+def error_json(status: int, code: grpc.StatusCode, message: str, param: str | None = None) -> JsonObject:
     """The one JSON error shape of every HTTP answer (server and gateway, bodies and SSE events).
 
     OpenAI-compatible (``message``, ``type``, ``code``, ``param``) plus the gRPC ``status``

@@ -14,9 +14,10 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from types import ModuleType
+from typing import Required, TypedDict
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +48,52 @@ class Sample:
     reasons: int  # bit mask, REASONS
 
 
+class GpuDevice(TypedDict, total=False):
+    """What NVML says of the card (empty until the sampler opened it)."""
+
+    name: str
+    driver: str
+    memory_total_mib: float
+    sm_clock_max_mhz: float
+
+
+class Range(TypedDict):
+    min: float
+    median: float
+    max: float
+
+
+class GpuSummary(GpuDevice, total=False):
+    """What a result carries: ``gpu`` False (with ``reason``) without a GPU, else the device and
+    the samples' ranges."""
+
+    gpu: Required[bool]
+    reason: str
+    samples: int
+    seconds: float
+    temperature_c: Range
+    sm_clock_mhz: Range
+    power_w: Range
+    memory_used_mib: Range
+    reasons_seen: list[str]
+    throttled_share: float
+    throttled: bool
+
+
 def reason_names(mask: int) -> list[str]:
     return [name for bit, name in REASONS.items() if mask & bit]
 
 
-def summarize(samples: Sequence[Sample], device: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def summarize(samples: Sequence[Sample], device: GpuDevice | None = None) -> GpuSummary:
     """What a result carries: ranges, reasons seen, throttled share of samples."""
     if not samples:
-        return {"gpu": True, "samples": 0, **(dict(device) if device else {})}
+        empty = GpuSummary(gpu=True, samples=0)
+        empty.update(device or {})
+        return empty
+    out = GpuSummary(gpu=True)
+    out.update(device or {})
 
-    def rng(key: str) -> dict[str, float]:
+    def rng(key: str) -> Range:
         vals = [getattr(s, key) for s in samples]
         return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
 
@@ -65,22 +102,23 @@ def summarize(samples: Sequence[Sample], device: Mapping[str, Any] | None = None
     for s in samples:
         seen |= s.reasons
         throttled += bool(s.reasons & THROTTLING)
-    return {
-        "gpu": True,
-        **(dict(device) if device else {}),
-        "samples": len(samples),
-        "seconds": round(samples[-1].t - samples[0].t, 3),
-        "temperature_c": rng("temperature_c"),
-        "sm_clock_mhz": rng("sm_clock_mhz"),
-        "power_w": rng("power_w"),
-        "memory_used_mib": rng("memory_used_mib"),
-        "reasons_seen": reason_names(seen),
-        "throttled_share": throttled / len(samples),
-        "throttled": bool(seen & THROTTLING),
-    }
+    out.update(
+        {
+            "samples": len(samples),
+            "seconds": round(samples[-1].t - samples[0].t, 3),
+            "temperature_c": rng("temperature_c"),
+            "sm_clock_mhz": rng("sm_clock_mhz"),
+            "power_w": rng("power_w"),
+            "memory_used_mib": rng("memory_used_mib"),
+            "reasons_seen": reason_names(seen),
+            "throttled_share": throttled / len(samples),
+            "throttled": bool(seen & THROTTLING),
+        }
+    )
+    return out
 
 
-def warning(summary: Mapping[str, Any]) -> str | None:
+def warning(summary: GpuSummary) -> str | None:
     """A one-line warning when clocks were throttled during the run, else None."""
     if not summary.get("throttled"):
         return None
@@ -100,10 +138,10 @@ class GpuSampler:
         self.index = index
         self.interval_s = interval_s
         self.samples: list[Sample] = []
-        self.device: dict[str, Any] = {}
+        self.device: GpuDevice = {}
         self.unavailable: str | None = None
-        self._nvml: Any = None
-        self._handle: Any = None
+        self._nvml: ModuleType | None = None
+        self._handle: object = None  # NVML's device handle
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
@@ -138,6 +176,7 @@ class GpuSampler:
         if self._handle is None:
             return None
         nv, h = self._nvml, self._handle
+        assert nv is not None
         reasons_fn = (
             getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
         )
@@ -175,12 +214,12 @@ class GpuSampler:
     def latest(self) -> Sample | None:
         return self.samples[-1] if self.samples else None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> GpuSummary:
         if self._handle is None:
             return {"gpu": False, "reason": self.unavailable or "no GPU"}
         return summarize(list(self.samples), self.device)
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> GpuSummary:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
@@ -196,9 +235,9 @@ class GpuSampler:
         return out
 
 
-def _text(v: Any) -> str:
+def _text(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def samples_as_dicts(samples: Sequence[Sample]) -> list[dict[str, Any]]:
+def samples_as_dicts(samples: Sequence[Sample]) -> list[dict[str, float]]:
     return [asdict(s) for s in samples]

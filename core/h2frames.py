@@ -120,7 +120,9 @@ class BlockReader:
         self.dec.max_allowed_table_size = 1 << 20
         self._huff: dict[bytes, bytes] = {}
         #: (block, wanted) -> (fields it adds to the table, wanted fields) for static-only blocks
-        self._blocks: dict[tuple[bytes, frozenset[bytes]], tuple[tuple, tuple]] = {}
+        self._blocks: dict[
+            tuple[bytes, frozenset[bytes]], tuple[tuple[tuple[bytes, bytes], ...], tuple[tuple[bytes, bytes], ...]]
+        ] = {}
 
     def decode_all(self, block: bytes) -> list[tuple[bytes, bytes]]:
         """Every field, by ``hpack``'s own decoder (tracing rewrites whole blocks)."""

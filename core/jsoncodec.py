@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import cast
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from pathprobe.errors import InvalidArgument
+from pathprobe.jsontypes import JsonObject, JsonValue
 from pathprobe.v1 import llm_pb2
 
 #: JSON keys the native routes accept besides the GenerateRequest fields.
 EXTRA_REQUEST_KEYS = frozenset({"stream"})
 
 
-def loads_object(body: bytes) -> dict[str, Any]:
+def loads_object(body: bytes) -> JsonObject:
     """Parse a request body that must be a JSON object."""
     try:
         obj = json.loads(body)
@@ -34,10 +36,10 @@ def loads_object(body: bytes) -> dict[str, Any]:
     return obj
 
 
-def request_from_dict(obj: dict[str, Any]) -> llm_pb2.GenerateRequest:
+def request_from_dict(obj: Mapping[str, JsonValue]) -> llm_pb2.GenerateRequest:
     """Build a GenerateRequest; unknown keys and wrong types name the field."""
     fields = llm_pb2.GenerateRequest.DESCRIPTOR.fields_by_name
-    payload: dict[str, Any] = {}
+    payload: JsonObject = {}
     for key, value in obj.items():
         if key in EXTRA_REQUEST_KEYS:
             continue
@@ -55,18 +57,21 @@ def request_from_dict(obj: dict[str, Any]) -> llm_pb2.GenerateRequest:
     return msg
 
 
-def stream_flag(obj: dict[str, Any]) -> bool:
+def stream_flag(obj: Mapping[str, JsonValue]) -> bool:
     value = obj.get("stream", False)
     if not isinstance(value, bool):
         raise InvalidArgument("stream", f"must be a boolean, got {type(value).__name__}")
     return value
 
 
-def to_dict(msg: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+def to_dict(msg: Message) -> JsonObject:
+    return cast(
+        JsonObject,
+        json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True),
+    )
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -90,7 +95,7 @@ _INT64 = frozenset(
 _DECIMAL = re.compile(r"-?[0-9]{1,20}")
 
 
-def _kind(fd) -> str:
+def _kind(fd: FieldDescriptor) -> str:
     t = fd.type
     if t == fd.TYPE_STRING:
         return "string"
@@ -101,7 +106,7 @@ def _kind(fd) -> str:
     return "int"
 
 
-def _check_type(key: str, fd, value: Any) -> None:
+def _check_type(key: str, fd: FieldDescriptor, value: JsonValue) -> None:
     kind = _kind(fd)
     allowed = _SCALAR_TYPES[kind]
     repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
@@ -120,7 +125,7 @@ def _check_type(key: str, fd, value: Any) -> None:
         raise InvalidArgument(key, f"out of int32 range: {value}")
 
 
-def _field_of(message: str, payload: dict[str, Any]) -> str:
+def _field_of(message: str, payload: Mapping[str, JsonValue]) -> str:
     for key in payload:
         if key in message:
             return key

@@ -13,18 +13,20 @@ import json
 import threading
 from concurrent import futures
 from pathlib import Path
-from typing import Any
 
 import grpc
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from pathprobe.jsontypes import JsonObject
 
 
 class _Service(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, sink: OtlpFileSink) -> None:
         self.sink = sink
 
-    def Export(self, request: Any, context: Any) -> Any:
+    def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
         self.sink.write(json_format.MessageToDict(request))
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -40,11 +42,12 @@ class OtlpFileSink:
         self._lock = threading.Lock()
         self.batches = 0
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Service(self), self.server)
+        # protoc's generated registration is untyped
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Service(self), self.server)  # type: ignore[no-untyped-call]
         self.port = self.server.add_insecure_port(f"{host}:0")
         self.endpoint = f"http://{host}:{self.port}"
 
-    def write(self, doc: dict[str, Any]) -> None:
+    def write(self, doc: JsonObject) -> None:
         line = json.dumps(doc, separators=(",", ":")) + "\n"
         with self._lock, open(self.path, "a", encoding="utf-8") as f:
             f.write(line)

@@ -71,7 +71,9 @@ def make_pki(folder: Path, name: str = "test") -> Pki:
     )
     aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
 
-    def leaf(cn: str, usage: x509.ObjectIdentifier, san: list[x509.GeneralName]):
+    def leaf(
+        cn: str, usage: x509.ObjectIdentifier, san: list[x509.GeneralName]
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         key = _key()
         b = (
             _builder(cn, ca_name, key)

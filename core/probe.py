@@ -29,7 +29,8 @@ def check_grpc(target: str, service: str, timeout: float) -> str | None:
         except grpc.RpcError as exc:
             return f"{exc.code().name}: {exc.details()}"
     if resp.status != health_pb2.HealthCheckResponse.SERVING:
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        name: str = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        return name
     return None
 
 

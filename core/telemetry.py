@@ -14,7 +14,6 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -22,7 +21,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, SpanKind, Tracer
+from opentelemetry.util.types import AttributeValue
 from pathprobe import environment
+from pathprobe.jsontypes import JsonObject
 
 #: env var naming an OTLP JSON lines file to write spans to (ours; the OTLP
 #: endpoint vars are the standard OTEL_* ones).
@@ -39,7 +40,7 @@ def mono_ms_to_wall_ns(mono_ms: float) -> int:
     return int(mono_ms * 1e6) + _WALL_OFFSET_NS
 
 
-def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> JsonObject:
     """Spans as one OTLP JSON ``ExportTraceServiceRequest`` (ids in hex, as OTLP JSON wants)."""
     from pathprobe._otlpjson import encode
 
@@ -103,7 +104,7 @@ def setup_tracing(
     *,
     otlp_endpoint: str | None = None,
     traces_file: str | None = None,
-    attributes: Mapping[str, Any] | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
     set_global: bool = True,
     deferred: bool = False,
 ) -> TracerProvider | None:
@@ -137,7 +138,7 @@ def setup_tracing(
     return provider
 
 
-def deferred_processors(provider: Any) -> list[DeferredSpanProcessor]:
+def deferred_processors(provider: object) -> list[DeferredSpanProcessor]:
     """The :class:`DeferredSpanProcessor` s attached to ``provider`` (an SDK TracerProvider)."""
     multi = getattr(provider, "_active_span_processor", None)
     procs = getattr(multi, "_span_processors", ())
@@ -164,7 +165,7 @@ def child_span(
     parent: Span,
     start_mono_ms: float,
     dur_ms: float,
-    attributes: Mapping[str, Any] | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
 ) -> None:
     """Record an already-measured interval as a finished child span of ``parent``."""

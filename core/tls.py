@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathprobe.errors import ConfigError
+
+if TYPE_CHECKING:
+    import grpc
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +77,7 @@ class TlsFiles:
             ctx.set_alpn_protocols(list(alpn))
         return ctx
 
-    def grpc_server_credentials(self) -> Any:
+    def grpc_server_credentials(self) -> grpc.ServerCredentials:
         import grpc
 
         return grpc.ssl_server_credentials(
@@ -92,7 +95,7 @@ class TlsFiles:
             ctx.set_alpn_protocols(list(alpn))
         return ctx
 
-    def grpc_channel_credentials(self) -> Any:
+    def grpc_channel_credentials(self) -> grpc.ChannelCredentials:
         import grpc
 
         return grpc.ssl_channel_credentials(
@@ -101,7 +104,7 @@ class TlsFiles:
             certificate_chain=_read(self.cert) if self.cert else None,
         )
 
-    def grpc_options(self) -> list[tuple[str, Any]]:
+    def grpc_options(self) -> list[tuple[str, str | int]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
 
@@ -113,7 +116,7 @@ def _read(path: str | None) -> bytes:
 
 
 def grpc_channel(
-    target: str, tls: TlsFiles | None, options: list[tuple[str, Any]] | None = None, aio: bool = False
+    target: str, tls: TlsFiles | None, options: Sequence[tuple[str, str | int]] | None = None, aio: bool = False
 ) -> Any:
     """A grpcio channel to ``target``: TLS when ``tls`` is given, else plaintext."""
     import grpc
@@ -129,6 +132,9 @@ def grpc_channel(
 
 def add_port(server: Any, address: str, tls: TlsFiles | None) -> int:
     """Bind a grpcio (sync or aio) server: TLS when ``tls`` serves, else plaintext."""
-    if tls is not None and tls.serving:
-        return server.add_secure_port(address, tls.grpc_server_credentials())
-    return server.add_insecure_port(address)
+    bound: int = (
+        server.add_secure_port(address, tls.grpc_server_credentials())
+        if tls is not None and tls.serving
+        else server.add_insecure_port(address)
+    )
+    return bound

@@ -30,7 +30,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
 
-def _convert(name: str, raw: str, kind: Any) -> Any:
+def _convert(name: str, raw: str, kind: object) -> str | int | float | bool:
     """An environment string as the field's type; a bad value names the variable."""
     var = ENV[name]
     try:
@@ -178,10 +178,10 @@ class GatewayConfig:
         return self.mode in ("reencode", "http-proxy")
 
     @classmethod
-    def from_values(cls, given: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    def from_values(cls, given: Mapping[str, object], environ: Mapping[str, str] | None = None) -> GatewayConfig:
         """``given`` (flags; None = not given) > ``environ`` (default ``os.environ``) > defaults."""
         env = os.environ if environ is None else environ
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {}  # checked by the constructor, field by field
         for f in fields(cls):
             if not f.init:
                 continue

@@ -10,7 +10,7 @@ import os
 import re
 from itertools import pairwise
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pathprobe.errors import ConfigError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -35,7 +35,7 @@ THIRD_PARTY: dict[str, tuple[ClientProtocol, ...]] = {
 }
 
 
-def _yaml_switch(value: Any) -> Any:
+def _yaml_switch(value: object) -> object:
     """YAML 1.1 reads an unquoted ``on`` / ``off`` as true / false: take them back."""
     if value is True:
         return "on"
@@ -393,7 +393,7 @@ class CompareConfig(_Strict):
 # ---------------------------------------------------------------- loading
 
 
-def substitute_env(node: Any, env: dict[str, str] | None = None, path: str = "") -> Any:
+def substitute_env(node: object, env: dict[str, str] | None = None, path: str = "") -> object:
     """Replace ``${VAR}`` / ``${VAR:-default}`` in every string value; a missing
     variable without default is an error naming the key."""
     env = dict(os.environ) if env is None else env
@@ -428,7 +428,7 @@ def substitute_env(node: Any, env: dict[str, str] | None = None, path: str = "")
     return node
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
+def _loc(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -456,7 +456,7 @@ def format_validation_error(exc: ValidationError, source: str = "") -> str:
     return prefix + "; ".join(lines)
 
 
-def parse_config(data: Any, source: str = "", env: dict[str, str] | None = None) -> CompareConfig:
+def parse_config(data: object, source: str = "", env: dict[str, str] | None = None) -> CompareConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
