@@ -6,18 +6,21 @@ import asyncio
 import logging
 import re
 import signal
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
 from pathprobe import telemetry, timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, retry_after_header
 from pathprobe.gateway.common import dumps, error_json, http_status_of
+from pathprobe.gateway.config import GatewayConfig
+from pathprobe.gateway.upstreams import Pool
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
+    from opentelemetry.util.types import AttributeValue
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -68,7 +71,12 @@ class Spans:
     __slots__ = ("attrs", "ctx", "server", "t0", "tracer")
 
     def __init__(
-        self, tracing: bool, name: str, carrier: Mapping[str, str], attrs: dict[str, Any], t0: float | None = None
+        self,
+        tracing: bool,
+        name: str,
+        carrier: Mapping[str, str],
+        attrs: dict[str, AttributeValue],
+        t0: float | None = None,
     ) -> None:
         self.server: Span | None = None
         self.ctx: Context | None = None
@@ -88,14 +96,18 @@ class Spans:
         )
         self.ctx = trace.set_span_in_context(self.server)
 
-    def child(self, name: str, start_ms: float, dur_ms: float, attrs: Mapping[str, Any] | None = None) -> None:
+    def child(
+        self, name: str, start_ms: float, dur_ms: float, attrs: Mapping[str, AttributeValue] | None = None
+    ) -> None:
         """A finished child interval; ``name`` is its entry (``gw.decode`` / ``gw.encode``)."""
         if self.server is not None and self.tracer is not None:
             telemetry.child_span(
                 self.tracer, name, self.server, start_ms, dur_ms, {"pathprobe.entry": name, **(attrs or {})}
             )
 
-    def client(self, name: str, attrs: dict[str, Any], start_ms: float | None = None) -> tuple[Any, dict[str, str]]:
+    def client(
+        self, name: str, attrs: Mapping[str, AttributeValue], start_ms: float | None = None
+    ) -> tuple[Span | None, dict[str, str]]:
         """Start the CLIENT span of the upstream call (at ``start_ms``, the ``gw.upstream`` start);
         returns it and the headers to propagate."""
         if self.server is None or self.tracer is None:
@@ -117,8 +129,8 @@ class Spans:
 
     @staticmethod
     def end_client(
-        span: Any,
-        attrs: Mapping[str, Any],
+        span: Span | None,
+        attrs: Mapping[str, AttributeValue],
         error: str | None = None,
         start_ms: float | None = None,
         dur_ms: float | None = None,
@@ -139,7 +151,7 @@ class Spans:
 
     def end(
         self,
-        attrs: Mapping[str, Any],
+        attrs: Mapping[str, AttributeValue],
         error: str | None = None,
         total_ms: float | None = None,
         server_timing: str | None = None,
@@ -154,8 +166,8 @@ class Spans:
 
 def run_aiohttp(
     app_factory: Callable[[], Awaitable[web.Application]],
-    cfg: Any,
-    pool: Any,
+    cfg: GatewayConfig,
+    pool: Pool,
     label: str,
     on_cleanup: Callable[[], Awaitable[None]] | None = None,
 ) -> int:
@@ -193,7 +205,7 @@ def run_aiohttp(
     return 0
 
 
-def retry_after_of(exc: Any = None, metadata: Any = None) -> str | None:
+def retry_after_of(exc: object = None, metadata: Iterable[tuple[str, str | bytes]] | None = None) -> str | None:
     """``Retry-After`` from our own refusal (``retry_after_ms``) or an upstream's gRPC pushback."""
     ms = getattr(exc, "retry_after_ms", None)
     if ms is None:

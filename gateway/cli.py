@@ -10,13 +10,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def register(subparsers: Any) -> None:
+if TYPE_CHECKING:
+    from pathprobe.gateway.config import GatewayConfig
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Flags default to None so :class:`GatewayConfig` can apply the environment, then its defaults."""
     from pathprobe.gateway.config import ENV
 
@@ -173,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     return serve(GatewayConfig.from_values(vars(args)))
 
 
-def serve(cfg: Any) -> int:
+def serve(cfg: GatewayConfig) -> int:
     """Run the gateway described by a :class:`~pathprobe.gateway.config.GatewayConfig`."""
     import logging
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import grpc
 from pathprobe import address, jsoncodec
@@ -54,22 +55,24 @@ def parse_upstreams(value: str, flag: str = "--upstream") -> list[str]:
     return out
 
 
-def forward_metadata(invocation: Any) -> list[tuple[str, str | bytes]]:
+def forward_metadata(invocation: Iterable[tuple[str, str | bytes]] | None) -> list[tuple[str, str | bytes]]:
     """Incoming gRPC metadata that goes on to the upstream unchanged."""
     return [(k, v) for k, v in (invocation or ()) if k[0] != ":" and k not in _DROP_METADATA]
 
 
 _CREDENTIALS = ("authorization", "x-api-key")
+#: a header's value: ``str`` (HTTP headers), ``str | bytes`` (gRPC metadata, binary keys included)
+V = TypeVar("V", str, str | bytes)
 
 
-def upstream_credentials(items: list[tuple[str, Any]], replacement: str | None) -> list[tuple[str, Any]]:
+def upstream_credentials(items: list[tuple[str, V]], replacement: str | None) -> list[tuple[str, V]]:
     """Metadata/headers for the upstream: the client's credential, or ``replacement`` in its place."""
     if replacement is None:
         return items
     return [(k, v) for k, v in items if k.lower() not in _CREDENTIALS] + [("authorization", replacement)]
 
 
-def client_credentials(headers: Any) -> list[tuple[str, str]]:
+def client_credentials(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     """The credential headers a client sent (to forward upstream unchanged)."""
     out = []
     for k in _CREDENTIALS:
@@ -103,7 +106,7 @@ def error_event(
 __all__ = ["error_json"]
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: object) -> bytes:
     return jsoncodec.dumps(obj)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any
+from collections.abc import Mapping
 
 import aiohttp
 import grpc
@@ -27,7 +27,7 @@ from pathprobe.gateway import httpup
 from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import SessionOwner, body_error
+from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork
 from pathprobe.gateway.upstreams import Pool
@@ -39,7 +39,7 @@ OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 _EMIT = re.compile(rb'"emit_ms":\s*([0-9]+(?:\.[0-9]+)?)')
 
 
-def _req_headers(h: Any) -> dict[str, str]:
+def _req_headers(h: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in h.items() if k.lower() not in HOP_BY_HOP}
 
 
@@ -131,7 +131,7 @@ class HttpProxy(SessionOwner):
                 self.pool.release(up.upstream)
 
     async def _stream(
-        self, request: web.Request, up: Any, headers: dict[str, str], t0: float, ent: Entries, spans: Spans
+        self, request: web.Request, up: UpstreamResponse, headers: dict[str, str], t0: float, ent: Entries, spans: Spans
     ) -> web.StreamResponse:
         out = web.StreamResponse(status=up.resp.status, headers=headers)
         await out.prepare(request)
@@ -178,7 +178,9 @@ class HttpProxy(SessionOwner):
             spans.end({"http.response.status_code": status}, None, ent.total, ent.sent)
         return out
 
-    def _rewrite(self, data: bytes, up: Any, t0: float, ent: Entries, spans: Spans, work: StreamWork) -> bytes:
+    def _rewrite(
+        self, data: bytes, up: UpstreamResponse, t0: float, ent: Entries, spans: Spans, work: StreamWork
+    ) -> bytes:
         td = now_ms()
         try:
             obj = json.loads(data[5:])
@@ -213,7 +215,7 @@ def _final_usage(data: bytes) -> bool:
     return b'"usage"' in data and (b'"choices":[]' in data or b'"choices": []' in data)
 
 
-async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, spans: Spans) -> Any:
+async def request_(proxy: HttpProxy, request: web.Request, body: bytes | None, spans: Spans) -> UpstreamResponse:
     headers = dict(upstream_credentials(list(_req_headers(request.headers).items()), proxy.cfg.upstream_authorization))
     caller = parse_timeout(request.headers.get(TIMEOUT_HEADER))  # forwarded as is; also bounds our wait
     timeout = min(caller, proxy.cfg.timeout) if caller else proxy.cfg.timeout

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import aiohttp
 from pathprobe import rtt
@@ -14,6 +15,9 @@ from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 class ConnectTimes:
@@ -40,13 +44,19 @@ class ConnectTimes:
     def trace_config(self) -> aiohttp.TraceConfig:
         tc = aiohttp.TraceConfig()
 
-        async def on_request(_s: Any, ctx: Any, params: Any) -> None:
+        async def on_request(
+            _s: aiohttp.ClientSession, ctx: SimpleNamespace, params: aiohttp.TraceRequestStartParams
+        ) -> None:
             ctx.target = f"{params.url.host}:{params.url.port}"
 
-        async def on_create_start(_s: Any, ctx: Any, _p: Any) -> None:
+        async def on_create_start(
+            _s: aiohttp.ClientSession, ctx: SimpleNamespace, _p: aiohttp.TraceConnectionCreateStartParams
+        ) -> None:
             ctx.connect_t0 = now_ms()
 
-        async def on_create_end(_s: Any, ctx: Any, _p: Any) -> None:
+        async def on_create_end(
+            _s: aiohttp.ClientSession, ctx: SimpleNamespace, _p: aiohttp.TraceConnectionCreateEndParams
+        ) -> None:
             t0 = getattr(ctx, "connect_t0", None)
             if t0 is not None and getattr(ctx, "target", None):
                 self.saw(ctx.target, now_ms() - t0)
@@ -100,7 +110,7 @@ class SessionOwner:
 class UpstreamResponse:
     __slots__ = ("cspan", "resp", "t0", "upstream")
 
-    def __init__(self, upstream: Upstream, resp: aiohttp.ClientResponse, t0: float, cspan: Any) -> None:
+    def __init__(self, upstream: Upstream, resp: aiohttp.ClientResponse, t0: float, cspan: Span | None) -> None:
         self.upstream = upstream
         self.resp = resp
         self.t0 = t0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 from pathprobe.gateway.upstreams import Pool, Upstream
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -63,7 +62,8 @@ class Metrics:
         for u in pool.upstreams:
             healthy.labels(u.target).set_function(partial(_healthy, u))
             outstanding.labels(u.target).set_function(partial(_outstanding, u))
-        self._children: dict[Any, Any] = {}
+        #: (method, code, upstream) -> its request counter, duration and upstream-duration histograms
+        self._children: dict[tuple[str, str, str | None], tuple[Counter, Histogram, Histogram | None]] = {}
 
     def observe(self, method: str, code: str, total_ms: float, upstream: str | None, upstream_ms: float) -> None:
         key = (method, code, upstream)

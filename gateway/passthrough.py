@@ -22,8 +22,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any, NoReturn
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import grpc.experimental
@@ -37,6 +40,11 @@ from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles, add_port, grpc_channel
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span
+    from opentelemetry.util.types import AttributeValue
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -79,6 +87,24 @@ class _Abort(Exception):
     pass
 
 
+@dataclass(slots=True)
+class _Trace:
+    """A traced call's SERVER span, its context and attributes, its start (``t0``) and the start of
+    the current upstream attempt (``t_up0``, its CLIENT span's)."""
+
+    span: Span | None
+    ctx: Context | None
+    attrs: dict[str, AttributeValue]
+    t0: float | None
+    t_up0: float
+
+
+#: a call with one request message: (t0, trace, upstream, upstream call, CLIENT span, upstream start)
+_Parts = tuple[float, "_Trace | None", Upstream, Any, "Span | None", float]
+#: the upstream call's callable on one upstream (made once per upstream and method)
+_UpstreamCall = Callable[[Upstream], grpc.UnaryStreamMultiCallable]
+
+
 class Passthrough(grpc.GenericRpcHandler):
     def __init__(
         self,
@@ -95,24 +121,24 @@ class Passthrough(grpc.GenericRpcHandler):
         self.metrics = metrics
         self.tracing = tracing
         self.tracer = telemetry.get_tracer("pathprobe.gateway") if tracing else None
-        self._handlers: dict[str, Any] = {}
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         for u in pool.upstreams:
             u.client = grpc_channel(u.target, upstream_tls, CHANNEL_OPTIONS)
 
     # -------------------------------------------------------------- handler lookup
-    def service(self, details: grpc.HandlerCallDetails) -> Any:
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = details.method
         h = self._handlers.get(method)
         if h is None:
             h = self._handlers[method] = self._make_handler(method)
         return h
 
-    def _make_handler(self, method: str) -> Any:
+    def _make_handler(self, method: str) -> grpc.RpcMethodHandler:
         kind = method_kind(method)
-        callables: dict[int, Any] = {}
+        callables: dict[int, grpc.UnaryStreamMultiCallable] = {}
         bmethod = method
 
-        def upstream_call(u: Upstream) -> Any:
+        def upstream_call(u: Upstream) -> grpc.UnaryStreamMultiCallable:
             mc = callables.get(u.index)
             if mc is None:
                 mc = callables[u.index] = u.client.unary_stream(bmethod)
@@ -131,7 +157,7 @@ class Passthrough(grpc.GenericRpcHandler):
             self.auth.check_mapping({k: v for k, v in md if isinstance(v, str)})
         return upstream_credentials(md, self.upstream_authorization)
 
-    def _start(self, method: str, ctx: grpc.ServicerContext, md: list, t0: float) -> Any:
+    def _start(self, method: str, ctx: grpc.ServicerContext, md: list, t0: float) -> _Trace | None:
         if self.tracer is None:
             return None
         from opentelemetry import trace
@@ -140,7 +166,7 @@ class Passthrough(grpc.GenericRpcHandler):
         carrier = {k: v for k, v in md if isinstance(v, str)}
         parent = telemetry.extract(carrier)
         service, _, name = method.lstrip("/").partition("/")
-        attrs = {
+        attrs: dict[str, AttributeValue] = {
             "rpc.system": "grpc",
             "rpc.service": service,
             "rpc.method": name,
@@ -153,10 +179,11 @@ class Passthrough(grpc.GenericRpcHandler):
             attributes=attrs,
             start_time=telemetry.mono_ms_to_wall_ns(t0),
         )
-        # [SERVER span, its context, attributes, t0, start of the current upstream attempt]
-        return [span, trace.set_span_in_context(span), attrs, t0, t0]
+        return _Trace(span, trace.set_span_in_context(span), attrs, t0, t0)
 
-    def _client_span(self, tr: Any, method: str, u: Upstream, md: list, t_up0: float) -> tuple[Any, list]:
+    def _client_span(
+        self, tr: _Trace | None, method: str, u: Upstream, md: list, t_up0: float
+    ) -> tuple[Span | None, list]:
         if tr is None or self.tracer is None:
             return None, md
         from opentelemetry.trace import SpanKind
@@ -164,12 +191,12 @@ class Passthrough(grpc.GenericRpcHandler):
         host, _, port = u.target.rpartition(":")
         span = self.tracer.start_span(
             method.lstrip("/"),
-            context=tr[1],
+            context=tr.ctx,
             kind=SpanKind.CLIENT,
-            attributes={**tr[2], "server.address": host, "server.port": int(port), "pathprobe.entry": "gw.upstream"},
+            attributes={**tr.attrs, "server.address": host, "server.port": int(port), "pathprobe.entry": "gw.upstream"},
             start_time=telemetry.mono_ms_to_wall_ns(t_up0),
         )
-        tr[4] = t_up0
+        tr.t_up0 = t_up0
         from opentelemetry import trace
 
         carrier: dict[str, str] = {}
@@ -179,8 +206,8 @@ class Passthrough(grpc.GenericRpcHandler):
 
     @staticmethod
     def _end_spans(
-        tr: Any,
-        cspan: Any,
+        tr: _Trace | None,
+        cspan: Span | None,
         code: grpc.StatusCode,
         details: str = "",
         own: dict[str, float] | None = None,
@@ -189,11 +216,11 @@ class Passthrough(grpc.GenericRpcHandler):
         """End the spans at the instants ``own`` (the gw.* entries) was measured at."""
         from opentelemetry.trace import Status, StatusCode
 
-        if tr is not None and sent:
-            tr[0].set_attribute("server_timing", sent)
+        if tr is not None and tr.span is not None and sent:
+            tr.span.set_attribute("server_timing", sent)
         for span, start, key in (
-            (cspan, tr[4] if tr else None, "gw.upstream"),
-            (tr[0] if tr else None, tr[3] if tr else None, "gw.total"),
+            (cspan, tr.t_up0 if tr else None, "gw.upstream"),
+            (tr.span if tr else None, tr.t0 if tr else None, "gw.total"),
         ):
             if span is None:
                 continue
@@ -239,8 +266,8 @@ class Passthrough(grpc.GenericRpcHandler):
         t0: float,
         t_up: float,
         method: str,
-        tr: Any,
-        cspan: Any,
+        tr: _Trace | None,
+        cspan: Span | None,
     ) -> NoReturn:
         """End the call with ``err``'s status (``ctx.abort`` raises), trailers carrying the timing."""
         if isinstance(err, grpc.RpcError):
@@ -276,11 +303,11 @@ class Passthrough(grpc.GenericRpcHandler):
         method: str,
         request: bytes,
         ctx: grpc.ServicerContext,
-        upstream_call: Any,
-        tr: Any,
+        upstream_call: _UpstreamCall,
+        tr: _Trace | None,
         md: list,
         timeout: float | None,
-    ) -> tuple[Upstream, Any, Any, float]:
+    ) -> tuple[Upstream, Any, Span | None, float]:
         """Start the upstream call, trying another upstream only when one refused to connect."""
         tried: tuple[Upstream, ...] = ()
         while True:
@@ -302,7 +329,7 @@ class Passthrough(grpc.GenericRpcHandler):
                 u.mark(False, call.details() or "connect failed")
                 if cspan is not None:
                     self._end_spans(
-                        [None, None, None, None, t_up0],
+                        _Trace(None, None, {}, None, t_up0),
                         cspan,
                         grpc.StatusCode.UNAVAILABLE,
                         call.details() or "",
@@ -315,9 +342,7 @@ class Passthrough(grpc.GenericRpcHandler):
             return u, call, cspan, t_up0
 
     # -------------------------------------------------------------- the three shapes
-    def _begin(
-        self, method: str, request: bytes, ctx: grpc.ServicerContext, upstream_call: Any
-    ) -> tuple[float, Any, Upstream, Any, Any, float]:
+    def _begin(self, method: str, request: bytes, ctx: grpc.ServicerContext, upstream_call: _UpstreamCall) -> _Parts:
         """A call with one request message: its start, SERVER span, key check and upstream call
         (t0, spans, upstream, call, CLIENT span, upstream start); a refusal ends the call here."""
         t0 = now_ms()
@@ -332,7 +357,7 @@ class Passthrough(grpc.GenericRpcHandler):
         return t0, tr, u, call, cspan, t_up0
 
     def _upstream_failed(
-        self, ctx: grpc.ServicerContext, call: Any, err: grpc.RpcError, parts: tuple, method: str
+        self, ctx: grpc.ServicerContext, call: Any, err: grpc.RpcError, parts: _Parts, method: str
     ) -> NoReturn:
         """The upstream call ended with an error: mark a lost upstream, end the call with it."""
         t0, tr, u, _call, cspan, t_up0 = parts
@@ -341,7 +366,7 @@ class Passthrough(grpc.GenericRpcHandler):
             u.mark(False, err.details() or "")
         self._fail(ctx, u, err, call, t0, t_up, method, tr, cspan)
 
-    def _done(self, method: str, parts: tuple, t_up: float, tm: list, own: dict[str, float]) -> None:
+    def _done(self, method: str, parts: _Parts, t_up: float, tm: list, own: dict[str, float]) -> None:
         """Count and trace a call that ended OK (its trailers ``tm`` are set)."""
         _t0, tr, u, _call, cspan, _t_up0 = parts
         if self.metrics is not None:
@@ -349,7 +374,9 @@ class Passthrough(grpc.GenericRpcHandler):
         if tr is not None:
             self._end_spans(tr, cspan, grpc.StatusCode.OK, "", own, tm[-1][1])
 
-    def _unary_handler(self, method: str, upstream_call: Any) -> Any:
+    def _unary_handler(
+        self, method: str, upstream_call: _UpstreamCall
+    ) -> Callable[[bytes, grpc.ServicerContext], bytes | None]:
         pool = self.pool
 
         def handler(request: bytes, ctx: grpc.ServicerContext) -> bytes | None:
@@ -375,10 +402,12 @@ class Passthrough(grpc.GenericRpcHandler):
 
         return handler
 
-    def _stream_handler(self, method: str, upstream_call: Any) -> Any:
+    def _stream_handler(
+        self, method: str, upstream_call: _UpstreamCall
+    ) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
         pool = self.pool
 
-        def handler(request: bytes, ctx: grpc.ServicerContext) -> Any:
+        def handler(request: bytes, ctx: grpc.ServicerContext) -> Iterator[bytes]:
             parts = self._begin(method, request, ctx, upstream_call)
             t0, _tr, u, call, _cspan, t_up0 = parts
             try:
@@ -404,11 +433,11 @@ class Passthrough(grpc.GenericRpcHandler):
 
         return handler
 
-    def _bidi_handler(self, method: str) -> Any:
+    def _bidi_handler(self, method: str) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
         pool = self.pool
-        callables: dict[int, Any] = {}
+        callables: dict[int, grpc.StreamStreamMultiCallable] = {}
 
-        def handler(request_iterator: Any, ctx: grpc.ServicerContext) -> Any:
+        def handler(request_iterator: Iterator[bytes], ctx: grpc.ServicerContext) -> Iterator[bytes]:
             t0 = now_ms()
             md = forward_metadata(ctx.invocation_metadata())
             try:
@@ -463,7 +492,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
     print(f"pathprobe gateway: passthrough listening on {host}:{bound} -> {pool.names()}", flush=True)
     done = threading.Event()
 
-    def stop(*_: Any) -> None:
+    def stop(_sig: int, _frame: FrameType | None) -> None:
         done.set()
 
     signal.signal(signal.SIGTERM, stop)

@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import signal
+from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 import aiohttp
@@ -36,6 +37,7 @@ from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error,
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork, chunk_spans
 from pathprobe.gateway.upstreams import Pool
+from pathprobe.jsontypes import JsonObject
 from pathprobe.timing import now_ms
 from pathprobe.tls import add_port
 from pathprobe.v1 import llm_pb2
@@ -47,9 +49,9 @@ GENERATE_STREAM = "/pathprobe.v1.LLM/GenerateStream"
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
-def request_to_json(req: llm_pb2.GenerateRequest) -> dict[str, Any]:
+def request_to_json(req: llm_pb2.GenerateRequest) -> JsonObject:
     """Set fields only, with their native JSON types (int64 stays a number)."""
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for fd, value in req.ListFields():
         out[fd.name] = list(value) if fd.is_repeated else value
     return out
@@ -142,7 +144,14 @@ class Reencoder(SessionOwner):
         return h
 
     async def _forward(
-        self, ctx: Any, md: Any, raw: bytes, ent: Entries, spans: Spans, stream: bool, timeout: float | None
+        self,
+        ctx: grpc.aio.ServicerContext,
+        md: Any,
+        raw: bytes,
+        ent: Entries,
+        spans: Spans,
+        stream: bool,
+        timeout: float | None,
     ) -> UpstreamResponse:
         """Check the client's key, re-encode its request as JSON and send it upstream."""
         self.cfg.auth.check_mapping(dict(md))
@@ -230,7 +239,7 @@ class Reencoder(SessionOwner):
         return out
 
     # -------------------------------------------------------------- streaming
-    async def generate_stream(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> Any:
+    async def generate_stream(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         t0 = now_ms()
         ent = Entries()
         md = forward_metadata(ctx.invocation_metadata())
@@ -336,7 +345,7 @@ class _Handler(grpc.GenericRpcHandler):
             HEALTH_CHECK: grpc.unary_unary_rpc_method_handler(r.health),
         }
 
-    def service(self, details: grpc.HandlerCallDetails) -> Any:
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         return self.handlers.get(details.method)  # None -> UNIMPLEMENTED
 
 

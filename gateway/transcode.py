@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -35,9 +36,14 @@ from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.passthrough import connect_failure
 from pathprobe.gateway.streamwork import StreamWork, chunk_spans
 from pathprobe.gateway.upstreams import Pool, Upstream
+from pathprobe.jsontypes import JsonObject
 from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles, grpc_channel
 from pathprobe.v1 import llm_pb2
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+    from opentelemetry.util.types import AttributeValue
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -82,7 +88,7 @@ class _Call:
         self.timeout = timeout
 
 
-def _upstream_timing(md: Any) -> str | None:
+def _upstream_timing(md: Iterable[tuple[str, str | bytes]] | None) -> str | None:
     values = [v if isinstance(v, str) else v.decode() for k, v in (md or ()) if k == timing.METADATA_KEY]
     return ", ".join(values) if values else None
 
@@ -193,14 +199,14 @@ class Transcoder:
     # ---------------------------------------------------------------- upstream
     async def _call(
         self, kind: str, payload: bytes, spans: Spans, creds: list[tuple[str, str]], timeout: float
-    ) -> tuple[Upstream, Any, Any, float, Any]:
+    ) -> tuple[Upstream, Any, Span | None, float, dict[str, AttributeValue]]:
         """Start the call; a refused connection fails over to another upstream."""
         tried: tuple[Upstream, ...] = ()
         while True:
             u = self.pool.acquire(tried)
             method = GENERATE_STREAM if kind == "stream" else GENERATE
             host, port = host_and_port(u.target)
-            cattrs = {
+            cattrs: dict[str, AttributeValue] = {
                 "rpc.system": "grpc",
                 "rpc.service": "pathprobe.v1.LLM",
                 "rpc.method": method.rsplit("/", 1)[1],
@@ -238,7 +244,7 @@ class Transcoder:
             self.metrics.upstream_error(u.target, code.name)
         return code, details
 
-    async def _begin(self, kind: str, route: str, c: _Call) -> tuple[Upstream, Any, Any, float] | web.Response:
+    async def _begin(self, kind: str, route: str, c: _Call) -> tuple[Upstream, Any, Span | None, float] | web.Response:
         """Open the upstream call (upstream, call, CLIENT span, its start), or the refusal to answer."""
         try:
             u, call, cspan, t_up0, _cattrs = await self._call(kind, c.payload, c.spans, c.creds, c.timeout)
@@ -305,7 +311,7 @@ class Transcoder:
         u, call, cspan, t_up0 = begun
         t0, ent, spans = c.t0, c.ent, c.spans
         resp: web.StreamResponse | None = None
-        held: dict[str, Any] | None = None
+        held: JsonObject | None = None
         status = 200
         # Chunks are transcoded and handed to the client's transport while the upstream call is
         # open; only the part of that work after the upstream's last chunk arrived held the stream

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import http.client
 import logging
+import ssl
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathprobe.address import host_and_port
 from pathprobe.errors import ResourceExhausted, Unavailable
 from pathprobe.tls import TlsFiles
+
+if TYPE_CHECKING:
+    import grpc
 
 log = logging.getLogger("pathprobe.gateway")
 
@@ -135,7 +139,9 @@ class Pool:
 # ---------------------------------------------------------------------------------- health
 
 
-def check_grpc(target: str, channels: dict[str, Any], timeout: float, tls: TlsFiles | None = None) -> tuple[bool, str]:
+def check_grpc(
+    target: str, channels: dict[str, grpc.Channel], timeout: float, tls: TlsFiles | None = None
+) -> tuple[bool, str]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from pathprobe.tls import grpc_channel
@@ -151,7 +157,9 @@ def check_grpc(target: str, channels: dict[str, Any], timeout: float, tls: TlsFi
     return ok, "" if ok else f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}"
 
 
-def check_http(target: str, timeout: float, path: str = "/healthz", ssl_ctx: Any = None) -> tuple[bool, str]:
+def check_http(
+    target: str, timeout: float, path: str = "/healthz", ssl_ctx: ssl.SSLContext | None = None
+) -> tuple[bool, str]:
     host, port = host_and_port(target)
     conn = (
         http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl_ctx)
@@ -183,7 +191,7 @@ class HealthChecker:
         self.fall = max(1, fall)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._channels: dict[str, Any] = {}
+        self._channels: dict[str, grpc.Channel] = {}
 
     def check_once(self) -> None:
         for u in self.pool.upstreams:
