@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 from pathprobe import environment
@@ -151,7 +152,7 @@ def locust_command(args: Sequence[str]) -> list[str]:
 def _run_child(cmd: list[str], env: dict[str, str] | None = None) -> int:
     proc = subprocess.Popen(cmd, env=env)
 
-    def forward(signum: int, _frame: Any) -> None:
+    def forward(signum: int, _frame: FrameType | None) -> None:
         if proc.poll() is None:
             proc.send_signal(signum)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import orjson
@@ -41,7 +41,7 @@ def extra_headers() -> dict[str, str]:
     return obj
 
 
-def _first(value: Any) -> str | None:
+def _first(value: str | list[str] | None) -> str | None:
     if isinstance(value, list):
         return value[0] if value else None
     return value
@@ -96,7 +96,7 @@ class HttpTarget(Target):
     def _saw_connect(self, ms: float) -> None:
         self.connect_ms = ms if self.connect_ms is None else min(self.connect_ms, ms)
 
-    def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> Any:
+    def _post(self, path: str, body_obj: dict[str, Any], headers: dict[str, str], out: Outcome) -> http1.Response:
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         body = self._dumps(body_obj)
         out.encode_ns = pc() - t0
@@ -121,7 +121,7 @@ class HttpTarget(Target):
             return False
         return True
 
-    def _entries_from_header(self, resp: Any) -> timing.Chain:
+    def _entries_from_header(self, resp: http1.Response) -> timing.Chain:
         """``Server-Timing`` header(s) hop by hop, then what known gateways say in headers of
         their own (LiteLLM, Envoy: :mod:`pathprobe.reporters`) as the outer hops."""
         if not hasattr(resp, "get"):
@@ -131,7 +131,7 @@ class HttpTarget(Target):
         values += reporters.gateway_values(lambda name: _first(resp.get(name)))
         return timing.parse_chain(values)
 
-    def _error(self, resp: Any, out: Outcome) -> None:
+    def _error(self, resp: http1.Response, out: Outcome) -> None:
         body = resp.read()
         out.t_end = pc()
         out.response_bytes = len(body)
@@ -150,7 +150,7 @@ class HttpTarget(Target):
             pass
         out.error = msg
 
-    def _unary(self, resp: Any, out: Outcome) -> dict[str, Any]:
+    def _unary(self, resp: http1.Response, out: Outcome) -> dict[str, Any]:
         body = resp.read()
         t2 = pc()
         obj = self._loads(body)
@@ -160,7 +160,7 @@ class HttpTarget(Target):
         out.entries = self._entries_from_header(resp)
         return obj
 
-    def _sse(self, resp: Any, out: Outcome, on_event: Any) -> bool:
+    def _sse(self, resp: http1.Response, out: Outcome, on_event: Any) -> bool:
         """Reads ``data:`` events until ``[DONE]`` or the end of the body; whether ``[DONE]`` came
         (a stream whose body ends without it was cut short somewhere on the path)."""
         dec = 0
@@ -192,9 +192,15 @@ class HttpTarget(Target):
         self.client.close()
 
 
-def take_report(resp: Any, obj: Any, out: Outcome) -> None:
+class HeaderSource(Protocol):
+    """Response headers by name: :class:`~pathprobe.loadgen.http1.Response`, httpx's ``Headers``."""
+
+    def get(self, name: str, /) -> object: ...
+
+
+def take_report(resp: HeaderSource | None, obj: object, out: Outcome) -> None:
     """A third-party server's own report of the request (body fields or TGI's headers)."""
-    headers = {k: v for k in TGI_HEADERS if isinstance(v := resp.get(k), str)} if hasattr(resp, "get") else None
+    headers = {k: v for k in TGI_HEADERS if isinstance(v := resp.get(k), str)} if resp is not None else None
     try:
         rep = read_report(headers, obj if isinstance(obj, dict) else None)
     except ReportError as exc:
@@ -219,7 +225,7 @@ def take_usage_and_timing(obj: dict[str, Any], out: Outcome) -> None:
 CUT_SHORT = "the event stream ended before data: [DONE]"
 
 
-def finish_stream(out: Outcome, err: Any) -> None:
+def finish_stream(out: Outcome, err: object) -> None:
     if err:
         out.ok = False
         if isinstance(err, dict):

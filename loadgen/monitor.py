@@ -39,9 +39,13 @@ run's p99 is not decided by one or two one-off stalls (start-up, a GC pass).
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pathprobe.loadgen import hist
+
+if TYPE_CHECKING:
+    import gevent
 
 INTERVAL_S = 0.005
 CPU_WINDOW_S = 1.0
@@ -68,7 +72,7 @@ class LoopMonitor:
         self.cpu_total_s = 0.0
         self.proc_total_s = 0.0
         self.wall_total_s = 0.0
-        self._glet: Any = None
+        self._glet: gevent.Greenlet | None = None
         self._w0: tuple[float, float, float] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -147,7 +151,17 @@ def _pct(x: float) -> float:
     return round(x, 1)
 
 
-def _lag_stats(encoded: list[str], total_ms: float) -> dict[str, Any]:
+class LagStats(TypedDict):
+    """Event-loop lag over a run (ms); None without samples."""
+
+    p50: float | None
+    p99: float | None
+    max: float | None
+    mean: float | None
+    samples: int
+
+
+def _lag_stats(encoded: list[str], total_ms: float) -> LagStats:
     h = hist.new_histogram()
     for e in encoded:
         if e:
@@ -238,7 +252,7 @@ def merge_blocks(
     ws = list(wires.values())
     cpus = [b["cpu_percent"] for b in per.values()]
 
-    def agg(key: str, fn: Any) -> float | None:
+    def agg(key: str, fn: Callable[[list[float]], float]) -> float | None:
         vals = [c[key] for c in cpus if c[key] is not None]
         return _pct(fn(vals)) if vals else None
 
@@ -270,7 +284,7 @@ def merge_blocks(
 def format_line(block: dict[str, Any]) -> str:
     lag, busy, cpu = block["loop_lag_ms"], block["loop_busy_lag_ms"], block["cpu_percent"]
 
-    def f(v: Any, d: int = 3) -> str:
+    def f(v: float | None, d: int = 3) -> str:
         return "-" if v is None else f"{v:.{d}f}"
 
     n = len(block.get("processes") or []) or 1

@@ -11,7 +11,7 @@ a run writes from them are :mod:`pathprobe.loadgen.outputs`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from hdrh.histogram import HdrHistogram
 from pathprobe.loadgen import hist
@@ -36,6 +36,39 @@ METRICS = (
 Record = RequestRecord
 #: a request still in flight when the test stopped: recorded, counted apart from errors
 STOPPED = "STOPPED"
+
+
+class RouteWire(TypedDict):
+    """One route's counts and histograms (encoded) as a worker ships them and histograms.json holds them."""
+
+    requests: int
+    ok: int
+    errors_by_status: dict[str, int]
+    first_ts: float | None
+    last_ts: float | None
+    hists: dict[str, str]
+    sums: dict[str, float]
+    estimated: int
+    estimate_kinds: dict[str, int]
+    links_estimated: list[int]
+
+
+class Totals(TypedDict):
+    requests: int
+    ok: int
+    errors: int
+    stopped: int
+    errors_by_status: dict[str, int]
+
+
+class RouteSummary(Totals):
+    """One route in summary.json: its counts and every metric's statistics (ms)."""
+
+    rps: float | None
+    network_estimated: int
+    network_estimate_kind: dict[str, int]
+    links_estimated: list[int]
+    metrics: dict[str, dict[str, float | int | None]]
 
 
 class RouteAgg:
@@ -134,7 +167,7 @@ class RouteAgg:
         for k, n in kinds.items():
             self.estimate_kinds[k] = self.estimate_kinds.get(k, 0) + n
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> RouteWire:
         return {
             "requests": self.requests,
             "ok": self.ok,
@@ -148,7 +181,7 @@ class RouteAgg:
             "links_estimated": list(self.links_estimated),
         }
 
-    def merge_wire(self, data: dict[str, Any]) -> None:
+    def merge_wire(self, data: RouteWire) -> None:
         self.requests += data["requests"]
         self.ok += data["ok"]
         for st, n in data["errors_by_status"].items():
@@ -184,7 +217,7 @@ class RouteAgg:
     def errors(self) -> int:
         return self.requests - self.ok - self.stopped
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RouteSummary:
         span = (self.last_ts - self.first_ts) if self.first_ts is not None and self.last_ts is not None else 0.0
         return {
             "requests": self.requests,
@@ -246,15 +279,15 @@ class Aggregator:
             self.route(name).merge(r)
 
     # -- shipping -------------------------------------------------------------------
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, RouteWire]:
         return {name: r.to_wire() for name, r in self.routes.items()}
 
-    def merge_wire(self, data: dict[str, Any]) -> None:
+    def merge_wire(self, data: Mapping[str, RouteWire]) -> None:
         for name, rdata in data.items():
             self.route(name).merge_wire(rdata)
 
     # -- results --------------------------------------------------------------------
-    def totals(self) -> dict[str, Any]:
+    def totals(self) -> Totals:
         req = sum(r.requests for r in self.routes.values())
         ok = sum(r.ok for r in self.routes.values())
         by: dict[str, int] = {}
@@ -277,5 +310,5 @@ class Aggregator:
             "routes": {name: r.summary() for name, r in sorted(self.routes.items())},
         }
 
-    def histograms(self) -> dict[str, dict[str, Any]]:
+    def histograms(self) -> dict[str, RouteWire]:
         return {name: r.to_wire() for name, r in sorted(self.routes.items())}

@@ -8,18 +8,28 @@ flush), never by a thread that competes for the interpreter lock while a respons
 
 from __future__ import annotations
 
+import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pathprobe import genai
+from pathprobe.loadgen.call import CallSpec, Target
 from pathprobe.loadgen.config import Config
 from pathprobe.records import RequestRecord
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.util.types import AttributeValue
+    from pathprobe.telemetry import DeferredSpanProcessor
 
 
 class Tracing:
     """A CLIENT span per request; ``traceparent`` injected into metadata/headers."""
 
-    def __init__(self, tracer: Any, provider: Any, deferred: list[Any] | None = None) -> None:
+    def __init__(
+        self, tracer: Tracer, provider: TracerProvider | None, deferred: list[DeferredSpanProcessor] | None = None
+    ) -> None:
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
         from pathprobe import telemetry
@@ -35,7 +45,7 @@ class Tracing:
         self._wall = telemetry.mono_ms_to_wall_ns
 
     @classmethod
-    def create(cls, cfg: Config, options: Any) -> Tracing | None:
+    def create(cls, cfg: Config, options: argparse.Namespace | None) -> Tracing | None:
         from opentelemetry import trace
         from pathprobe import telemetry
 
@@ -62,10 +72,10 @@ class Tracing:
         for p in self.deferred:
             p.drain()
 
-    def start(self, route: str, target: Any, spec: Any, headers: dict[str, str]) -> tuple[Any, int]:
+    def start(self, route: str, target: Target, spec: CallSpec, headers: dict[str, str]) -> tuple[Span, int]:
         """Start the CLIENT span; returns it and its start (perf_counter_ns), which becomes the
         request's t0, so span duration == e2e exactly (traceparent injection counts as client encode)."""
-        attrs: dict[str, Any] = {
+        attrs: dict[str, AttributeValue] = {
             "pathprobe.route": route,
             "gen_ai.operation.name": genai.operation_name(route),
             "gen_ai.provider.name": genai.provider_name(route),
@@ -92,7 +102,9 @@ class Tracing:
         self._inject(headers, self._trace.set_span_in_context(span))
         return span, t0
 
-    def end(self, span: Any, rec: RequestRecord, t_end_ns: int = 0) -> None:
+    def end(self, span: Span | None, rec: RequestRecord, t_end_ns: int = 0) -> None:
+        """End the span :meth:`start` returned (``span`` None only where no span was started)."""
+        assert span is not None, "Tracing.end: a span from Tracing.start"
         ctx = span.get_span_context()
         if ctx.is_valid and ctx.trace_flags.sampled:  # only ids of traces that are exported
             rec["trace_id"] = f"{ctx.trace_id:032x}"

@@ -9,7 +9,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flask import Response
+    from locust.env import Environment
+    from pathprobe.loadgen.runtime import Runtime
 
 TAB_KEY = "pathprobe"
 COLUMNS = ("e2e", "network", "serialization", "queueing", "inference", "other", "ttft", "itl")
@@ -28,10 +33,12 @@ def rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def install(environment: Any, rt: Any) -> None:
+def install(environment: Environment, rt: Runtime) -> None:
     from flask import Response, request
 
     web_ui = environment.web_ui
+    if web_ui is None or web_ui.app is None:  # called only with a web UI (listeners checks)
+        return
     app = web_ui.app
     web_ui.template_args["extendedTabs"] = [{"title": "Segments (pathprobe)", "key": TAB_KEY}]
     web_ui.template_args["extendedTables"] = [
@@ -52,7 +59,7 @@ def install(environment: Any, rt: Any) -> None:
         return rt.agg.summary(rt.meta())
 
     @app.after_request
-    def _extend_stats(response: Any) -> Any:
+    def _extend_stats(response: Response) -> Response:
         if request.path.endswith("/stats/requests") and response.is_json:
             try:
                 data = response.get_json()
@@ -63,11 +70,11 @@ def install(environment: Any, rt: Any) -> None:
         return response
 
     @app.route("/pathprobe/data")
-    def _pathprobe_data() -> Any:
+    def _pathprobe_data() -> Response:
         return Response(json.dumps(current()), mimetype="application/json")
 
     @app.route("/pathprobe")
-    def _pathprobe_page() -> Any:
+    def _pathprobe_page() -> Response:
         return Response(PAGE, mimetype="text/html")
 
 

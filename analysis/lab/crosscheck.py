@@ -4,14 +4,17 @@ times per link against the split's network)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pathprobe.analysis.lab.config import CompareConfig
 from pathprobe.analysis.lab.loadrun import RunResult
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.serverreports import VLLM_SPAN
+
+if TYPE_CHECKING:
+    from pathprobe.analysis.report.traces import Trace
 
 
 def attach_traces(
@@ -110,7 +113,15 @@ def attach_witness(
 VLLM_SERVICE = "vllm"
 
 
-def expected_services(target: dict[str, Any]) -> list[str]:
+class TraceCompleteness(TypedDict):
+    expected: list[str]
+    requests: int
+    complete: int
+    share: float | None
+    missing: dict[str, int]
+
+
+def expected_services(target: Mapping[str, object]) -> list[str]:
     """The spans a complete trace of this configuration holds: the client's, each pathprobe hop's
     SERVER span and the engine's children, or vLLM's ``llm_request`` span when vLLM's own server is
     the upstream (nginx and external servers export none here)."""
@@ -124,13 +135,15 @@ def expected_services(target: dict[str, Any]) -> list[str]:
     return want
 
 
-def trace_completeness(recs: list[dict[str, Any]], traces: dict[str, Any], want: list[str]) -> dict[str, Any]:
+def trace_completeness(
+    recs: Sequence[Mapping[str, object]], traces: Mapping[str, Trace], want: list[str]
+) -> TraceCompleteness:
     """Share of ok requests whose trace has every expected span (see :func:`expected_services`)."""
     ok = [r for r in recs if r.get("ok")]
     missing: dict[str, int] = {}
     complete = 0
     for r in ok:
-        t = traces.get(r.get("trace_id") or "")
+        t = traces.get(str(r.get("trace_id") or ""))
         have: set[str] = set()
         if t is not None:
             for sp in t.spans:

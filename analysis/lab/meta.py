@@ -8,9 +8,9 @@ import platform
 import time
 from datetime import UTC, datetime
 from importlib import metadata
-from typing import Any
 
 from pathprobe.analysis.lab.config import CompareConfig
+from pathprobe.jsontypes import JsonObject
 
 
 def versions() -> dict[str, str]:
@@ -27,7 +27,7 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def run_meta(cfg: CompareConfig, started: str, t_start: float) -> dict[str, Any]:
+def run_meta(cfg: CompareConfig, started: str, t_start: float) -> JsonObject:
     """The report's ``meta`` block: when (``t_start``: the run's ``time.monotonic()`` at start),
     where, with which versions and which config."""
     return {

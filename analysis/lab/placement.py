@@ -19,10 +19,11 @@ the kernel. The plan is written into report.json (``meta.placement``) and printe
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from pathprobe import environment
+from pathprobe.jsontypes import JsonObject
 
 #: environment variable that overrides the config's ``placement`` (auto | on | off)
 ENV_PLACEMENT = environment.PATHPROBE_CPU_PLACEMENT
@@ -48,14 +49,14 @@ class Placement:
             return {"OMP_NUM_THREADS": str(len(self.server))}
         return {}
 
-    def preexec(self, role: str) -> Any:
+    def preexec(self, role: str) -> Callable[[], None] | None:
         """A ``preexec_fn`` that pins the child to the role's cores (None when not pinned)."""
         cpus = self.cpus(role)
         if not cpus:
             return None
         return lambda: os.sched_setaffinity(0, cpus)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {
             "enabled": self.enabled,
             "reason": self.reason,

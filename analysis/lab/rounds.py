@@ -11,9 +11,8 @@ round, so drift on a shared machine hits all configurations alike.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from pathprobe.analysis.lab.config import CompareConfig
 from pathprobe.analysis.lab.loadrun import RunResult, cpu_seconds, interleavable, run_load, run_load_mixed
@@ -23,7 +22,7 @@ from pathprobe.analysis.lab.stack import Stack
 from pathprobe.analysis.report.figures import metric_values
 
 
-def first_error(records: list[dict[str, Any]]) -> str:
+def first_error(records: Sequence[Mapping[str, object]]) -> str:
     for r in records:
         if not r.get("ok") and r.get("status") != "STOPPED":
             return f"{r.get('status')}: {r.get('error')}"
