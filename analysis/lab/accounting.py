@@ -18,13 +18,39 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Literal, TypedDict
 
 from pathprobe.errors import http_to_grpc
 
 #: request counter of each kind of process
 COUNTERS = {"server": "pathprobe_server_requests_total", "gateway": "pathprobe_gateway_requests_total"}
 #: statuses a gateway answers by itself (the request never reaches the server)
+#: one difference between two places' counts of a status: its ``hop`` and ``status``, each place's
+#: count under the place's name, ``explained`` and ``why``
+Difference = dict[str, str | int | bool | None]
+Place = Literal["client", "gateway", "server"]
+PLACES: tuple[Place, ...] = ("client", "gateway", "server")
+
+
+class Accounting(TypedDict, total=False):
+    """A run's (or several runs', :func:`merge`) requests counted by status at each place, and every
+    difference between them (accounting.json)."""
+
+    client: dict[str, int]
+    gateway: dict[str, int]
+    server: dict[str, int]
+    stopped_in_flight: int
+    lost: int | None
+    differences: list[Difference]
+    unexplained: int
+    #: an interleaved run's server block (every configuration's calls); True once merged
+    server_interleaved: Accounting | bool
+    #: merged: how many runs
+    runs: int
+    #: why there is no accounting (a /metrics endpoint did not answer)
+    error: str
+
+
 GATEWAY_OWN = ("UNAUTHENTICATED", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "INVALID_ARGUMENT", "UNIMPLEMENTED")
 
 
@@ -71,19 +97,19 @@ def settle(url: str, gauges: Iterable[str], timeout: float = 3.0) -> None:
         time.sleep(0.05)
 
 
-def client_counts(records: Iterable[Mapping[str, Any]]) -> Counter[str]:
+def client_counts(records: Iterable[Mapping[str, object]]) -> Counter[str]:
     return Counter(canonical(str(r.get("status") or "")) for r in records)
 
 
 def compare_hop(
     expected: Counter[str], got: Counter[str], stopped: int, hop: str, upstream_of: str, own: tuple[str, ...] = ()
-) -> list[dict[str, Any]]:
+) -> list[Difference]:
     """Differences between what ``upstream_of`` counted (``expected``) and what ``hop`` counted.
 
     ``stopped``: requests stopped in flight before ``hop``; ``own``: statuses the previous hop
     answers itself (fewer of those at ``hop`` is explained).
     """
-    diffs = []
+    diffs: list[Difference] = []
     slack = stopped
     for status in sorted(set(expected) | set(got)):
         if status == "STOPPED":
@@ -113,13 +139,13 @@ def compare_hop(
 
 
 def reconcile(
-    records: Sequence[Mapping[str, Any]], server: Counter[str] | None, gateway: Counter[str] | None = None
-) -> dict[str, Any]:
+    records: Sequence[Mapping[str, object]], server: Counter[str] | None, gateway: Counter[str] | None = None
+) -> Accounting:
     """One run's accounting: counts by status at each place, and every difference."""
     client = client_counts(records)
     stopped = client.get("STOPPED", 0)
-    out: dict[str, Any] = {"client": dict(client), "stopped_in_flight": stopped}
-    diffs: list[dict[str, Any]] = []
+    out: Accounting = {"client": dict(client), "stopped_in_flight": stopped}
+    diffs: list[Difference] = []
     sent = sum(v for k, v in client.items() if k != "STOPPED")
     if gateway is not None:
         out["gateway"] = dict(gateway)
@@ -137,24 +163,26 @@ def reconcile(
     return out
 
 
-def merge(runs: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+def merge(runs: Iterable[Accounting | None]) -> Accounting | None:
     """Sum the accounting of several runs (rounds of one concurrency)."""
-    blocks: list[Mapping[str, Any]] = [b for b in runs if b]
+    blocks: list[Accounting] = [b for b in runs if b]
     if not blocks:
         return None
-    out: dict[str, Any] = {"runs": len(blocks), "stopped_in_flight": 0, "lost": 0, "unexplained": 0, "differences": []}
+    out: Accounting = {"runs": len(blocks), "stopped_in_flight": 0, "lost": 0, "unexplained": 0, "differences": []}
     for b in blocks:
-        for place in ("client", "gateway", "server"):
+        for place in PLACES:
             counts = b.get(place)
-            if counts is None and place == "server" and b.get("server_interleaved"):
-                counts = b["server_interleaved"].get("server")  # every interleaved configuration's calls
+            interleaved = b.get("server_interleaved")
+            if counts is None and place == "server" and interleaved:
+                # every interleaved configuration's calls (a block of one run: merged ones say True)
+                counts = interleaved.get("server") if isinstance(interleaved, dict) else None
                 out["server_interleaved"] = True
             if counts is not None:
                 c = Counter(out.get(place, {}))
                 c.update(counts)
                 out[place] = dict(c)
         out["stopped_in_flight"] += b.get("stopped_in_flight", 0)
-        out["lost"] += b.get("lost") or 0
+        out["lost"] = (out.get("lost") or 0) + (b.get("lost") or 0)
         out["unexplained"] += b.get("unexplained", 0)
         out["differences"] += b.get("differences", [])
     return out

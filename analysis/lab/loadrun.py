@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe import environment
+from pathprobe.analysis.lab.accounting import Accounting
 from pathprobe.analysis.lab.config import CompareConfig
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.placement import Placement
@@ -37,13 +38,13 @@ class RunResult:
     #: lag, CPU, saturated; None for runs written before it existed
     client: dict[str, Any] | None = None
     #: the run's requests counted at the client, the gateway and the server (accounting.json)
-    accounting: dict[str, Any] | None = None
+    accounting: Accounting | None = None
     #: CPU seconds (user + system) the path's own processes (gateway, proxy, relays; not the
     #: shared server) spent during this run; None for a path with none
     path_cpu_s: float | None = None
 
 
-def read_accounting(out_dir: Path) -> dict[str, Any] | None:
+def read_accounting(out_dir: Path) -> Accounting | None:
     try:
         return json.loads((out_dir / "accounting.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

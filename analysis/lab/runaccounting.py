@@ -4,10 +4,11 @@ and after a run and set against the run's records (see :mod:`pathprobe.analysis.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from pathprobe.analysis.lab import accounting
+from pathprobe.analysis.lab.accounting import Accounting
 from pathprobe.analysis.lab.loadrun import RunResult
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.stack import Stack
@@ -22,11 +23,15 @@ def _metrics_urls(stack: Stack, p: Path_) -> dict[str, str]:
     return urls
 
 
-def scrape(stack: Stack, p: Path_) -> dict[str, Any]:
+#: a path's request counters by place (``server``, ``gateway``); None where /metrics did not answer
+Counts = dict[str, Counter[str] | None]
+
+
+def scrape(stack: Stack, p: Path_) -> Counts:
     return {kind: accounting.scrape(url, kind) for kind, url in _metrics_urls(stack, p).items()}
 
 
-def account(stack: Stack, p: Path_, before: dict[str, Any], res: RunResult, run_dir: Path) -> dict[str, Any] | None:
+def account(stack: Stack, p: Path_, before: Counts, res: RunResult, run_dir: Path) -> Accounting | None:
     """The run's requests as the server and gateway counted them, set against the records."""
     urls = _metrics_urls(stack, p)
     if not urls:
@@ -38,10 +43,11 @@ def account(stack: Stack, p: Path_, before: dict[str, Any], res: RunResult, run_
     after = scrape(stack, p)
     delta = {}
     for kind in urls:
-        if before.get(kind) is None or after.get(kind) is None:
+        was, now = before.get(kind), after.get(kind)
+        if was is None or now is None:
             return {"error": f"{kind} /metrics unreachable", "unexplained": 0, "differences": []}
-        d = after[kind].copy()
-        d.subtract(before[kind])
+        d = now.copy()
+        d.subtract(was)
         delta[kind] = +d  # drop zero counts
     block = accounting.reconcile(res.records, delta.get("server"), delta.get("gateway"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -49,9 +55,7 @@ def account(stack: Stack, p: Path_, before: dict[str, Any], res: RunResult, run_
     return block
 
 
-def account_batch(
-    stack: Stack, paths: list[Path_], before: dict[str, dict[str, Any]], batch: dict[str, RunResult]
-) -> None:
+def account_batch(stack: Stack, paths: list[Path_], before: dict[str, Counts], batch: dict[str, RunResult]) -> None:
     """Accounting of a call-by-call interleaved run: each gateway serves only its configuration's
     calls (set against that configuration's records); the server serves them all (set against
     every configuration's records together, the same block on each)."""
@@ -70,7 +74,7 @@ def account_batch(
         res = batch.get(p.name)
         if res is None:
             continue
-        block: dict[str, Any] = {"differences": [], "unexplained": 0, "lost": 0}
+        block: Accounting = {"differences": [], "unexplained": 0, "lost": 0}
         if p.gateway_metrics and before[p.name].get("gateway") is not None:
             accounting.settle(p.gateway_metrics, ["pathprobe_gateway_upstream_outstanding"])
             after = accounting.scrape(p.gateway_metrics, "gateway")
