@@ -60,7 +60,7 @@ def write_outputs(
     ``client``: the load generator's own health (event-loop lag, CPU, saturated; see
     :mod:`pathprobe.loadgen.monitor`), written as summary.json's ``client`` block."""
     os.makedirs(out_dir, exist_ok=True)
-    summary = agg.summary(meta)
+    summary: dict[str, Any] = dict(agg.summary(meta))
     summary["client"] = client
     with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)

@@ -71,6 +71,14 @@ class RouteSummary(Totals):
     metrics: dict[str, dict[str, float | int | None]]
 
 
+class Summary(TypedDict):
+    """summary.json without its ``client`` block (:func:`pathprobe.loadgen.outputs.write_outputs` adds it)."""
+
+    meta: Mapping[str, object]
+    totals: Totals
+    routes: dict[str, RouteSummary]
+
+
 class RouteAgg:
     __slots__ = (
         "errors_by_status",
@@ -303,7 +311,7 @@ class Aggregator:
             "errors_by_status": dict(sorted(by.items())),
         }
 
-    def summary(self, meta: dict[str, Any]) -> dict[str, Any]:
+    def summary(self, meta: Mapping[str, object]) -> Summary:
         return {
             "meta": meta,
             "totals": self.totals(),

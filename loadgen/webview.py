@@ -9,22 +9,23 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from flask import Response
     from locust.env import Environment
+    from pathprobe.loadgen.records import Summary
     from pathprobe.loadgen.runtime import Runtime
 
 TAB_KEY = "pathprobe"
 COLUMNS = ("e2e", "network", "serialization", "queueing", "inference", "other", "ttft", "itl")
 
 
-def rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def rows(summary: Summary) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
     for route, rs in summary.get("routes", {}).items():
         for pct in ("p50", "p95", "p99"):
-            row: dict[str, Any] = {"route": f"{route} ({rs['ok']} ok / {rs['errors']} err)", "pct": pct}
+            row: dict[str, str] = {"route": f"{route} ({rs['ok']} ok / {rs['errors']} err)", "pct": pct}
             for m in COLUMNS:
                 st = rs["metrics"].get(m) or {}
                 v = st.get(pct)
@@ -53,7 +54,7 @@ def install(environment: Environment, rt: Runtime) -> None:
         {"href": "./pathprobe/data", "title": "pathprobe: summary JSON (current)"},
     ]
 
-    def current() -> dict[str, Any]:
+    def current() -> Summary:
         if rt.role == "local":
             rt.agg.flush(rt.writer)
         return rt.agg.summary(rt.meta())
