@@ -331,6 +331,6 @@ def test_rerender_reads_the_client_blocks_back(saturated_dir, tmp_path):
     out = tmp_path / "copy"
     sh.copytree(src, out)
     rep = rerender(out, log=lambda _m: None)
-    assert rep["targets"]["direct-grpc"]["by_concurrency"]["32"]["client"]["saturated"] is True
-    assert [w["kind"] for w in rep["client_warnings"]] == ["saturated", "contended"]
+    assert rep.targets["direct-grpc"].by_concurrency["32"].client.saturated is True
+    assert [w.kind for w in rep.client_warnings] == ["saturated", "contended"]
     assert "client saturated at concurrency 32" in (out / "report.md").read_text()

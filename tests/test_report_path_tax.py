@@ -12,6 +12,7 @@ from pathprobe.analysis.lab.compare import build_report, write_reports
 from pathprobe.analysis.lab.config import parse_config
 from pathprobe.analysis.lab.runner import Path_, RunResult
 from pathprobe.analysis.report.markdown import fmt_ms, markdown
+from pathprobe.analysis.report.model import Report
 from pathprobe.analysis.report.paired import COSTS_MORE, NO_CLEAR
 
 #: extra path tax per call over the baseline (ms), and how much it varies call to call
@@ -176,7 +177,7 @@ def test_html_leads_with_the_path_tax_table(paired_dir):
 
 def test_markdown_leads_with_the_same_rows(paired_dir):
     _, rep = paired_dir
-    md = markdown(rep)
+    md = markdown(Report.model_validate(rep))
     for c in CONCS:
         section = md.split(f"### concurrency {c}")[1]
         first_table = next(b for b in section.split("\n\n") if b.startswith("|")).splitlines()

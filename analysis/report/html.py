@@ -13,6 +13,7 @@ from typing import Any
 from pathprobe.analysis.report.figures import SEG_COLS, path_tax_rows
 from pathprobe.analysis.report.hops import format_path
 from pathprobe.analysis.report.markdown import PATH_TAX_CAPTION, estimated_note, fmt_ms, seg_cell
+from pathprobe.analysis.report.model import Report
 from pathprobe.analysis.report.plots import (
     plot_cdfs,
     plot_hops,
@@ -154,12 +155,14 @@ def _path_tax_table(report: Mapping[str, Any], conc: int) -> str:
 
 
 def render(
-    report: Mapping[str, Any],
-    samples: Mapping[str, Mapping[int, Sequence[float]]],
+    typed: Report,
     records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
     out_path: str | Path,
 ) -> Path:
     import matplotlib
+
+    samples = typed.samples
+    report: dict[str, Any] = dict(typed.to_dict())
 
     matplotlib.use("Agg")
     plots = [

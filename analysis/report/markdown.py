@@ -9,6 +9,7 @@ from typing import Any
 
 from pathprobe import rtt
 from pathprobe.analysis.report.figures import path_tax_rows, percentiles
+from pathprobe.analysis.report.model import Report
 from pathprobe.segments import SEGMENTS
 
 
@@ -144,8 +145,9 @@ def _path_tax_table(report: Mapping[str, Any], key: str) -> list[str]:
     return out
 
 
-def markdown(report: Mapping[str, Any]) -> str:
+def markdown(typed: Report) -> str:
     """The side-by-side tables printed on stdout."""
+    report: dict[str, Any] = dict(typed.to_dict())
     from pathprobe.analysis.report.hops import format_path
 
     primary = report["method"]["primary_metric"]
