@@ -7,9 +7,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pathprobe.analysis.report import stats
+from pathprobe.analysis.report.model import Estimate, Report, TaxPart
 from pathprobe.segments import SEGMENTS
 
 SEG_COLS = (*SEGMENTS, "network_hop1", "network_hop2")
@@ -224,34 +226,54 @@ def summarize_group(
     return out
 
 
-def path_tax_rows(report: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
-    """The path-tax table of one concurrency as data (the Markdown and HTML reports both lead with it):
-    per configuration its path tax and parts (p50 ms), the engine beside it, and the paired difference
-    to the baseline with its 95% CI, pairs and verdict (None for the baseline)."""
+@dataclass(frozen=True, slots=True)
+class PathTaxRow:
+    """One configuration's row of the path-tax table (p50 ms), and its paired difference to the baseline."""
+
+    config: str
+    baseline: bool
+    path_tax: float | None
+    network_hop1: float | None
+    network_hop2: float | None
+    serialization: float | None
+    other: float | None
+    engine: float | None
+    diff: Estimate | None
+    pairs: int | None
+    verdict: str | None
+    why: str
+
+
+def path_tax_rows(report: Report, conc: int) -> list[PathTaxRow]:
+    """The path-tax table of one concurrency as data (the pages lead with it): per configuration its
+    path tax and parts (p50 ms), the engine beside it, and the paired difference to the baseline with
+    its 95% CI, pairs and verdict (None for the baseline)."""
     rows = []
-    for name, t in report["targets"].items():
-        g = (t.get("by_concurrency") or {}).get(key) or {}
-        tx = g.get("path_tax") or {}
-        if not tx.get("n"):
+    for name, t in report.targets.items():
+        g = t.at(conc)
+        tx = g.path_tax if g is not None else None
+        if g is None or tx is None or not tx.n:
             continue
-        pr = g.get("paired") or {}
-        d = (pr.get("path_tax") or {}).get("median")
+        pr = g.paired
+
+        def p50(part: TaxPart | None) -> float | None:
+            return part.p50 if part is not None else None
+
         rows.append(
-            {
-                "config": name,
-                "baseline": name == report["baseline"],
-                "path_tax": tx["path_tax"]["p50"],
-                "network_hop1": tx["network_hop1"]["p50"],
-                "network_hop2": tx["network_hop2"]["p50"],
-                "serialization": tx["serialization"]["p50"],
-                "other": tx["other"]["p50"],
-                "engine": tx["engine"]["p50"],
-                "diff": d,
-                "pairs": pr.get("n"),
-                "verdict": pr.get("verdict"),
-                "why": pr.get("why") or "",
-                "min_effect_ms": pr.get("min_effect_ms"),
-            }
+            PathTaxRow(
+                config=name,
+                baseline=name == report.baseline,
+                path_tax=p50(tx.path_tax),
+                network_hop1=p50(tx.network_hop1),
+                network_hop2=p50(tx.network_hop2),
+                serialization=p50(tx.serialization),
+                other=p50(tx.other),
+                engine=p50(tx.engine),
+                diff=pr.path_tax.median if pr is not None and pr.path_tax is not None else None,
+                pairs=pr.n if pr is not None else None,
+                verdict=pr.verdict if pr is not None else None,
+                why=(pr.why if pr is not None else None) or "",
+            )
         )
     return rows
 

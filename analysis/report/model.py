@@ -111,6 +111,7 @@ class HopPath(Open):
     """A path hop by hop: the network of every link, each reporting hop's own time (means, ms)."""
 
     n: int = 0
+    of: int = 0
     hops: list[Hop] = []
     links: list[Link] = []
     unsplit_mean_ms: Num = None
