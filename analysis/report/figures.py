@@ -160,6 +160,27 @@ def metric_values(records: Sequence[Mapping[str, Any]], metric: str) -> list[flo
     return out
 
 
+def _counts(records: Sequence[Mapping[str, Any]], ok: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Requests, ok, errors (by status, and the first error's text), ok answers without server timing."""
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r.get("ok"):
+            key = str(r.get("status") or "ERROR")
+            errors[key] = errors.get(key, 0) + 1
+    first_error = next((r.get("error") for r in records if not r.get("ok") and r.get("error")), None)
+    # an ok answer without the server's entries (a lost trailer/header): its server time would silently
+    # count as network; counted here and named in the report
+    no_srv = sum(1 for r in ok if not any(k.startswith("srv.") for k in (r.get("entries") or {})))
+    return {
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": len(records) - len(ok),
+        "errors_by_status": errors,
+        "first_error": first_error,
+        "ok_without_server_timing": no_srv,
+    }
+
+
 def summarize_group(
     records: Sequence[Mapping[str, Any]],
     *,
@@ -173,23 +194,9 @@ def summarize_group(
     stopped = [r for r in records if r.get("status") == "STOPPED"]
     records = [r for r in records if r.get("status") != "STOPPED"]
     ok = [r for r in records if r.get("ok") and r.get("split")]
-    errors: dict[str, int] = {}
-    for r in records:
-        if not r.get("ok"):
-            key = str(r.get("status") or "ERROR")
-            errors[key] = errors.get(key, 0) + 1
-    first_error = next((r.get("error") for r in records if not r.get("ok") and r.get("error")), None)
-    # an ok answer without the server's entries (a lost trailer/header): its server time would silently
-    # count as network; counted here and named in the report
-    no_srv = sum(1 for r in ok if not any(k.startswith("srv.") for k in (r.get("entries") or {})))
     out: dict[str, Any] = {
-        "requests": len(records),
-        "ok": len(ok),
-        "errors": len(records) - len(ok),
-        "errors_by_status": errors,
+        **_counts(records, ok),
         "stopped": len(stopped),
-        "first_error": first_error,
-        "ok_without_server_timing": no_srv,
         "client_wait": percentiles([float(r.get("client_wait_ms") or 0.0) for r in ok]),
         "duration_s": duration_s,
         "rps": len(ok) / duration_s if duration_s > 0 else math.nan,
@@ -278,6 +285,53 @@ def path_tax_rows(report: Report, conc: int) -> list[PathTaxRow]:
     return rows
 
 
+def _verdict(
+    conc: int,
+    name: str,
+    baseline: str,
+    verdict: str,
+    diffs: Mapping[str, float],
+    hop1: float,
+    saturated: set[str],
+) -> dict[str, Any]:
+    """A significant difference in words, with its top segments; flagged when a load generator involved
+    was saturated (its waiting is in network hop 1)."""
+    top = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:2]
+    text = f"c={conc}: {verdict}; by segment (mean): " + ", ".join(f"{k} {v:+.3f} ms" for k, v in top)
+    sat = sorted({name, baseline} & saturated)
+    flag = None
+    if sat:
+        net = diffs.get("network", 0.0)
+        from_hop1 = bool(top) and top[0][0] == "network" and abs(hop1) >= 0.5 * abs(net)
+        who = " and ".join(sat)
+        if from_hop1:
+            flag = CLIENT_SATURATED_FLAG
+            text += (
+                f" -- FLAGGED: the difference is on network hop 1 "
+                f"({hop1:+.3f} ms) and the load generator of {who} was saturated, so hop 1 "
+                f"holds its own waiting"
+            )
+        else:
+            flag = "client saturated"
+            text += (
+                f" -- FLAGGED: the load generator of {who} was saturated at this concurrency; "
+                f"its waiting is in network hop 1 and it changes the load the server sees"
+            )
+    elif top and top[0][0] in ("inference", "queueing"):
+        text += (
+            " -- mostly the engine's own time: CPU contention (the proxy's CPU use on a "
+            "shared box, or other load), not the path's network or encoding"
+        )
+    return {
+        "concurrency": conc,
+        "target": name,
+        "text": text,
+        "segment_mean_diff_ms": dict(diffs),
+        "client_flag": flag,
+        "client_saturated": sat,
+    }
+
+
 def add_comparisons(
     report_targets: dict[str, Any],
     samples: Mapping[str, Mapping[int, Sequence[float]]],
@@ -311,41 +365,6 @@ def add_comparisons(
             comp.extra["segment_mean_diff_ms"] = diffs
             report_targets[name]["by_concurrency"][str(conc)]["comparison"] = comp.as_dict()
             if comp.verdict:
-                top = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:2]
-                text = f"c={conc}: {comp.verdict}; by segment (mean): " + ", ".join(f"{k} {v:+.3f} ms" for k, v in top)
-                sat = sorted({name, baseline} & saturated)
-                flag = None
-                if sat:
-                    hop1 = seg["network_hop1"].get("mean", 0.0) - base_seg["network_hop1"].get("mean", 0.0)
-                    net = diffs.get("network", 0.0)
-                    from_hop1 = bool(top) and top[0][0] == "network" and abs(hop1) >= 0.5 * abs(net)
-                    who = " and ".join(sat)
-                    if from_hop1:
-                        flag = CLIENT_SATURATED_FLAG
-                        text += (
-                            f" -- FLAGGED: the difference is on network hop 1 "
-                            f"({hop1:+.3f} ms) and the load generator of {who} was saturated, so hop 1 "
-                            f"holds its own waiting"
-                        )
-                    else:
-                        flag = "client saturated"
-                        text += (
-                            f" -- FLAGGED: the load generator of {who} was saturated at this concurrency; "
-                            f"its waiting is in network hop 1 and it changes the load the server sees"
-                        )
-                elif top and top[0][0] in ("inference", "queueing"):
-                    text += (
-                        " -- mostly the engine's own time: CPU contention (the proxy's CPU use on a "
-                        "shared box, or other load), not the path's network or encoding"
-                    )
-                verdicts.append(
-                    {
-                        "concurrency": conc,
-                        "target": name,
-                        "text": text,
-                        "segment_mean_diff_ms": diffs,
-                        "client_flag": flag,
-                        "client_saturated": sat,
-                    }
-                )
+                hop1 = seg["network_hop1"].get("mean", 0.0) - base_seg["network_hop1"].get("mean", 0.0)
+                verdicts.append(_verdict(conc, name, baseline, comp.verdict, diffs, hop1, saturated))
     return verdicts
