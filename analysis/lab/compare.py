@@ -27,7 +27,7 @@ from pathprobe.analysis.lab.rounds import Rounds
 from pathprobe.analysis.lab.stack import Stack
 from pathprobe.analysis.report import paired as paired_mod
 from pathprobe.analysis.report.figures import add_comparisons, client_warnings
-from pathprobe.analysis.report.model import SCHEMA_VERSION, Report
+from pathprobe.analysis.report.model import SCHEMA_VERSION, ClientHealth, Report
 from pathprobe.analysis.report.selfreport import add_self_reports
 from pathprobe.errors import ConfigError
 
@@ -344,10 +344,14 @@ def _paired_verdicts(
             if name != baseline and t["status"] == "ok" and recs.get(baseline):
                 per[name] = g["paired"] = paired_mod.paired(recs.get(name, []), recs[baseline], n_boot=cfg.bootstrap)
         found = paired_mod.judge(per, baseline, conc, cfg.alpha, min_ms=cfg.min_effect_ms, min_rel=cfg.min_effect_rel)
-        clients = [(t["by_concurrency"].get(str(conc)) or {}).get("client") or {} for t in report_targets.values()]
-        if any(c.get("saturated") for c in clients):
+        clients = [
+            c
+            for t in report_targets.values()
+            if isinstance(c := (t["by_concurrency"].get(str(conc)) or {}).get("client"), ClientHealth)
+        ]
+        if any(c.saturated for c in clients):
             flag = "client saturated"
-        elif any(c.get("contended") for c in clients):
+        elif any(c.contended for c in clients):
             flag = "machine contended"
         else:
             flag = None

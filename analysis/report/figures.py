@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pathprobe.analysis.report import stats
-from pathprobe.analysis.report.model import Estimate, Report, TaxPart
+from pathprobe.analysis.report.model import ClientHealth, Estimate, Json, Report, TaxPart
 from pathprobe.segments import SEGMENTS
 
 SEG_COLS = (*SEGMENTS, "network_hop1", "network_hop2")
@@ -30,7 +30,26 @@ def _r(v: Any, d: int = 1) -> str:
     return "–" if v is None else f"{v:.{d}f}"
 
 
-def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> dict[str, Any] | None:
+def _round_block(b: Mapping[str, Any]) -> Json:
+    """One round's client block, as the report keeps it."""
+
+    def pick(key: str, parts: tuple[str, ...]) -> Json:
+        got = b.get(key) or {}
+        return {x: got.get(x) for x in parts}
+
+    return {
+        "saturated": bool(b.get("saturated")),
+        "contended": bool(b.get("contended")),
+        "reason": b.get("reason"),
+        "contended_reason": b.get("contended_reason"),
+        "loop_lag_ms": pick("loop_lag_ms", ("p50", "p99", "max")),
+        "loop_busy_lag_ms": pick("loop_busy_lag_ms", ("p50", "p99", "max")),
+        "cpu_percent": pick("cpu_percent", ("mean", "max")),
+        "processes": len(b.get("processes") or []) or 1,
+    }
+
+
+def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> ClientHealth | None:
     """The load generator's health over one configuration's rounds at one concurrency.
 
     ``by_round``: each round's summary.json ``client`` block (None where the run had none).
@@ -45,50 +64,42 @@ def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> dict[str
         vals: list[float] = [v for v in got if v is not None]
         return max(vals) if vals else None
 
-    per: dict[str, dict[str, Any]] = {}
-    for k, b in sorted(rounds.items()):
-        per[str(k)] = {
-            "saturated": bool(b.get("saturated")),
-            "contended": bool(b.get("contended")),
-            "reason": b.get("reason"),
-            "contended_reason": b.get("contended_reason"),
-            "loop_lag_ms": {x: (b.get("loop_lag_ms") or {}).get(x) for x in ("p50", "p99", "max")},
-            "loop_busy_lag_ms": {x: (b.get("loop_busy_lag_ms") or {}).get(x) for x in ("p50", "p99", "max")},
-            "cpu_percent": {x: (b.get("cpu_percent") or {}).get(x) for x in ("mean", "max")},
-            "processes": len(b.get("processes") or []) or 1,
-        }
-    sat = [int(k) for k, v in per.items() if v["saturated"]]
-    con = [int(k) for k, v in per.items() if v["contended"]]
-    return {
-        "saturated": bool(sat),
-        "saturated_rounds": [k + 1 for k in sat],
-        "contended": bool(con) and not sat,
-        "contended_rounds": [k + 1 for k in con],
-        "reason": next((per[str(k)]["reason"] for k in sat), None),
-        "loop_lag_ms": {"p99": worst(("loop_lag_ms", "p99")), "max": worst(("loop_lag_ms", "max"))},
-        "loop_busy_lag_ms": {"p99": worst(("loop_busy_lag_ms", "p99"))},
-        "cpu_percent": {"mean": worst(("cpu_percent", "mean")), "max": worst(("cpu_percent", "max"))},
-        "processes": max(v["processes"] for v in per.values()),
-        "rounds": per,
-    }
+    sat = [k for k, b in sorted(rounds.items()) if b.get("saturated")]
+    con = [k for k, b in sorted(rounds.items()) if b.get("contended")]
+    return ClientHealth(
+        saturated=bool(sat),
+        saturated_rounds=[k + 1 for k in sat],
+        contended=bool(con) and not sat,
+        contended_rounds=[k + 1 for k in con],
+        reason=next((rounds[k].get("reason") for k in sat), None),
+        loop_lag_ms={"p99": worst(("loop_lag_ms", "p99")), "max": worst(("loop_lag_ms", "max"))},
+        loop_busy_lag_ms={"p99": worst(("loop_busy_lag_ms", "p99"))},
+        cpu_percent={"mean": worst(("cpu_percent", "mean")), "max": worst(("cpu_percent", "max"))},
+        processes=max(len(b.get("processes") or []) or 1 for b in rounds.values()),
+        rounds={str(k): _round_block(b) for k, b in sorted(rounds.items())},
+    )
 
 
-def _client_at(report_targets: Mapping[str, Any], name: str, conc: int) -> dict[str, Any] | None:
+def _client_at(report_targets: Mapping[str, Any], name: str, conc: int) -> ClientHealth | None:
     g = (report_targets.get(name) or {}).get("by_concurrency", {}).get(str(conc)) or {}
-    return g.get("client")
+    got = g.get("client")
+    return got if isinstance(got, ClientHealth) else None
 
 
 def saturated_at(report_targets: Mapping[str, Any], conc: int) -> list[str]:
     """Configurations whose load generator was saturated in any round at this concurrency."""
-    return [n for n in report_targets if (_client_at(report_targets, n, conc) or {}).get("saturated")]
+    return [n for n in report_targets if (c := _client_at(report_targets, n, conc)) is not None and c.saturated]
 
 
-def _describe_client(name: str, c: Mapping[str, Any], rounds_key: str) -> str:
-    rounds = ", ".join(map(str, c.get(rounds_key) or []))
+def _describe_client(name: str, c: ClientHealth | None, rounds_key: str) -> str:
+    if c is None:
+        return name
+    listed = c.saturated_rounds if rounds_key == "saturated_rounds" else c.contended_rounds
+    rounds = ", ".join(map(str, listed))
     return (
-        f"{name} (round{'s' if len(c.get(rounds_key) or []) > 1 else ''} {rounds}: event-loop lag p99 "
-        f"{_r(c['loop_lag_ms'].get('p99'))} ms, loop CPU {_r(c['cpu_percent'].get('mean'), 0)}% of one core, "
-        f"{c.get('processes', 1)} load process{'es' if c.get('processes', 1) > 1 else ''})"
+        f"{name} (round{'s' if len(listed) > 1 else ''} {rounds}: event-loop lag p99 "
+        f"{_r(c.loop_lag_ms.get('p99'))} ms, loop CPU {_r(c.cpu_percent.get('mean'), 0)}% of one core, "
+        f"{c.processes} load process{'es' if c.processes > 1 else ''})"
     )
 
 
@@ -100,19 +111,15 @@ def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int
         if sat:
             text = (
                 f"client saturated at concurrency {conc} in "
-                + ", ".join(
-                    _describe_client(n, _client_at(report_targets, n, conc) or {}, "saturated_rounds") for n in sat
-                )
+                + ", ".join(_describe_client(n, _client_at(report_targets, n, conc), "saturated_rounds") for n in sat)
                 + f": {CLIENT_ADVICE}"
             )
             out.append({"concurrency": conc, "kind": "saturated", "targets": sat, "text": text})
-        con = [n for n in report_targets if (_client_at(report_targets, n, conc) or {}).get("contended")]
+        con = [n for n in report_targets if (c := _client_at(report_targets, n, conc)) is not None and c.contended]
         if con:
             text = (
                 f"client contended at concurrency {conc} in "
-                + ", ".join(
-                    _describe_client(n, _client_at(report_targets, n, conc) or {}, "contended_rounds") for n in con
-                )
+                + ", ".join(_describe_client(n, _client_at(report_targets, n, conc), "contended_rounds") for n in con)
                 + ": the load generator's event loop waited for a CPU (other processes on the machine); "
                 "network hop 1 includes that waiting"
             )

@@ -82,8 +82,10 @@ class ClientHealth(Open):
     contended_rounds: list[int] = []
     reason: str | None = None
     loop_lag_ms: dict[str, Num] = {}
+    loop_busy_lag_ms: dict[str, Num] = {}
     cpu_percent: dict[str, Num] = {}
     processes: int = 1
+    rounds: dict[str, Json] = {}  # each round's own block (1-based in the *_rounds lists, 0-based here)
 
 
 class PathCpu(Open):
