@@ -27,7 +27,7 @@ from pathprobe.analysis.lab.rounds import Rounds
 from pathprobe.analysis.lab.stack import Stack
 from pathprobe.analysis.report import paired as paired_mod
 from pathprobe.analysis.report.figures import add_comparisons, client_warnings
-from pathprobe.analysis.report.model import SCHEMA_VERSION, ClientHealth, Report
+from pathprobe.analysis.report.model import SCHEMA_VERSION, ClientHealth, Report, Verdict
 from pathprobe.analysis.report.selfreport import add_self_reports
 from pathprobe.errors import ConfigError
 
@@ -327,10 +327,10 @@ def _paired_verdicts(
     results: dict[str, list[RunResult]],
     baseline: str,
     concs: list[int],
-) -> list[dict[str, Any]]:
+) -> list[Verdict]:
     """Interleaved runs: each configuration's path tax, its calls paired with the baseline's of the same
     cycle, and verdicts on the paired path-tax difference (see :mod:`pathprobe.analysis.report.paired`)."""
-    verdicts: list[dict[str, Any]] = []
+    verdicts: list[Verdict] = []
     for conc in concs:
         recs = {
             name: [rec for r in runs if r.concurrency == conc for rec in r.records] for name, runs in results.items()
@@ -362,5 +362,5 @@ def _paired_verdicts(
                     f" -- FLAGGED: {flag} at this concurrency (the load generator waited for a CPU): "
                     "the path tax includes that waiting, and another run on this machine may differ"
                 )
-        verdicts += found
+        verdicts += [Verdict.model_validate(v) for v in found]
     return verdicts

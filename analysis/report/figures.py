@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pathprobe.analysis.report import stats
-from pathprobe.analysis.report.model import ClientHealth, Estimate, Json, Report, TaxPart
+from pathprobe.analysis.report.model import ClientHealth, ClientWarning, Estimate, Json, Report, TaxPart, Verdict
 from pathprobe.segments import SEGMENTS
 
 SEG_COLS = (*SEGMENTS, "network_hop1", "network_hop2")
@@ -103,9 +103,9 @@ def _describe_client(name: str, c: ClientHealth | None, rounds_key: str) -> str:
     )
 
 
-def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int]) -> list[dict[str, Any]]:
+def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int]) -> list[ClientWarning]:
     """One warning per concurrency where a load generator was saturated (or starved of CPU)."""
-    out: list[dict[str, Any]] = []
+    out: list[ClientWarning] = []
     for conc in concurrency:
         sat = saturated_at(report_targets, conc)
         if sat:
@@ -114,7 +114,7 @@ def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int
                 + ", ".join(_describe_client(n, _client_at(report_targets, n, conc), "saturated_rounds") for n in sat)
                 + f": {CLIENT_ADVICE}"
             )
-            out.append({"concurrency": conc, "kind": "saturated", "targets": sat, "text": text})
+            out.append(ClientWarning(concurrency=conc, kind="saturated", targets=sat, text=text))
         con = [n for n in report_targets if (c := _client_at(report_targets, n, conc)) is not None and c.contended]
         if con:
             text = (
@@ -123,7 +123,7 @@ def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int
                 + ": the load generator's event loop waited for a CPU (other processes on the machine); "
                 "network hop 1 includes that waiting"
             )
-            out.append({"concurrency": conc, "kind": "contended", "targets": con, "text": text})
+            out.append(ClientWarning(concurrency=conc, kind="contended", targets=con, text=text))
     return out
 
 
@@ -300,7 +300,7 @@ def _verdict(
     diffs: Mapping[str, float],
     hop1: float,
     saturated: set[str],
-) -> dict[str, Any]:
+) -> Verdict:
     """A significant difference in words, with its top segments; flagged when a load generator involved
     was saturated (its waiting is in network hop 1)."""
     top = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:2]
@@ -329,14 +329,14 @@ def _verdict(
             " -- mostly the engine's own time: CPU contention (the proxy's CPU use on a "
             "shared box, or other load), not the path's network or encoding"
         )
-    return {
-        "concurrency": conc,
-        "target": name,
-        "text": text,
-        "segment_mean_diff_ms": dict(diffs),
-        "client_flag": flag,
-        "client_saturated": sat,
-    }
+    return Verdict(
+        concurrency=conc,
+        target=name,
+        text=text,
+        segment_mean_diff_ms=dict(diffs),
+        client_flag=flag,
+        client_saturated=sat,
+    )
 
 
 def add_comparisons(
@@ -346,9 +346,9 @@ def add_comparisons(
     concurrency: Sequence[int],
     primary: str,
     alpha: float,
-) -> list[dict[str, Any]]:
+) -> list[Verdict]:
     """Welch's t-test + effect sizes vs the baseline per concurrency; returns verdicts."""
-    verdicts: list[dict[str, Any]] = []
+    verdicts: list[Verdict] = []
     for conc in concurrency:
         saturated = set(saturated_at(report_targets, conc))
         base = samples.get(baseline, {}).get(conc)
