@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint install stubs bench clean vllm test-vllm
+.PHONY: demo test test-fast lint install stubs bench clean vllm test-vllm schema
 
 # CPU torch first (a plain `torch` requirement would pull a multi-GB CUDA build).
 $(STAMP): pyproject.toml
@@ -44,6 +44,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	rm -rf .lint && bench/pkgtree.sh .lint >/dev/null
 	cd .lint && ../$(PY) -m mypy --config-file ../pyproject.toml
+
+# report.json's JSON schema, generated from the typed report (tests/test_report_schema.py checks it is current)
+schema: $(STAMP)
+	$(PY) -m pathprobe.analysis.report.model > docs/report.schema.json
 
 stubs: $(STAMP)
 	rm -rf .stubs && mkdir -p .stubs

@@ -291,7 +291,7 @@ def main() -> None:
     report = run_compare(cfg, html=False)
     wall = time.monotonic() - t0
     env["load_end"] = f"{os.getloadavg()[0]:.2f}"
-    rows = summarize(report, out)
+    rows = summarize(report.to_dict(), out)
     shown = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
     cmd = "python bench/third_party_bench.py " + " ".join(shown)
     md = markdown(rows, env, cmd.strip(), wall)

@@ -314,8 +314,8 @@ def test_markdown_warning_sits_under_its_concurrency(saturated_dir):
 def test_html_shows_the_warning_and_flags_verdicts(saturated_dir):
     out, _ = saturated_dir
     page = (out / "report.html").read_text()
-    i32 = page.index("<h2>Concurrency 32</h2>")
-    i1 = page.index("<h2>Concurrency 1</h2>")
+    i32 = page.index("<h2>concurrency 32</h2>")
+    i1 = page.index("<h2>concurrency 1</h2>")
     warn = page.index("<div class='client-warning'><b>WARNING:</b> client saturated at concurrency 32 in direct-grpc")
     assert i1 < i32 < warn
     assert page.count("class='client-warning'") == 1 and page.count("class='client-note'") == 1
@@ -331,6 +331,6 @@ def test_rerender_reads_the_client_blocks_back(saturated_dir, tmp_path):
     out = tmp_path / "copy"
     sh.copytree(src, out)
     rep = rerender(out, log=lambda _m: None)
-    assert rep["targets"]["direct-grpc"]["by_concurrency"]["32"]["client"]["saturated"] is True
-    assert [w["kind"] for w in rep["client_warnings"]] == ["saturated", "contended"]
+    assert rep.targets["direct-grpc"].by_concurrency["32"].client.saturated is True
+    assert [w.kind for w in rep.client_warnings] == ["saturated", "contended"]
     assert "client saturated at concurrency 32" in (out / "report.md").read_text()

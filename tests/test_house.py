@@ -1,13 +1,16 @@
-"""House rules read from the source: ``Any`` cannot grow back silently.
+"""House rules read from the source.
 
-``Any`` belongs where a third-party type is truly untyped (torch, grpc's calls, Locust); our own
-JSON is :mod:`pathprobe.jsontypes`, our own shapes TypedDicts and dataclasses. The count is the
-one the issue tracks (every line naming ``Any`` outside the generated stubs); the ceiling only
-goes down: lower it when a change cuts uses.
+- ``Any`` cannot grow back silently: it belongs where a third-party type is truly untyped (torch,
+  grpc's calls, Locust); our own JSON is :mod:`pathprobe.jsontypes`, our own shapes TypedDicts and
+  dataclasses. The count is the one the issue tracks (every line naming ``Any`` outside the generated
+  stubs); the ceiling only goes down: lower it when a change cuts uses.
+- The report's code (analysis/report) is small functions, none over 60 lines (read with
+  :mod:`ast`), so a page is sections and blocks, not one long walk.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -44,3 +47,25 @@ def test_the_count_sees_the_tree() -> None:
     lines = any_lines()
     assert {line.split("/", 1)[0] for line in lines} >= {"server", "loadgen"}
     assert not any(line.startswith("core/v1/") for line in lines)
+
+
+REPORT = ROOT / "analysis" / "report"
+MAX_LINES = 60
+#: longer for now, with the reason: the accounting recipe's rework owns it (one entry point in segments)
+WAIVED = {"tracesplit.py:split_trace"}
+
+
+def _functions(path: Path) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        (f"{path.name}:{node.name}", (node.end_lineno or node.lineno) - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+
+
+def test_no_report_function_over_60_lines() -> None:
+    found = [f for path in sorted(REPORT.glob("*.py")) for f in _functions(path)]
+    assert len(found) > 100  # the folder was read
+    long = [f"{name} ({n} lines)" for name, n in found if n > MAX_LINES and name not in WAIVED]
+    assert long == [], "split these into smaller functions: " + ", ".join(long)

@@ -11,8 +11,10 @@ import pytest
 from pathprobe.analysis.lab.compare import build_report, write_reports
 from pathprobe.analysis.lab.config import parse_config
 from pathprobe.analysis.lab.runner import Path_, RunResult
-from pathprobe.analysis.report.markdown import fmt_ms, markdown
+from pathprobe.analysis.report.markdown import markdown
+from pathprobe.analysis.report.model import Report
 from pathprobe.analysis.report.paired import COSTS_MORE, NO_CLEAR
+from pathprobe.analysis.report.tables import PATH_TAX_CAPTION, fmt_ms
 
 #: extra path tax per call over the baseline (ms), and how much it varies call to call
 EXTRA = {"direct-grpc": (0.0, 0.0), "passthrough": (1.0, 0.1), "same": (0.05, 0.05), "noisy": (0.0, 3.0)}
@@ -176,9 +178,9 @@ def test_html_leads_with_the_path_tax_table(paired_dir):
 
 def test_markdown_leads_with_the_same_rows(paired_dir):
     _, rep = paired_dir
-    md = markdown(rep)
+    md = markdown(Report.model_validate(rep))
     for c in CONCS:
-        section = md.split(f"### concurrency {c}")[1]
+        section = md.split(f"{PATH_TAX_CAPTION}, concurrency {c}:")[1]  # the page leads with them
         first_table = next(b for b in section.split("\n\n") if b.startswith("|")).splitlines()
         head, _, *body = [[x.strip() for x in line.strip("|").split("|")] for line in first_table]
         assert head[:2] == ["config", "path tax"] and head[-1] == "verdict"

@@ -90,6 +90,7 @@ def test_the_report_plots_one_waterfall_per_configuration() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    from pathprobe.analysis.report.model import Group, Meta, Method, Report, Target
     from pathprobe.analysis.report.plots import plot_waterfalls
 
     rep = serverreports.ServerReport(serverreports.VLLM, {"srv.queue": 1.0, "srv.prefill": 3.0})
@@ -97,7 +98,13 @@ def test_the_report_plots_one_waterfall_per_configuration() -> None:
         "ours": {1: [_record(9.5, "srv.queue;dur=1.0, srv.prefill;dur=5.0, srv.total;dur=8.0")]},
         "theirs": {1: [_record(20.0, "", rep, est=0.2)]},
     }
-    report = {"concurrency": [1], "targets": {n: {"by_concurrency": {"1": {"ok": 1}}} for n in recs}}
+    report = Report(
+        meta=Meta(config={}),
+        baseline="ours",
+        concurrency=[1],
+        method=Method(primary_metric="e2e", summary=""),
+        targets={n: Target(status="ok", by_concurrency={"1": Group(ok=1)}) for n in recs},
+    )
     png = plot_waterfalls(report, recs)
     assert png and len(png) > 1000
     assert waterfall.representative([]) is None

@@ -27,6 +27,7 @@ from pathprobe.analysis.lab.rounds import Rounds
 from pathprobe.analysis.lab.stack import Stack
 from pathprobe.analysis.report import paired as paired_mod
 from pathprobe.analysis.report.figures import add_comparisons, client_warnings
+from pathprobe.analysis.report.model import SCHEMA_VERSION, ClientHealth, Report, Verdict
 from pathprobe.analysis.report.selfreport import add_self_reports
 from pathprobe.errors import ConfigError
 
@@ -120,7 +121,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Interrupted(f"stopped by signal {signum}")
 
 
-def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = log_stderr, html: bool = True) -> dict[str, Any]:
+def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = log_stderr, html: bool = True) -> Report:
     """Run the matrix; every process started is ended on return, on error and on SIGTERM/SIGINT."""
     import signal
     import threading
@@ -135,7 +136,7 @@ def run_compare(cfg: CompareConfig, *, log: Callable[[str], None] = log_stderr, 
             signal.signal(signal.SIGTERM, previous)
 
 
-def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) -> dict[str, Any]:
+def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) -> Report:
     """The phases in order: check, start, bring every path up, warm up, measure, collect, report."""
     out = Path(cfg.out)
     _prepare_out(out)
@@ -165,11 +166,12 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         if capture is not None:
             capture.stop()
         stack.close()
-    report = build_report(cfg, paths, rounds.results, rounds.warmups, primary, started, t_start)
+    raw, samples = report_data(cfg, paths, rounds.results, rounds.warmups, primary, started, t_start)
     if server_startup:
-        report["server_startup_ms"] = server_startup
-    report["meta"]["placement"] = {**stack.placement.as_dict(), "engine_process": stack.engine_process}
-    _cross_check(cfg, report, paths, rounds.results, capture, out, log)
+        raw["server_startup_ms"] = server_startup
+    raw["meta"]["placement"] = {**stack.placement.as_dict(), "engine_process": stack.engine_process}
+    _cross_check(cfg, raw, paths, rounds.results, capture, out, log)
+    report = Report.model_validate(raw).with_samples(samples)  # the report, typed, built once
     write_reports(report, rounds.results, out, html, primary)
     return report
 
@@ -266,7 +268,23 @@ def build_report(
     primary: str,
     started: str,
     t_start: float,
-) -> dict[str, Any]:
+) -> Report:
+    """The typed report of these runs (what ``report.json`` holds), with the samples its plots draw."""
+    raw, samples = report_data(cfg, paths, results, warmups, primary, started, t_start)
+    return Report.model_validate(raw).with_samples(samples)
+
+
+def report_data(
+    cfg: CompareConfig,
+    paths: dict[str, Path_],
+    results: dict[str, list[RunResult]],
+    warmups: dict[str, RunResult],
+    primary: str,
+    started: str,
+    t_start: float,
+) -> tuple[dict[str, Any], dict[str, dict[int, list[float]]]]:
+    """The report's content as it is assembled (the cross-checks still add to it), and each
+    configuration's primary-metric samples per concurrency."""
     concs = cfg.load.concurrency
     report_targets: dict[str, Any] = {}
     samples: dict[str, dict[int, list[float]]] = {}
@@ -288,6 +306,7 @@ def build_report(
     }
     self_reports = add_self_reports(report_targets, by_conc, baseline)
     return {
+        "schema_version": SCHEMA_VERSION,
         "meta": run_meta(cfg, started, t_start),
         "baseline": baseline,
         "concurrency": concs,
@@ -299,8 +318,7 @@ def build_report(
         "interleaved": interleaved,
         "client_warnings": warnings,
         "self_reports": self_reports,
-        "_samples": samples,  # removed before writing
-    }
+    }, samples
 
 
 def _paired_verdicts(
@@ -309,10 +327,10 @@ def _paired_verdicts(
     results: dict[str, list[RunResult]],
     baseline: str,
     concs: list[int],
-) -> list[dict[str, Any]]:
+) -> list[Verdict]:
     """Interleaved runs: each configuration's path tax, its calls paired with the baseline's of the same
     cycle, and verdicts on the paired path-tax difference (see :mod:`pathprobe.analysis.report.paired`)."""
-    verdicts: list[dict[str, Any]] = []
+    verdicts: list[Verdict] = []
     for conc in concs:
         recs = {
             name: [rec for r in runs if r.concurrency == conc for rec in r.records] for name, runs in results.items()
@@ -326,10 +344,14 @@ def _paired_verdicts(
             if name != baseline and t["status"] == "ok" and recs.get(baseline):
                 per[name] = g["paired"] = paired_mod.paired(recs.get(name, []), recs[baseline], n_boot=cfg.bootstrap)
         found = paired_mod.judge(per, baseline, conc, cfg.alpha, min_ms=cfg.min_effect_ms, min_rel=cfg.min_effect_rel)
-        clients = [(t["by_concurrency"].get(str(conc)) or {}).get("client") or {} for t in report_targets.values()]
-        if any(c.get("saturated") for c in clients):
+        clients = [
+            c
+            for t in report_targets.values()
+            if isinstance(c := (t["by_concurrency"].get(str(conc)) or {}).get("client"), ClientHealth)
+        ]
+        if any(c.saturated for c in clients):
             flag = "client saturated"
-        elif any(c.get("contended") for c in clients):
+        elif any(c.contended for c in clients):
             flag = "machine contended"
         else:
             flag = None
@@ -340,5 +362,5 @@ def _paired_verdicts(
                     f" -- FLAGGED: {flag} at this concurrency (the load generator waited for a CPU): "
                     "the path tax includes that waiting, and another run on this machine may differ"
                 )
-        verdicts += found
+        verdicts += [Verdict.model_validate(v) for v in found]
     return verdicts

@@ -195,11 +195,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"pathprobe compare: {exc}; every process it started was ended", file=sys.stderr)
         return 143
     if args.json_only:
-        from pathprobe.analysis.report.html import json_safe
-
-        print(json.dumps(json_safe(report), indent=1))
+        print(report.to_json())
     else:
         print(markdown(report))
     sys.stdout.flush()
-    failed = [n for n, t in report["targets"].items() if t["status"] == "failed"]
+    failed = [n for n, t in report.targets.items() if t.status == "failed"]
     return 1 if failed else 0

@@ -12,6 +12,7 @@ from pathprobe.analysis.lab.loadrun import RunResult
 from pathprobe.analysis.lab.paths import Path_, expected_shift_ms
 from pathprobe.analysis.report.figures import client_summary, metric_values, summarize_group
 from pathprobe.analysis.report.hops import summarize_hops
+from pathprobe.analysis.report.model import ColdStart, NetworkInfo, PathCpu
 
 
 def target_entry(
@@ -47,7 +48,7 @@ def target_entry(
     return entry, samples
 
 
-def cold_start(p: Path_, warmup: RunResult | None) -> dict[str, Any] | None:
+def cold_start(p: Path_, warmup: RunResult | None) -> ColdStart | None:
     """The first request after start-up: the warm-up's first (with the warm-up's median beside it),
     else the readiness probe's."""
     import numpy as np
@@ -56,14 +57,14 @@ def cold_start(p: Path_, warmup: RunResult | None) -> dict[str, Any] | None:
         ok = sorted((r for r in warmup.records if r.get("ok")), key=lambda r: r.get("ts", 0))
         if not ok:
             return None
-        return {
-            "first_ms": float(ok[0]["e2e_ms"]),
-            "probe_ms": p.probe_ms,
-            "warmup_p50_ms": float(np.median([r["e2e_ms"] for r in ok])),
-            "n": len(warmup.records),
-        }
+        return ColdStart(
+            first_ms=float(ok[0]["e2e_ms"]),
+            probe_ms=p.probe_ms,
+            warmup_p50_ms=float(np.median([r["e2e_ms"] for r in ok])),
+            n=len(warmup.records),
+        )
     if p.probe_ms is not None:
-        return {"first_ms": p.probe_ms, "probe_ms": p.probe_ms, "n": 0}
+        return ColdStart(first_ms=p.probe_ms, probe_ms=p.probe_ms, n=0)
     return None
 
 
@@ -102,7 +103,7 @@ def hop_names(t: TargetConfig) -> list[str] | None:
     return [t.kind, "server"]
 
 
-def path_cpu(runs: list[RunResult]) -> dict[str, Any] | None:
+def path_cpu(runs: list[RunResult]) -> PathCpu | None:
     """CPU the path's own processes (gateway / proxy / relays, not the shared server) spent per
     request in these runs: their CPU seconds over every request the runs sent."""
     measured = [r for r in runs if r.path_cpu_s is not None]
@@ -110,23 +111,24 @@ def path_cpu(runs: list[RunResult]) -> dict[str, Any] | None:
     if not measured or n == 0:
         return None
     cpu_s = sum(r.path_cpu_s or 0.0 for r in measured)
-    return {
-        "cpu_s": round(cpu_s, 4),
-        "requests": n,
-        "ms_per_request": round(cpu_s * 1e3 / n, 4),
-        "what": "user+system CPU of the path's own processes and their children during the measured runs",
-    }
+    return PathCpu(
+        cpu_s=round(cpu_s, 4),
+        requests=n,
+        ms_per_request=round(cpu_s * 1e3 / n, 4),
+        what="user+system CPU of the path's own processes and their children during the measured runs",
+    )
 
 
-def network_info(net: NetworkConfig | None) -> dict[str, Any] | None:
+def network_info(net: NetworkConfig | None) -> NetworkInfo | None:
+    """A network condition as the report names it (None: no condition)."""
     if net is None:
         return None
     from pathprobe.netem.relay import LinkSpec
 
-    return {
-        "hop": net.hop,
-        "describe": LinkSpec(net.delay_ms, net.jitter_ms, net.loss, net.rto_ms, net.rate_mbit).describe(),
-        "delay_ms_one_way": net.delay_ms,
-        "expected_request_ms": expected_shift_ms(net),
-        "mechanism": "pathprobe's delaying TCP relay (pathprobe netem) inserted on the hop",
-    }
+    return NetworkInfo(
+        hop=net.hop,
+        describe=LinkSpec(net.delay_ms, net.jitter_ms, net.loss, net.rto_ms, net.rate_mbit).describe(),
+        delay_ms_one_way=net.delay_ms,
+        expected_request_ms=expected_shift_ms(net),
+        mechanism="pathprobe's delaying TCP relay (pathprobe netem) inserted on the hop",
+    )

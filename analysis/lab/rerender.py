@@ -3,17 +3,18 @@ without running anything (e.g. with another baseline or alpha)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pathprobe.analysis.lab.compare import build_report, log_stderr
+from pathprobe.analysis.lab.config import CompareConfig, TargetConfig
 from pathprobe.analysis.lab.loadrun import RunResult, read_accounting, read_client, read_path_cpu
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.reportfiles import write_reports
+from pathprobe.analysis.report.model import Report, Target
 from pathprobe.errors import ConfigError
+from pydantic import ValidationError
 
 
 def rerender(
@@ -23,17 +24,12 @@ def rerender(
     alpha: float | None = None,
     html: bool = True,
     log: Callable[[str], None] = log_stderr,
-) -> dict[str, Any]:
+) -> Report:
     """Rebuild the reports of a finished compare from its ``runs/`` folder, without running anything
     (e.g. with another baseline or alpha). Statuses, reasons and cold starts come from the old report.json."""
-    from pathprobe.analysis.report.records import read_tagged
-
     old_path = out / "report.json"
-    try:
-        old = json.loads(old_path.read_text(encoding="utf-8"))
-        data = old["meta"]["config"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"{old_path}: not a compare report ({exc})") from None
+    old = read_report(old_path)
+    data = dict(old.meta.config)
     if baseline is not None:
         data["baseline"] = baseline
     if alpha is not None:
@@ -41,49 +37,70 @@ def rerender(
     from pathprobe.analysis.lab.config import parse_config
 
     cfg = parse_config(data, str(old_path))
-    primary = old["method"]["primary_metric"]
     paths: dict[str, Path_] = {}
     results: dict[str, list[RunResult]] = {}
     for t in cfg.enabled_targets:
-        prev = old["targets"].get(t.name, {})
-        p = Path_(t, url=prev.get("url", ""), status=prev.get("status", "failed"), reason=prev.get("reason", ""))
-        p.notes = prev.get("notes", [])
-        p.tls_handshake = prev.get("tls_handshake")
-        p.probe_ms = (prev.get("cold_start") or {}).get("probe_ms")
-        paths[t.name] = p
-        runs = []
-        for conc in cfg.load.concurrency:
-            for rnd in range(cfg.load.rounds):
-                d = out / "runs" / t.name / f"c{conc}" / f"r{rnd}"
-                if (d / "records.jsonl").exists():
-                    recs = read_tagged(d / "records.jsonl", _round=rnd, _concurrency=conc)
-                    dur = prev.get("by_concurrency", {}).get(str(conc), {}).get("duration_s")
-                    per_run = (
-                        dur / max(1, len([x for x in (out / "runs" / t.name / f"c{conc}").glob("r*")]))
-                        if dur
-                        else cfg.load.duration_s
-                    )
-                    runs.append(
-                        RunResult(
-                            t.name,
-                            conc,
-                            rnd,
-                            d,
-                            recs,
-                            per_run,
-                            client=read_client(d),
-                            path_cpu_s=read_path_cpu(d),
-                            accounting=read_accounting(d),
-                        )
-                    )
-        results[t.name] = runs
-    report = build_report(cfg, paths, results, {}, primary, old["meta"].get("started", ""), time.monotonic())
-    for name, t in report["targets"].items():  # kept from the run: cold starts, traces, trace checks
-        prev = old["targets"].get(name, {})
+        prev = old.targets.get(t.name) or Target(status="failed")
+        paths[t.name] = previous_path(t, prev)
+        results[t.name] = read_runs(cfg, t, prev, out)
+    report = build_report(cfg, paths, results, {}, old.primary, old.meta.started, time.monotonic())
+    for name, t_new in report.targets.items():  # kept from the run: cold starts, traces, trace checks
+        prev_t = old.targets.get(name)
+        if prev_t is None:
+            continue
         for key in ("cold_start", "slowest", "trace_agreement"):
-            if key in prev:
-                t[key] = prev[key]
-    report["meta"]["rerendered_from"] = str(old_path)
-    write_reports(report, results, out, html, primary)
-    log(f"re-rendered {out} with baseline {report['baseline']}")
+            if key in prev_t.model_fields_set:
+                setattr(t_new, key, getattr(prev_t, key))
+    report.meta.rerendered_from = str(old_path)
+    write_reports(report, results, out, html, old.primary)
+    log(f"re-rendered {out} with baseline {report.baseline}")
     return report
+
+
+def read_report(path: Path) -> Report:
+    """A finished compare's report.json, read back through the model."""
+    try:
+        return Report.read(path.read_text(encoding="utf-8"))
+    except (OSError, ValidationError) as exc:
+        raise ConfigError(f"{path}: not a compare report ({exc})") from None
+
+
+def previous_path(t: TargetConfig, prev: Target) -> Path_:
+    """A configuration's path as the run left it: status, reason, notes, TLS handshake, probe time."""
+    p = Path_(t, url=prev.url, status=prev.status, reason=prev.reason or "")
+    p.notes = list(prev.notes)
+    p.tls_handshake = prev.tls_handshake
+    p.probe_ms = prev.cold_start.probe_ms if prev.cold_start is not None else None
+    return p
+
+
+def read_runs(cfg: CompareConfig, t: TargetConfig, prev: Target, out: Path) -> list[RunResult]:
+    """A configuration's runs read back from ``runs/NAME/cC/rR`` (records, client, CPU, accounting)."""
+    runs = []
+    for conc in cfg.load.concurrency:
+        for rnd in range(cfg.load.rounds):
+            d = out / "runs" / t.name / f"c{conc}" / f"r{rnd}"
+            if (d / "records.jsonl").exists():
+                runs.append(read_run(cfg, t, prev, out, conc, rnd, d))
+    return runs
+
+
+def read_run(cfg: CompareConfig, t: TargetConfig, prev: Target, out: Path, conc: int, rnd: int, d: Path) -> RunResult:
+    from pathprobe.analysis.report.records import read_tagged
+
+    recs = read_tagged(d / "records.jsonl", _round=rnd, _concurrency=conc)
+    group = prev.at(conc)
+    dur = group.duration_s if group is not None else None
+    n_runs = max(1, len(list((out / "runs" / t.name / f"c{conc}").glob("r*"))))
+    per_run = dur / n_runs if dur else cfg.load.duration_s
+    return RunResult(
+        t.name,
+        conc,
+        rnd,
+        d,
+        recs,
+        per_run,
+        client=read_client(d),
+        path_cpu_s=read_path_cpu(d),
+        accounting=read_accounting(d),
+    )

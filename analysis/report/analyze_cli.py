@@ -12,16 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathprobe.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pathprobe.analysis.report.traces import Trace
+    from pathprobe.analysis.report.tracesplit import TraceSplit
 
 HELP = "segment breakdown from exported traces (OTLP JSON files, or a Jaeger query API)"
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "analyze", help=HELP, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -81,9 +86,6 @@ def _slowest_count(spec: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from pathprobe.analysis.report import traces as tr
-    from pathprobe.analysis.report.hops import format_path, summarize_hops
-    from pathprobe.analysis.report.markdown import segment_table
-    from pathprobe.analysis.report.records import agreement, read_records
     from pathprobe.analysis.report.tracesplit import split_trace
 
     if not args.inputs and not args.jaeger:
@@ -111,6 +113,22 @@ def run(args: argparse.Namespace) -> int:
     splits = [split_trace(t, args.source) for t in traces.values()]
     good = [s for s in splits if s.split is not None]
     print(f"{len(traces)} traces, {len(spans)} spans; split from span {args.source}")
+    _print_splits(args, splits, good)
+    result: dict[str, object] = {"source": args.source, "traces": [s.as_dict() for s in splits]}
+    agree = _print_agreement(args.records, good, result) if args.records else True
+    _write_traces(args, traces, good, slowest)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1), encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0 if agree else 3
+
+
+def _print_splits(args: argparse.Namespace, splits: Sequence[TraceSplit], good: Sequence[TraceSplit]) -> None:
+    """The traces' problems, the segment table per route, the paths hop by hop, one line per trace."""
+    from pathprobe.analysis.report.markdown import render
+    from pathprobe.analysis.report.tables import segment_table
+
     problems: dict[str, int] = {}
     for s in splits:
         if s.problem:
@@ -122,18 +140,8 @@ def run(args: argparse.Namespace) -> int:
         if s.split is not None:
             by_route.setdefault(s.route or "?", []).append(s.split.as_dict())
     print()
-    print(segment_table(by_route))
-    by_shape: dict[tuple[str, int, int], list[dict[str, object]]] = {}
-    for route, sps in by_route.items():  # one line per route and chain shape (paths differ in length)
-        for sp in sps:
-            by_shape.setdefault((route, len(sp["hops"]), len(sp["links"])), []).append({"ok": True, "split": sp})
-    if by_shape:
-        print()
-        print("hop by hop (means, ms: each link's network, each reporting hop's own time and serialization):")
-        for (route, _, _), recs in sorted(by_shape.items()):
-            summary = summarize_hops(recs)
-            if summary:
-                print(f"  {route} ({len(recs)}): {format_path(summary)}")
+    print(render([segment_table(by_route)]))
+    _print_hops(by_route)
     if args.per_trace:
         print()
         for s in sorted(good, key=lambda s: -s.split.e2e):  # type: ignore[union-attr]
@@ -144,25 +152,56 @@ def run(args: argparse.Namespace) -> int:
                     f"{k}={d[k]:.3f}" for k in ("e2e", "network", "serialization", "queueing", "inference", "other")
                 )
             )
-    result: dict = {"source": args.source, "traces": [s.as_dict() for s in splits]}
-    if args.records:
-        records = [r for path in args.records for r in read_records(path)]
-        agr = agreement(good, records)
-        result["agreement"] = agr
-        print()
-        print(
-            f"agreement with in-band records ({agr['rule']}): {agr['matched']} traces matched of "
-            f"{agr['records_with_trace']} records with a trace id"
-        )
-        for key, st in agr["segments"].items():
-            print(f"  {key:14s} n={st['n']:5d}  outside={st['outside']:4d}  max |diff|={st['max_abs_diff_ms']:.3f} ms")
-        print("  AGREE" if agr["agree"] else "  DISAGREE")
+
+
+def _print_hops(by_route: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    """One line per route and chain shape (paths differ in length)."""
+    from pathprobe.analysis.report.hops import format_path, summarize_hops
+    from pathprobe.analysis.report.model import HopPath
+
+    by_shape: dict[tuple[str, int, int], list[dict[str, object]]] = {}
+    for route, sps in by_route.items():
+        for sp in sps:
+            by_shape.setdefault((route, len(sp["hops"]), len(sp["links"])), []).append({"ok": True, "split": sp})
+    if not by_shape:
+        return
+    print()
+    print("hop by hop (means, ms: each link's network, each reporting hop's own time and serialization):")
+    for (route, _, _), recs in sorted(by_shape.items()):
+        summary = summarize_hops(recs)
+        if summary:
+            print(f"  {route} ({len(recs)}): {format_path(HopPath.model_validate(summary))}")
+
+
+def _print_agreement(paths: Sequence[str], good: Sequence[TraceSplit], result: dict[str, object]) -> bool:
+    """The split from spans against the in-band records (``--records``): printed, and whether they agree."""
+    from pathprobe.analysis.report.records import agreement, read_records
+
+    records = [r for path in paths for r in read_records(path)]
+    agr = agreement(list(good), records)
+    result["agreement"] = agr
+    print()
+    print(
+        f"agreement with in-band records ({agr['rule']}): {agr['matched']} traces matched of "
+        f"{agr['records_with_trace']} records with a trace id"
+    )
+    for key, st in agr["segments"].items():
+        print(f"  {key:14s} n={st['n']:5d}  outside={st['outside']:4d}  max |diff|={st['max_abs_diff_ms']:.3f} ms")
+    print("  AGREE" if agr["agree"] else "  DISAGREE")
+    return bool(agr["agree"])
+
+
+def _write_traces(
+    args: argparse.Namespace, traces: Mapping[str, Trace], good: Sequence[TraceSplit], slowest: Mapping[str, int]
+) -> None:
+    """``--write-trace``: the slowest N (complete traces first) or the traces named, one file each."""
+    from pathprobe.analysis.report import traces as tr
+
     for spec in args.write_trace:
         if spec.startswith("slowest:"):
-            n = slowest[spec]
             # complete traces (with the client's span) first: a server-only trace's e2e is not the user's
-            pool = [s for s in good if s.e2e_source != "outermost server span"] or good
-            chosen = [traces[s.trace_id] for s in sorted(pool, key=lambda s: -s.split.e2e)[:n]]  # type: ignore[union-attr]
+            pool = [s for s in good if s.e2e_source != "outermost server span"] or list(good)
+            chosen = [traces[s.trace_id] for s in sorted(pool, key=lambda s: -s.split.e2e)[: slowest[spec]]]  # type: ignore[union-attr]
         else:
             if spec.lower() not in traces:
                 raise ConfigError(f"--write-trace: trace {spec} is not among the {len(traces)} traces read")
@@ -170,10 +209,3 @@ def run(args: argparse.Namespace) -> int:
         for t in chosen:
             path = tr.write_trace_file([t], Path(args.out) / f"trace-{t.trace_id}.json", args.format)
             print(f"wrote {path} (open in Jaeger UI: Search -> Upload / JSON File)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1), encoding="utf-8")
-        print(f"wrote {args.json}")
-    if args.records and not result["agreement"]["agree"]:
-        return 3
-    return 0

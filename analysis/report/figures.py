@@ -7,9 +7,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pathprobe.analysis.report import stats
+from pathprobe.analysis.report.model import ClientHealth, ClientWarning, Estimate, Json, Report, TaxPart, Verdict
 from pathprobe.segments import SEGMENTS
 
 SEG_COLS = (*SEGMENTS, "network_hop1", "network_hop2")
@@ -28,7 +30,26 @@ def _r(v: Any, d: int = 1) -> str:
     return "–" if v is None else f"{v:.{d}f}"
 
 
-def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> dict[str, Any] | None:
+def _round_block(b: Mapping[str, Any]) -> Json:
+    """One round's client block, as the report keeps it."""
+
+    def pick(key: str, parts: tuple[str, ...]) -> Json:
+        got = b.get(key) or {}
+        return {x: got.get(x) for x in parts}
+
+    return {
+        "saturated": bool(b.get("saturated")),
+        "contended": bool(b.get("contended")),
+        "reason": b.get("reason"),
+        "contended_reason": b.get("contended_reason"),
+        "loop_lag_ms": pick("loop_lag_ms", ("p50", "p99", "max")),
+        "loop_busy_lag_ms": pick("loop_busy_lag_ms", ("p50", "p99", "max")),
+        "cpu_percent": pick("cpu_percent", ("mean", "max")),
+        "processes": len(b.get("processes") or []) or 1,
+    }
+
+
+def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> ClientHealth | None:
     """The load generator's health over one configuration's rounds at one concurrency.
 
     ``by_round``: each round's summary.json ``client`` block (None where the run had none).
@@ -43,78 +64,66 @@ def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> dict[str
         vals: list[float] = [v for v in got if v is not None]
         return max(vals) if vals else None
 
-    per: dict[str, dict[str, Any]] = {}
-    for k, b in sorted(rounds.items()):
-        per[str(k)] = {
-            "saturated": bool(b.get("saturated")),
-            "contended": bool(b.get("contended")),
-            "reason": b.get("reason"),
-            "contended_reason": b.get("contended_reason"),
-            "loop_lag_ms": {x: (b.get("loop_lag_ms") or {}).get(x) for x in ("p50", "p99", "max")},
-            "loop_busy_lag_ms": {x: (b.get("loop_busy_lag_ms") or {}).get(x) for x in ("p50", "p99", "max")},
-            "cpu_percent": {x: (b.get("cpu_percent") or {}).get(x) for x in ("mean", "max")},
-            "processes": len(b.get("processes") or []) or 1,
-        }
-    sat = [int(k) for k, v in per.items() if v["saturated"]]
-    con = [int(k) for k, v in per.items() if v["contended"]]
-    return {
-        "saturated": bool(sat),
-        "saturated_rounds": [k + 1 for k in sat],
-        "contended": bool(con) and not sat,
-        "contended_rounds": [k + 1 for k in con],
-        "reason": next((per[str(k)]["reason"] for k in sat), None),
-        "loop_lag_ms": {"p99": worst(("loop_lag_ms", "p99")), "max": worst(("loop_lag_ms", "max"))},
-        "loop_busy_lag_ms": {"p99": worst(("loop_busy_lag_ms", "p99"))},
-        "cpu_percent": {"mean": worst(("cpu_percent", "mean")), "max": worst(("cpu_percent", "max"))},
-        "processes": max(v["processes"] for v in per.values()),
-        "rounds": per,
-    }
+    sat = [k for k, b in sorted(rounds.items()) if b.get("saturated")]
+    con = [k for k, b in sorted(rounds.items()) if b.get("contended")]
+    return ClientHealth(
+        saturated=bool(sat),
+        saturated_rounds=[k + 1 for k in sat],
+        contended=bool(con) and not sat,
+        contended_rounds=[k + 1 for k in con],
+        reason=next((rounds[k].get("reason") for k in sat), None),
+        loop_lag_ms={"p99": worst(("loop_lag_ms", "p99")), "max": worst(("loop_lag_ms", "max"))},
+        loop_busy_lag_ms={"p99": worst(("loop_busy_lag_ms", "p99"))},
+        cpu_percent={"mean": worst(("cpu_percent", "mean")), "max": worst(("cpu_percent", "max"))},
+        processes=max(len(b.get("processes") or []) or 1 for b in rounds.values()),
+        rounds={str(k): _round_block(b) for k, b in sorted(rounds.items())},
+    )
 
 
-def _client_at(report_targets: Mapping[str, Any], name: str, conc: int) -> dict[str, Any] | None:
+def _client_at(report_targets: Mapping[str, Any], name: str, conc: int) -> ClientHealth | None:
     g = (report_targets.get(name) or {}).get("by_concurrency", {}).get(str(conc)) or {}
-    return g.get("client")
+    got = g.get("client")
+    return got if isinstance(got, ClientHealth) else None
 
 
 def saturated_at(report_targets: Mapping[str, Any], conc: int) -> list[str]:
     """Configurations whose load generator was saturated in any round at this concurrency."""
-    return [n for n in report_targets if (_client_at(report_targets, n, conc) or {}).get("saturated")]
+    return [n for n in report_targets if (c := _client_at(report_targets, n, conc)) is not None and c.saturated]
 
 
-def _describe_client(name: str, c: Mapping[str, Any], rounds_key: str) -> str:
-    rounds = ", ".join(map(str, c.get(rounds_key) or []))
+def _describe_client(name: str, c: ClientHealth | None, rounds_key: str) -> str:
+    if c is None:
+        return name
+    listed = c.saturated_rounds if rounds_key == "saturated_rounds" else c.contended_rounds
+    rounds = ", ".join(map(str, listed))
     return (
-        f"{name} (round{'s' if len(c.get(rounds_key) or []) > 1 else ''} {rounds}: event-loop lag p99 "
-        f"{_r(c['loop_lag_ms'].get('p99'))} ms, loop CPU {_r(c['cpu_percent'].get('mean'), 0)}% of one core, "
-        f"{c.get('processes', 1)} load process{'es' if c.get('processes', 1) > 1 else ''})"
+        f"{name} (round{'s' if len(listed) > 1 else ''} {rounds}: event-loop lag p99 "
+        f"{_r(c.loop_lag_ms.get('p99'))} ms, loop CPU {_r(c.cpu_percent.get('mean'), 0)}% of one core, "
+        f"{c.processes} load process{'es' if c.processes > 1 else ''})"
     )
 
 
-def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int]) -> list[dict[str, Any]]:
+def client_warnings(report_targets: Mapping[str, Any], concurrency: Sequence[int]) -> list[ClientWarning]:
     """One warning per concurrency where a load generator was saturated (or starved of CPU)."""
-    out: list[dict[str, Any]] = []
+    out: list[ClientWarning] = []
     for conc in concurrency:
         sat = saturated_at(report_targets, conc)
         if sat:
             text = (
                 f"client saturated at concurrency {conc} in "
-                + ", ".join(
-                    _describe_client(n, _client_at(report_targets, n, conc) or {}, "saturated_rounds") for n in sat
-                )
+                + ", ".join(_describe_client(n, _client_at(report_targets, n, conc), "saturated_rounds") for n in sat)
                 + f": {CLIENT_ADVICE}"
             )
-            out.append({"concurrency": conc, "kind": "saturated", "targets": sat, "text": text})
-        con = [n for n in report_targets if (_client_at(report_targets, n, conc) or {}).get("contended")]
+            out.append(ClientWarning(concurrency=conc, kind="saturated", targets=sat, text=text))
+        con = [n for n in report_targets if (c := _client_at(report_targets, n, conc)) is not None and c.contended]
         if con:
             text = (
                 f"client contended at concurrency {conc} in "
-                + ", ".join(
-                    _describe_client(n, _client_at(report_targets, n, conc) or {}, "contended_rounds") for n in con
-                )
+                + ", ".join(_describe_client(n, _client_at(report_targets, n, conc), "contended_rounds") for n in con)
                 + ": the load generator's event loop waited for a CPU (other processes on the machine); "
                 "network hop 1 includes that waiting"
             )
-            out.append({"concurrency": conc, "kind": "contended", "targets": con, "text": text})
+            out.append(ClientWarning(concurrency=conc, kind="contended", targets=con, text=text))
     return out
 
 
@@ -158,6 +167,27 @@ def metric_values(records: Sequence[Mapping[str, Any]], metric: str) -> list[flo
     return out
 
 
+def _counts(records: Sequence[Mapping[str, Any]], ok: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Requests, ok, errors (by status, and the first error's text), ok answers without server timing."""
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r.get("ok"):
+            key = str(r.get("status") or "ERROR")
+            errors[key] = errors.get(key, 0) + 1
+    first_error = next((r.get("error") for r in records if not r.get("ok") and r.get("error")), None)
+    # an ok answer without the server's entries (a lost trailer/header): its server time would silently
+    # count as network; counted here and named in the report
+    no_srv = sum(1 for r in ok if not any(k.startswith("srv.") for k in (r.get("entries") or {})))
+    return {
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": len(records) - len(ok),
+        "errors_by_status": errors,
+        "first_error": first_error,
+        "ok_without_server_timing": no_srv,
+    }
+
+
 def summarize_group(
     records: Sequence[Mapping[str, Any]],
     *,
@@ -171,23 +201,9 @@ def summarize_group(
     stopped = [r for r in records if r.get("status") == "STOPPED"]
     records = [r for r in records if r.get("status") != "STOPPED"]
     ok = [r for r in records if r.get("ok") and r.get("split")]
-    errors: dict[str, int] = {}
-    for r in records:
-        if not r.get("ok"):
-            key = str(r.get("status") or "ERROR")
-            errors[key] = errors.get(key, 0) + 1
-    first_error = next((r.get("error") for r in records if not r.get("ok") and r.get("error")), None)
-    # an ok answer without the server's entries (a lost trailer/header): its server time would silently
-    # count as network; counted here and named in the report
-    no_srv = sum(1 for r in ok if not any(k.startswith("srv.") for k in (r.get("entries") or {})))
     out: dict[str, Any] = {
-        "requests": len(records),
-        "ok": len(ok),
-        "errors": len(records) - len(ok),
-        "errors_by_status": errors,
+        **_counts(records, ok),
         "stopped": len(stopped),
-        "first_error": first_error,
-        "ok_without_server_timing": no_srv,
         "client_wait": percentiles([float(r.get("client_wait_ms") or 0.0) for r in ok]),
         "duration_s": duration_s,
         "rps": len(ok) / duration_s if duration_s > 0 else math.nan,
@@ -224,36 +240,103 @@ def summarize_group(
     return out
 
 
-def path_tax_rows(report: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
-    """The path-tax table of one concurrency as data (the Markdown and HTML reports both lead with it):
-    per configuration its path tax and parts (p50 ms), the engine beside it, and the paired difference
-    to the baseline with its 95% CI, pairs and verdict (None for the baseline)."""
+@dataclass(frozen=True, slots=True)
+class PathTaxRow:
+    """One configuration's row of the path-tax table (p50 ms), and its paired difference to the baseline."""
+
+    config: str
+    baseline: bool
+    path_tax: float | None
+    network_hop1: float | None
+    network_hop2: float | None
+    serialization: float | None
+    other: float | None
+    engine: float | None
+    diff: Estimate | None
+    pairs: int | None
+    verdict: str | None
+    why: str
+
+
+def path_tax_rows(report: Report, conc: int) -> list[PathTaxRow]:
+    """The path-tax table of one concurrency as data (the pages lead with it): per configuration its
+    path tax and parts (p50 ms), the engine beside it, and the paired difference to the baseline with
+    its 95% CI, pairs and verdict (None for the baseline)."""
     rows = []
-    for name, t in report["targets"].items():
-        g = (t.get("by_concurrency") or {}).get(key) or {}
-        tx = g.get("path_tax") or {}
-        if not tx.get("n"):
+    for name, t in report.targets.items():
+        g = t.at(conc)
+        tx = g.path_tax if g is not None else None
+        if g is None or tx is None or not tx.n:
             continue
-        pr = g.get("paired") or {}
-        d = (pr.get("path_tax") or {}).get("median")
+        pr = g.paired
+
+        def p50(part: TaxPart | None) -> float | None:
+            return part.p50 if part is not None else None
+
         rows.append(
-            {
-                "config": name,
-                "baseline": name == report["baseline"],
-                "path_tax": tx["path_tax"]["p50"],
-                "network_hop1": tx["network_hop1"]["p50"],
-                "network_hop2": tx["network_hop2"]["p50"],
-                "serialization": tx["serialization"]["p50"],
-                "other": tx["other"]["p50"],
-                "engine": tx["engine"]["p50"],
-                "diff": d,
-                "pairs": pr.get("n"),
-                "verdict": pr.get("verdict"),
-                "why": pr.get("why") or "",
-                "min_effect_ms": pr.get("min_effect_ms"),
-            }
+            PathTaxRow(
+                config=name,
+                baseline=name == report.baseline,
+                path_tax=p50(tx.path_tax),
+                network_hop1=p50(tx.network_hop1),
+                network_hop2=p50(tx.network_hop2),
+                serialization=p50(tx.serialization),
+                other=p50(tx.other),
+                engine=p50(tx.engine),
+                diff=pr.path_tax.median if pr is not None and pr.path_tax is not None else None,
+                pairs=pr.n if pr is not None else None,
+                verdict=pr.verdict if pr is not None else None,
+                why=(pr.why if pr is not None else None) or "",
+            )
         )
     return rows
+
+
+def _verdict(
+    conc: int,
+    name: str,
+    baseline: str,
+    verdict: str,
+    diffs: Mapping[str, float],
+    hop1: float,
+    saturated: set[str],
+) -> Verdict:
+    """A significant difference in words, with its top segments; flagged when a load generator involved
+    was saturated (its waiting is in network hop 1)."""
+    top = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:2]
+    text = f"c={conc}: {verdict}; by segment (mean): " + ", ".join(f"{k} {v:+.3f} ms" for k, v in top)
+    sat = sorted({name, baseline} & saturated)
+    flag = None
+    if sat:
+        net = diffs.get("network", 0.0)
+        from_hop1 = bool(top) and top[0][0] == "network" and abs(hop1) >= 0.5 * abs(net)
+        who = " and ".join(sat)
+        if from_hop1:
+            flag = CLIENT_SATURATED_FLAG
+            text += (
+                f" -- FLAGGED: the difference is on network hop 1 "
+                f"({hop1:+.3f} ms) and the load generator of {who} was saturated, so hop 1 "
+                f"holds its own waiting"
+            )
+        else:
+            flag = "client saturated"
+            text += (
+                f" -- FLAGGED: the load generator of {who} was saturated at this concurrency; "
+                f"its waiting is in network hop 1 and it changes the load the server sees"
+            )
+    elif top and top[0][0] in ("inference", "queueing"):
+        text += (
+            " -- mostly the engine's own time: CPU contention (the proxy's CPU use on a "
+            "shared box, or other load), not the path's network or encoding"
+        )
+    return Verdict(
+        concurrency=conc,
+        target=name,
+        text=text,
+        segment_mean_diff_ms=dict(diffs),
+        client_flag=flag,
+        client_saturated=sat,
+    )
 
 
 def add_comparisons(
@@ -263,9 +346,9 @@ def add_comparisons(
     concurrency: Sequence[int],
     primary: str,
     alpha: float,
-) -> list[dict[str, Any]]:
+) -> list[Verdict]:
     """Welch's t-test + effect sizes vs the baseline per concurrency; returns verdicts."""
-    verdicts: list[dict[str, Any]] = []
+    verdicts: list[Verdict] = []
     for conc in concurrency:
         saturated = set(saturated_at(report_targets, conc))
         base = samples.get(baseline, {}).get(conc)
@@ -289,41 +372,6 @@ def add_comparisons(
             comp.extra["segment_mean_diff_ms"] = diffs
             report_targets[name]["by_concurrency"][str(conc)]["comparison"] = comp.as_dict()
             if comp.verdict:
-                top = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:2]
-                text = f"c={conc}: {comp.verdict}; by segment (mean): " + ", ".join(f"{k} {v:+.3f} ms" for k, v in top)
-                sat = sorted({name, baseline} & saturated)
-                flag = None
-                if sat:
-                    hop1 = seg["network_hop1"].get("mean", 0.0) - base_seg["network_hop1"].get("mean", 0.0)
-                    net = diffs.get("network", 0.0)
-                    from_hop1 = bool(top) and top[0][0] == "network" and abs(hop1) >= 0.5 * abs(net)
-                    who = " and ".join(sat)
-                    if from_hop1:
-                        flag = CLIENT_SATURATED_FLAG
-                        text += (
-                            f" -- FLAGGED: the difference is on network hop 1 "
-                            f"({hop1:+.3f} ms) and the load generator of {who} was saturated, so hop 1 "
-                            f"holds its own waiting"
-                        )
-                    else:
-                        flag = "client saturated"
-                        text += (
-                            f" -- FLAGGED: the load generator of {who} was saturated at this concurrency; "
-                            f"its waiting is in network hop 1 and it changes the load the server sees"
-                        )
-                elif top and top[0][0] in ("inference", "queueing"):
-                    text += (
-                        " -- mostly the engine's own time: CPU contention (the proxy's CPU use on a "
-                        "shared box, or other load), not the path's network or encoding"
-                    )
-                verdicts.append(
-                    {
-                        "concurrency": conc,
-                        "target": name,
-                        "text": text,
-                        "segment_mean_diff_ms": diffs,
-                        "client_flag": flag,
-                        "client_saturated": sat,
-                    }
-                )
+                hop1 = seg["network_hop1"].get("mean", 0.0) - base_seg["network_hop1"].get("mean", 0.0)
+                verdicts.append(_verdict(conc, name, baseline, comp.verdict, diffs, hop1, saturated))
     return verdicts

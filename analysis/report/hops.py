@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pathprobe.analysis.report.model import HopPath
+
 Record = Mapping[str, Any]
 #: a link whose network is an estimate (a round trip measured apart), as in the tables
 ESTIMATED = "est."
@@ -89,19 +91,19 @@ def summarize_hops(records: Sequence[Record], names: Sequence[str] | None = None
     }
 
 
-def format_path(summary: Mapping[str, Any]) -> str:
+def format_path(summary: HopPath) -> str:
     """``client ─1.10─▶ gw (http-proxy) [own 0.32, ser 0.00] ─0.25 est.─▶ ...`` (means, ms; est.: that
     link's network is an estimate)."""
     parts = []
-    for j, link in enumerate(summary["links"]):
-        est = f" {ESTIMATED}" if link.get("estimated") else ""
-        parts.append(f"─{link['mean_ms']:.3f}{est}─▶")
-        if j < len(summary["hops"]):
-            h = summary["hops"][j]
-            parts.append(f"{h['label']} [own {h['own_mean_ms']:.3f}, ser {h['serialization_mean_ms']:.3f}]")
+    for j, link in enumerate(summary.links):
+        est = f" {ESTIMATED}" if link.estimated else ""
+        parts.append(f"─{link.mean_ms or 0.0:.3f}{est}─▶")
+        if j < len(summary.hops):
+            h = summary.hops[j]
+            parts.append(f"{h.label} [own {h.own_mean_ms or 0.0:.3f}, ser {h.serialization_mean_ms or 0.0:.3f}]")
         else:
-            parts.append(f"(reports nothing: unsplit {summary['unsplit_mean_ms']:.3f})")
+            parts.append(f"(reports nothing: unsplit {summary.unsplit_mean_ms or 0.0:.3f})")
     text = "client " + " ".join(parts)
-    if summary["n"] < summary["of"]:
-        text += f" ({summary['n']} of {summary['of']} requests have this shape)"
+    if summary.n < summary.of:
+        text += f" ({summary.n} of {summary.of} requests have this shape)"
     return text

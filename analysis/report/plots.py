@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pathprobe.analysis.report.figures import metric_values
+from pathprobe.analysis.report.model import Group, HopPath, Report
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {
@@ -44,33 +45,33 @@ def _plain_log_axis(ax: Any) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _names(report: Mapping[str, Any], conc: int) -> list[str]:
-    return [
-        n
-        for n, t in report["targets"].items()
-        if str(conc) in t.get("by_concurrency", {}) and t["by_concurrency"][str(conc)]["ok"] > 0
-    ]
+def _groups(report: Report, conc: int) -> dict[str, Group]:
+    """The configurations with an ok request at this concurrency, and their figures."""
+    return {n: g for n, t in report.targets.items() if (g := t.at(conc)) is not None and g.ok > 0}
 
 
-def plot_segments(report: Mapping[str, Any]) -> str | None:
+def _names(report: Report, conc: int) -> list[str]:
+    return list(_groups(report, conc))
+
+
+def plot_segments(report: Report) -> str | None:
     import matplotlib.pyplot as plt
 
-    concs = report["concurrency"]
+    concs = report.concurrency
     if not any(_names(report, c) for c in concs):
         return None
     fig, axes = plt.subplots(
-        1, len(concs), figsize=(5.5 * len(concs), 0.5 + 0.45 * len(report["targets"]) + 1), squeeze=False
+        1, len(concs), figsize=(5.5 * len(concs), 0.5 + 0.45 * len(report.targets) + 1), squeeze=False
     )
     for ax, conc in zip(axes[0], concs):
-        names = _names(report, conc)
+        names, groups = list(_groups(report, conc)), list(_groups(report, conc).values())
         left = [0.0] * len(names)
-        groups = [report["targets"][n]["by_concurrency"][str(conc)] for n in names]
         for seg in SEGMENTS:
-            vals = [max(0.0, g["segments"][seg].get("mean", 0.0)) for g in groups]
+            vals = [max(0.0, g.segment_mean(seg) or 0.0) for g in groups]
             ax.barh(names, vals, left=left, color=SEG_COLORS[seg], label=seg)
-            if seg == "network" and any(g.get("network_estimated") for g in groups):
+            if seg == "network" and any(g.network_estimated for g in groups):
                 # an estimated network (a transport round trip, not the request's own) is hatched
-                est = [v if g.get("network_estimated") else 0.0 for v, g in zip(vals, groups)]
+                est = [v if g.network_estimated else 0.0 for v, g in zip(vals, groups)]
                 ax.barh(
                     names,
                     est,
@@ -89,11 +90,12 @@ def plot_segments(report: Mapping[str, Any]) -> str | None:
     return _png(fig)
 
 
-def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequence[float]]]) -> str | None:
+def plot_cdfs(report: Report) -> str | None:
+    """Each configuration's primary metric as an empirical CDF, per concurrency (the report's samples)."""
     import matplotlib.pyplot as plt
     import numpy as np
 
-    concs = report["concurrency"]
+    concs, samples = report.concurrency, report.samples
     fig, axes = plt.subplots(1, len(concs), figsize=(5.5 * len(concs), 4), squeeze=False)
     drawn = False
     for ax, conc in zip(axes[0], concs):
@@ -105,7 +107,7 @@ def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequ
             ax.step(x, y, where="post", label=name, lw=1.4)
             drawn = True
         _plain_log_axis(ax)
-        ax.set_xlabel(f"{report['method']['primary_metric']} ms (log)")
+        ax.set_xlabel(f"{report.primary} ms (log)")
         ax.set_ylabel("fraction of requests")
         ax.set_title(f"latency CDF, concurrency {conc}")
         ax.grid(alpha=0.3, which="both")
@@ -116,14 +118,12 @@ def plot_cdfs(report: Mapping[str, Any], samples: Mapping[str, Mapping[int, Sequ
     return _png(fig)
 
 
-def plot_waterfalls(
-    report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
-) -> str | None:
+def plot_waterfalls(report: Report, records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]) -> str | None:
     """One typical request (median e2e, highest concurrency) per configuration as a waterfall."""
     import matplotlib.pyplot as plt
     from pathprobe.analysis.report.waterfall import bars, representative
 
-    conc = max(report["concurrency"])
+    conc = max(report.concurrency)
     reps = [(n, representative(records.get(n, {}).get(conc, []))) for n in _names(report, conc)]
     picked = [(n, r) for n, r in reps if r is not None]
     if not picked:
@@ -137,38 +137,7 @@ def plot_waterfalls(
         gridspec_kw={"height_ratios": heights},
     )
     for ax, (name, rec) in zip(axes[:, 0], picked):
-        bs = bars(rec)
-        rows = list(dict.fromkeys(b.row for b in bs))
-        for b in bs:
-            y = rows.index(b.row)
-            if b.part == "span":
-                ax.barh(y, b.dur, left=b.start, color="#e8e8e8", edgecolor="#888888", height=0.7)
-            elif b.part == "unsplit":
-                ax.barh(
-                    y,
-                    b.dur,
-                    left=b.start,
-                    color=SEG_COLORS["unsplit"],
-                    hatch="xx",
-                    edgecolor="white",
-                    height=0.7,
-                    label="unsplit (reports nothing)",
-                )
-            else:
-                ax.barh(y, b.dur, left=b.start, color=SEG_COLORS.get(b.part, "#999999"), height=0.45)
-        ax.set_yticks(range(len(rows)), rows, fontsize=8)
-        ax.invert_yaxis()
-        flags = rec["split"].get("links_estimated") or ()
-        est_links = [str(j + 1) for j, f in enumerate(flags) if f]
-        est = (
-            f" (network of link {', '.join(est_links)} estimated)"
-            if est_links
-            else " (network estimated)"
-            if rec["split"].get("network_estimated")
-            else ""
-        )
-        ax.set_title(f"{name}: one request of {rec['e2e_ms']:.2f} ms (median){est}", fontsize=9)
-        ax.grid(axis="x", alpha=0.3)
+        _draw_waterfall(ax, name, rec)
     axes[-1][0].set_xlabel(
         "ms from the client's send (a component is drawn centred in its caller: only durations are measured)"
     )
@@ -181,13 +150,49 @@ def plot_waterfalls(
     return _png(fig)
 
 
-def plot_streaming(
-    report: Mapping[str, Any], records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
-) -> str | None:
+def _draw_waterfall(ax: Any, name: str, rec: Mapping[str, Any]) -> None:
+    """One request's bars on one axis, titled with its e2e and which network is estimated."""
+    from pathprobe.analysis.report.waterfall import bars
+
+    bs = bars(rec)
+    rows = list(dict.fromkeys(b.row for b in bs))
+    for b in bs:
+        y = rows.index(b.row)
+        if b.part == "span":
+            ax.barh(y, b.dur, left=b.start, color="#e8e8e8", edgecolor="#888888", height=0.7)
+        elif b.part == "unsplit":
+            ax.barh(
+                y,
+                b.dur,
+                left=b.start,
+                color=SEG_COLORS["unsplit"],
+                hatch="xx",
+                edgecolor="white",
+                height=0.7,
+                label="unsplit (reports nothing)",
+            )
+        else:
+            ax.barh(y, b.dur, left=b.start, color=SEG_COLORS.get(b.part, "#999999"), height=0.45)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.invert_yaxis()
+    flags = rec["split"].get("links_estimated") or ()
+    est_links = [str(j + 1) for j, f in enumerate(flags) if f]
+    est = (
+        f" (network of link {', '.join(est_links)} estimated)"
+        if est_links
+        else " (network estimated)"
+        if rec["split"].get("network_estimated")
+        else ""
+    )
+    ax.set_title(f"{name}: one request of {rec['e2e_ms']:.2f} ms (median){est}", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def plot_streaming(report: Report, records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]) -> str | None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    conc = max(report["concurrency"])
+    conc = max(report.concurrency)
     data = {}
     for name in _names(report, conc):
         recs = records.get(name, {}).get(conc, [])
@@ -214,45 +219,42 @@ def plot_streaming(
     return _png(fig)
 
 
-def plot_hops(report: Mapping[str, Any]) -> str | None:
+_LINK_COLORS = ("#4e79a7", "#a0cbe8")  # alternating, link by link
+_HOP_COLORS = {"serialization": "#f28e2b", "own": "#9c755f", "server": "#59a14f", "unsplit": "#bab0ac"}
+
+
+def _hop_pieces(path: HopPath) -> list[tuple[float, str, str | None]]:
+    """A path's bar, left to right: (width ms, colour, label) for every link and hop."""
+    pieces: list[tuple[float, str, str | None]] = []
+    for j, link in enumerate(path.links):
+        # an estimated link (a round trip measured apart, not the request's own) is labelled
+        pieces.append((link.mean_ms or 0.0, _LINK_COLORS[j % 2], f"{j + 1} est." if link.estimated else f"{j + 1}"))
+        if j < len(path.hops):
+            h = path.hops[j]
+            ser, own = h.serialization_mean_ms or 0.0, h.own_mean_ms or 0.0
+            pieces.append((ser, _HOP_COLORS["serialization"], None))
+            pieces.append((own, _HOP_COLORS["own"], None))
+            if j == len(path.hops) - 1 and j == len(path.links) - 1:  # the server's own work
+                pieces.append(((h.total_mean_ms or 0.0) - ser - own, _HOP_COLORS["server"], None))
+        else:
+            pieces.append((path.unsplit_mean_ms or 0.0, _HOP_COLORS["unsplit"], None))
+    return pieces
+
+
+def plot_hops(report: Report) -> str | None:
     """Each path laid out hop by hop (highest concurrency): every link's network, then each
     reporting hop's serialization and own time, the server's queue + inference last."""
     import matplotlib.pyplot as plt
 
-    conc = max(report["concurrency"])
-    rows = [
-        (n, t["by_concurrency"][str(conc)]["path"])
-        for n, t in report["targets"].items()
-        if (t.get("by_concurrency", {}).get(str(conc)) or {}).get("path")
-    ]
+    conc = max(report.concurrency)
+    rows = [(n, g.path) for n, t in report.targets.items() if (g := t.at(conc)) is not None and g.path]
     if not rows:
         return None
-    link_colors = ("#4e79a7", "#a0cbe8")  # alternating, link by link
-    colors = {
-        "serialization": "#f28e2b",
-        "own": "#9c755f",
-        "server": "#59a14f",
-        "unsplit": "#bab0ac",
-    }
+    colors, link_colors = _HOP_COLORS, _LINK_COLORS
     fig, ax = plt.subplots(figsize=(11, 0.6 + 0.45 * len(rows) + 1))
     for y, (_name, path) in enumerate(rows):
         left = 0.0
-        pieces: list[tuple[float, str, str | None]] = []
-        for j, link in enumerate(path["links"]):
-            # an estimated link (a round trip measured apart, not the request's own) is labelled
-            pieces.append(
-                (link["mean_ms"], link_colors[j % 2], f"{j + 1} est." if link.get("estimated") else f"{j + 1}")
-            )
-            if j < len(path["hops"]):
-                h = path["hops"][j]
-                pieces.append((h["serialization_mean_ms"], colors["serialization"], None))
-                pieces.append((h["own_mean_ms"], colors["own"], None))
-                if j == len(path["hops"]) - 1 and j == len(path["links"]) - 1:  # the server's own work
-                    work = h["total_mean_ms"] - h["serialization_mean_ms"] - h["own_mean_ms"]
-                    pieces.append((work, colors["server"], None))
-            else:
-                pieces.append((path["unsplit_mean_ms"], colors["unsplit"], None))
-        for width, color, text in pieces:
+        for width, color, text in _hop_pieces(path):
             width = max(0.0, width)
             ax.barh(y, width, left=left, color=color, edgecolor="white", linewidth=0.5)
             if text and width > 0:
@@ -279,29 +281,29 @@ def plot_hops(report: Mapping[str, Any]) -> str | None:
     return _png(fig)
 
 
-def plot_sweep(report: Mapping[str, Any]) -> str | None:
+def _sweep_point(g: Group | None, primary: str) -> tuple[float, float, float, float, float] | None:
+    """(p50, p50 - lo, hi - p50, p99, req/s) of one group, None where it has none."""
+    p = g.metric(primary) if g is not None and g.ok else None
+    if g is None or p is None or p.p50 is None or p.p99 is None:
+        return None
+    est = p.p50
+    value, lo, hi = est.value or math.nan, est.lo or math.nan, est.hi or math.nan
+    return value, value - lo, hi - value, p.p99.value or math.nan, g.rps or math.nan
+
+
+def plot_sweep(report: Report) -> str | None:
     import matplotlib.pyplot as plt
 
-    concs = report["concurrency"]
-    primary = report["method"]["primary_metric"]
+    concs, primary = report.concurrency, report.primary
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     drawn = False
-    for name, t in report["targets"].items():
-        xs, p50, lo, hi, p99, rps = [], [], [], [], [], []
-        for c in concs:
-            g = t.get("by_concurrency", {}).get(str(c))
-            if not g or not g["ok"]:
-                continue
-            est = g[primary]["p50"]
-            xs.append(c)
-            p50.append(est["value"])
-            lo.append(est["value"] - est["lo"])
-            hi.append(est["hi"] - est["value"])
-            p99.append(g[primary]["p99"]["value"])
-            rps.append(g["rps"])
-        if not xs:
+    for name, t in report.targets.items():
+        points = [(c, pt) for c in concs if (pt := _sweep_point(t.at(c), primary)) is not None]
+        if not points:
             continue
         drawn = True
+        xs = [c for c, _ in points]
+        p50, lo, hi, p99, rps = (list(col) for col in zip(*(pt for _, pt in points)))
         line = axes[0].errorbar(xs, p50, yerr=[lo, hi], marker="o", capsize=3, label=f"{name} p50")
         axes[0].plot(xs, p99, ls="--", marker="x", color=line[0].get_color(), alpha=0.6)
         axes[1].plot(xs, rps, marker="o", label=name)

@@ -226,7 +226,8 @@ def _get_json_text(url: str, timeout: float) -> str:
     req = urllib.request.Request(url, headers={"Accept": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.read().decode("utf-8")
+            body_bytes: bytes = resp.read()
+            return body_bytes.decode("utf-8")
     except urllib.error.HTTPError as exc:
         body = exc.read().decode("utf-8", "replace")[:300]
         if exc.code == 404:

@@ -1,0 +1,263 @@
+"""The compare report's sections: each a small function from the typed report to neutral blocks
+(:mod:`pathprobe.analysis.report.blocks`), written once and shown by every writer (Markdown, HTML).
+
+A section is ``def my_section(page: Page) -> list[Block]``; add it to :data:`SECTIONS` where it
+belongs in the page, and it appears in report.md, on stdout and in report.html. The figures it
+needs come from ``page.report`` (the typed :class:`~pathprobe.analysis.report.model.Report`);
+a figure's records (the waterfalls, the streaming CDFs) from ``page.records``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pathprobe.analysis.report import plots
+from pathprobe.analysis.report.blocks import Block, Code, Figure, Heading, Note, Notes, Paragraph, Row, Table, Title
+from pathprobe.analysis.report.figures import path_tax_rows
+from pathprobe.analysis.report.model import Report
+from pathprobe.analysis.report.tables import (
+    ESTIMATED_NOTE,
+    estimated_note,
+    fmt_ms,
+    group_table,
+    path_tax_table,
+    placement_line,
+)
+
+#: each configuration's records per concurrency (rounds pooled), for the plots that draw requests
+Records = Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """What the sections read: the report, and the records behind it where a plot needs them."""
+
+    report: Report
+    records: Records = field(default_factory=dict)
+
+
+Section = Callable[[Page], list[Block]]
+
+
+def header(page: Page) -> list[Block]:
+    """Title, when and where, the placement, the baseline and the method, the network conditions."""
+    r, meta = page.report, page.report.meta
+    out: list[Block] = [Title(f"pathprobe compare — {meta.engine}")]
+    version = meta.versions.get("pathprobe", "")
+    out.append(Paragraph(f"{meta.started} · {meta.host} · {meta.cpus or ''} CPUs · pathprobe {version}", muted=True))
+    if meta.placement:
+        out.append(Paragraph(placement_line(meta.placement), muted=True))
+    out.append(Paragraph(f"baseline: {r.baseline}; {r.method.summary}"))
+    if r.network:
+        net = r.network
+        out.append(
+            Paragraph(
+                f"network condition on hop '{net.hop}': {net.describe} (expected: +{net.expected_request_ms or 0:g} ms "
+                "per request: one-way delay x 2 traversals)"
+            )
+        )
+    own = [
+        Note(f"{n}: network condition on hop '{tn.hop}': {tn.describe} (expected +{tn.expected_request_ms or 0:g} ms)")
+        for n, t in r.targets.items()
+        if (tn := t.network) is not None and tn != r.network
+    ]
+    return [*out, Notes(tuple(own))] if own else out
+
+
+def path_tax(page: Page) -> list[Block]:
+    """The lead (interleaved runs): each configuration's path tax beside the engine, per concurrency."""
+    tables = [path_tax_table(rows, c) for c in page.report.concurrency if (rows := path_tax_rows(page.report, c))]
+    if not tables:
+        return []
+    return [Heading("Path tax: what each configuration costs beside the engine"), *tables]
+
+
+def concurrency(page: Page) -> list[Block]:
+    """Per concurrency: every figure side by side, then what to know about them."""
+    out: list[Block] = []
+    for conc in page.report.concurrency:
+        out += [Heading(f"concurrency {conc}"), group_table(page.report, conc)]
+        est = [g for t in page.report.targets.values() if (g := t.at(conc)) is not None and g.network_estimated]
+        if est:
+            out.append(Paragraph(estimated_note(est) + "."))
+        out += [b for b in (_warnings(page.report, conc), _hops(page.report, conc)) if b.items]
+        out.append(_findings(page.report, conc))
+    return out
+
+
+def _warnings(r: Report, conc: int) -> Notes:
+    """The load generator's health, the accounting, streamed chunks and missing server timing."""
+    from pathprobe.analysis.report.notes import accounting_notes, group_warnings
+
+    items = [
+        Note(w.text, "WARNING", "client-warning") if w.kind == "saturated" else Note(w.text, "note", "client-note")
+        for w in r.client_warnings
+        if w.concurrency == conc
+    ]
+    return Notes(tuple(items + accounting_notes(r, conc) + group_warnings(r, conc)))
+
+
+def _hops(r: Report, conc: int) -> Notes:
+    from pathprobe.analysis.report.hops import format_path
+
+    paths = [(n, g.path) for n, t in r.targets.items() if (g := t.at(conc)) is not None and g.path]
+    return Notes(
+        tuple(Note(format_path(p), subject=n) for n, p in paths),
+        intro="hop by hop (means, ms: the network of each link, and each reporting hop's own time and serialization)",
+    )
+
+
+def _findings(r: Report, conc: int) -> Notes:
+    """Self-reports, the paths' CPU, the verdicts and what did not differ clearly."""
+    from pathprobe.analysis.report.notes import cpu_note, verdict_notes
+
+    items = [
+        Note(s.text, "self-report", "self-report", subject=s.target) for s in r.self_reports if s.concurrency == conc
+    ]
+    return Notes(tuple(items + cpu_note(r, conc) + verdict_notes(r, conc)))
+
+
+FIGURES: tuple[tuple[str, str, Callable[[Page], str | None]], ...] = (
+    (
+        "Where the time goes",
+        "Mean milliseconds per request in each segment; the bar's length is the mean end-to-end time.",
+        lambda p: plots.plot_segments(p.report),
+    ),
+    (
+        "Hop by hop",
+        "Each path from the client inwards: the network of every link (numbered), each reporting "
+        "hop's serialization and own time, the server's queue and inference (means).",
+        lambda p: plots.plot_hops(p.report),
+    ),
+    (
+        "Latency distribution",
+        "Empirical CDF of every measured request (rounds pooled).",
+        lambda p: plots.plot_cdfs(p.report),
+    ),
+    (
+        "One request, hop by hop",
+        "A typical request (median end-to-end, highest concurrency) of each configuration: client, each "
+        "reporting hop, the server and its engine phases; a part inside a component that reports nothing "
+        "is hatched (unsplit), with the phases its engine reported drawn inside it.",
+        lambda p: plots.plot_waterfalls(p.report, p.records),
+    ),
+    (
+        "Streaming: TTFT and inter-token latency",
+        "Client-observed, highest concurrency.",
+        lambda p: plots.plot_streaming(p.report, p.records),
+    ),
+    (
+        "Concurrency sweep",
+        "p50 with its 95% bootstrap interval, p99 dashed; throughput on the right.",
+        lambda p: plots.plot_sweep(p.report),
+    ),
+)
+
+
+def figures(page: Page) -> list[Block]:
+    """The plots (drawn only by a writer that shows them)."""
+    return [Figure(title, caption, _bind(draw, page)) for title, caption, draw in FIGURES]
+
+
+def _bind(draw: Callable[[Page], str | None], page: Page) -> Callable[[], str | None]:
+    return lambda: draw(page)
+
+
+def footnotes(page: Page) -> list[Block]:
+    """How to read the segments, and the run's checks: traces, server start-up."""
+    from pathprobe.analysis.report.notes import trace_notes
+
+    r = page.report
+    out: list[Block] = [
+        Paragraph(
+            "Segments are means per request in ms "
+            "(network + serialization + queue + inference + other + unsplit = mean e2e)."
+        )
+    ]
+    if any(g.network_estimated for t in r.targets.values() for g in t.by_concurrency.values()):
+        out.append(Paragraph(ESTIMATED_NOTE + "."))
+    notes = trace_notes(r)
+    if r.server_startup_ms:
+        notes.append(Note("server startup (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in r.server_startup_ms.items())))
+    return [*out, Notes(tuple(notes))] if notes else out
+
+
+def cold_start(page: Page) -> list[Block]:
+    """The first request after each path came up, beside the warm-up's median."""
+    cold = [(n, c) for n, t in page.report.targets.items() if (c := t.cold_start) is not None]
+    if not cold:
+        return []
+    rows = tuple(Row((n, fmt_ms(c.first_ms), fmt_ms(c.warmup_p50_ms), str(c.n))) for n, c in cold)
+    return [
+        Heading("Cold start"),
+        Table(
+            ("config", "first request ms", "warm-up p50 ms", "warm-up requests"),
+            rows,
+            caption="first request after each path came up (not in the figures above), and the warm-up's median",
+        ),
+    ]
+
+
+def slowest(page: Page) -> list[Block]:
+    """Each configuration's slowest requests, linked to their trace files."""
+    out: list[Block] = [Heading("Slowest requests' traces")]
+    for name, t in page.report.targets.items():
+        if not t.slowest:
+            continue
+        items = tuple(
+            Note(f"{s.e2e_ms:.3f} ms · c={s.concurrency} round {s.round} · trace {s.trace_id or '–'}", href=s.file)
+            for s in t.slowest
+        )
+        out += [Heading(name, level=3), Notes(items)]
+    if len(out) == 1:
+        return [*out, Paragraph("No traces were recorded (tracing off).")]
+    return [
+        *out,
+        Paragraph("Open a trace file in Jaeger's UI (Search → Upload / JSON File), or run `pathprobe analyze FILE`."),
+    ]
+
+
+def problems(page: Page) -> list[Block]:
+    """Configurations that failed or were skipped, and why."""
+    bad = [(n, t) for n, t in page.report.targets.items() if t.problem]
+    if not bad:
+        return []
+    return [
+        Heading("Failed and skipped"),
+        Notes(tuple(Note(f"{t.status}: {t.reason or ''}", subject=n) for n, t in bad)),
+    ]
+
+
+def method(page: Page) -> list[Block]:
+    """How the figures were made, in full."""
+    return [Heading("Method"), Code(json.dumps(page.report.method.model_dump(mode="json"), indent=1))]
+
+
+def files(page: Page) -> list[Block]:
+    if not page.report.files:
+        return []
+    return [Paragraph("reports: " + ", ".join(f"{k}: {v}" for k, v in page.report.files.items()))]
+
+
+#: the page, in order; a new section is one function added here
+SECTIONS: tuple[Section, ...] = (
+    header,
+    path_tax,
+    concurrency,
+    figures,
+    footnotes,
+    cold_start,
+    slowest,
+    problems,
+    method,
+    files,
+)
+
+
+def build(report: Report, records: Records | None = None) -> list[Block]:
+    """Every section's blocks, in page order."""
+    page = Page(report, records or {})
+    return [block for section in SECTIONS for block in section(page)]
