@@ -120,6 +120,8 @@ def small(tmp_path_factory):
             },
             {"name": "transcode", "kind": "gateway", "mode": "transcode"},
             {"name": "reencode", "kind": "gateway", "mode": "reencode"},
+            {"name": "direct-grpc", "kind": "direct", "protocol": "grpc"},  # the scorecard's references
+            {"name": "direct-http", "kind": "direct", "protocol": "http"},
         ],
     )
 
@@ -235,3 +237,20 @@ def test_stream_delay_moves_ttft_not_inter_token_gaps(tmp_path_factory):
     assert abs(itl) <= 0.5, itl
     net = shift(lambda r: r["split"]["network"] - r["e2e_ms"])  # per call: network moves as e2e does
     assert abs(net) <= max(0.1 * expected, 0.5), net
+
+
+def test_scorecard_pairs_each_path_with_its_own_protocols_direct_path_and_sees_the_delay(small):
+    """The scorecard: an HTTP gateway against the server's HTTP port, a gRPC one against its gRPC port;
+    the delayed passthrough adds the round trip of its delay over the plain one, in network."""
+    _, report = small
+    rows = {r["target"]: r for r in report["scorecard"]["rows"]}
+    assert rows["transcode"]["against"] == "direct-http", rows["transcode"]
+    assert rows["passthrough"]["against"] == rows["reencode"]["against"] == "direct-grpc"
+    assert all(r["pairs"] >= 20 for r in rows.values()), {n: r["pairs"] for n, r in rows.items()}
+    wan, plain = rows["passthrough-wan"], rows["passthrough"]
+    assert _moved_by(wan["added_p50"]["value"] - plain["added_p50"]["value"], 2 * DELAY), (wan, plain)
+    assert _moved_by(wan["segments"]["network"] - plain["segments"]["network"], 2 * DELAY), (wan, plain)
+    for seg in ("serialization", "queueing", "inference"):
+        assert abs(wan["segments"][seg] - plain["segments"][seg]) < 1.0, (seg, wan, plain)
+    # the path's own processes: CPU per request, and memory at rest and after load
+    assert plain["cpu_ms_per_request"] > 0 and plain["rss_rest_mb"] > 10 and plain["rss_load_mb"] > 10

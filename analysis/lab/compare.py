@@ -26,6 +26,7 @@ from pathprobe.analysis.lab.reportfiles import write_reports
 from pathprobe.analysis.lab.rounds import Rounds
 from pathprobe.analysis.lab.stack import Stack
 from pathprobe.analysis.report import paired as paired_mod
+from pathprobe.analysis.report import scorecard
 from pathprobe.analysis.report.figures import add_comparisons, client_warnings
 from pathprobe.analysis.report.model import SCHEMA_VERSION, ClientHealth, Report, Verdict
 from pathprobe.analysis.report.selfreport import add_self_reports
@@ -171,9 +172,18 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         raw["server_startup_ms"] = server_startup
     raw["meta"]["placement"] = {**stack.placement.as_dict(), "engine_process": stack.engine_process}
     _cross_check(cfg, raw, paths, rounds.results, capture, out, log)
-    report = Report.model_validate(raw).with_samples(samples)  # the report, typed, built once
+    report = _typed(raw, samples, rounds.results, cfg.load.concurrency)  # the report, typed, built once
     write_reports(report, rounds.results, out, html, primary)
     return report
+
+
+def _records_by_concurrency(
+    results: dict[str, list[RunResult]], concs: list[int]
+) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    return {
+        name: {c: [rec for r in runs if r.concurrency == c for rec in r.records] for c in concs}
+        for name, runs in results.items()
+    }
 
 
 def _check_addresses(cfg: CompareConfig) -> None:
@@ -271,7 +281,19 @@ def build_report(
 ) -> Report:
     """The typed report of these runs (what ``report.json`` holds), with the samples its plots draw."""
     raw, samples = report_data(cfg, paths, results, warmups, primary, started, t_start)
-    return Report.model_validate(raw).with_samples(samples)
+    return _typed(raw, samples, results, cfg.load.concurrency)
+
+
+def _typed(
+    raw: dict[str, Any],
+    samples: dict[str, dict[int, list[float]]],
+    results: dict[str, list[RunResult]],
+    concs: list[int],
+) -> Report:
+    """The report validated into its model, with the scorecard made from the runs' records."""
+    report = Report.model_validate(raw).with_samples(samples)
+    report.scorecard = scorecard.build(report, _records_by_concurrency(results, concs))
+    return report
 
 
 def report_data(

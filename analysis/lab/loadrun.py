@@ -84,6 +84,28 @@ def read_client(out_dir: Path) -> dict[str, Any] | None:
     return block if isinstance(block, dict) else None
 
 
+def rss_bytes(procs: list[Managed]) -> int | None:
+    """Resident memory (RSS) of these processes and their children, bytes; None when none is live."""
+    import psutil
+
+    total, seen = 0, False
+    for m in procs:
+        if m.pid is None or m.exit_code() is not None:
+            continue
+        try:
+            proc = psutil.Process(m.pid)
+            family = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for q in family:
+            try:
+                total += q.memory_info().rss
+                seen = True
+            except psutil.Error:
+                continue
+    return total if seen else None
+
+
 def read_path_cpu(run_dir: Path) -> float | None:
     """CPU seconds of the path's own processes in a run (path_cpu.json), None when absent."""
     try:

@@ -49,6 +49,10 @@ class Path_:
     tls_handshake: dict[str, float] | None = None
     tls_ca: str = ""  # the CA the load generator verifies this path's TLS with
     gateway_metrics: str = ""  # the gateway's /metrics URL (local mode), for accounting
+    #: RSS (bytes) of the path's own processes: after start-up, before any load; and the most seen
+    #: after a measured run (the plateau under load); None: no process of its own, or not read
+    rss_rest: int | None = None
+    rss_load: int | None = None
 
     @property
     def name(self) -> str:

@@ -36,6 +36,11 @@ def target_entry(
     cold = cold_start(p, warmup)
     if cold is not None:
         entry["cold_start"] = cold
+    if p.rss_rest is not None or p.rss_load is not None:
+        entry["memory"] = {
+            "rest_mb": None if p.rss_rest is None else p.rss_rest / 2**20,
+            "load_mb": None if p.rss_load is None else p.rss_load / 2**20,
+        }
     samples: dict[int, list[float]] = {}
     for conc in cfg.load.concurrency:
         mine = [r for r in runs if r.concurrency == conc]

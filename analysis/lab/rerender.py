@@ -71,7 +71,14 @@ def previous_path(t: TargetConfig, prev: Target) -> Path_:
     p.notes = list(prev.notes)
     p.tls_handshake = prev.tls_handshake
     p.probe_ms = prev.cold_start.probe_ms if prev.cold_start is not None else None
+    if prev.memory is not None:
+        p.rss_rest = _bytes(prev.memory.rest_mb)
+        p.rss_load = _bytes(prev.memory.load_mb)
     return p
+
+
+def _bytes(mb: float | None) -> int | None:
+    return None if mb is None else round(mb * 2**20)
 
 
 def read_runs(cfg: CompareConfig, t: TargetConfig, prev: Target, out: Path) -> list[RunResult]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pathprobe.analysis.lab.config import CompareConfig
-from pathprobe.analysis.lab.loadrun import RunResult, cpu_seconds, interleavable, run_load, run_load_mixed
+from pathprobe.analysis.lab.loadrun import RunResult, cpu_seconds, interleavable, rss_bytes, run_load, run_load_mixed
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.runaccounting import account, account_batch, scrape
 from pathprobe.analysis.lab.stack import Stack
@@ -64,7 +64,10 @@ class Rounds:
     # ---------------------------------------------------------------- warm-up
 
     def warm_up(self) -> None:
-        """One warm-up run per configuration (interleaved call by call when the rounds are)."""
+        """One warm-up run per configuration (interleaved call by call when the rounds are); each
+        path's memory at rest is read first."""
+        for p in self.live:
+            p.rss_rest = rss_bytes(p.procs)
         cfg = self.cfg
         if cfg.load.warmup_s <= 0:
             return
@@ -169,6 +172,9 @@ class Rounds:
         """Keep the run's result, its path CPU; fail the configuration on a dead process, a load
         error or no successful request; log the run."""
         cpu1 = cpu_seconds(p.procs)
+        rss = rss_bytes(p.procs)
+        if rss is not None:
+            p.rss_load = max(rss, p.rss_load or 0)
         if cpu_before is not None and cpu1 is not None:
             res.path_cpu_s = cpu1 - cpu_before
             (res.out_dir / "path_cpu.json").write_text(json.dumps({"cpu_s": res.path_cpu_s}))

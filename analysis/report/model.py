@@ -253,6 +253,41 @@ class TraceCompleteness(Open):
     missing: dict[str, int] = {}
 
 
+class Memory(Open):
+    """Resident memory (RSS) of a configuration's own processes (not the shared server), in MB."""
+
+    rest_mb: Num = None  # after start-up and its probe, before any load
+    load_mb: Num = None  # the most seen after a measured run: the plateau under load
+
+
+class ScoreRow(Open):
+    """One configuration against the direct path of its client protocol (see analysis/report/scorecard.py)."""
+
+    target: str
+    against: str
+    protocol: str | None = None
+    pairs: int = 0
+    added_p50: Estimate | None = None
+    added_p99: Estimate | None = None
+    added_ttft_p50: Estimate | None = None
+    added_ttft_p99: Estimate | None = None
+    added_gap_p50: Estimate | None = None
+    added_gap_p99: Estimate | None = None
+    segments: dict[str, Num] = {}  # mean paired difference per segment (ms)
+    buffering: bool | None = None  # streams only: the path held a stream back
+    cpu_ms_per_request: Num = None
+    rss_rest_mb: Num = None
+    rss_load_mb: Num = None
+
+
+class Scorecard(Open):
+    """What each configuration adds, in the field's terms, at the lowest concurrency measured."""
+
+    concurrency: int
+    formula: str
+    rows: list[ScoreRow] = []
+
+
 class Target(Open):
     """One configuration: what was started, how it went, and its figures per concurrency."""
 
@@ -272,6 +307,7 @@ class Target(Open):
     trace_completeness: TraceCompleteness | None = None
     trace_agreement: dict[str, TraceCheck] | None = None
     witness: Json | None = None
+    memory: Memory | None = None
 
     def at(self, conc: int) -> Group | None:
         return self.by_concurrency.get(str(conc))
@@ -338,6 +374,7 @@ class Report(BaseModel):
     e2e_verdicts: list[Verdict] | None = None
     interleaved: bool = False
     client_warnings: list[ClientWarning] = []
+    scorecard: Scorecard | None = None
     self_reports: list[SelfReportLine] = []
     server_startup_ms: dict[str, float] | None = None
     traces_error: str | None = None

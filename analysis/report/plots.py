@@ -321,3 +321,45 @@ def plot_sweep(report: Report) -> str | None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return _png(fig)
+
+
+def plot_scorecard(report: Report) -> str | None:
+    """The lead figure: what each configuration adds over the direct path of its client protocol,
+    split by segment (mean paired differences, stacked; a segment that got cheaper goes left), with
+    the added p50 and its 95 % interval as a bar across."""
+    import matplotlib.pyplot as plt
+
+    card = report.scorecard
+    if card is None or not card.rows:
+        return None
+    rows = card.rows
+    fig, ax = plt.subplots(figsize=(8.5, 0.8 + 0.5 * len(rows)))
+    labels = [f"{r.target} (vs {r.against})" for r in rows]
+    pos = [0.0] * len(rows)
+    neg = [0.0] * len(rows)
+    for seg in SEGMENTS:
+        vals = [r.segments.get(seg) or 0.0 for r in rows]
+        lefts = [p if v >= 0 else n for v, p, n in zip(vals, pos, neg)]
+        ax.barh(labels, vals, left=lefts, color=SEG_COLORS[seg], label=seg, height=0.55)
+        pos = [p + max(v, 0.0) for v, p in zip(vals, pos)]
+        neg = [n + min(v, 0.0) for v, n in zip(vals, neg)]
+    for i, r in enumerate(rows):
+        est = r.added_p50
+        if est is not None and est.value is not None and est.lo is not None and est.hi is not None:
+            ax.errorbar(
+                est.value,
+                i,
+                xerr=[[est.value - est.lo], [est.hi - est.value]],
+                fmt="D",
+                color="black",
+                markersize=4,
+                capsize=3,
+                label="added p50 [95% CI]" if i == 0 else None,
+            )
+    ax.axvline(0, color="#555", linewidth=0.8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ms added per request over the direct path (concurrency {card.concurrency})")
+    ax.set_title("what each configuration adds, and where")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7)
+    return _png(fig)

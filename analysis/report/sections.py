@@ -25,6 +25,7 @@ from pathprobe.analysis.report.tables import (
     group_table,
     path_tax_table,
     placement_line,
+    score_table,
 )
 
 #: each configuration's records per concurrency (rounds pooled), for the plots that draw requests
@@ -65,6 +66,28 @@ def header(page: Page) -> list[Block]:
         if (tn := t.network) is not None and tn != r.network
     ]
     return [*out, Notes(tuple(own))] if own else out
+
+
+def lead_figure(page: Page) -> list[Block]:
+    """One figure first: what each configuration adds over its own protocol's direct path, by segment."""
+    card = page.report.scorecard
+    if card is None or not card.rows:
+        return []
+    caption = "stacked: mean paired difference per segment; marker: added p50 with its 95 % interval"
+    return [Figure("What each configuration adds", caption, lambda: plots.plot_scorecard(page.report))]
+
+
+def scorecard(page: Page) -> list[Block]:
+    """The scorecard: added latency, TTFT and chunk gap, buffering, CPU and memory per configuration."""
+    card = page.report.scorecard
+    if card is None or not card.rows:
+        return []
+    stream = any(r.added_ttft_p50 is not None for r in card.rows)
+    return [
+        Heading(f"Scorecard: what each configuration adds (concurrency {card.concurrency})"),
+        score_table(card, stream),
+        Paragraph(card.formula, muted=True),
+    ]
 
 
 def path_tax(page: Page) -> list[Block]:
@@ -245,6 +268,8 @@ def files(page: Page) -> list[Block]:
 #: the page, in order; a new section is one function added here
 SECTIONS: tuple[Section, ...] = (
     header,
+    lead_figure,
+    scorecard,
     path_tax,
     concurrency,
     figures,

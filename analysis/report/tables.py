@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathprobe import rtt
 from pathprobe.analysis.report.blocks import Row, Table
 from pathprobe.analysis.report.figures import PathTaxRow, percentiles
-from pathprobe.analysis.report.model import Estimate, Group, Report, Target
+from pathprobe.analysis.report.model import Estimate, Group, Report, Scorecard, Target
 from pathprobe.segments import SEGMENTS
 from pydantic import JsonValue
 
@@ -199,3 +199,40 @@ def segment_table(by_route: Mapping[str, Sequence[Mapping[str, float]]]) -> Tabl
             rows.append(Row(cells + tuple(f"{per[c][metric]:.3f}" for c in cols)))
     heads = tuple(c.replace("network_", "") for c in cols)
     return Table(("route", "n", "metric", *heads), tuple(rows), left=frozenset({0, 2}))
+
+
+def _est(e: Estimate | None) -> str:
+    if e is None or e.value is None:
+        return "–"
+    if e.lo is None or e.hi is None:
+        return fmt_ms(e.value)
+    return f"{fmt_ms(e.value)} [{fmt_ms(e.lo)}, {fmt_ms(e.hi)}]"
+
+
+def _mb(v: float | None) -> str:
+    return "–" if v is None else f"{v:.0f}"
+
+
+def score_table(card: Scorecard, stream: bool) -> Table:
+    """One row per configuration: added p50/p99 (and TTFT, chunk gap on streams), buffering, CPU, RSS."""
+    cols: tuple[str, ...] = ("config", "vs", "pairs", "added p50 ms", "added p99 ms")
+    if stream:
+        cols += ("added TTFT p50", "added TTFT p99", "added gap p50", "added gap p99", "buffering")
+    cols += ("CPU ms/req", "RSS rest MB", "RSS load MB")
+    rows = []
+    for r in card.rows:
+        cells = [r.target, r.against, str(r.pairs), _est(r.added_p50), _est(r.added_p99)]
+        if stream:
+            buffering = "–" if r.buffering is None else ("BUFFERS" if r.buffering else "streams through")
+            cells += [
+                _est(r.added_ttft_p50),
+                _est(r.added_ttft_p99),
+                _est(r.added_gap_p50),
+                _est(r.added_gap_p99),
+                buffering,
+            ]
+        cpu = "–" if r.cpu_ms_per_request is None else f"{r.cpu_ms_per_request:.3f}"
+        cells += [cpu, _mb(r.rss_rest_mb), _mb(r.rss_load_mb)]
+        rows.append(Row(tuple(cells), key=r.target))
+    left = frozenset({0, 1, len(cols) - 4}) if stream else frozenset({0, 1})
+    return Table(cols, tuple(rows), caption="scorecard", left=left, kind="scorecard")
