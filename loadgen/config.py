@@ -138,7 +138,10 @@ def _flag(o: Any, name: str) -> Any:
 
 def _given(o: Any) -> dict[str, Any]:
     """The flags' values by field name, converted; None where a flag is absent (the default holds)."""
-    f = lambda name: _flag(o, name)  # noqa: E731
+
+    def f(name: str) -> Any:  # argparse's values: untyped
+        return _flag(o, name)
+
     lengths = f("prompt_lengths")
     lengths = None if lengths is None else tuple(prompts_mod.parse_int_list(str(lengths), "prompt-lengths"))
     no_eos, no_records = f("no_ignore_eos"), f("no_records")
