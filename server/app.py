@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from pathprobe import genai, telemetry
+from pathprobe import genai, models, telemetry
 from pathprobe.auth import ApiKeys
 from pathprobe.errors import ConfigError
 from pathprobe.gputelemetry import GpuSampler
@@ -153,7 +153,9 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
     t = time.perf_counter()
     provider = telemetry.setup_tracing("pathprobe-server", traces_file=config.traces_file)
     t = _phase(phases, "tracing", t)
-    engine = create_engine(config.engine)
+    # the model is resolved once per start, here, and handed to the engine (and its process)
+    model = models.resolve(config.engine.model, config.engine.model_name)
+    engine = create_engine(config.engine, model)
     t = _phase(phases, "engine_create", t)
     gpu = GpuSampler().start() if _on_cuda(engine) else None
     await engine.start()

@@ -186,7 +186,7 @@ class Stack:
         if not vllmcpu.available():
             raise Skipped(vllmcpu.unavailable_reason())
         if "vllm-server" not in self.others:
-            from pathprobe.server import models
+            from pathprobe import models
 
             v, s = self.cfg.vllm, self.cfg.server
             spec = v.model or s.model

@@ -32,7 +32,7 @@ import inspect
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.engine.base import (
@@ -52,6 +52,9 @@ from pathprobe.server.engine.prefix import PrefixCache, PrefixCacheOptions
 from pathprobe.server.engine.quant import QUANT
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathprobe.models import ResolvedModel
 
 log = logging.getLogger(__name__)
 
@@ -182,27 +185,28 @@ class _Req:
 
 
 class TransformersEngine(Engine):
-    def __init__(self, config: EngineConfig) -> None:
-        from pathprobe.server import models
+    def __init__(self, config: EngineConfig, model: ResolvedModel | None = None) -> None:
+        from pathprobe import models
 
         self.config = config
         self.startup = StartupTimer()
         with self.startup.phase("imports"):
             import torch
             from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
-        with self.startup.phase("model_folder"):
-            self._folder = models.resolve_model(config.model)
+        ref = model or models.resolve(config.model, config.model_name)
+        self.startup.record("model_folder", ref.started_ms, ref.took_ms)  # resolved once, by the server
+        self._folder = ref.folder
         with self.startup.phase("tokenizer"):
-            self.tokenizer = models.load_tokenizer(config.model)
+            self.tokenizer = models.load_tokenizer(ref)
         tok_kind = str(config.options.get("tokenizer", "fast")).lower()
         if tok_kind not in ("fast", "slow"):
             raise ConfigError(f"--engine-option tokenizer: expected fast or slow, got {tok_kind!r}")
         self._slow: Any = None  # the slow (Python) encoder, when asked for
         if tok_kind == "slow":
             with self.startup.phase("tokenizer_slow"):
-                self._slow = models.load_slow_tokenizer(config.model)
+                self._slow = models.load_slow_tokenizer(ref)
         self.tokenizer_kind = tok_kind
-        self.model_name = config.model_name or models.model_display_name(config.model, self._folder)
+        self.model_name = ref.name
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
         if config.max_batch_size < 1:
@@ -306,7 +310,7 @@ class TransformersEngine(Engine):
 
     def _read_weights(self) -> None:
         """Read the weight files once, bytes only (disk -> page cache), timed on their own."""
-        from pathprobe.server.models import WEIGHT_PATTERNS
+        from pathprobe.models import WEIGHT_PATTERNS
 
         files = [p for pat in WEIGHT_PATTERNS for p in sorted(self._folder.glob(pat))]
         n = 0
@@ -319,7 +323,7 @@ class TransformersEngine(Engine):
 
     def _load(self) -> None:
         import torch
-        from pathprobe.server.models import has_weights
+        from pathprobe.models import has_weights
         from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
         if self._threads:

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathprobe import vllmcpu
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
@@ -43,6 +43,9 @@ from pathprobe.server.engine.base import (
 )
 from pathprobe.server.engine.hf import IncrementalDetokenizer, holdback, stop_index
 from pathprobe.timing import held_back, now_ms
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathprobe.models import ResolvedModel
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +93,7 @@ def vllm_available() -> bool:
 
 
 class VLLMEngine(Engine):
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, model: ResolvedModel | None = None) -> None:
         added = vllmcpu.apply_cpu_env()  # KV cache and cache folders that fit a CPU machine
         if added:
             log.info("vLLM CPU defaults: %s", ", ".join(f"{k}={v}" for k, v in sorted(added.items())))
@@ -98,13 +101,14 @@ class VLLMEngine(Engine):
             import vllm  # noqa: F401
         except ImportError as exc:
             raise ConfigError(f"--engine vllm: vLLM is not importable ({exc}); {INSTALL_HINT}") from None
-        from pathprobe.server import models
+        from pathprobe import models
 
         self.config = config
-        self._folder = models.resolve_model(config.model)
-        self._weights = models.has_weights(self._folder)
-        self.tokenizer = models.load_tokenizer(config.model)
-        self.model_name = config.model_name or models.model_display_name(config.model, self._folder)
+        ref = model or models.resolve(config.model, config.model_name)
+        self._folder = ref.folder
+        self._weights = ref.has_weights
+        self.tokenizer = models.load_tokenizer(ref)
+        self.model_name = ref.name
         dtype = _DTYPES.get((config.dtype or "auto").lower())
         if dtype is None:
             raise ConfigError(f"dtype: unknown dtype {config.dtype!r} (float32, bfloat16, float16, auto)")
