@@ -32,6 +32,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from pathprobe import vllmcpu
+from pathprobe.engineoptions import VllmOptions
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.engine.base import (
     Engine,
@@ -140,12 +141,17 @@ class VLLMEngine(Engine):
         # offset from vLLM's engine-core clock (time.monotonic, s) to now_ms()
         self._clock_offset_ms = now_ms() - time.monotonic() * 1000.0
 
+    def _options(self) -> dict[str, str]:
+        """``--engine-option``: vLLM's own engine arguments, checked against them in ``start``."""
+        opts = self.config.typed_options
+        return opts.as_dict() if isinstance(opts, VllmOptions) else {}
+
     # --- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        opts = vllmcpu.engine_defaults({k: _coerce(v) for k, v in self.config.options.items()})
+        opts = vllmcpu.engine_defaults({k: _coerce(v) for k, v in self._options().items()})
         fields = set(getattr(AsyncEngineArgs, "__dataclass_fields__", {}))
         unknown = sorted(k for k in opts if fields and k not in fields)
         if unknown:
