@@ -114,9 +114,10 @@ class ServerConfig(_Strict):
     @field_validator("max_batch_size", "max_wait_ms", "max_queue", "prefill_ms_per_token", "decode_ms_per_token")
     @classmethod
     def _serve_check(cls, value: float | None, info: ValidationInfo) -> float | None:
-        """``serve``'s own check of the key (one check per key)."""
+        """``serve``'s own check of the key (one check per key); None: serve's default."""
         try:
-            serveconfig.check(str(info.field_name), value)
+            if value is not None:
+                serveconfig.check(str(info.field_name), value)
         except ConfigError as exc:
             raise ValueError(str(exc).partition(": ")[2]) from None
         return value
