@@ -46,7 +46,7 @@ from pathprobe.server.engine.base import (
     queue_full,
     stop_index,
 )
-from pathprobe.server.engine.hfstatic import StaticBatch
+from pathprobe.server.engine.hfstatic import StaticBatch, StaticSettings
 from pathprobe.server.engine.prefix import PrefixCache, PrefixCacheOptions
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
@@ -376,7 +376,16 @@ class TransformersEngine(Engine):
         if self._static_opt:
             note = "static KV cache and graph capture" if self._graphs else "static KV cache only"
             with self.startup.phase("cuda_graphs", note), torch.inference_mode():
-                self._static = StaticBatch(self, self.config.max_batch_size, self.max_context, self._graphs)
+                settings = StaticSettings(
+                    model=self.model,
+                    device=self.device,
+                    cache_kw=self._cache_kw,
+                    pad=self._pad,
+                    compile=self._compile,
+                    prefill_max_len=self._prefill_max_len,
+                    prefill_max_batch=self._prefill_max_batch,
+                )
+                self._static = StaticBatch(settings, self.config.max_batch_size, self.max_context, self._graphs)
             if self._graphs and self._graph_warm:
                 with self.startup.phase("graph_warm") as ph, torch.inference_mode():
                     ph.note = f"each captured graph replayed once: {self._static.warm()} graphs"
