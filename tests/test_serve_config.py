@@ -9,8 +9,8 @@ import math
 
 import pytest
 from pathprobe import engineoptions
-from pathprobe.analysis.config import ServerConfig, parse_config
-from pathprobe.analysis.stack import serve_config
+from pathprobe.analysis.lab.config import ServerConfig, parse_config
+from pathprobe.analysis.lab.stack import serve_config
 from pathprobe.cli import build_parser
 from pathprobe.engineoptions import SyntheticOptions, TransformersOptions, VllmOptions
 from pathprobe.errors import ConfigError
