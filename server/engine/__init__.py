@@ -27,18 +27,6 @@ def create_engine(config: EngineConfig, model: ResolvedModel | None = None) -> E
         from pathprobe.server.engine.process import ProcessEngine
 
         return ProcessEngine(config, model)
-    if config.kind == "synthetic":
-        from pathprobe.server.engine.synthetic import SyntheticEngine
+    from pathprobe.server.engine.local import create_local_engine
 
-        return SyntheticEngine(config, model)
-    if config.kind == "transformers":
-        from pathprobe.server.engine.hf import TransformersEngine
-
-        return TransformersEngine(config, model)
-    if config.kind == "vllm":
-        from pathprobe.server.engine.vllm_engine import VLLMEngine
-
-        return VLLMEngine(config, model)
-    from pathprobe.errors import ConfigError
-
-    raise ConfigError(f"--engine: unknown engine {config.kind!r} (transformers, synthetic, vllm)")
+    return create_local_engine(config, model)

@@ -306,10 +306,10 @@ class _Child:
                 self.send(("load", self.load()))
 
     async def run(self) -> None:
-        from pathprobe.server.engine import create_engine
+        from pathprobe.server.engine.local import create_local_engine
 
         try:
-            self.engine = create_engine(self.config, self.model)
+            self.engine = create_local_engine(self.config, self.model)
             await self.engine.start()
         except Exception as exc:  # any startup failure goes to the parent
             self.send(("error", pack_error(exc)))
