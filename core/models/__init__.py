@@ -437,7 +437,7 @@ def resolve_tokenizer(spec: str) -> Path:
     return resolve_model(spec)
 
 
-_TOKENIZERS: dict[str, Any] = {}
+_TOKENIZERS: dict[str, PreTrainedTokenizerBase] = {}
 
 
 def _built_here(folder: Path) -> bool:
