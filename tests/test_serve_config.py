@@ -100,6 +100,13 @@ def test_every_serve_key_round_trips_through_argv() -> None:
             prefill_max_batch=2,
             tokenizer="slow",
             experts="eager",
+            prefix_cache=False,
+            prefix_cache_mb=64.0,
+            prefix_cache_entries=8,
+            graph_warm=False,
+            quant="int8",
+            cudnn_sdp=True,
+            gc_freeze=False,
         ),
         engine_process=True,
         traces_file="t.jsonl",
@@ -112,6 +119,8 @@ def test_every_serve_key_round_trips_through_argv() -> None:
     # (another engine round-trips in the compare test)
     skipped = {"tls_cert", "tls_key", "tls_ca", "engine"}
     assert all(getattr(full, k) != getattr(DEFAULTS, k) for k in init if k not in skipped), "a key left at default"
+    opts = full.options
+    assert all(getattr(opts, f.name) != f.default for f in dataclasses.fields(opts)), "an option left at default"
     assert _parse(full.to_argv()) == full
     assert _parse(DEFAULTS.to_argv()) == DEFAULTS
     # the environment's keys are spelled out, so a variable set around compare cannot change them
