@@ -72,7 +72,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
-    from pathprobe.server import models
+    from pathprobe import models
     from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticCache
 
     res: dict = {

@@ -362,7 +362,7 @@ def part_table(args: argparse.Namespace) -> None:
 
 
 def table_runs(srv: Serve, args: argparse.Namespace, name: str) -> dict[str, Any]:
-    from pathprobe.server import models
+    from pathprobe import models
 
     tok = models.load_tokenizer(preset(args, name))
     prompt = text_prompt(tok.encode, 64)

@@ -22,7 +22,7 @@ VERBS = {
     "compare": "pathprobe.analysis.lab.compare_cli",
     "analyze": "pathprobe.analysis.report.analyze_cli",
     "netem": "pathprobe.netem.cli",
-    "make-model": "pathprobe.server.models",
+    "make-model": "pathprobe.models",
 }
 
 #: verb -> the extra that installs what it needs (``pip install 'pathprobe[EXTRA]'``)

@@ -57,6 +57,16 @@ PATHPROBE_CPU_PLACEMENT = "PATHPROBE_CPU_PLACEMENT"
 PATHPROBE_SERVE_API_KEY = "PATHPROBE_SERVE_API_KEY"
 PATHPROBE_SERVE_TLS = "PATHPROBE_SERVE_TLS"
 PATHPROBE_SERVE_TLS_CERT = "PATHPROBE_SERVE_TLS_CERT"
+#: ``pathprobe serve`` option -> its variable (read by :class:`pathprobe.serveconfig.ServeConfig`)
+SERVE_OPTIONS: dict[str, str] = {
+    "engine": PATHPROBE_ENGINE,
+    "model": PATHPROBE_MODEL,
+    "http_server": PATHPROBE_HTTP_SERVER,
+    "api_key": PATHPROBE_SERVE_API_KEY,
+    "tls_cert": PATHPROBE_SERVE_TLS_CERT,
+    "tls_key": PATHPROBE_SERVE_TLS + "_KEY",
+    "tls_ca": PATHPROBE_SERVE_TLS + "_CA",
+}
 
 #: ``pathprobe load``: the API key sent to the target (``--api-key`` wins), and the target's TLS
 #: files: ``PATHPROBE_LOAD_TLS`` is the prefix of ``_CA`` / ``_CERT`` / ``_KEY`` / ``_SERVER_NAME``.

@@ -120,7 +120,7 @@ def _check_tokenizer(spec: str | None) -> None:
     """``tiny`` / ``none`` / ``preset:NAME`` / an existing folder (checked here, before Locust starts)."""
     if spec is None or spec in ("tiny", "none", ""):
         return
-    from pathprobe.server import models
+    from pathprobe import models
 
     if spec.startswith("preset:"):
         name = spec.split(":", 1)[1]

@@ -70,14 +70,14 @@ class _WordTokenizer:
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """``tiny`` / a preset / a local folder (pathprobe.server.models), or ``none``.
+    """``tiny`` / a preset / a local folder (pathprobe.models), or ``none``.
 
     A folder with a ``tokenizer.json`` is read with ``tokenizers`` alone (neither torch nor
     transformers is needed); any other tokenizer format goes through transformers.
     """
     if spec in ("none", ""):
         return _WordTokenizer()
-    from pathprobe.server import models
+    from pathprobe import models
 
     try:
         folder = models.resolve_tokenizer(spec)
@@ -147,7 +147,7 @@ def from_file(path: str, tok: Tokenizer | None, corpus_path: str = "") -> list[P
 
 def _tokenizer_digest(spec: str) -> str | None:
     """Identity of a tokenizer from its files (no transformers import), or None."""
-    from pathprobe.server import models
+    from pathprobe import models
 
     try:
         folder = models.resolve_tokenizer(spec)
@@ -170,7 +170,7 @@ def exact_length_cached(base: str, n: int, spec: str, tok: Callable[[], Tokenize
     digest = _tokenizer_digest(spec) if spec not in ("none", "") else None
     if digest is None:
         return exact_length(base, n, tok())
-    from pathprobe.server import models
+    from pathprobe import models
 
     key = hashlib.sha256(f"{digest}\0{n}\0{base}".encode()).hexdigest()[:32]
     path = models.cache_dir() / "prompts" / f"{key}.json"

@@ -9,18 +9,18 @@ import logging
 import math
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from pathprobe import genai, telemetry
+from pathprobe import genai, models, telemetry
 from pathprobe.auth import ApiKeys
 from pathprobe.errors import ConfigError
 from pathprobe.gputelemetry import GpuSampler
+from pathprobe.serveconfig import ServeConfig
 from pathprobe.server.core import ServerState
 from pathprobe.server.engine import EngineConfig, create_engine
 from pathprobe.server.grpc_frontend import start_grpc
-from pathprobe.server.http_app import DEFAULT_MAX_BODY, build_app
+from pathprobe.server.http_app import build_app
 from pathprobe.server.metrics import ServerMetrics
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
@@ -28,25 +28,6 @@ from pathprobe.tls import TlsFiles
 
 log = logging.getLogger("pathprobe.server")
 _tracer = telemetry.get_tracer("pathprobe.server")
-
-
-@dataclass(slots=True)
-class ServeConfig:
-    engine: EngineConfig
-    host: str = "127.0.0.1"
-    grpc_port: int = 50051
-    http_port: int = 8000
-    max_body_bytes: int = DEFAULT_MAX_BODY
-    traces_file: str | None = None
-    http_server: str = "aiohttp"  # the HTTP front end: aiohttp or fastapi (FastAPI on uvicorn)
-    #: more HTTP front ends over the same engine: (kind, port), e.g. (("fastapi", 8001),)
-    extra_http: tuple[tuple[str, int], ...] = ()
-    tls: TlsFiles | None = None  # TLS (and mTLS when it has a CA) on every port
-    api_keys: tuple[bytes, ...] = ()  # accepted keys; empty: no authentication
-    #: on SIGTERM: seconds health says NOT_SERVING while new requests are still taken (so balancers
-    #: take the server out first), then seconds in-flight requests get to finish before they are cut
-    drain_delay_s: float = 0.0
-    drain_grace_s: float = 30.0
 
 
 class _HttpFrontEnd:
@@ -153,7 +134,9 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
     t = time.perf_counter()
     provider = telemetry.setup_tracing("pathprobe-server", traces_file=config.traces_file)
     t = _phase(phases, "tracing", t)
-    engine = create_engine(config.engine)
+    # the model is resolved once per start, here, and handed to the engine (and its process)
+    model = models.resolve(config.model, config.model_name)
+    engine = create_engine(EngineConfig.from_serve(config), model)
     t = _phase(phases, "engine_create", t)
     gpu = GpuSampler().start() if _on_cuda(engine) else None
     await engine.start()
@@ -166,7 +149,7 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         state.metrics.watch_gpu(gpu)
     fronts = [
         _HttpFrontEnd(kind, config.host, port, config.max_body_bytes, state, config.tls, config.drain_grace_s)
-        for kind, port in ((config.http_server, config.http_port), *config.extra_http)
+        for kind, port in ((config.http_server, config.http_port), *config.extra_http_server)
     ]
     try:
         with startup.phase("frontends"):
@@ -181,7 +164,7 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         scheme = ("grpcs", "https") if config.tls else ("grpc", "http")
         log.warning(
             "pathprobe serve: engine=%s model=%s grpc=%s://%s:%d http=%s://%s:%d (%s)%s",
-            config.engine.kind,
+            config.engine,
             engine.model_name,
             scheme[0],
             config.host,

@@ -6,11 +6,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from pathprobe.errors import NotFound, PathprobeError, PayloadTooLarge
+from pathprobe.serveconfig import DEFAULT_MAX_BODY
 from pathprobe.server.core import ServerState
 from pathprobe.server.http_common import SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
 from pathprobe.server.routes import ROUTES, Route, call
 
-DEFAULT_MAX_BODY = 4 * 1024 * 1024
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("state", ServerState)
 
 

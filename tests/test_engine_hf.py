@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pathprobe import models
 from pathprobe.errors import InvalidArgument, ResourceExhausted
-from pathprobe.server import models
 from pathprobe.server.engine.base import EngineConfig, Generation, GenParams
 from pathprobe.server.engine.hf import IncrementalDetokenizer, TransformersEngine, holdback, stop_index
 from pathprobe.timing import now_ms

@@ -277,8 +277,8 @@ def test_http_target_to_a_closed_port_reports_the_connection_error(kind):
 
 
 def test_prompt_is_exactly_n_tokens_of_the_tiny_tokenizer():
+    from pathprobe import models
     from pathprobe.loadgen import prompts
-    from pathprobe.server import models
 
     tok = models.load_tokenizer("tiny")
     ps = prompts.build("fixed", tokens=64, tokenizer="tiny")
@@ -310,7 +310,7 @@ def test_prompts_cut_without_torch_or_transformers_match_the_servers_tokenizer(t
     import subprocess
     import sys
 
-    from pathprobe.server import models
+    from pathprobe import models
 
     env = {**os.environ, "PATHPROBE_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(

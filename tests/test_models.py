@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from pathprobe import models
 from pathprobe.errors import ConfigError
-from pathprobe.server import models
 
 
 def test_tiny_is_deterministic(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ SEGS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
 
 class VllmServer(Proc):
     def __init__(self, tmp: Path, otlp_endpoint: str) -> None:
-        from pathprobe.server import models
+        from pathprobe import models
 
         folder = models.resolve_model("tiny")
         self.port = free_port()

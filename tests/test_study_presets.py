@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
-from pathprobe import gputelemetry
+from pathprobe import gputelemetry, models
 from pathprobe.errors import ConfigError
-from pathprobe.server import models, presets, tokenizer_build
+from pathprobe.models import presets, tokenizer_build
 from pathprobe.server.startup import PHASES, StartupTimer
 
 from tests.support.clients import grpc_generate, http_post

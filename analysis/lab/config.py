@@ -12,8 +12,19 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Literal
 
+from pathprobe import serveconfig
 from pathprobe.errors import ConfigError
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pathprobe.serveconfig import DEFAULTS as SERVE
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 GATEWAY_MODES = ("passthrough", "transcode", "reencode", "http-proxy")
 #: what a client speaks to each kind of target, and what the gateway speaks upstream
@@ -79,13 +90,15 @@ class NetworkConfig(_Strict):
 
 
 class ServerConfig(_Strict):
-    engine: Literal["synthetic", "transformers", "vllm"] = "transformers"
-    model: str = "tiny"
-    max_batch_size: int = Field(8, ge=1)
-    max_wait_ms: float | None = Field(None, ge=0)
-    max_queue: int | None = Field(None, ge=1)
-    prefill_ms_per_token: float | None = Field(None, ge=0)
-    decode_ms_per_token: float | None = Field(None, ge=0)
+    """Our server's keys are ``serve``'s own: same defaults (None: serve's), same checks."""
+
+    engine: Literal["synthetic", "transformers", "vllm"] = SERVE.engine
+    model: str = SERVE.model
+    max_batch_size: int = SERVE.max_batch_size
+    max_wait_ms: float | None = None
+    max_queue: int | None = None
+    prefill_ms_per_token: float | None = None
+    decode_ms_per_token: float | None = None
     extra_args: list[str] = Field(default_factory=list)
     #: local mode: our server runs its engine in a process of its own (``serve --engine-process``),
     #: so the engine's time does not depend on which front end serves the request
@@ -96,7 +109,18 @@ class ServerConfig(_Strict):
     startup_timeout_s: float = Field(180.0, gt=0)
     #: the HTTP front end of the server's own port; a direct target may ask for the other
     #: one (``front_end``), which the same server process then serves on a port of its own
-    http_server: Literal["aiohttp", "fastapi"] = "aiohttp"
+    http_server: Literal["aiohttp", "fastapi"] = SERVE.http_server
+
+    @field_validator("max_batch_size", "max_wait_ms", "max_queue", "prefill_ms_per_token", "decode_ms_per_token")
+    @classmethod
+    def _serve_check(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """``serve``'s own check of the key (one check per key); None: serve's default."""
+        try:
+            if value is not None:
+                serveconfig.check(str(info.field_name), value)
+        except ConfigError as exc:
+            raise ValueError(str(exc).partition(": ")[2]) from None
+        return value
 
 
 class VllmServerConfig(_Strict):

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from pathprobe import vllmcpu
 from pathprobe.analysis.lab.config import CompareConfig, NetworkConfig, ServerConfig, TargetConfig
@@ -28,6 +28,7 @@ from pathprobe.analysis.lab.procs import (
 )
 from pathprobe.errors import ConfigError, PathprobeError
 from pathprobe.otlpsink import OtlpFileSink
+from pathprobe.serveconfig import Engine, HttpServer, ServeConfig
 
 if TYPE_CHECKING:
     from pathprobe.pki import Pki
@@ -39,27 +40,25 @@ if TYPE_CHECKING:
 VLLM_TRACES_ENV = {"OTEL_BSP_SCHEDULE_DELAY": "500"}
 
 
-def _serve_args(s: ServerConfig, engine: str, gport: int, hport: int, apart: bool) -> list[str]:
-    """``pathprobe serve`` for one of our servers on loopback (``s``: the config's server block;
-    ``apart``: the engine in a process of its own)."""
-    return pathprobe_cmd(
-        "serve",
-        "--engine",
-        engine,
-        "--model",
-        s.model,
-        "--host",
-        LOOPBACK,
-        "--grpc-port",
-        str(gport),
-        "--http-port",
-        str(hport),
-        "--max-batch-size",
-        str(s.max_batch_size),
-        "--http-server",
-        s.http_server,
-        *(["--engine-process"] if apart and engine != "vllm" else []),
+def serve_config(s: ServerConfig, engine: str, gport: int, hport: int, apart: bool, **more: Any) -> ServeConfig:
+    """One of our servers on loopback (``s``: the config's server block; ``apart``: the engine in a
+    process of its own; ``more``: further serve keys); its command line is ``to_argv()``."""
+    return ServeConfig(
+        engine=cast(Engine, engine),  # checked by ServeConfig
+        model=s.model,
+        host=LOOPBACK,
+        grpc_port=gport,
+        http_port=hport,
+        max_batch_size=s.max_batch_size,
+        http_server=s.http_server,
+        engine_process=apart and engine != "vllm",
+        **more,
     )
+
+
+def _serve_args(s: ServerConfig, engine: str, gport: int, hport: int, apart: bool, **more: Any) -> list[str]:
+    """``pathprobe serve`` for one of our servers on loopback."""
+    return pathprobe_cmd("serve", *serve_config(s, engine, gport, hport, apart, **more).to_argv())
 
 
 class Stack:
@@ -123,22 +122,21 @@ class Stack:
     def start_server(self) -> None:
         s = self.cfg.server
         gport, hport = s.grpc_port or free_port(), s.http_port or free_port()
-        args = _serve_args(s, s.engine, gport, hport, self.engine_process)
         self.front_ends = {s.http_server: f"{LOOPBACK}:{hport}"}
+        extra: list[tuple[HttpServer, int]] = []
         for fe in sorted({t.front_end for t in self.cfg.targets if t.enabled and t.front_end} - {s.http_server}):
             port = free_port()
-            args += ["--extra-http-server", f"{fe}:{port}"]
+            extra.append((fe, port))
             self.front_ends[fe] = f"{LOOPBACK}:{port}"
-        for flag, value in (
-            ("--max-wait-ms", s.max_wait_ms),
-            ("--max-queue", s.max_queue),
-            ("--prefill-ms-per-token", s.prefill_ms_per_token),
-            ("--decode-ms-per-token", s.decode_ms_per_token),
-        ):
-            if value is not None:
-                args += [flag, str(value)]
-        if self.cfg.tracing:
-            args += ["--traces-file", str(self.traces_dir / "server.jsonl")]
+        more = {
+            k: v
+            for k in ("max_wait_ms", "max_queue", "prefill_ms_per_token", "decode_ms_per_token")
+            if (v := getattr(s, k)) is not None
+        }
+        traces = str(self.traces_dir / "server.jsonl") if self.cfg.tracing else None
+        args = _serve_args(
+            s, s.engine, gport, hport, self.engine_process, extra_http_server=tuple(extra), traces_file=traces, **more
+        )
         args += s.extra_args
         self.log(f"starting server ({s.engine}, {s.model}) on grpc {gport} / http {hport}")
         self.server = self.start(Managed("server", args, self.out / "logs" / "server.log"), "server")
@@ -186,7 +184,7 @@ class Stack:
         if not vllmcpu.available():
             raise Skipped(vllmcpu.unavailable_reason())
         if "vllm-server" not in self.others:
-            from pathprobe.server import models
+            from pathprobe import models
 
             v, s = self.cfg.vllm, self.cfg.server
             spec = v.model or s.model

@@ -11,11 +11,14 @@ from __future__ import annotations
 import abc
 import asyncio
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from pathprobe import engineoptions, serveconfig
+from pathprobe.engineoptions import EngineOptions, Raw
 from pathprobe.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from pathprobe.serveconfig import DEFAULTS, ServeConfig
 from pathprobe.timing import now_ms
 
 #: Upper bound on max_tokens regardless of the model's context.
@@ -24,22 +27,63 @@ MAX_TOKENS_LIMIT = 8192
 
 @dataclass(slots=True)
 class EngineConfig:
-    kind: Literal["transformers", "synthetic", "vllm"] = "transformers"
-    model: str = "tiny"  # "tiny" | a local folder | "preset:NAME"
-    model_name: str | None = None  # name served to clients (default: derived from model)
-    device: str = "auto"  # "cpu" | "cuda" | "auto"
-    dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto"
-    max_batch_size: int = 8
-    max_wait_ms: float = 2.0
-    max_queue: int = 256
-    max_context: int | None = None  # default: the model's max_position_embeddings
+    """What an engine reads of the server's configuration. Defaults and checks are the serve
+    options' own (:mod:`pathprobe.serveconfig`): one default and one check per key."""
+
+    kind: serveconfig.Engine = DEFAULTS.engine
+    model: str = DEFAULTS.model  # "tiny" | a local folder | "preset:NAME"
+    model_name: str | None = DEFAULTS.model_name  # name served to clients (default: derived from model)
+    device: str = DEFAULTS.device  # "cpu" | "cuda" | "auto"
+    dtype: str = DEFAULTS.dtype  # "float32" | "bfloat16" | "float16" | "auto"
+    max_batch_size: int = DEFAULTS.max_batch_size
+    max_wait_ms: float = DEFAULTS.max_wait_ms
+    max_queue: int = DEFAULTS.max_queue
+    max_context: int | None = DEFAULTS.max_context  # default: the model's max_position_embeddings
     # synthetic engine
-    prefill_ms_per_token: float = 0.0
-    decode_ms_per_token: float = 0.0
-    # extra engine options (e.g. cuda graphs), engine-specific
-    options: dict[str, Any] = field(default_factory=dict)
+    prefill_ms_per_token: float = DEFAULTS.prefill_ms_per_token
+    decode_ms_per_token: float = DEFAULTS.decode_ms_per_token
+    #: the engine's typed options (:mod:`pathprobe.engineoptions`); a mapping of KEY: VALUE is
+    #: parsed (and checked) into them
+    options: EngineOptions | Mapping[str, Raw] | None = None
     #: run the engine in a child process (pathprobe.server.engine.process), apart from the front ends
-    process: bool = False
+    process: bool = DEFAULTS.engine_process
+
+    def __post_init__(self) -> None:
+        for name, value in (
+            ("engine", self.kind),
+            ("max_batch_size", self.max_batch_size),
+            ("max_wait_ms", self.max_wait_ms),
+            ("max_queue", self.max_queue),
+            ("max_context", self.max_context),
+            ("prefill_ms_per_token", self.prefill_ms_per_token),
+            ("decode_ms_per_token", self.decode_ms_per_token),
+        ):
+            serveconfig.check(name, value)
+        self.options = engineoptions.parse(self.kind, self.options)
+
+    @property
+    def typed_options(self) -> EngineOptions:
+        """The options, typed (``__post_init__`` parsed them)."""
+        assert not isinstance(self.options, Mapping | type(None))
+        return self.options
+
+    @classmethod
+    def from_serve(cls, config: ServeConfig) -> EngineConfig:
+        return cls(
+            kind=config.engine,
+            model=config.model,
+            model_name=config.model_name,
+            device=config.device,
+            dtype=config.dtype,
+            max_batch_size=config.max_batch_size,
+            max_wait_ms=config.max_wait_ms,
+            max_queue=config.max_queue,
+            max_context=config.max_context,
+            prefill_ms_per_token=config.prefill_ms_per_token,
+            decode_ms_per_token=config.decode_ms_per_token,
+            options=config.options,
+            process=config.engine_process,
+        )
 
 
 @dataclass(slots=True)

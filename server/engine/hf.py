@@ -32,8 +32,9 @@ import inspect
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pathprobe.engineoptions import TransformersOptions, padding
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.engine.base import (
     Engine,
@@ -45,20 +46,15 @@ from pathprobe.server.engine.base import (
     queue_full,
     stop_index,
 )
-from pathprobe.server.engine.hfstatic import StaticBatch
-from pathprobe.server.engine.prefix import DEFAULT_ENTRIES as PREFIX_ENTRIES
-from pathprobe.server.engine.prefix import DEFAULT_MB as PREFIX_MB
+from pathprobe.server.engine.hfstatic import StaticBatch, StaticSettings
 from pathprobe.server.engine.prefix import PrefixCache, PrefixCacheOptions
-from pathprobe.server.engine.quant import QUANT
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
 
+if TYPE_CHECKING:  # pragma: no cover
+    from pathprobe.models import ResolvedModel
+
 log = logging.getLogger(__name__)
-
-
-#: ``--engine-option batching=``: continuous (join between steps), dynamic (a batch forms in the
-#: max_wait_ms window, then runs to its end), static (waits up to static_wait_ms for a full batch)
-BATCHING = ("continuous", "dynamic", "static")
 
 
 #: phases timed inside ``_load`` (the rest of ``start`` is booked as engine_other)
@@ -81,7 +77,7 @@ _DTYPES = {
 }
 
 
-def _threads_option(value: Any, device: str) -> int | None:
+def _threads_option(value: int | None, device: str) -> int | None:
     """torch intra-op threads: ``--engine-option threads=N``; on the CPU the default is 1.
 
     Measured on a 2-core box running the server beside its load generator and gateways:
@@ -91,13 +87,7 @@ def _threads_option(value: Any, device: str) -> int | None:
     """
     if value is None:
         return 1 if not device.startswith("cuda") else None
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--engine-option threads: expected a whole number, got {value!r}") from None
-    if n < 0:
-        raise ConfigError(f"--engine-option threads: must be 0 (torch's default) or more, got {n}")
-    return n or None
+    return value or None  # checked (>= 0) with the options
 
 
 def pick_device(device: str) -> str:
@@ -182,31 +172,32 @@ class _Req:
 
 
 class TransformersEngine(Engine):
-    def __init__(self, config: EngineConfig) -> None:
-        from pathprobe.server import models
+    def __init__(self, config: EngineConfig, model: ResolvedModel | None = None) -> None:
+        from pathprobe import models
 
         self.config = config
         self.startup = StartupTimer()
         with self.startup.phase("imports"):
             import torch
             from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
-        with self.startup.phase("model_folder"):
-            self._folder = models.resolve_model(config.model)
+        ref = model or models.resolve(config.model, config.model_name)
+        self.startup.record("model_folder", ref.started_ms, ref.took_ms)  # resolved once, by the server
+        self._folder = ref.folder
         with self.startup.phase("tokenizer"):
-            self.tokenizer = models.load_tokenizer(config.model)
-        tok_kind = str(config.options.get("tokenizer", "fast")).lower()
-        if tok_kind not in ("fast", "slow"):
-            raise ConfigError(f"--engine-option tokenizer: expected fast or slow, got {tok_kind!r}")
+            self.tokenizer = models.load_tokenizer(ref)
+        opts = config.typed_options
+        if not isinstance(opts, TransformersOptions):
+            raise ConfigError(f"--engine-option: {type(opts).__name__} given to the transformers engine")
+        self.options = opts
+        tok_kind = opts.tokenizer
         self._slow: Any = None  # the slow (Python) encoder, when asked for
         if tok_kind == "slow":
             with self.startup.phase("tokenizer_slow"):
-                self._slow = models.load_slow_tokenizer(config.model)
+                self._slow = models.load_slow_tokenizer(ref)
         self.tokenizer_kind = tok_kind
-        self.model_name = config.model_name or models.model_display_name(config.model, self._folder)
+        self.model_name = ref.name
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
-        if config.max_batch_size < 1:
-            raise ConfigError(f"max_batch_size: must be at least 1, got {config.max_batch_size}")
         self.model: Any = None
         self.max_context = 0
         self._vocab = len(self.tokenizer)
@@ -217,43 +208,32 @@ class TransformersEngine(Engine):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        opts = config.options
-        self._graphs = _flag(opts.get("cuda_graphs", False))
-        self._static_opt = self._graphs or _flag(opts.get("static_cache", False))
+        self._graphs = opts.cuda_graphs
+        self._static_opt = self._graphs or opts.static_cache
         if self._graphs and not self.device.startswith("cuda"):
             raise ConfigError("--engine-option cuda_graphs: needs a CUDA device (use static_cache=1 on the CPU)")
         self._static: StaticBatch | None = None
-        self._static_wait_ms = float(opts.get("static_wait_ms", 1000.0))
-        self._threads = _threads_option(opts.get("threads"), self.device)
-        self._batching = str(opts.get("batching", "continuous")).lower()
-        if self._batching not in BATCHING:
-            raise ConfigError(
-                f"--engine-option batching: expected one of {', '.join(BATCHING)}, got {self._batching!r}"
-            )
-        self._pad_mode, self._pad_to = _padding_option(str(opts.get("pad", "longest")))
-        self._compile = _flag(opts.get("compile", False))
+        self._static_wait_ms = opts.static_wait_ms
+        self._threads = _threads_option(opts.threads, self.device)
+        self._batching = opts.batching
+        self._pad_mode, self._pad_to = padding(opts.pad)
+        self._compile = opts.compile
         # replay every captured graph once at start-up (a graph's first launch is slower)
-        self._graph_warm = _flag(opts.get("graph_warm", True))
-        self._quant = str(opts.get("quant", "none")).lower()  # weight-only quantization (torchao)
+        self._graph_warm = opts.graph_warm
+        self._quant = opts.quant  # weight-only quantization (torchao)
         # torch's cuDNN attention backend: off by default on CUDA (on an H200 it built a plan for
         # each new eager prefill shape, 55-95 ms on the shape's first call; 2026-12-02 result)
-        self._cudnn_sdp = _flag(opts.get("cudnn_sdp", False))
+        self._cudnn_sdp = opts.cudnn_sdp
         # after start-up, move every object made so far out of the collector's generations
         # (gc.freeze): a full collection then no longer walks the model's and libraries' objects
-        self._gc_freeze = _flag(opts.get("gc_freeze", True))
-        if self._quant not in QUANT:
-            raise ConfigError(f"--engine-option quant: expected one of {', '.join(QUANT)}, got {self._quant!r}")
+        self._gc_freeze = opts.gc_freeze
         # static prefill (graphs on CUDA): prompts up to prefill_max_len tokens, at most
         # prefill_max_batch newcomers at once (more go through one batched eager prefill)
-        self._prefill_max_len = int(opts.get("prefill_max_len", 512 if self._graphs else 0))
-        self._prefill_max_batch = int(opts.get("prefill_max_batch", 4))
-        self._experts = opts.get("experts")  # transformers' experts_implementation for MoE models
+        self._prefill_max_len = opts.prefill_max_len if opts.prefill_max_len is not None else 512 if self._graphs else 0
+        self._prefill_max_batch = opts.prefill_max_batch
+        self._experts = opts.experts  # transformers' experts_implementation for MoE models
         # prefix caching (dynamic KV cache only): set up in _load once the model's layers are known
-        self._prefix_opts = PrefixCacheOptions.parse(
-            _flag(opts.get("prefix_cache", True)),
-            opts.get("prefix_cache_mb", PREFIX_MB),
-            opts.get("prefix_cache_entries", PREFIX_ENTRIES),
-        )
+        self._prefix_opts = PrefixCacheOptions.parse(opts.prefix_cache, opts.prefix_cache_mb, opts.prefix_cache_entries)
         self.prefix_cache: PrefixCache | None = None
         if self.device.startswith("cuda"):
             import torch
@@ -306,7 +286,7 @@ class TransformersEngine(Engine):
 
     def _read_weights(self) -> None:
         """Read the weight files once, bytes only (disk -> page cache), timed on their own."""
-        from pathprobe.server.models import WEIGHT_PATTERNS
+        from pathprobe.models import WEIGHT_PATTERNS
 
         files = [p for pat in WEIGHT_PATTERNS for p in sorted(self._folder.glob(pat))]
         n = 0
@@ -319,7 +299,7 @@ class TransformersEngine(Engine):
 
     def _load(self) -> None:
         import torch
-        from pathprobe.server.models import has_weights
+        from pathprobe.models import has_weights
         from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
         if self._threads:
@@ -374,7 +354,7 @@ class TransformersEngine(Engine):
             eos.add(self.tokenizer.eos_token_id)
         self._eos = eos
         if self._static_opt:
-            max_len = int(self.config.options.get("static_max_len", min(self.max_context, 2048)))
+            max_len = self.options.static_max_len or min(self.max_context, 2048)
             self.max_context = min(self.max_context, max_len)
         pad = self.tokenizer.pad_token_id
         self._pad = pad if pad is not None else (min(eos) if eos else 0)
@@ -396,7 +376,16 @@ class TransformersEngine(Engine):
         if self._static_opt:
             note = "static KV cache and graph capture" if self._graphs else "static KV cache only"
             with self.startup.phase("cuda_graphs", note), torch.inference_mode():
-                self._static = StaticBatch(self, self.config.max_batch_size, self.max_context, self._graphs)
+                settings = StaticSettings(
+                    model=self.model,
+                    device=self.device,
+                    cache_kw=self._cache_kw,
+                    pad=self._pad,
+                    compile=self._compile,
+                    prefill_max_len=self._prefill_max_len,
+                    prefill_max_batch=self._prefill_max_batch,
+                )
+                self._static = StaticBatch(settings, self.config.max_batch_size, self.max_context, self._graphs)
             if self._graphs and self._graph_warm:
                 with self.startup.phase("graph_warm") as ph, torch.inference_mode():
                     ph.note = f"each captured graph replayed once: {self._static.warm()} graphs"
@@ -859,24 +848,3 @@ def _merge(cache: Any, mask: Any, ncache: Any, nmask: Any) -> tuple[Any, Any]:
         la_layer.keys = torch.cat([pad_kv(la_layer.keys, la), pad_kv(lb_layer.keys, lb)], dim=0)
         la_layer.values = torch.cat([pad_kv(la_layer.values, la), pad_kv(lb_layer.values, lb)], dim=0)
     return cache, torch.cat([pad_mask(mask, la), pad_mask(nmask, lb)], dim=0)
-
-
-def _padding_option(value: str) -> tuple[str, int]:
-    """``pad=longest`` (default) | ``bucket`` (next power of two) | ``fixed:N``."""
-    mode, _, n = value.strip().lower().partition(":")
-    if mode in ("longest", "bucket") and not n:
-        return mode, 0
-    if mode == "fixed":
-        try:
-            size = int(n)
-        except ValueError:
-            size = 0
-        if size > 0:
-            return mode, size
-    raise ConfigError(f"--engine-option pad: expected longest, bucket or fixed:N (N > 0), got {value!r}")
-
-
-def _flag(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)

@@ -5,10 +5,36 @@ in place, so a decode step's shapes never change and it can be captured as a CUD
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from pathprobe.server.engine.hf import TransformersEngine, _Req
+from pathprobe.server.engine.base import Generation
+
+
+@dataclass(frozen=True, slots=True)
+class StaticSettings:
+    """What the static cache needs of the engine, handed down once it has loaded its model (no
+    reference back to the engine)."""
+
+    model: Any  # the loaded torch model (untyped: torch)
+    device: str
+    cache_kw: str  # the forward's KV-cache argument: "cache" or "past_key_values" (transformers' version)
+    pad: int  # the pad token id of left-padded prompts
+    compile: bool = False  # torch.compile the decode step
+    prefill_max_len: int = 0  # static prefill: prompts up to this many tokens (0: off)
+    prefill_max_batch: int = 4  # static prefill: at most this many newcomers at once
+
+
+class SlotRequest(Protocol):
+    """What the static cache reads and writes of a running request (the engine's ``_Req``)."""
+
+    gen: Generation
+    ids: list[int]  # the prompt's token ids
+    out: list[int]  # tokens generated so far
+    last: int  # the last sampled token (the next decode input)
+    n_pos: int  # tokens in the KV cache for this row
+    slot: int  # the KV row this request owns (-1: none)
 
 
 def kv_head_dims(cfg: Any) -> tuple[int, int]:
@@ -86,17 +112,17 @@ class StaticBatch:
     bucket (1, 2, 4, …) that covers the highest slot in use.
     """
 
-    def __init__(self, engine: TransformersEngine, slots: int, max_len: int, graphs: bool) -> None:
+    def __init__(self, settings: StaticSettings, slots: int, max_len: int, graphs: bool) -> None:
         import torch
 
-        model, dev = engine.model, engine.device
+        model, dev = settings.model, settings.device
         cfg = model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         layers = int(text_cfg.num_hidden_layers)
         kvh = int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads)
         kd, vd = kv_head_dims(text_cfg)
         dtype = next(model.parameters()).dtype
-        self.engine = engine
+        self.settings = settings
         self.slots, self.L = slots, max_len
         self.keys = [torch.zeros((slots, kvh, max_len, kd), dtype=dtype, device=dev) for _ in range(layers)]
         self.values = [torch.zeros((slots, kvh, max_len, vd), dtype=dtype, device=dev) for _ in range(layers)]
@@ -117,15 +143,15 @@ class StaticBatch:
         }
         self._cp = "cache_position" in inspect.signature(model.forward).parameters
         self._call = model
-        if engine._compile:
+        if settings.compile:
             import torch._dynamo
 
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             self._call = torch.compile(model, dynamic=None, fullgraph=False)
         self.graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
         # static prefill of one request at a time, prompt left-padded to a power-of-two bucket
-        self.prefill_max_batch = engine._prefill_max_batch
-        self.p_buckets = [n for n in (16 << i for i in range(12)) if n <= min(engine._prefill_max_len, max_len)]
+        self.prefill_max_batch = settings.prefill_max_batch
+        self.p_buckets = [n for n in (16 << i for i in range(12)) if n <= min(settings.prefill_max_len, max_len)]
         self.p_bufs = {n: self._prefill_buffers(n, layers, kvh, kd, vd, dtype, dev) for n in self.p_buckets}
         self.p_graphs: dict[int, tuple[Any, Any]] = {}
         if graphs:
@@ -133,7 +159,7 @@ class StaticBatch:
             self._capture_prefill()
 
     # --- admission -------------------------------------------------------------------
-    def _plan(self, running: list[_Req], joiners: list[_Req]) -> int | None:
+    def _plan(self, running: Sequence[SlotRequest], joiners: Sequence[SlotRequest]) -> int | None:
         """The column the next step writes after admitting ``joiners``, or None if they don't fit."""
         if running:
             span = self.c - min(self.start[r.slot] for r in running)
@@ -145,10 +171,10 @@ class StaticBatch:
             need_right = max(need_right, max(r.gen.params.max_tokens for r in joiners))
         return span if span + need_right <= self.L else None
 
-    def fits(self, r: _Req, running: list[_Req], accepted: list[_Req]) -> bool:
+    def fits(self, r: SlotRequest, running: Sequence[SlotRequest], accepted: Sequence[SlotRequest]) -> bool:
         return len(self.free) > len(accepted) and self._plan(running, [*accepted, r]) is not None
 
-    def place(self, new: list[_Req], running: list[_Req], ncache: Any, width: int) -> None:
+    def place(self, new: Sequence[SlotRequest], running: Sequence[SlotRequest], ncache: Any, width: int) -> None:
         """Move used columns if needed, then copy the newcomers' prefill KV into their rows."""
         target = self._plan(running, new)
         assert target is not None, "admitted requests must fit"
@@ -179,7 +205,7 @@ class StaticBatch:
                 dst[slot, :, target - n : target] = layer.values[i, :, width - n : width]
         self.free.sort()
 
-    def release(self, r: _Req) -> None:
+    def release(self, r: SlotRequest) -> None:
         if r.slot >= 0:
             self.free.append(r.slot)
             self.free.sort()
@@ -203,7 +229,7 @@ class StaticBatch:
             ),
         }
 
-    def can_prefill(self, new: list[_Req]) -> bool:
+    def can_prefill(self, new: Sequence[SlotRequest]) -> bool:
         return (
             bool(self.p_buckets)
             and len(new) <= self.prefill_max_batch
@@ -212,10 +238,10 @@ class StaticBatch:
 
     def _prefill_forward(self, n: int) -> Any:
         buf = self.p_bufs[n]
-        kw: dict[str, Any] = {self.engine._cache_kw: buf["cache"]}
+        kw: dict[str, Any] = {self.settings.cache_kw: buf["cache"]}
         if self._cp:
             kw["cache_position"] = buf["cp"]
-        out = self.engine.model(
+        out = self.settings.model(
             input_ids=buf["ids"],
             position_ids=buf["pos"],
             attention_mask=buf["mask"],
@@ -225,12 +251,12 @@ class StaticBatch:
         )
         return out.logits[:, -1, :]
 
-    def _load_prompt(self, r: _Req, n: int) -> None:
+    def _load_prompt(self, r: SlotRequest, n: int) -> None:
         import torch
 
         buf = self.p_bufs[n]
         k = len(r.ids)
-        ids = torch.full((1, n), self.engine._pad, dtype=torch.long)
+        ids = torch.full((1, n), self.settings.pad, dtype=torch.long)
         ids[0, n - k :] = torch.tensor(r.ids, dtype=torch.long)
         pos = torch.zeros((1, n), dtype=torch.long)
         pos[0, n - k :] = torch.arange(k)
@@ -242,12 +268,12 @@ class StaticBatch:
         buf["pos"].copy_(pos)
         buf["mask"].copy_(mask[None, None])
 
-    def prefill(self, new: list[_Req], running: list[_Req]) -> Any:
+    def prefill(self, new: Sequence[SlotRequest], running: Sequence[SlotRequest]) -> Any:
         """Prefill each newcomer alone in the smallest bucket, place its KV; logits [len(new), vocab]."""
         import torch
 
         out = []
-        placed: list[_Req] = []
+        placed: list[SlotRequest] = []
         for r in new:
             n = next(b for b in self.p_buckets if b >= len(r.ids))
             self._load_prompt(r, n)
@@ -259,7 +285,7 @@ class StaticBatch:
                 logits = self._prefill_forward(n)
                 r.gen.timing.prefill_path = f"static:{n}"
             out.append(logits.clone())
-            self.place([r], running + placed, self.p_bufs[n]["cache"], n)
+            self.place([r], [*running, *placed], self.p_bufs[n]["cache"], n)
             placed.append(r)
         return torch.cat(out, dim=0)
 
@@ -303,7 +329,7 @@ class StaticBatch:
 
     # --- decode ------------------------------------------------------------------------
     def _forward(self, b: int, w: int) -> Any:
-        kw: dict[str, Any] = {self.engine._cache_kw: self.views[(b, w)]}
+        kw: dict[str, Any] = {self.settings.cache_kw: self.views[(b, w)]}
         if self._cp:
             kw["cache_position"] = self.col
         out = self._call(
@@ -340,7 +366,7 @@ class StaticBatch:
         for t in (*self.keys, *self.values):
             t.zero_()
 
-    def step(self, running: list[_Req]) -> Any:
+    def step(self, running: Sequence[SlotRequest]) -> Any:
         """One decode step for ``running`` (in its order); returns logits [len(running), vocab]."""
         import torch
 

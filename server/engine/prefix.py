@@ -16,13 +16,14 @@ import collections
 from dataclasses import dataclass
 from typing import Any
 
+from pathprobe.engineoptions import PREFIX_CACHE_ENTRIES, PREFIX_CACHE_MB
 from pathprobe.errors import ConfigError
 
 #: shorter matches are not worth a prefill of their own (a hit prefills alone, not batched)
 MIN_MATCH_TOKENS = 16
 #: default bounds: 512 MiB of KV (the Llama-3-8B shape keeps 128 KiB a token: ~4k tokens), 64 entries
-DEFAULT_MB = 512.0
-DEFAULT_ENTRIES = 64
+DEFAULT_MB = PREFIX_CACHE_MB  # the option's one default
+DEFAULT_ENTRIES = PREFIX_CACHE_ENTRIES
 
 
 @dataclass(frozen=True, slots=True)

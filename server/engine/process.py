@@ -32,10 +32,13 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.engine.base import Engine, EngineConfig, EngineTiming, Generation, GenParams, queue_full
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathprobe.models import ResolvedModel
 
 #: how long stop() waits for the child to finish its requests and exit
 STOP_TIMEOUT_S = 30.0
@@ -87,13 +90,15 @@ class _Info:
 class ProcessEngine(Engine):
     """The engine of ``config`` run in a spawned child process; same interface as the engine itself."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        from pathprobe.server import models
+    def __init__(self, config: EngineConfig, model: ResolvedModel | None = None) -> None:
+        from pathprobe import models
 
         if config.kind == "vllm":
             raise ConfigError("--engine-process: the vllm engine already runs its engine core in a process of its own")
         self.config = config
-        self.tokenizer = models.load_tokenizer(config.model)
+        #: resolved once (here or by the server); the child gets it, it does not resolve again
+        self.model_ref = model or models.resolve(config.model, config.model_name)
+        self.tokenizer = models.load_tokenizer(self.model_ref)
         self._slow: Any = None  # the slow (Python) encoder, when the child's engine uses one
         self.model_name = config.model_name or ""
         self.max_context = 0
@@ -121,7 +126,9 @@ class ProcessEngine(Engine):
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC threads
         mine, theirs = ctx.Pipe(duplex=True)
         inner = dataclasses.replace(self.config, process=False)
-        self._proc = ctx.Process(target=child_main, args=(theirs, inner), name="pathprobe-engine", daemon=True)
+        self._proc = ctx.Process(
+            target=child_main, args=(theirs, inner, self.model_ref), name="pathprobe-engine", daemon=True
+        )
         self._proc.start()
         theirs.close()
         self._conn = mine
@@ -137,9 +144,9 @@ class ProcessEngine(Engine):
             info.device,
         )
         if info.tokenizer_kind == "slow":
-            from pathprobe.server import models
+            from pathprobe import models
 
-            self._slow = await asyncio.to_thread(models.load_slow_tokenizer, self.config.model)
+            self._slow = await asyncio.to_thread(models.load_slow_tokenizer, self.model_ref)
         self._loop = asyncio.get_running_loop()
         self._stopped = self._loop.create_future()
         self._loop.add_reader(mine.fileno(), self._on_readable)
@@ -261,18 +268,19 @@ class ProcessEngine(Engine):
 
 
 # --- the child process --------------------------------------------------------------------
-def child_main(conn: Connection, config: EngineConfig) -> None:
+def child_main(conn: Connection, config: EngineConfig, model: ResolvedModel) -> None:
     """Entry point of the engine process: the real engine, driven over ``conn``."""
     # the parent decides when the engine stops (a drain on SIGTERM keeps it serving)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    asyncio.run(_Child(conn, config).run())
+    asyncio.run(_Child(conn, config, model).run())
 
 
 class _Child:
-    def __init__(self, conn: Connection, config: EngineConfig) -> None:
+    def __init__(self, conn: Connection, config: EngineConfig, model: ResolvedModel) -> None:
         self.conn = conn
         self.config = config
+        self.model = model
         self.engine: Engine | None = None
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.done: asyncio.Event | None = None
@@ -298,10 +306,10 @@ class _Child:
                 self.send(("load", self.load()))
 
     async def run(self) -> None:
-        from pathprobe.server.engine import create_engine
+        from pathprobe.server.engine.local import create_local_engine
 
         try:
-            self.engine = create_engine(self.config)
+            self.engine = create_local_engine(self.config, self.model)
             await self.engine.start()
         except Exception as exc:  # any startup failure goes to the parent
             self.send(("error", pack_error(exc)))

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pathprobe.engineoptions import QUANT as ENGINE_QUANT
 from pathprobe.errors import ConfigError
 
 #: ``--engine-option quant=``: none (default), int8 (per-channel), int4 (groups of 128, CUDA only)
-QUANT = ("none", "int8", "int4")
+QUANT = ENGINE_QUANT  # the option's one list of choices
 #: int4 weights: one scale and zero point per group of this many input features
 INT4_GROUP = 128
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathprobe.server.engine.base import (
     Engine,
@@ -32,6 +32,9 @@ from pathprobe.server.engine.base import (
 from pathprobe.server.engine.pacer import Pacer
 from pathprobe.timing import now_ms
 
+if TYPE_CHECKING:  # pragma: no cover
+    from pathprobe.models import ResolvedModel
+
 # A fixed text the engine "generates", cycled; identical on every path.
 _TEXT = (
     " The quick brown fox jumps over the lazy dog near the river bank, while the"
@@ -40,11 +43,11 @@ _TEXT = (
 
 
 class SyntheticEngine(Engine):
-    def __init__(self, config: EngineConfig) -> None:
-        from pathprobe.server.models import load_tokenizer
+    def __init__(self, config: EngineConfig, model: ResolvedModel | None = None) -> None:
+        from pathprobe import models
 
         self.config = config
-        self.tokenizer = load_tokenizer(config.model)
+        self.tokenizer = models.load_tokenizer(model or models.resolve(config.model, config.model_name))
         self.model_name = config.model_name or "synthetic"
         self.max_context = config.max_context or 4096
         self._vocab = len(self.tokenizer)

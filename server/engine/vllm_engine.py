@@ -29,9 +29,10 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathprobe import vllmcpu
+from pathprobe.engineoptions import VllmOptions
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.engine.base import (
     Engine,
@@ -43,6 +44,9 @@ from pathprobe.server.engine.base import (
 )
 from pathprobe.server.engine.hf import IncrementalDetokenizer, holdback, stop_index
 from pathprobe.timing import held_back, now_ms
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathprobe.models import ResolvedModel
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ def vllm_available() -> bool:
 
 
 class VLLMEngine(Engine):
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, model: ResolvedModel | None = None) -> None:
         added = vllmcpu.apply_cpu_env()  # KV cache and cache folders that fit a CPU machine
         if added:
             log.info("vLLM CPU defaults: %s", ", ".join(f"{k}={v}" for k, v in sorted(added.items())))
@@ -98,13 +102,14 @@ class VLLMEngine(Engine):
             import vllm  # noqa: F401
         except ImportError as exc:
             raise ConfigError(f"--engine vllm: vLLM is not importable ({exc}); {INSTALL_HINT}") from None
-        from pathprobe.server import models
+        from pathprobe import models
 
         self.config = config
-        self._folder = models.resolve_model(config.model)
-        self._weights = models.has_weights(self._folder)
-        self.tokenizer = models.load_tokenizer(config.model)
-        self.model_name = config.model_name or models.model_display_name(config.model, self._folder)
+        ref = model or models.resolve(config.model, config.model_name)
+        self._folder = ref.folder
+        self._weights = ref.has_weights
+        self.tokenizer = models.load_tokenizer(ref)
+        self.model_name = ref.name
         dtype = _DTYPES.get((config.dtype or "auto").lower())
         if dtype is None:
             raise ConfigError(f"dtype: unknown dtype {config.dtype!r} (float32, bfloat16, float16, auto)")
@@ -136,12 +141,17 @@ class VLLMEngine(Engine):
         # offset from vLLM's engine-core clock (time.monotonic, s) to now_ms()
         self._clock_offset_ms = now_ms() - time.monotonic() * 1000.0
 
+    def _options(self) -> dict[str, str]:
+        """``--engine-option``: vLLM's own engine arguments, checked against them in ``start``."""
+        opts = self.config.typed_options
+        return opts.as_dict() if isinstance(opts, VllmOptions) else {}
+
     # --- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        opts = vllmcpu.engine_defaults({k: _coerce(v) for k, v in self.config.options.items()})
+        opts = vllmcpu.engine_defaults({k: _coerce(v) for k, v in self._options().items()})
         fields = set(getattr(AsyncEngineArgs, "__dataclass_fields__", {}))
         unknown = sorted(k for k in opts if fields and k not in fields)
         if unknown:

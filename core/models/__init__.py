@@ -1,4 +1,4 @@
-"""Models pathprobe serves without downloading anything.
+"""The model catalog: the models pathprobe serves without downloading anything.
 
 - ``tiny``: a small random-weight Llama-architecture model (head size 32, so vLLM's CPU
   attention accepts it too) and a byte-level BPE tokenizer trained here, on a corpus
@@ -10,7 +10,10 @@
   the engine builds the model with random weights at load time (``from_config``).
 - a path: any local Hugging Face model folder.
 
-Heavy libraries (torch, transformers, tokenizers) are imported inside functions only.
+A server resolves its model once (:func:`resolve`, a :class:`ResolvedModel`) and hands the
+result to its engine. The load generator and ``compare`` use the same catalog for tokenizers
+and folders. Heavy libraries (torch, transformers, tokenizers) are imported inside functions
+only, so importing this module costs a load-generator install nothing.
 """
 
 from __future__ import annotations
@@ -22,20 +25,21 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pathprobe import environment
 from pathprobe.errors import ConfigError
-from pathprobe.server.corpus import CORPUS
-from pathprobe.server.presets import (
+from pathprobe.models.corpus import CORPUS
+from pathprobe.models.presets import (
     PRESET_TOKENIZERS,
     PRESETS,
     TINY_MOE,
     TINY_OVERRIDES,
     TINY_TOKENIZER_VOCAB,
 )
-from pathprobe.server.tokenizer_build import TokenizerSpec
+from pathprobe.models.tokenizer_build import SlowByteLevelBPE, SlowSentencePiece, TokenizerSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -171,7 +175,7 @@ def _with_bos(tok):
 
 def _save_tokenizer(folder: Path, spec: TokenizerSpec | None = None, max_len: int | None = None) -> dict[str, int]:
     """Write a tokenizer into ``folder``: the tiny one, or one trained like ``spec``."""
-    from pathprobe.server import tokenizer_build
+    from pathprobe.models import tokenizer_build
     from transformers import PreTrainedTokenizerFast
 
     raw = _train_tokenizer() if spec is None else _with_bos(tokenizer_build.build(spec, folder, CORPUS, SPECIAL_TOKENS))
@@ -362,6 +366,38 @@ def resolve_model(spec: str) -> Path:
     return path
 
 
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """A model spec resolved to its folder, once per server start (picklable: an engine in a
+    process of its own gets the same value)."""
+
+    spec: str  # as given: "tiny", "preset:NAME" or a folder
+    folder: Path
+    name: str  # the name served to clients
+    #: when the resolution started (monotonic ms) and how long it took (a preset or the tiny
+    #: model is built on first use): the engine books it as its ``model_folder`` startup phase
+    started_ms: float = 0.0
+    took_ms: float = 0.0
+
+    @property
+    def has_weights(self) -> bool:
+        return has_weights(self.folder)
+
+
+def resolve(spec: str, name: str | None = None) -> ResolvedModel:
+    """Resolve ``spec`` (building the tiny model or a preset on first use); ``name``: the name
+    served to clients (default: :func:`model_display_name`)."""
+    from pathprobe.timing import now_ms
+
+    start = now_ms()
+    folder = resolve_model(spec)
+    return ResolvedModel(spec, folder, name or model_display_name(spec, folder), start, now_ms() - start)
+
+
+def _folder(model: str | ResolvedModel) -> Path:
+    return model.folder if isinstance(model, ResolvedModel) else resolve_model(model)
+
+
 def model_display_name(spec: str, folder: Path | None = None) -> str:
     """The name served to clients: 'tiny', the preset name, or the folder name."""
     if not spec or spec == "tiny":
@@ -401,7 +437,7 @@ def resolve_tokenizer(spec: str) -> Path:
     return resolve_model(spec)
 
 
-_TOKENIZERS: dict[str, Any] = {}
+_TOKENIZERS: dict[str, PreTrainedTokenizerBase] = {}
 
 
 def _built_here(folder: Path) -> bool:
@@ -412,9 +448,9 @@ def _built_here(folder: Path) -> bool:
     return "pathprobe_preset" in cfg
 
 
-def load_tokenizer(spec: str = "tiny") -> PreTrainedTokenizerBase:
-    """The model's tokenizer (cached per process)."""
-    folder = resolve_model(spec)
+def load_tokenizer(model: str | ResolvedModel = "tiny") -> PreTrainedTokenizerBase:
+    """The model's tokenizer (cached per process); a spec is resolved first."""
+    folder = _folder(model)
     key = str(folder.resolve())
     if key not in _TOKENIZERS:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -430,14 +466,14 @@ def load_tokenizer(spec: str = "tiny") -> PreTrainedTokenizerBase:
     return _TOKENIZERS[key]
 
 
-_SLOW: dict[str, Any] = {}
+_SLOW: dict[str, SlowByteLevelBPE | SlowSentencePiece] = {}
 
 
-def load_slow_tokenizer(spec: str):
+def load_slow_tokenizer(model: str | ResolvedModel) -> SlowByteLevelBPE | SlowSentencePiece:
     """The model's slow (Python) encoder, for presets built with a study tokenizer."""
-    from pathprobe.server import tokenizer_build
+    from pathprobe.models import tokenizer_build
 
-    folder = resolve_model(spec)
+    folder = _folder(model)
     key = str(folder.resolve())
     if key not in _SLOW:
         _SLOW[key] = tokenizer_build.load_slow(folder)

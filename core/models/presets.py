@@ -1,6 +1,6 @@
 """Published model architectures, typed in (nothing is fetched), and their test scale.
 
-``preset:NAME`` builds one of these with random weights (:func:`pathprobe.server.models.build_preset`);
+``preset:NAME`` builds one of these with random weights (:func:`pathprobe.models.build_preset`);
 ``NAME@tiny`` keeps its class and structure at a size a CPU test can run.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pathprobe.server.tokenizer_build import TokenizerSpec
+from pathprobe.models.tokenizer_build import TokenizerSpec
 
 # Published configuration values (from each model's config.json), typed in here so
 # nothing is fetched. Token ids are replaced by the tiny tokenizer's.

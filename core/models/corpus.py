@@ -1,4 +1,4 @@
-"""The text the tiny tokenizer is trained on (:mod:`pathprobe.server.models`): embedded, so
+"""The text the tiny tokenizer is trained on (:mod:`pathprobe.models`): embedded, so
 building the tiny model needs nothing from the network."""
 
 # The tokenizer's training text. Plain English on everyday and technical subjects, so
