@@ -32,8 +32,8 @@ from functools import lru_cache
 
 from pathprobe import jsonl
 from pathprobe.errors import ConfigError
-from pathprobe.loadgen.prompts import Prompt, Tokenizer, is_word_tokenizer
 from pathprobe.loadgen.traces import BLOCK_TOKENS
+from pathprobe.models.prompts import Prompt, Tokenizer, is_word_tokenizer
 
 #: the default corpus: plain prose, cut into blocks at key-derived offsets
 DEFAULT_CORPUS = (
@@ -289,7 +289,7 @@ def check_inputs(trace: str, trace_format: str, prompt_set: str, prompt_file: st
     """Read the run's input files as the load processes will (without the tokenizer): a bad line,
     a missing column or field, a negative length fails here, before Locust starts."""
     from pathprobe.loadgen import traces
-    from pathprobe.loadgen.prompts import load_tokenizer
+    from pathprobe.models.prompts import load_tokenizer
 
     words = load_tokenizer("none")
     if corpus:

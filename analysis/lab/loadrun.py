@@ -126,12 +126,12 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
         return None
     spec = cfg.server.model if cfg.mode == "local" else "tiny"
     try:
-        from pathprobe.loadgen import prompts
+        from pathprobe.models import prompts
 
         if L.prompt_set == "fixed":
-            pset = prompts.build("fixed", tokens=L.prompt_tokens, tokenizer=spec)
+            pset = prompts.cut("fixed", tokens=L.prompt_tokens, tokenizer=spec)
         else:
-            pset = prompts.build("sweep", tokenizer=spec)
+            pset = prompts.cut("sweep", tokenizer=spec)
     except Exception as exc:  # fall back to letting each run cut its prompts
         log(f"prompts: cutting them once failed ({type(exc).__name__}: {exc}); each load run will")
         return None
