@@ -19,13 +19,14 @@ third-party reports.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pathprobe import serverreports
 from pathprobe.segments import Split
 from pathprobe.serverreports import ServerReport
-from pathprobe.timing import Chain
+from pathprobe.timing import SEND_PART, Chain, Interval, held_back, last_arrival, read_backlog
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,8 @@ def account(
     client_estimate_ms: float | None = None,
     client_estimate_kind: str | None = None,
     client_wait_ms: float = 0.0,
+    client_decodes: Sequence[Interval] = (),
+    client_arrivals: Sequence[tuple[float, float | None]] = (),
 ) -> Account:
     """Account for one OK request.
 
@@ -62,11 +65,22 @@ def account(
     ``report``: what a server we did not write reported; ``client_estimate_ms`` / ``_kind``: the
     client's own round trip measured apart (the estimate of a direct path's silent server);
     ``client_wait_ms``: the client's wait for its own event loop (an upper bound; the split caps it).
+    ``client_decodes`` / ``client_arrivals``: a stream's decode of each event (intervals, ms since the
+    request's start) and each token chunk's (arrival, the server's emit offset or None): the client's
+    decode counts only where it held the stream's end back (after the last chunk arrived, never before
+    the outermost hop was done: :func:`pathprobe.timing.last_arrival`, :func:`~pathprobe.timing.held_back`),
+    and its reads of chunks already waiting when it was behind are its own time, like its loop wait.
     """
     chain = serverreports.with_report(entries, report)
     overlap = 0.0
+    if stream and client_decodes and client_arrivals:
+        last = last_arrival(client_arrivals, client_encode_ms + _outer_own_ms(chain))
+        held = min(held_back(client_decodes, last), client_decode_ms)
+        overlap = client_decode_ms - held
+        behind = read_backlog(client_arrivals[-1][0], last, client_decodes)
+        client_wait_ms = max(client_wait_ms, behind)  # both are its own time on its link: never twice
     if stream:  # decode that ran while the server was still producing: not on the path
-        overlap = serverreports.decode_overlap(e2e_ms, chain, report, client_encode_ms, client_decode_ms)
+        overlap += serverreports.decode_overlap(e2e_ms, chain, report, client_encode_ms, client_decode_ms - overlap)
     dec = client_decode_ms - overlap
     est = serverreports.network_estimate(chain, client_estimate_ms)
     s = serverreports.split(
@@ -74,3 +88,11 @@ def account(
     )
     kind = serverreports.network_estimate_kind(chain, client_estimate_kind) if s.network_estimated else None
     return Account(s, chain, kind, dec, overlap)
+
+
+def _outer_own_ms(chain: Chain) -> float:
+    """The outermost reporting hop's own time (its total less its last hand-off); -inf: none reports."""
+    hops = [h for h in chain.hops if h.has("total")]
+    if not hops:
+        return -math.inf
+    return hops[-1].get("total") - hops[-1].get(SEND_PART)

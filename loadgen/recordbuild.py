@@ -51,6 +51,7 @@ def build_record(
         if ttft is not None and n > 1:
             tpot = (e2e - ttft) / (n - 1)
     rep = out.server_report
+    t0 = out.t0
     emit = out.emit_ms if spec.stream and len(out.emit_ms) == len(times) and all(out.emit_ms) else None
     overlap = 0.0
     sp: SplitRecord | None = None
@@ -66,6 +67,10 @@ def build_record(
             client_estimate_ms=out.network_estimate_ms,
             client_estimate_kind=out.network_estimate_kind,
             client_wait_ms=client_wait_ms,
+            client_decodes=[((a - t0) / 1e6, (b - t0) / 1e6) for a, b in out.decodes] if spec.stream else (),
+            client_arrivals=[((t - t0) / 1e6, emit[i] if emit else None) for i, t in enumerate(times)]
+            if spec.stream
+            else (),
         )
         chain = acc.chain
         sp, kind, client_wait_ms = split_record(acc.split), acc.network_estimate_kind, acc.split.client_wait
