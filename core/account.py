@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathprobe import serverreports
 from pathprobe.segments import Split
 from pathprobe.serverreports import ServerReport
-from pathprobe.timing import SEND_PART, Chain, Interval, held_back, last_arrival, read_backlog
+from pathprobe.timing import SEND_PART, Chain, Interval, held_back, last_arrival, last_waited, read_backlog
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +74,8 @@ def account(
     chain = serverreports.with_report(entries, report)
     overlap = 0.0
     if stream and client_decodes and client_arrivals:
-        last = last_arrival(client_arrivals, client_encode_ms + _outer_own_ms(chain))
+        waited = last_waited([s for s, _ in client_arrivals], client_decodes)
+        last = last_arrival(client_arrivals, max(client_encode_ms + _outer_own_ms(chain), waited))
         held = min(held_back(client_decodes, last), client_decode_ms)
         overlap = client_decode_ms - held
         behind = read_backlog(client_arrivals[-1][0], last, client_decodes)

@@ -7,6 +7,7 @@ crosses a process, so clock skew cannot corrupt a split.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -107,6 +108,32 @@ def last_arrival(seen: Sequence[tuple[float, float | None]], not_before: float =
         return seen_last
     bound = min(s + e_last - e for s, e in seen if e is not None and e <= e_last)
     return min(max(bound, not_before), seen_last)
+
+
+#: a consumer idle this long right before it had a chunk was waiting for it (the chunk arrived then).
+#: A stalled link withholds chunks for milliseconds (a delaying relay's burst: 2.5-4 ms); a consumer
+#: reading chunks already waiting gets to the next within tens of microseconds when it has the CPU.
+#: On a busy 2-core machine a preempted consumer also sits "idle" for a time slice: 0.1 ms took
+#: those for waiting and left transcode's and http-proxy's backlog reads in the server link's
+#: network (7-16 ms at load average 9); 1 ms keeps most of them the consumer's
+IDLE_MS = 1.0
+
+
+def last_waited(seen: Sequence[float], work: Iterable[Interval], idle_ms: float = IDLE_MS) -> float:
+    """The last instant a consumer had a chunk it had been *waiting* for: the latest ``seen_i`` with
+    the consumer idle for more than ``idle_ms`` right before it (no per-chunk ``work`` of its own
+    ending within that stretch; -inf: none). That chunk arrived then, and every later one after it,
+    so the last chunk's arrival is not earlier (:func:`last_arrival`'s ``not_before``): the emit-offset
+    bound assumes every chunk crossed the path in the least time any did, which a link's jitter (a
+    burst after a stall) breaks; the consumer's own idleness is measured, not assumed."""
+    ends = sorted(end for _, end in work)
+    out = -math.inf
+    for s in seen:
+        i = bisect.bisect_right(ends, s)
+        prev = ends[i - 1] if i else -math.inf
+        if s - prev > idle_ms:
+            out = s
+    return out
 
 
 def own_ms(value: str | None) -> float:

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pathprobe.timing import handoff_split, held_back, last_arrival, read_backlog
+from pathprobe.timing import handoff_split, held_back, last_arrival, last_waited, read_backlog
 
 if TYPE_CHECKING:
     from pathprobe.gateway.aio import Spans
@@ -63,7 +63,8 @@ class StreamWork:
         on the chunks before it)."""
         if not self.seen:
             return 0.0, 0.0, 0.0, 0.0
-        last = self.last = self.last_arrival(not_before)
+        waited = last_waited([s for s, _ in self.seen], (*self.decode, *self.encode, *self.send))
+        last = self.last = self.last_arrival(max(not_before, waited))
         send, backlog = handoff_split(self.send, last)
         reads = read_backlog(self.seen[-1][0], last, (*self.decode, *self.encode, *self.send))
         return held_back(self.decode, last), held_back(self.encode, last), send, backlog + reads

@@ -91,7 +91,7 @@ def build_record(
         "latency_ms": e2e + lag,
         "client_encode_ms": enc,
         "client_decode_ms": dec,
-        # of the stream's measured decode, what overlapped the server's own measured work (left out above)
+        # of the stream's measured decode, what overlapped the path's own work (left out of client_decode_ms)
         "client_decode_overlap_ms": overlap,
         "ttft_ms": ttft,
         "itl_ms": itl if itl is not None else [],

@@ -60,14 +60,27 @@ def test_a_client_that_keeps_up_counts_only_the_decode_after_the_last_chunk():
 
 
 def test_a_client_behind_books_its_backlog_as_its_own_not_network():
-    # the chunks arrived 0.2 ms apart but the client got to them 0.25 ms apart (busy): it saw the last
-    # one 25 ms late; its decodes after the last arrival are its serialization, its reads its own wait
+    # the chunks arrived 0.2 ms apart but the client decoded each in 0.22 ms and read the next 0.03 ms
+    # later (never idle: they were waiting): it saw the last one 25 ms late. Its decodes after the
+    # last arrival are its serialization, its reads of the waiting chunks its own wait
     arr = [(1.5 + i * 0.25, 1.0 + i * 0.2) for i in range(500)]
-    dec = [(t, t + 0.05) for t, _ in arr]
-    e2e = arr[-1][0] + 0.2
-    acc = account(e2e, SERVER, client_decode_ms=25.0, stream=True, client_decodes=dec, client_arrivals=arr)
+    dec = [(t, t + 0.22) for t, _ in arr]
+    e2e = arr[-1][0] + 0.3
+    acc = account(e2e, SERVER, client_decode_ms=110.0, stream=True, client_decodes=dec, client_arrivals=arr)
     s = acc.split
     assert min(getattr(s, k) for k in SEGMENTS) >= 0 and min(s.links) >= 0
     assert sum(getattr(s, k) for k in SEGMENTS) == pytest.approx(e2e)
-    assert s.client_wait > 15  # the reads of chunks already waiting
+    assert s.serialization == pytest.approx(22.0, abs=0.5)  # ~100 decodes after the last arrival
+    assert s.client_wait == pytest.approx(3.0, abs=0.2)  # ~100 reads of 0.03 ms
     assert s.network < 1.0  # what is left on the link: its stacks, not the client's backlog
+
+
+def test_a_client_that_waited_for_the_last_chunks_books_the_stall_as_the_link():
+    # the link stalled: the last 10 chunks came 5 ms late, in one burst; the client sat idle for them
+    arr = [(1.5 + min(i, 490) * 0.2 + (5.0 + (i - 490) * 0.03 if i >= 490 else 0.0), 1.0 + i * 0.2) for i in range(500)]
+    dec = [(t, t + 0.02) for t, _ in arr]
+    e2e = arr[-1][0] + 0.12
+    s = account(e2e, SERVER, client_decode_ms=10.0, stream=True, client_decodes=dec, client_arrivals=arr).split
+    assert s.client_wait < 0.1 and s.serialization < 0.5  # only the burst's nine reads are the client's
+    # the stall is the link's, every ms of it: e2e less the burst's ten decodes and reads, the server's own time
+    assert s.links[0] == pytest.approx(e2e - 10 * 0.02 - s.client_wait - (101.0 - 0.2))

@@ -39,14 +39,24 @@ def test_a_gateway_behind_its_upstream_counts_its_backlog():
 
 
 def test_a_gateway_behind_books_its_reads_of_the_waiting_chunks_as_its_backlog():
-    # the same upstream; the gateway's work is 1.5 ms a chunk, yet it saw them 3 ms apart: the rest
-    # (3.0 ms between 10.2 and 16) went on getting chunks that already waited in its buffer
-    w = _work([(10.0, 1.0), (13.0, 1.1), (16.0, 1.2)], 0.5)
+    # the same upstream; the gateway's work is 1.5 ms a chunk and it got to the next chunk 0.05 ms
+    # after each (never idle: the chunks were waiting), reading them is its backlog too
+    w = _work([(10.0, 1.0), (11.55, 1.1), (13.1, 1.2)], 0.5)
     dec, enc, send, backlog = w.held()
     assert dec == pytest.approx(1.3) and enc == pytest.approx(1.5) and send == pytest.approx(0.5)
-    assert backlog == pytest.approx(1.0 + 3.0)  # two sends before the last one, and the reads
+    assert backlog == pytest.approx(1.0 + 0.1)  # two sends before the last one, and the two reads
     # every part lies after the last chunk's arrival and before the gateway was done with it
-    assert dec + enc + send + backlog <= 17.5 - w.last_arrival() + 1e-9
+    assert dec + enc + send + backlog <= 14.6 - w.last_arrival() + 1e-9
+
+
+def test_a_gateway_that_waited_for_a_chunk_had_it_when_it_came():
+    # a jittered link: chunks 1 and 2 came at once 1 ms after their emit, chunk 3 after a 3 ms stall;
+    # the emit offsets alone would put its arrival at 13.0, but the gateway sat idle until 16: it was
+    # waiting for it (the stall is the link's), not behind
+    w = _work([(11.0, 10.0), (12.5, 12.0), (16.0, 14.0)], 0.1)
+    assert w.last_arrival() == pytest.approx(14.5)  # the emit-offset bound alone
+    assert w.held() == pytest.approx((0.1, 0.1, 0.1, 0.0))
+    assert w.last == pytest.approx(16.0)
 
 
 def test_the_arrival_is_never_before_the_upstream_was_done():
