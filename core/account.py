@@ -2,7 +2,7 @@
 
 The recipe (docs/design.md, the segment model) in one function, :func:`account`, which the load
 generator's records (:func:`pathprobe.loadgen.recordbuild.build_record`), trace analysis
-(:func:`pathprobe.analysis.tracesplit.split_trace`) and the compare analysis all call:
+(:func:`pathprobe.analysis.report.tracesplit.split_trace`) and the compare analysis all call:
 
 1. the hops' entries as a chain, with a third-party server's own report as its innermost hop when
    that report has a total (:func:`pathprobe.serverreports.with_report`);

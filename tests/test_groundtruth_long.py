@@ -72,8 +72,9 @@ def long_prompt(tmp_path_factory) -> Path:
 
 
 def _xfail(path: str, known: dict[str, str]) -> object:
-    """``path`` as a parameter, marked as a known failure (strict: it must fail) where ``known`` says why."""
-    return pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=known[path])) if path in known else path
+    """``path`` as a parameter, marked as a known failure where ``known`` says why. Not strict: it
+    depends on how busy the machine is (measured at load average 7-10; a quiet one may pass it)."""
+    return pytest.param(path, marks=pytest.mark.xfail(strict=False, reason=known[path])) if path in known else path
 
 
 #: measured in the first runs on the shared 2-core machine (load average 7-10), not fixed yet
