@@ -73,9 +73,10 @@ class _Required(TypedDict):
     e2e_ms: float  # send (before client encode) to the end of the response (after decode)
     latency_ms: float  # e2e + schedule lag: what a user of an open-loop run waited
     client_encode_ms: float  # the client's request serialization
-    client_decode_ms: float  # the client's response deserialization (summed over a stream)
-    #: streams: of the measured decode, what overlapped the server's own measured work (left out of
-    #: client_decode_ms: not on the request's path)
+    client_decode_ms: float  # the client's response deserialization (a stream: what held its end back)
+    #: streams: of the measured decode, what overlapped the path's own work (left out of client_decode_ms:
+    #: not on the request's path): the decode before the last chunk arrived (pathprobe.timing.held_back),
+    #: and what a server without a total claims beyond the link (pathprobe.serverreports.decode_overlap)
     client_decode_overlap_ms: float
     ttft_ms: float | None  # streams: time to the first token chunk
     itl_ms: list[float]  # streams: gaps between token chunks (empty for unary calls)

@@ -2,7 +2,9 @@
 
 network + serialization + queueing + inference + other + unsplit == e2e, exactly, for
 every request. See docs/design.md (the segment model); this module is its only
-implementation, used by the load generator and by trace analysis alike.
+implementation, used by the load generator and by trace analysis alike, both through one entry
+point, :func:`pathprobe.account.account` (the chain with a server's report, the client's stream
+decode by the one rule for per-chunk costs, the network estimate and its kind, then this split).
 
 The path is a chain of hops (:class:`pathprobe.timing.Chain`), innermost first: a model
 server (``srv.*``) and any number of forwarding hops (a pathprobe gateway ``gw.*``, or a

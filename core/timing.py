@@ -7,9 +7,10 @@ crosses a process, so clock skew cannot corrupt a split.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +34,13 @@ SERVER_ENTRIES = (
 GATEWAY_ENTRIES = ("gw.decode", "gw.upstream", "gw.encode", "gw.total")
 #: the part (``<kind>.send``) a hop that streams reports: of its total, the time its handler waited
 #: on its own transport to take the chunks it sent towards the client (``srv.send``, ``gw.send``),
-#: the part that held the stream's end back (:func:`held_back`). It is the link's stack time, like
+#: the last hand-off's part that held the stream's end back (:func:`handoff_split`). It is the link's stack time, like
 #: a unary answer's hand-off after ``<kind>.total``: the split books it as network of the link
 #: between the hop and its client, not as the hop's own time
 SEND_PART = "send"
+#: of a hop that streams, its hand-offs to its transport after its producer was done, before the last
+#: one (:func:`handoff_split`): it was behind, and that time is its own (booked in its "other")
+BACKLOG_PART = "backlog"
 #: the entry prefix of a model server's hop
 SERVER_KIND = "srv"
 #: the entry prefix of a pathprobe gateway's hop
@@ -48,13 +52,107 @@ def now_ms() -> float:
     return time.perf_counter_ns() / 1e6
 
 
-def held_back(handoffs: Iterable[tuple[float, float]], last_ms: float) -> float:
-    """The part of a stream's hand-offs (each chunk's ``(sent, resumed)`` on the hop's own transport)
-    that held the stream's end back: what lies after ``last_ms``, the moment the hop had the last of
-    what it forwards (a server: its engine's last token ready; a gateway: its upstream's last message
-    seen). Before that, every wait overlapped the work upstream of it, which the hop's upstream time
-    (or its engine's) already counts; counting it again would double it. This is ``<kind>.send``."""
-    return sum(max(0.0, resumed - max(sent, last_ms)) for sent, resumed in handoffs)
+#: an interval on one process's monotonic clock: (start, end), ms
+Interval = tuple[float, float]
+
+
+def held_back(handoffs: Iterable[Interval], last_ms: float) -> float:
+    """The part of a stream's per-chunk intervals (a hop's hand-offs to its own transport, its
+    encodes, its decodes) that held the stream's end back: what lies after ``last_ms``, the moment
+    the hop had the last of what it forwards (a server: its engine's last token ready; a gateway or
+    the client: its upstream's last chunk arrived, :func:`last_arrival`). Before that, every such
+    interval overlapped the work upstream of it (the producer making the next chunk), which the
+    upstream's time (or the engine's) already counts; counting it again would double it.
+
+    This is the one rule for every per-chunk cost on every side: what held the stream's end back
+    counts once, what overlapped the producer's next chunk does not count again."""
+    return sum(max(0.0, end - max(start, last_ms)) for start, end in handoffs)
+
+
+def handoff_split(handoffs: Sequence[Interval], last_ms: float) -> tuple[float, float]:
+    """(send, backlog): a stream's hand-offs to the hop's transport that held its end back
+    (:func:`held_back`), split in two. ``send``: the last hand-off's, the link's stack time as a
+    unary answer's hand-off after ``<kind>.total`` is (``<kind>.send``). ``backlog``: the earlier
+    ones after ``last_ms``: chunks the hop still had to hand over when its producer was done, i.e.
+    the hop was behind; that time is the hop's own (``<kind>.backlog``, in its "other"), not the
+    link's."""
+    if not handoffs:
+        return 0.0, 0.0
+    send = held_back(handoffs[-1:], last_ms)
+    return send, held_back(handoffs[:-1], last_ms)
+
+
+def last_arrival(seen: Sequence[tuple[float, float | None]], not_before: float = -math.inf) -> float:
+    """The latest instant a stream's last chunk can have arrived at a consumer (a gateway, the
+    client), from each chunk's ``(seen, emit)``: when the consumer had it (its clock) and the
+    server's emit offset (ms since the server's request start; None: not reported).
+
+    A consumer that is behind sees the last chunk late (it waits in the transport's buffer until the
+    consumer asks for it). The last chunk left ``e_last - e_i`` after chunk ``i``, which the consumer
+    saw at ``seen_i``, so it arrived by ``min_i(seen_i + e_last - e_i)``: the chunk with the least
+    delay bounds it tightest (the minimum-delay filter NTP uses). No clock crosses a process. A
+    consumer that keeps up gets ``seen_last``; one that is behind an earlier instant (its backlog is
+    its own). Without emit offsets it is ``seen_last``, right while the consumer keeps up.
+
+    ``not_before``: when the producer had, at the earliest, handed the last chunk over: the consumer's
+    request start plus the producer's own reported time (:func:`own_ms`). The bound above assumes the
+    last chunk took no longer from its emit to the consumer than the quickest chunk did; when the
+    producer's own hand-off of it was late (its loop busy), that would book the producer's lateness as
+    the consumer's backlog, so the instant is never put before the producer was done. Together the
+    two keep every link non-negative: what the consumer books after this instant lies outside the
+    producer's own time."""
+    if not seen:
+        return 0.0
+    seen_last, e_last = seen[-1]
+    if e_last is None:
+        return seen_last
+    bound = min(s + e_last - e for s, e in seen if e is not None and e <= e_last)
+    return min(max(bound, not_before), seen_last)
+
+
+#: a consumer idle this long right before it had a chunk was waiting for it (the chunk arrived then).
+#: A stalled link withholds chunks for milliseconds (a delaying relay's burst: 2.5-4 ms); a consumer
+#: reading chunks already waiting gets to the next within tens of microseconds when it has the CPU.
+#: On a busy 2-core machine a preempted consumer also sits "idle" for a time slice: 0.1 ms took
+#: those for waiting and left transcode's and http-proxy's backlog reads in the server link's
+#: network (7-16 ms at load average 9); 1 ms keeps most of them the consumer's
+IDLE_MS = 1.0
+
+
+def last_waited(seen: Sequence[float], work: Iterable[Interval], idle_ms: float = IDLE_MS) -> float:
+    """The last instant a consumer had a chunk it had been *waiting* for: the latest ``seen_i`` with
+    the consumer idle for more than ``idle_ms`` right before it (no per-chunk ``work`` of its own
+    ending within that stretch; -inf: none). That chunk arrived then, and every later one after it,
+    so the last chunk's arrival is not earlier (:func:`last_arrival`'s ``not_before``): the emit-offset
+    bound assumes every chunk crossed the path in the least time any did, which a link's jitter (a
+    burst after a stall) breaks; the consumer's own idleness is measured, not assumed."""
+    ends = sorted(end for _, end in work)
+    out = -math.inf
+    for s in seen:
+        i = bisect.bisect_right(ends, s)
+        prev = ends[i - 1] if i else -math.inf
+        if s - prev > idle_ms:
+            out = s
+    return out
+
+
+def own_ms(value: str | None) -> float:
+    """A producer's own time from the entries it sent (its hop is the last one in ``value``): its
+    ``<kind>.total`` less its ``<kind>.send`` (the last hand-off, the link's); 0 when it reports none."""
+    hops = parse_chain(value).hops
+    if not hops:
+        return 0.0
+    return max(0.0, hops[-1].get("total") - hops[-1].get(SEND_PART))
+
+
+def read_backlog(seen_last: float, last_ms: float, work: Iterable[Interval]) -> float:
+    """What a consumer that was behind spent getting to chunks already waiting in its transport's
+    buffer: from ``last_ms`` (the last chunk's arrival, :func:`last_arrival`) to ``seen_last`` (when
+    it had that chunk), less its own per-chunk ``work`` inside that stretch (booked apart). 0 for a
+    consumer that keeps up (``last_ms == seen_last``). That time is the consumer's own, not the
+    link's: it reads its backlog."""
+    worked = sum(max(0.0, min(end, seen_last) - max(start, last_ms)) for start, end in work)
+    return max(0.0, seen_last - last_ms - worked)
 
 
 class Entries(dict[str, float]):

@@ -123,6 +123,9 @@ class Entries:
     #: a stream's waits on the downstream transport to take each chunk (``gw.send``: the client
     #: link's stack time, :data:`pathprobe.timing.SEND_PART`); None when not measured
     send: float | None = None
+    #: a stream's time the gateway spent behind its upstream (``gw.backlog``, its own: in its "other"):
+    #: :meth:`pathprobe.gateway.streamwork.StreamWork.held`; None when not measured
+    backlog: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
     #: the Server-Timing string sent downstream (upstream's entries + these), once sent
     sent: str | None = None
@@ -133,5 +136,7 @@ class Entries:
             out["gw.connect"] = self.connect
         if self.send is not None:
             out["gw.send"] = self.send
+        if self.backlog is not None:
+            out["gw.backlog"] = self.backlog
         out["gw.total"] = self.total
         return out

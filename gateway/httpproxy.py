@@ -190,8 +190,8 @@ class HttpProxy(SessionOwner):
         ent.decode += t1 - td
         # the upstream's last timed event: its work is done (this parse is ours); of the hand-offs of
         # the events before it, those after this one arrived held the stream back (gw.send)
-        ent.send = work.held()[2]
-        ent.upstream = td - up.t0 - (ent.send or 0.0)
+        _, _, ent.send, ent.backlog = work.held(up.t0 + timing.own_ms(obj.get("server_timing")))
+        ent.upstream = td - up.t0 - ent.send - ent.backlog
         ent.connect = self.connects.get(up.upstream.target)
         ent.total = now_ms() - t0
         obj["server_timing"] = ent.sent = timing.append(obj.get("server_timing"), ent.as_dict())

@@ -248,7 +248,7 @@ class Reencoder(SessionOwner):
         up = None
         upstream_st = None
         ok = False
-        c_dec = c_enc = c_send = 0.0
+        c_dec = c_enc = c_send = c_back = 0.0
         work = StreamWork()
         try:
             up = await self._forward(ctx, md, raw, ent, spans, True, timeout)
@@ -294,11 +294,12 @@ class Reencoder(SessionOwner):
                 # is open; only the part of that work after the upstream's last chunk arrived held
                 # the stream back (gw.decode / gw.encode / gw.send, taken out of gw.upstream so no
                 # segment counts it twice): pathprobe.gateway.streamwork
-                c_dec, c_enc, c_send = work.held()
-                ent.upstream = now_ms() - up.t0 - c_dec - c_enc - c_send
+                c_dec, c_enc, c_send, c_back = work.held(up.t0 + timing.own_ms(upstream_st))
+                ent.upstream = now_ms() - up.t0 - c_dec - c_enc - c_send - c_back
                 ent.decode += c_dec
                 ent.encode += c_enc
                 ent.send = c_send
+                ent.backlog = c_back
             Spans.end_client(up.cspan, {"http.response.status_code": 200}, None, up.t0, ent.upstream)
             ok = True
         except (_Abort, PathprobeError) as exc:
@@ -315,7 +316,7 @@ class Reencoder(SessionOwner):
                     up.resp.close()  # a half-read stream: drop the connection, the server frees the slot
                 self.pool.release(up.upstream)
                 if spans.server is not None:
-                    chunk_spans(spans, work, (c_dec, c_enc, c_send))
+                    chunk_spans(spans, work, (c_dec, c_enc, c_send, c_back))
                     if up.cspan is not None and up.cspan.is_recording():  # ended early (error, client gone)
                         Spans.end_client(up.cspan, {}, "upstream stream not completed", up.t0, ent.upstream)
                     if not ok and spans.server.is_recording():  # the client went away

@@ -21,10 +21,11 @@ gateway keeps up.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pathprobe.timing import held_back
+from pathprobe.timing import handoff_split, held_back, last_arrival, last_waited, read_backlog
 
 if TYPE_CHECKING:
     from pathprobe.gateway.aio import Spans
@@ -41,24 +42,32 @@ class StreamWork:
     decode: list[Interval] = field(default_factory=list)
     encode: list[Interval] = field(default_factory=list)
     send: list[Interval] = field(default_factory=list)
+    #: the instant :meth:`held` used as the last chunk's arrival (0: not computed yet)
+    last: float = 0.0
 
     def chunk(self, seen_ms: float, emit_ms: float | None) -> None:
         """A chunk the gateway now has; ``emit_ms`` <= 0 counts as not reported (proto3's default)."""
         self.seen.append((seen_ms, emit_ms if emit_ms is not None and emit_ms > 0 else None))
 
-    def last_arrival(self) -> float:
-        """The latest instant the upstream's last chunk can have arrived (module docstring)."""
-        if not self.seen:
-            return 0.0
-        seen_last, e_last = self.seen[-1]
-        if e_last is None:
-            return seen_last
-        return min(s + e_last - e for s, e in self.seen if e is not None and e <= e_last)
+    def last_arrival(self, not_before: float = -math.inf) -> float:
+        """The latest instant the upstream's last chunk can have arrived, not before ``not_before``
+        (the upstream's own time from the call's start: :func:`pathprobe.timing.last_arrival`)."""
+        return last_arrival(self.seen, not_before)
 
-    def held(self) -> tuple[float, float, float]:
-        """(decode, encode, send): the parts of the per-chunk work after the last chunk arrived."""
-        last = self.last_arrival()
-        return held_back(self.decode, last), held_back(self.encode, last), held_back(self.send, last)
+    def held(self, not_before: float = -math.inf) -> tuple[float, float, float, float]:
+        """(decode, encode, send, backlog): the per-chunk work after the last chunk arrived; of the
+        hand-offs to the client's transport after it, the last one's (the link's, ``gw.send``) and what
+        the gateway spent behind (``gw.backlog``): the earlier hand-offs after it
+        (:func:`pathprobe.timing.handoff_split`) and its reads of chunks that were already waiting
+        in its transport's buffer (from the last chunk's arrival until it got to it, less its work
+        on the chunks before it)."""
+        if not self.seen:
+            return 0.0, 0.0, 0.0, 0.0
+        waited = last_waited([s for s, _ in self.seen], (*self.decode, *self.encode, *self.send))
+        last = self.last = self.last_arrival(max(not_before, waited))
+        send, backlog = handoff_split(self.send, last)
+        reads = read_backlog(self.seen[-1][0], last, (*self.decode, *self.encode, *self.send))
+        return held_back(self.decode, last), held_back(self.encode, last), send, backlog + reads
 
     def spent(self) -> tuple[float, float, float]:
         """(decode, encode, send): all of the per-chunk work, overlapped or not (the CPU it cost)."""
@@ -69,16 +78,16 @@ def _sum(intervals: list[Interval]) -> float:
     return sum(b - a for a, b in intervals)
 
 
-def chunk_spans(spans: Spans, work: StreamWork, held: tuple[float, float, float]) -> None:
+def chunk_spans(spans: Spans, work: StreamWork, held: tuple[float, float, float, float]) -> None:
     """The chunks' work as child spans: what held the stream back (the entries' figures), one
     interval per kind from the last chunk's arrival on, with what overlapped the upstream as an
     attribute (the CPU the chunks cost in all is the sum of the two). Nothing for a stream that
     forwarded no chunk."""
     if not work.decode:
         return
-    start = work.last_arrival()
+    start = work.last or work.last_arrival()
     spent = work.spent()
-    for name, dur, total in zip(("gw.decode", "gw.encode", "gw.send"), held, spent, strict=True):
+    for name, dur, total in zip(("gw.decode", "gw.encode", "gw.send"), held[:3], spent, strict=True):
         if name == "gw.send" and not dur:
             continue
         attrs = {"pathprobe.chunks": len(work.decode), "pathprobe.overlapped_ms": round(max(total - dur, 0.0), 3)}

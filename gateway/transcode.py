@@ -317,7 +317,7 @@ class Transcoder:
         # open; only the part of that work after the upstream's last chunk arrived held the stream
         # back (gw.decode / gw.encode / gw.send, taken out of gw.upstream): pathprobe.gateway.streamwork
         work = StreamWork()
-        c_dec = c_enc = c_send = 0.0
+        c_dec = c_enc = c_send = c_back = 0.0
         try:
             try:
                 async for raw in call:
@@ -339,11 +339,11 @@ class Transcoder:
                         await resp.prepare(request)
                     await resp.write(data)
                     work.send.append((ts, now_ms()))
-                c_dec, c_enc, c_send = work.held()
-                ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send
+                upstream_st = _upstream_timing(await call.trailing_metadata())
+                c_dec, c_enc, c_send, c_back = work.held(t_up0 + timing.own_ms(upstream_st))
+                ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send - c_back
                 ent.decode += c_dec
                 ent.encode += c_enc
-                upstream_st = _upstream_timing(await call.trailing_metadata())
                 Spans.end_client(cspan, {"rpc.grpc.status_code": 0}, None, t_up0, ent.upstream)
                 if resp is None:
                     ts = now_ms()
@@ -351,6 +351,7 @@ class Transcoder:
                     await resp.prepare(request)
                     c_send += now_ms() - ts
                 ent.send = c_send
+                ent.backlog = c_back
                 if held is not None:
                     t1 = now_ms()
                     ent.total = t1 - t0
@@ -360,11 +361,12 @@ class Transcoder:
                     await resp.write(data)
                 await resp.write(SSE_DONE)
             except grpc.aio.AioRpcError as err:
-                c_dec, c_enc, c_send = work.held()
-                ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send
+                c_dec, c_enc, c_send, c_back = work.held()
+                ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send - c_back
                 ent.decode += c_dec
                 ent.encode += c_enc
                 ent.send = c_send
+                ent.backlog = c_back
                 code, details = self._error(err, u)
                 Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details, t_up0, ent.upstream)
                 ent.total = now_ms() - t0
@@ -396,9 +398,9 @@ class Transcoder:
                 ent.total = now_ms() - t0
             self.metrics.observe("POST /v1/generate stream", str(status), ent.total, u.target, ent.upstream)
             if spans.server is not None:
-                chunk_spans(spans, work, (c_dec, c_enc, c_send))
+                chunk_spans(spans, work, (c_dec, c_enc, c_send, c_back))
                 if cspan is not None and cspan.is_recording():  # the client went away mid-stream
-                    Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc - c_send)
+                    Spans.end_client(cspan, {}, "cancelled", t_up0, now_ms() - t_up0 - c_dec - c_enc - c_send - c_back)
                 spans.end({"http.response.status_code": status}, None if status < 400 else "error", ent.total, ent.sent)
         if resp is None:  # the client went away before anything was sent: nobody reads this answer
             return web.Response(status=status)

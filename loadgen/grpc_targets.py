@@ -132,7 +132,9 @@ class GrpcTarget(Target):
         for raw in it:
             ta = pc()
             chunk = pb.GenerateChunk.FromString(raw)
-            dec += pc() - ta
+            t = pc()
+            dec += t - ta
+            out.decodes.append((ta, t))
             out.response_bytes += len(raw)
             if keep_text and chunk.text:
                 out.text.append(chunk.text)
@@ -238,7 +240,9 @@ class H2GrpcTarget(Target):
         def on_message(raw: bytes, ta: int) -> None:
             t = pc()
             chunk = pb.GenerateChunk.FromString(raw)
-            st["dec"] += pc() - t
+            t1 = pc()
+            st["dec"] += t1 - t
+            out.decodes.append((t, t1))
             out.response_bytes += len(raw)
             if keep_text and chunk.text:
                 out.text.append(chunk.text)

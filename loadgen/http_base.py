@@ -179,7 +179,9 @@ class HttpTarget(Target):
                 break
             ta = pc()
             obj = loads(payload)
-            dec += pc() - ta
+            t = pc()
+            dec += t - ta
+            out.decodes.append((ta, t))
             on_event(ta, obj)
         resp.read()  # drain the end of the chunked body so the connection is reused
         out.t_end = pc()

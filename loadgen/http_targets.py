@@ -231,7 +231,9 @@ class OllamaTarget(HttpTarget):
             out.response_bytes += len(line)
             ta = pc()
             obj = self._loads(line)
-            dec += pc() - ta
+            t = pc()
+            dec += t - ta
+            out.decodes.append((ta, t))
             if obj.get("error"):
                 err = obj["error"]
             if obj.get("response"):

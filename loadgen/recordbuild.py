@@ -11,10 +11,11 @@ from __future__ import annotations
 import itertools
 import time
 
-from pathprobe import serverreports
+from pathprobe.account import account
 from pathprobe.loadgen.call import CallSpec, Outcome, pc
 from pathprobe.records import HopRecord, RequestRecord, SplitRecord
 from pathprobe.segments import Split
+from pathprobe.serverreports import with_report
 from pathprobe.timing import Hop
 
 
@@ -50,20 +51,32 @@ def build_record(
         if ttft is not None and n > 1:
             tpot = (e2e - ttft) / (n - 1)
     rep = out.server_report
-    chain = serverreports.with_report(out.entries, rep)  # a server's own report as its hop, when it has a total
-    overlap = 0.0
-    if spec.stream and out.ok:  # decode that ran while the server was still producing: not on the path
-        overlap = serverreports.decode_overlap(e2e, chain, rep, enc, dec)
-        dec -= overlap
+    t0 = out.t0
     emit = out.emit_ms if spec.stream and len(out.emit_ms) == len(times) and all(out.emit_ms) else None
+    overlap = 0.0
+    sp: SplitRecord | None = None
+    kind: str | None = None
     if out.ok:
-        est = serverreports.network_estimate(chain, out.network_estimate_ms)
-        s = serverreports.split(e2e, chain, rep, enc, dec, network_estimate_ms=est, client_wait_ms=client_wait_ms)
-        sp: SplitRecord | None = split_record(s)
-        client_wait_ms = s.client_wait
-        kind = serverreports.network_estimate_kind(chain, out.network_estimate_kind) if s.network_estimated else None
+        acc = account(
+            e2e,
+            out.entries,
+            rep,
+            client_encode_ms=enc,
+            client_decode_ms=dec,
+            stream=spec.stream,
+            client_estimate_ms=out.network_estimate_ms,
+            client_estimate_kind=out.network_estimate_kind,
+            client_wait_ms=client_wait_ms,
+            client_decodes=[((a - t0) / 1e6, (b - t0) / 1e6) for a, b in out.decodes] if spec.stream else (),
+            client_arrivals=[((t - t0) / 1e6, emit[i] if emit else None) for i, t in enumerate(times)]
+            if spec.stream
+            else (),
+        )
+        chain = acc.chain
+        sp, kind, client_wait_ms = split_record(acc.split), acc.network_estimate_kind, acc.split.client_wait
+        dec, overlap = acc.client_decode_ms, acc.decode_overlap_ms
     else:
-        sp = kind = None
+        chain = with_report(out.entries, rep)
     return {
         "ts": ts,
         # t0 on the wall clock (CLOCK_REALTIME, what packet captures stamp), from the monotonic t0 and
@@ -78,7 +91,7 @@ def build_record(
         "latency_ms": e2e + lag,
         "client_encode_ms": enc,
         "client_decode_ms": dec,
-        # of the stream's measured decode, what overlapped the server's own measured work (left out above)
+        # of the stream's measured decode, what overlapped the path's own work (left out of client_decode_ms)
         "client_decode_overlap_ms": overlap,
         "ttft_ms": ttft,
         "itl_ms": itl if itl is not None else [],

@@ -183,7 +183,9 @@ class OpenAISdkTarget(Target):
             # the SDK's work on this event: from its bytes' arrival, or from when it was asked for it
             # when those bytes came with an earlier event's (a burst: several events in one read),
             # so a burst's parsing is counted once, never once per event
-            dec += pc() - max(ta, asked)
+            t = pc()
+            dec += t - max(ta, asked)
+            out.decodes.append((max(ta, asked), t))
             choices = ev.choices or ()
             if any((c.delta.content if self.api == "chat" else c.text) for c in choices):
                 out.token_times.append(ta)

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ from pathprobe.deadline import parse_timeout
 from pathprobe.errors import PathprobeError
 from pathprobe.server.engine.base import Engine, Generation, GenParams
 from pathprobe.server.metrics import ServerMetrics
-from pathprobe.timing import now_ms
+from pathprobe.timing import Interval, handoff_split, held_back, now_ms
 from pathprobe.v1 import llm_pb2
 
 _tracer = telemetry.get_tracer("pathprobe.server")
@@ -76,6 +76,12 @@ class RequestScope:
     #: a stream's hand-off time that held its end back (``srv.send``; the front end measures it,
     #: e.g. :func:`pathprobe.timing.held_back`); None: not reported
     send_ms: float | None = None
+    #: a stream's hand-offs after the engine's last token, before the last one: the server was behind
+    #: its engine (``srv.backlog``, its own time: :func:`pathprobe.timing.handoff_split`)
+    backlog_ms: float | None = None
+    #: a stream's chunk encodes as ``now_ms()`` intervals: only what lies after the engine's last
+    #: token counts in ``srv.encode`` (:func:`pathprobe.timing.held_back`; the rest overlapped it)
+    chunk_encodes: list[Interval] = field(default_factory=list)
     gen: Generation | None = None
     #: the caller's deadline: an absolute now_ms() instant (gRPC), or the HTTP ``grpc-timeout`` header
     deadline_ms: float = 0.0
@@ -114,9 +120,24 @@ class RequestScope:
     def encoded(self, ms: float) -> None:
         self.encode_ms += ms
 
-    def sent(self, ms: float) -> None:
-        """``ms`` of a stream's hand-offs to the transport that held its end back (added to ``srv.send``)."""
-        self.send_ms = (self.send_ms or 0.0) + ms
+    def encoded_chunk(self, start: float, end: float) -> None:
+        """A stream's chunk encoded from ``start`` to ``end`` (``now_ms()``)."""
+        self.chunk_encodes.append((start, end))
+
+    def sent(self, handoffs: Sequence[Interval]) -> None:
+        """A stream's hand-offs to the transport, each chunk's (sent, resumed): the last one's part after
+        the engine's last token is ``srv.send`` (the link's), the earlier ones' ``srv.backlog``."""
+        send, backlog = handoff_split(handoffs, self.last_ready())
+        self.send_ms = (self.send_ms or 0.0) + send
+        self.backlog_ms = (self.backlog_ms or 0.0) + backlog
+
+    def last_ready(self) -> float:
+        """When the engine's latest token was ready (0: none yet)."""
+        return self.gen.last_ready_ms if self.gen is not None else 0.0
+
+    def encode_total(self) -> float:
+        """``srv.encode``: the unary encode, and the chunk encodes that held the stream's end back."""
+        return self.encode_ms + held_back(self.chunk_encodes, self.last_ready())
 
     def entries(self) -> dict[str, float]:
         """The srv.* entries now; ``srv.total`` is measured at this call (with the prompt tokens
@@ -125,9 +146,11 @@ class RequestScope:
         if self.gen is not None:
             out.update(self.gen.timing.entries())
             out.cached_tokens = self.gen.timing.cached_tokens
-        out["srv.encode"] = self.encode_ms
+        out["srv.encode"] = self.encode_total()
         if self.send_ms is not None:
             out["srv.send"] = self.send_ms
+        if self.backlog_ms is not None:
+            out["srv.backlog"] = self.backlog_ms
         out["srv.total"] = now_ms() - self.t0
         return out
 
@@ -186,15 +209,16 @@ class RequestScope:
                     t.detokenize,
                     {"pathprobe.entry": "srv.detokenize"},
                 )
-        if self.encode_ms:
+        encode = entries.get("srv.encode", 0.0)
+        if encode:
             # (possibly several chunks') encoding shown as one interval ending with the response
             end = self.t0 + entries["srv.total"]
             telemetry.child_span(
-                _tracer, "server.encode", span, end - self.encode_ms, self.encode_ms, {"pathprobe.entry": "srv.encode"}
+                _tracer, "server.encode", span, end - encode, encode, {"pathprobe.entry": "srv.encode"}
             )
         if self.send_ms:
             # a stream's waits for the transport to take each chunk, shown as one interval before that
-            end = self.t0 + entries["srv.total"] - self.encode_ms
+            end = self.t0 + entries["srv.total"] - encode
             telemetry.child_span(
                 _tracer, "server.send", span, end - self.send_ms, self.send_ms, {"pathprobe.entry": "srv.send"}
             )

@@ -31,7 +31,7 @@ from pathprobe import timing
 from pathprobe.deadline import PUSHBACK_KEY, deadline_in
 from pathprobe.errors import InvalidArgument, PathprobeError
 from pathprobe.server.core import RequestScope, ServerState, params_from_proto
-from pathprobe.timing import held_back, now_ms
+from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles, add_port
 from pathprobe.v1 import llm_pb2
 
@@ -123,9 +123,7 @@ class LLMService:
             gen = scope.start(params_from_proto(req))
             index = 0
             handoffs: list[tuple[float, float]] = []  # each chunk's yield: (sent, resumed)
-            last_ready = 0.0
             async for ev in gen:
-                last_ready = ev.ready_ms
                 t0 = now_ms()
                 chunk = llm_pb2.GenerateChunk(
                     text=ev.text,
@@ -140,12 +138,12 @@ class LLMService:
                     chunk.usage.completion_tokens = gen.completion_tokens
                     chunk.usage.cached_tokens = gen.timing.cached_tokens
                 out = chunk.SerializeToString()
-                scope.encoded(now_ms() - t0)
+                scope.encoded_chunk(t0, now_ms())
                 index += len(ev.token_ids)
                 t_send = now_ms()
                 yield out
                 handoffs.append((t_send, now_ms()))
-            scope.sent(held_back(handoffs, last_ready))
+            scope.sent(handoffs)
         except PathprobeError as exc:
             await self._abort(scope, context, exc)
             return

@@ -114,7 +114,9 @@ def encode_json(scope: RequestScope, obj: Any) -> bytes:
 
 
 def sse_event(scope: RequestScope, obj: Any) -> bytes:
+    """One SSE event of a stream; its encode counts in ``srv.encode`` only where it held the stream's
+    end back (after the engine's last token: :meth:`RequestScope.encoded_chunk`)."""
     t0 = now_ms()
     out = b"data: " + jsoncodec.dumps(obj) + b"\n\n"
-    scope.encoded(now_ms() - t0)
+    scope.encoded_chunk(t0, now_ms())
     return out

@@ -63,9 +63,9 @@ def _hops(path: str) -> list[str]:
     return ["client"] if path == "direct" else ["client", "upstream"]
 
 
-def _targets() -> list[dict]:
+def _targets(paths: dict[str, dict] | None = None) -> list[dict]:
     out = []
-    for path, spec in PATHS.items():
+    for path, spec in (paths or PATHS).items():
         for hop in _hops(path):
             for d in (0.0, HOPS[hop]):
                 out.append(
@@ -74,7 +74,11 @@ def _targets() -> list[dict]:
     return out
 
 
-def _run(tmp: Path, stream: bool) -> Path:
+def _run(
+    tmp: Path, stream: bool, load: dict | None = None, paths: dict[str, dict] | None = None, args: list | None = None
+) -> Path:
+    """One interleaved compare run; ``load`` overrides the load settings, ``paths`` the paths, ``args``
+    adds server flags."""
     out = tmp / ("stream" if stream else "unary")
     cfg = {
         "out": str(out),
@@ -94,6 +98,7 @@ def _run(tmp: Path, stream: bool) -> Path:
             "decode_ms_per_token": 0.0,
             "max_batch_size": 8,
             "engine_process": False,
+            "extra_args": list(args or []),
         },
         "load": {
             # 4 s per configuration (was 2 s): on the 2-core CI machine the paired medians of the links
@@ -107,8 +112,9 @@ def _run(tmp: Path, stream: bool) -> Path:
             "prompt_tokens": 32,
             "max_tokens": 6 if stream else 3,
             "interleave": "call",
+            **(load or {}),
         },
-        "targets": _targets(),
+        "targets": _targets(paths),
     }
     path = tmp / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -22,7 +22,7 @@ def test_a_gateway_that_keeps_up_counts_only_the_last_chunks_work():
     # the upstream emits every 2 ms and the gateway sees each chunk 1 ms later: it keeps up
     w = _work([(11.0, 10.0), (13.0, 12.0), (15.0, 14.0)], 0.1)
     assert w.last_arrival() == pytest.approx(15.0)
-    assert w.held() == pytest.approx((0.1, 0.1, 0.1))
+    assert w.held() == pytest.approx((0.1, 0.1, 0.1, 0.0))
     assert w.spent() == pytest.approx((0.3, 0.3, 0.3))
 
 
@@ -31,9 +31,42 @@ def test_a_gateway_behind_its_upstream_counts_its_backlog():
     # chunk waited in the buffer from 10.2 on and it was seen only at 16
     w = _work([(10.0, 1.0), (13.0, 1.1), (16.0, 1.2)], 1.0)
     assert w.last_arrival() == pytest.approx(10.2)
-    dec, enc, send = w.held()
-    # everything after 10.2: most of chunk 1's decode, its encode and send, and all of chunks 2 and 3
-    assert dec == pytest.approx(2.8) and enc == pytest.approx(3.0) and send == pytest.approx(3.0)
+    dec, enc, send, backlog = w.held()
+    # everything after 10.2: most of chunk 1's decode, its encode and send, and all of chunks 2 and 3;
+    # of the sends, the last one's is the client link's, the two before it the gateway's backlog
+    assert dec == pytest.approx(2.8) and enc == pytest.approx(3.0)
+    assert send == pytest.approx(1.0) and backlog == pytest.approx(2.0)
+
+
+def test_a_gateway_behind_books_its_reads_of_the_waiting_chunks_as_its_backlog():
+    # the same upstream; the gateway's work is 1.5 ms a chunk and it got to the next chunk 0.05 ms
+    # after each (never idle: the chunks were waiting), reading them is its backlog too
+    w = _work([(10.0, 1.0), (11.55, 1.1), (13.1, 1.2)], 0.5)
+    dec, enc, send, backlog = w.held()
+    assert dec == pytest.approx(1.3) and enc == pytest.approx(1.5) and send == pytest.approx(0.5)
+    assert backlog == pytest.approx(1.0 + 0.1)  # two sends before the last one, and the two reads
+    # every part lies after the last chunk's arrival and before the gateway was done with it
+    assert dec + enc + send + backlog <= 14.6 - w.last_arrival() + 1e-9
+
+
+def test_a_gateway_that_waited_for_a_chunk_had_it_when_it_came():
+    # a jittered link: chunks 1 and 2 came at once 1 ms after their emit, chunk 3 after a 3 ms stall;
+    # the emit offsets alone would put its arrival at 13.0, but the gateway sat idle until 16: it was
+    # waiting for it (the stall is the link's), not behind
+    w = _work([(11.0, 10.0), (12.5, 12.0), (16.0, 14.0)], 0.1)
+    assert w.last_arrival() == pytest.approx(14.5)  # the emit-offset bound alone
+    assert w.held() == pytest.approx((0.1, 0.1, 0.1, 0.0))
+    assert w.last == pytest.approx(16.0)
+
+
+def test_the_arrival_is_never_before_the_upstream_was_done():
+    # the last chunk was handed over late by its producer (its loop busy): 1.5 ms from its emit, where
+    # the others took 1 ms; the upstream reports it was done 15.4 ms after the call started at 0
+    w = _work([(11.0, 10.0), (13.0, 12.0), (15.5, 14.0)], 0.1)
+    assert w.last_arrival() == pytest.approx(15.0)
+    assert w.last_arrival(not_before=15.4) == pytest.approx(15.4)
+    assert w.last_arrival(not_before=99.0) == pytest.approx(15.5)  # never after the gateway had it
+    assert w.held(not_before=15.4)[0] == pytest.approx(0.1)
 
 
 def test_the_chunk_with_the_least_link_delay_bounds_the_arrival():
@@ -46,4 +79,4 @@ def test_without_emit_offsets_the_last_chunk_arrives_when_seen():
     for emits in ([None, None, None], [0.0, 0.0, 0.0], [1.0, None, None]):
         w = _work([(10.0, emits[0]), (13.0, emits[1]), (16.0, emits[2])], 1.0)
         assert w.last_arrival() == 16.0, emits
-    assert StreamWork().held() == (0.0, 0.0, 0.0)
+    assert StreamWork().held() == (0.0, 0.0, 0.0, 0.0)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pathprobe import serverreports, timing
+from pathprobe.account import account
 from pathprobe.analysis.report.traces import Span, Trace
 from pathprobe.segments import Split
 
@@ -265,11 +266,18 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     else:
         ok = True
     client_est = _first(client.attributes, (ESTIMATE_KEY,)) if client is not None else None
-    est = serverreports.network_estimate(entries, float(client_est) if client_est is not None else None)
     # the load generator's own wait, as it booked it (never more than the client's link took)
     wait = float(_first(client.attributes, WAIT_KEYS) or 0.0) if client is not None else 0.0
     sp = (
-        serverreports.split(e2e, entries, report, enc, dec, network_estimate_ms=est, client_wait_ms=wait)
+        account(
+            e2e,
+            entries,
+            report,
+            client_encode_ms=enc,
+            client_decode_ms=dec,
+            client_estimate_ms=float(client_est) if client_est is not None else None,
+            client_wait_ms=wait,
+        ).split
         if not math.isnan(e2e)
         else None
     )

@@ -163,13 +163,15 @@ class Generation:
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.cancelled = False
+        #: now_ms() when the engine handed the latest token event to the front end's loop
+        self.last_ready_ms = 0.0
         #: set by the engine: called once when the front end stops listening early
         self.on_close: Callable[[], None] | None = None
         self._queue: asyncio.Queue[TokenEvent | BaseException | None] = asyncio.Queue()
 
     # --- engine side -------------------------------------------------------
     def push(self, event: TokenEvent) -> None:
-        event.ready_ms = now_ms()
+        event.ready_ms = self.last_ready_ms = now_ms()
         self.completion_tokens += len(event.token_ids)
         if event.finish_reason:
             self.finish_reason = event.finish_reason

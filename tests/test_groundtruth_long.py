@@ -1,0 +1,105 @@
+"""Ground truth at length: 512-token streams and a 16k-token prompt, every gateway mode (issue 22).
+
+The method and bounds are tests/test_groundtruth_hops.py's: one interleaved compare run per kind of
+call, every path twice per hop behind a delaying relay (D = 0 and D > 0), each delayed call paired
+with its D = 0 twin of the same cycle; per pair, the delayed link's network moves with e2e within
+max(10% of 2 x D, 0.3 ms), the other link by < 0.3 ms (medians over pairs).
+
+What is new here is length. A 512-token stream hands 512 chunks through every hop while the engine
+produces the next ones, so every per-chunk cost on every side (server encode and hand-off, a gateway's
+decode / encode / send, the client's decode) overlaps the producer; counted in full they put nearly
+every such record below zero somewhere (docs/results/2026-12-02-long-streams.md). So no record of
+these runs may have a negative segment, link or hop share, and on loopback a link's network without
+delay stays at the stacks' size (a few ms), whatever the stream's length.
+
+Not asserted yet (docs/results/2026-12-02-long-streams.md has the figures): the paired bounds at
+length. On 512-token streams from an engine that does not sleep the hops fall behind by tens to
+hundreds of ms from call to call on the 2-core machine (their backlog, booked as their own), so a
+paired median of e2e is no ground truth at 0.3 ms there. On the 16k-token prompt (a ~100 KB body)
+the delayed client link moved by 3.5-5.2 ms for 2 x D = 5 ms over two runs and the server link of
+passthrough and transcode by up to 2.8 ms: where a relayed body's transfer time goes is not settled.
+The run is kept for its records: none may be negative.
+
+CI time: about 4-6 minutes for the two runs on a 2-core machine (fewer paths than the short test:
+direct gRPC and every gateway mode; nginx is the short test's).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_groundtruth_hops import PATHS, _run
+
+pytestmark = pytest.mark.slow
+
+LONG_PATHS = {k: v for k, v in PATHS.items() if k != "nginx"}
+SEGMENTS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
+#: a link without delay on loopback: its two stacks' time, a few ms even on a busy 2-core machine
+STACKS_MS = 5.0
+
+
+def _all_records(out: Path) -> list[dict]:
+    recs = []
+    for f in sorted((out / "runs").glob("*/c*/r*/records.jsonl")):
+        recs += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return [r for r in recs if r["ok"]]
+
+
+def _negatives(r: dict) -> dict[str, float]:
+    s = r["split"]
+    parts = {k: s[k] for k in SEGMENTS}
+    parts.update({f"link{i}": v for i, v in enumerate(s["links"])})
+    parts.update({f"hop:{h['label']}": h["other"] for h in s["hops"]})
+    return {k: v for k, v in parts.items() if v < -1e-6}
+
+
+@pytest.fixture(scope="module")
+def long_stream(tmp_path_factory) -> Path:
+    # 512 tokens from an engine that does not sleep (see test_groundtruth_hops): the chunks go out as
+    # fast as the server hands them over, the hardest case for the per-chunk overlap
+    load = {"max_tokens": 512, "duration_s": 6.0}
+    return _run(tmp_path_factory.mktemp("gt-long-stream"), stream=True, load=load, paths=LONG_PATHS)
+
+
+@pytest.fixture(scope="module")
+def long_prompt(tmp_path_factory) -> Path:
+    load = {"prompt_tokens": 16384, "max_tokens": 3}
+    args = ["--max-context", "20000"]  # the tiny model's tokenizer, the synthetic engine: no model limit
+    return _run(tmp_path_factory.mktemp("gt-long-prompt"), stream=False, load=load, paths=LONG_PATHS, args=args)
+
+
+def _xfail(path: str, known: dict[str, str]) -> object:
+    """``path`` as a parameter, marked as a known failure where ``known`` says why. Not strict: it
+    depends on how busy the machine is (measured at load average 7-10; a quiet one may pass it)."""
+    return pytest.param(path, marks=pytest.mark.xfail(strict=False, reason=known[path])) if path in known else path
+
+
+#: measured in the first runs on the shared 2-core machine (load average 7-10), not fixed yet
+KNOWN_STACKS = {
+    "transcode": "512 tokens from an engine that never sleeps: transcode fell behind and sat idle > 1 ms "
+    "(preempted) between chunks it read from its buffer, so its reads counted as waiting for the server "
+    "link: 24 ms median network on that link, undelayed",
+}
+
+
+@pytest.mark.parametrize("run", ["long_stream", "long_prompt"])
+def test_no_record_has_a_negative_segment(run, request):
+    recs = _all_records(request.getfixturevalue(run))
+    assert recs
+    bad = [(r["target"], _negatives(r)) for r in recs if _negatives(r)]
+    assert not bad, (len(bad), len(recs), bad[:5])
+
+
+@pytest.mark.parametrize("path", [_xfail(p, KNOWN_STACKS) for p in LONG_PATHS])
+def test_undelayed_links_stay_at_the_stacks_size(long_stream, path):
+    # the path's D = 0 twins: the median of each link's network is the stacks' few ms
+    for cfg in sorted((long_stream / "runs").glob(f"{path}-*-0")):
+        recs = [json.loads(line) for f in cfg.glob("c*/r*/records.jsonl") for line in f.read_text().splitlines()]
+        links = [r["split"]["links"] for r in recs if r["ok"]]
+        assert links, cfg.name
+        for i in range(max(len(x) for x in links)):
+            vals = sorted(x[i] for x in links if len(x) > i)
+            assert vals[len(vals) // 2] <= STACKS_MS, (cfg.name, i, vals[len(vals) // 2])

@@ -1,0 +1,86 @@
+"""The one rule for a stream's per-chunk costs, on every side (pathprobe.timing, pathprobe.account):
+what held the stream's end back counts once, what overlapped the producer's next chunk does not
+count again, and time a component spent behind is its own (never the link's, never negative)."""
+
+from __future__ import annotations
+
+import pytest
+from pathprobe import timing
+from pathprobe.account import account
+from pathprobe.segments import SEGMENTS
+
+# the server, direct: 100 ms of engine, its last token ready at 100; the stream's last hand-off 0.2 ms
+SERVER = timing.parse_chain(
+    "srv.decode;dur=0.1, srv.queue;dur=0.1, srv.decode_steps;dur=100.0, srv.encode;dur=0.05, "
+    "srv.send;dur=0.2, srv.backlog;dur=0.0, srv.total;dur=101.0"
+)
+
+
+def test_the_last_hand_off_is_the_links_and_earlier_ones_after_the_producer_the_hops_backlog():
+    handoffs = [(1.0, 1.5), (2.0, 2.5), (9.0, 10.0), (10.0, 11.0), (11.0, 11.4)]
+    send, backlog = timing.handoff_split(handoffs, 9.5)
+    assert send == pytest.approx(0.4)
+    assert backlog == pytest.approx(0.5 + 1.0)  # only what lies after the producer's last chunk
+    assert timing.handoff_split([], 1.0) == (0.0, 0.0)
+    assert send + backlog == pytest.approx(timing.held_back(handoffs, 9.5))
+
+
+def test_reads_of_a_backlog_are_the_consumers_time_less_its_own_work():
+    assert timing.read_backlog(16.0, 10.0, [(10.0, 11.0), (13.0, 14.0)]) == pytest.approx(4.0)
+    assert timing.read_backlog(16.0, 16.0, [(16.0, 17.0)]) == 0.0  # it kept up
+
+
+def test_a_producers_own_time_is_its_total_less_its_last_hand_off():
+    assert timing.own_ms("srv.send;dur=0.2, srv.total;dur=101.0") == pytest.approx(100.8)
+    # the last hop is the producer (a relay's entries after the server's)
+    assert timing.own_ms("srv.total;dur=101.0, gw.upstream;dur=101.5, gw.total;dur=102.0") == pytest.approx(102.0)
+    assert timing.own_ms(None) == 0.0
+
+
+def _arrivals(n: int, first: float, step: float) -> list[tuple[float, float | None]]:
+    """``n`` token chunks the client had at ``first + i * step``; the server emitted them 0.2 ms apart."""
+    return [(first + i * step, 1.0 + i * 0.2) for i in range(n)]
+
+
+def test_a_client_that_keeps_up_counts_only_the_decode_after_the_last_chunk():
+    # 500 chunks 0.2 ms apart, each decoded in 0.02 ms right as it arrives: 10 ms of decode in all,
+    # all but the last overlapped the server's engine; e2e ends 0.1 ms after the last decode
+    arr = _arrivals(500, 1.5, 0.2)
+    dec = [(t, t + 0.02) for t, _ in arr]
+    e2e = arr[-1][0] + 0.12
+    acc = account(e2e, SERVER, client_decode_ms=10.0, stream=True, client_decodes=dec, client_arrivals=arr)
+    assert acc.client_decode_ms == pytest.approx(0.02)
+    assert acc.decode_overlap_ms == pytest.approx(10.0 - 0.02)
+    s = acc.split
+    assert sum(getattr(s, k) for k in SEGMENTS) == pytest.approx(e2e)
+    assert min(getattr(s, k) for k in SEGMENTS) >= 0 and min(s.links) >= 0
+    # before: the whole decode taken out of the link made it -9.6 ms
+    old = account(e2e, SERVER, client_decode_ms=10.0, stream=True).split
+    assert old.links[0] < -9
+
+
+def test_a_client_behind_books_its_backlog_as_its_own_not_network():
+    # the chunks arrived 0.2 ms apart but the client decoded each in 0.22 ms and read the next 0.03 ms
+    # later (never idle: they were waiting): it saw the last one 25 ms late. Its decodes after the
+    # last arrival are its serialization, its reads of the waiting chunks its own wait
+    arr = [(1.5 + i * 0.25, 1.0 + i * 0.2) for i in range(500)]
+    dec = [(t, t + 0.22) for t, _ in arr]
+    e2e = arr[-1][0] + 0.3
+    acc = account(e2e, SERVER, client_decode_ms=110.0, stream=True, client_decodes=dec, client_arrivals=arr)
+    s = acc.split
+    assert min(getattr(s, k) for k in SEGMENTS) >= 0 and min(s.links) >= 0
+    assert sum(getattr(s, k) for k in SEGMENTS) == pytest.approx(e2e)
+    assert s.serialization == pytest.approx(22.0, abs=0.5)  # ~100 decodes after the last arrival
+    assert s.client_wait == pytest.approx(3.0, abs=0.2)  # ~100 reads of 0.03 ms
+    assert s.network < 1.0  # what is left on the link: its stacks, not the client's backlog
+
+
+def test_a_client_that_waited_for_the_last_chunks_books_the_stall_as_the_link():
+    # the link stalled: the last 10 chunks came 5 ms late, in one burst; the client sat idle for them
+    arr = [(1.5 + min(i, 490) * 0.2 + (5.0 + (i - 490) * 0.03 if i >= 490 else 0.0), 1.0 + i * 0.2) for i in range(500)]
+    dec = [(t, t + 0.02) for t, _ in arr]
+    e2e = arr[-1][0] + 0.12
+    s = account(e2e, SERVER, client_decode_ms=10.0, stream=True, client_decodes=dec, client_arrivals=arr).split
+    assert s.client_wait < 0.1 and s.serialization < 0.5  # only the burst's nine reads are the client's
+    # the stall is the link's, every ms of it: e2e less the burst's ten decodes and reads, the server's own time
+    assert s.links[0] == pytest.approx(e2e - 10 * 0.02 - s.client_wait - (101.0 - 0.2))
