@@ -250,7 +250,9 @@ def test_scorecard_pairs_each_path_with_its_own_protocols_direct_path_and_sees_t
     wan, plain = rows["passthrough-wan"], rows["passthrough"]
     assert _moved_by(wan["added_p50"]["value"] - plain["added_p50"]["value"], 2 * DELAY), (wan, plain)
     assert _moved_by(wan["segments"]["network"] - plain["segments"]["network"], 2 * DELAY), (wan, plain)
+    # the scorecard's segments are MEANS of paired differences (they add up to the added mean), so one
+    # slow engine step on the shared box moves them more than a median: 2 ms, a twentieth of the delay
     for seg in ("serialization", "queueing", "inference"):
-        assert abs(wan["segments"][seg] - plain["segments"][seg]) < 1.0, (seg, wan, plain)
+        assert abs(wan["segments"][seg] - plain["segments"][seg]) < 2.0, (seg, wan, plain)
     # the path's own processes: CPU per request, and memory at rest and after load
     assert plain["cpu_ms_per_request"] > 0 and plain["rss_rest_mb"] > 10 and plain["rss_load_mb"] > 10
