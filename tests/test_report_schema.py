@@ -45,3 +45,7 @@ def test_a_real_report_validates_and_reads_back(tmp_path: Path) -> None:
     # read back through the model and written again: the same content
     assert Report.read((out / "report.json").read_text()).to_dict() == data
     assert data["targets"]["passthrough"]["by_concurrency"]["1"]["ok"] > 0
+    # checked before the run: the gateway traced the probe under the client's context, the server too
+    hops = data["targets"]["passthrough"]["propagation"]["hops"]
+    assert [(h["hop"], h["verdict"]) for h in hops] == [("passthrough", "own span"), ("server", "own span")]
+    assert data["scorecard"]["rows"][0]["target"] == "passthrough" and data["scorecard"]["rows"][0]["pairs"] > 0

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pathprobe.analysis.lab import propagation
 from pathprobe.analysis.lab.config import CompareConfig, TargetConfig
 from pathprobe.analysis.lab.crosscheck import attach_traces, attach_witness, expected_services, trace_completeness
 from pathprobe.analysis.lab.loadrun import RunResult, prepare_prompts
@@ -154,6 +155,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
             stack.start_server()
         paths = _bring_up(cfg, stack, log)
         live = _live(paths)
+        propagation = _check_propagation(live, log)
         rounds = Rounds(cfg, stack, live, primary, prepare_prompts(cfg, out, log), log)
         rounds.warm_up()
         capture = _start_capture(cfg, live, out, log)
@@ -171,6 +173,8 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     if server_startup:
         raw["server_startup_ms"] = server_startup
     raw["meta"]["placement"] = {**stack.placement.as_dict(), "engine_process": stack.engine_process}
+    for name, found in propagation.items():
+        raw["targets"][name]["propagation"] = found
     _cross_check(cfg, raw, paths, rounds.results, capture, out, log)
     report = _typed(raw, samples, rounds.results, cfg.load.concurrency)  # the report, typed, built once
     write_reports(report, rounds.results, out, html, primary)
@@ -184,6 +188,21 @@ def _records_by_concurrency(
         name: {c: [rec for r in runs if r.concurrency == c for rec in r.records] for c in concs}
         for name, runs in results.items()
     }
+
+
+def _check_propagation(live: list[Path_], log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Before any load: one request per traced path with a traceparent of our own, each hop judged
+    (:mod:`pathprobe.analysis.lab.propagation`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in live:
+        if p.server_spans is None:
+            continue
+        hops = [propagation.HopSpec(label, spans) for label, spans in p.trace_hops]
+        found = propagation.check(p.url, hops, propagation.HopSpec("server", p.server_spans), headers=p.headers)
+        out[p.name] = found.as_dict()
+        verdicts = ", ".join(f"{h.label}: {h.verdict}" for h in found.hops) or found.error
+        log(f"{p.name}: trace propagation {'holds' if found.holds else 'BREAKS'} ({verdicts})")
+    return out
 
 
 def _check_addresses(cfg: CompareConfig) -> None:

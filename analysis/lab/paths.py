@@ -53,6 +53,11 @@ class Path_:
     #: after a measured run (the plateau under load); None: no process of its own, or not read
     rss_rest: int | None = None
     rss_load: int | None = None
+    #: for the trace propagation check: the path's hops, outermost first, each with the spans file it
+    #: writes (None: a hop that exports no spans), and the spans file of the server behind them (None:
+    #: not a server whose spans this run collects)
+    trace_hops: list[tuple[str, Path | None]] = field(default_factory=list)
+    server_spans: Path | None = None
 
     @property
     def name(self) -> str:
@@ -147,9 +152,15 @@ class PathBuilder:
             p.procs.append(r)
         p.url = url_for(t.protocol or "openai", upstream)
 
+    def _main_server_spans(self, p: Path_, srv: Managed | None) -> None:
+        """The path ends at the run's server of ours: its spans are in this run's traces (when traced)."""
+        if srv is not None and srv is self.stack.server and self.stack.cfg.tracing:
+            p.server_spans = self.stack.traces_dir / "server.jsonl"
+
     def _direct(self, p: Path_, t: TargetConfig, net: NetworkConfig | None) -> None:
         """Our server, no gateway (over the front end the target names)."""
         grpc_up, http_up, srv = self.stack.our_server(t.engine)
+        self._main_server_spans(p, srv)
         if srv is not None and srv is not self.stack.server:  # a second server of ours (its own engine)
             p.procs.append(srv)
             upstream = grpc_up if t.protocol == "grpc" else http_up
@@ -178,6 +189,7 @@ class PathBuilder:
         else:
             grpc_up, http_up, srv = self.stack.our_server(t.engine)
             upstream = grpc_up if proto == "grpc" else http_up
+            self._main_server_spans(p, srv)
         if srv is not None and srv is not self.stack.server:
             p.procs.append(srv)
         up_ports = [port_of(upstream)]
@@ -224,6 +236,7 @@ class PathBuilder:
         with ``hop: upstream`` goes on the innermost link unless that hop has its own)."""
         hops = t.chain or []
         upstream = self.stack.server_grpc if hops[-1].upstream_protocol == "grpc" else self.stack.server_http
+        self._main_server_spans(p, self.stack.server)
         for i in range(len(hops) - 1, -1, -1):
             hop = hops[i]
             link = hop.network if hop.network is not None and hop.network.active else None
@@ -260,8 +273,10 @@ class PathBuilder:
         log = self.stack.out / "logs" / f"{name}.log"
         if kind == "gateway":
             args = pathprobe_cmd("gateway", "--mode", mode or "passthrough", "--listen", listen, "--upstream", upstream)
-            if self.stack.cfg.tracing:
-                args += ["--traces-file", str(self.stack.traces_dir / f"gateway-{name}.jsonl")]
+            spans = self.stack.traces_dir / f"gateway-{name}.jsonl" if self.stack.cfg.tracing else None
+            if spans is not None:
+                args += ["--traces-file", str(spans)]
+            p.trace_hops.insert(0, (name, spans))  # hops are started from the server outwards
             if "--admin-port" not in gateway_args:  # its /metrics, for accounting (a chain: the outermost)
                 admin = free_port()
                 args += ["--admin-port", str(admin), "--admin-host", LOOPBACK]
@@ -282,6 +297,7 @@ class PathBuilder:
             kw["model"] = model
             p.load_args += ["--openai-api", "chat", "--model", model]
         launch = getattr(proxies, kind)(self.stack.out / "proxies" / name, listen, [upstream], protocol, **kw)
+        p.trace_hops.insert(0, (name, None))  # as configured here, a third-party proxy exports no spans
         p.headers.update(launch.headers)
         p.procs.append(self.stack.start(Managed(name, launch.args, log, env=launch.env)))
         out = self.stack.out.resolve()

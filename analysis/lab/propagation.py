@@ -141,7 +141,7 @@ def judge(
         if spec.spans_file is None:
             silent.append(spec.label)
             continue
-        entry = _entry_span(found.get(spec.label, []))
+        entry = _entry_span(found.get(spec.label, []), trace_id)
         if entry is None:
             verdicts += [HopVerdict(s, "unknown", "nothing traced behind it") for s in silent]
             verdicts.append(HopVerdict(spec.label, NO_SPAN, "exported no span for the request"))
@@ -154,10 +154,13 @@ def judge(
     return tuple(verdicts)
 
 
-def _entry_span(spans: list[Span]) -> Span | None:
-    """The hop's span for the incoming request: its SERVER span (the earliest, if several)."""
+def _entry_span(spans: list[Span], trace_id: str) -> Span | None:
+    """The hop's span for the incoming request: its SERVER span in the probe's trace, else (the
+    context was lost) the latest one in the window: nothing runs on the path after the probe, while
+    the slack on the window can catch a request just before it."""
     servers = sorted((s for s in spans if s.kind == "SERVER"), key=lambda s: s.start_ns)
-    return servers[0] if servers else None
+    mine = [s for s in servers if s.trace_id == trace_id]
+    return mine[0] if mine else (servers[-1] if servers else None)
 
 
 def _outgoing(spans: list[Span], entry: Span) -> Span:

@@ -253,6 +253,21 @@ class TraceCompleteness(Open):
     missing: dict[str, int] = {}
 
 
+class HopPropagation(Open):
+    hop: str
+    verdict: str  # own span | passes unchanged | new root | wrong parent | no span | unknown
+    detail: str = ""
+
+
+class Propagation(Open):
+    """What one request with a traceparent of our own found, hop by hop (the server last)."""
+
+    trace_id: str = ""
+    holds: bool = False
+    error: str = ""
+    hops: list[HopPropagation] = []
+
+
 class Memory(Open):
     """Resident memory (RSS) of a configuration's own processes (not the shared server), in MB."""
 
@@ -308,6 +323,7 @@ class Target(Open):
     trace_agreement: dict[str, TraceCheck] | None = None
     witness: Json | None = None
     memory: Memory | None = None
+    propagation: Propagation | None = None
 
     def at(self, conc: int) -> Group | None:
         return self.by_concurrency.get(str(conc))

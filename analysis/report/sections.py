@@ -17,7 +17,7 @@ from typing import Any
 from pathprobe.analysis.report import plots
 from pathprobe.analysis.report.blocks import Block, Code, Figure, Heading, Note, Notes, Paragraph, Row, Table, Title
 from pathprobe.analysis.report.figures import path_tax_rows
-from pathprobe.analysis.report.model import Report
+from pathprobe.analysis.report.model import Propagation, Report
 from pathprobe.analysis.report.tables import (
     ESTIMATED_NOTE,
     estimated_note,
@@ -88,6 +88,30 @@ def scorecard(page: Page) -> list[Block]:
         score_table(card, stream),
         Paragraph(card.formula, muted=True),
     ]
+
+
+def propagation(page: Page) -> list[Block]:
+    """Trace propagation, checked before the run: what each hop did with the client's traceparent."""
+    rows = [
+        Row((name, "holds" if t.propagation.holds else "BREAKS", _hops_text(t.propagation)), key=name)
+        for name, t in page.report.targets.items()
+        if t.propagation is not None
+    ]
+    if not rows:
+        return []
+    note = (
+        "own span: the hop traced the request under the context it received; passes unchanged: it forwarded "
+        "the traceparent as is (expected of a proxy that does not trace: the chain holds, the hop is not in "
+        "the waterfall); new root: the context was dropped or replaced and the waterfall falls apart there"
+    )
+    table = Table(
+        ("config", "trace", "hops, outermost first"), tuple(rows), left=frozenset({0, 1, 2}), kind="propagation"
+    )
+    return [Heading("Trace propagation"), table, Paragraph(note, muted=True)]
+
+
+def _hops_text(found: Propagation) -> str:
+    return "; ".join(f"{h.hop}: {h.verdict}" for h in found.hops) or found.error
 
 
 def path_tax(page: Page) -> list[Block]:
@@ -271,6 +295,7 @@ SECTIONS: tuple[Section, ...] = (
     lead_figure,
     scorecard,
     path_tax,
+    propagation,
     concurrency,
     figures,
     footnotes,
