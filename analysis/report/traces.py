@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
 from pathprobe._otlpjson import attributes
 from pathprobe.errors import ConfigError, PathprobeError
 from pathprobe.jsontypes import JsonArray, JsonObject, JsonValue
