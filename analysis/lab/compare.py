@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pathprobe.analysis.lab.config import CompareConfig, TargetConfig
@@ -118,7 +119,7 @@ class Interrupted(Exception):
     pass
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(f"stopped by signal {signum}")
 
 

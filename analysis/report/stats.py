@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import numpy.typing as npt
 
 PERCENTILES = (50.0, 95.0, 99.0)
@@ -41,7 +42,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def bootstrap_percentiles(
-    values: Sequence[float] | npt.NDArray[Any],
+    values: Sequence[float] | npt.NDArray[np.float64],
     qs: Sequence[float] = PERCENTILES,
     *,
     n_boot: int = 1000,
