@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pathprobe.analysis.report import stats
 from pathprobe.analysis.report.records import TaggedRecord
@@ -59,6 +59,10 @@ MIN_ROUND_PAIRS = 5  # a round with fewer pairs gets no median of its own in ``r
 COSTS_MORE, COSTS_LESS, NO_CLEAR = "costs more", "costs less", "no clear difference"
 #: paired metrics: path tax first, then its parts and e2e
 PAIRED_METRICS = ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "unsplit", "e2e")
+
+
+#: a record: typed (:class:`TaggedRecord`) or read-only
+R = TypeVar("R", bound=Mapping[str, object])
 
 
 def _split(rec: TaggedRecord) -> SplitRecord:
@@ -87,16 +91,16 @@ def _value(rec: TaggedRecord, metric: str) -> float:
     return _number(_split(rec).get(metric, 0.0))
 
 
-def _key(rec: TaggedRecord) -> tuple[object, ...] | None:
+def _key(rec: Mapping[str, object]) -> tuple[object, ...] | None:
     if rec.get("cycle") is None:
         return None
     return (rec.get("_round"), rec.get("_concurrency"), rec.get("worker"), rec.get("user"), rec["cycle"])
 
 
-def pairs(records: Sequence[TaggedRecord], baseline: Sequence[TaggedRecord]) -> list[tuple[TaggedRecord, TaggedRecord]]:
+def pairs(records: Sequence[R], baseline: Sequence[R]) -> list[tuple[R, R]]:
     """(call, baseline call) of the same cycle, both ok with a split."""
     base = {_key(r): r for r in baseline if r.get("ok") and r.get("split") and _key(r) is not None}
-    out = []
+    out: list[tuple[R, R]] = []
     for r in records:
         k = _key(r)
         if k is not None and r.get("ok") and r.get("split") and k in base:
@@ -104,7 +108,7 @@ def pairs(records: Sequence[TaggedRecord], baseline: Sequence[TaggedRecord]) -> 
     return out
 
 
-def is_interleaved(records: Sequence[TaggedRecord]) -> bool:
+def is_interleaved(records: Sequence[Mapping[str, object]]) -> bool:
     return any(r.get("cycle") is not None for r in records)
 
 
