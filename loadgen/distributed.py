@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import gevent
+from locust.env import Environment
+from locust.rpc import Message
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from pathprobe.loadgen import hist
 from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen.outputs import write_outputs
-from pathprobe.loadgen.records import Aggregator
+from pathprobe.loadgen.records import Aggregator, Record, RouteWire
 from pathprobe.loadgen.runtime import Runtime
 
 log = logging.getLogger("pathprobe.loadgen")
@@ -33,15 +35,25 @@ MSG_SHARE = "pathprobe_share"
 MSG_STOP = "pathprobe_stop"
 #: a worker has recorded its whole share of a --trace replay
 MSG_TRACE_DONE = "pathprobe_trace_done"
+
+
+class Delta(TypedDict):
+    """A worker's records since its last report, and their histograms (encoded)."""
+
+    hists: dict[str, RouteWire]
+    records: list[Record]
+    n: int
+
+
 #: what a worker sends when it has nothing new
-EMPTY_DELTA: dict[str, Any] = {"hists": {}, "records": [], "n": 0}
+EMPTY_DELTA: Delta = {"hists": {}, "records": [], "n": 0}
 
 
 # --- worker ----------------------------------------------------------------------------------
-def install_worker(environment: Any, rt: Runtime, runner: WorkerRunner) -> None:
+def install_worker(environment: Environment, rt: Runtime, runner: WorkerRunner) -> None:
     """Listen for the master's share and stop; ship each interval's records with Locust's report."""
 
-    def on_share(environment: Any, msg: Any, **_: Any) -> None:
+    def on_share(environment: Environment, msg: Message, **_: object) -> None:
         rt.share = float(msg.data.get("share", 1.0))
         rt.rank = int(msg.data.get("rank", 0))
         rt.of = int(msg.data.get("of", 1))
@@ -51,13 +63,13 @@ def install_worker(environment: Any, rt: Runtime, runner: WorkerRunner) -> None:
 
     rt.on_trace_done = trace_done
 
-    def on_stop(environment: Any, msg: Any, **_: Any) -> None:
-        environment.runner.stop()
+    def on_stop(environment: Environment, msg: Message, **_: object) -> None:
+        runner.stop()  # the environment's runner
 
     runner.register_message(MSG_SHARE, on_share)
     runner.register_message(MSG_STOP, on_stop, concurrent=True)
 
-    def on_report(client_id: str, data: dict[str, Any]) -> None:
+    def on_report(client_id: str, data: dict[str, object]) -> None:
         delta = take_delta(rt)
         if delta:
             data["pathprobe"] = delta
@@ -65,7 +77,7 @@ def install_worker(environment: Any, rt: Runtime, runner: WorkerRunner) -> None:
     environment.events.report_to_master.add_listener(on_report)
 
 
-def take_delta(rt: Runtime) -> dict[str, Any] | None:
+def take_delta(rt: Runtime) -> Delta | None:
     """The records since the last report and their histograms (encoded), or None when there are none."""
     batch = rt.agg.take_pending()
     if not batch:
@@ -82,18 +94,23 @@ def take_delta(rt: Runtime) -> dict[str, Any] | None:
     return {"hists": wire, "records": batch if rt.cfg.records else [], "n": len(batch)}
 
 
-def send_final(rt: Runtime) -> None:
+def send_final(rt: Runtime, runner: WorkerRunner) -> None:
     """The last batch, this worker's totals and loop monitor data; once per test."""
     if rt.final_sent:
         return
     rt.final_sent = True
     rt.end_wall = time.time()
     wire = rt.stop_monitor()
-    delta = take_delta(rt) or dict(EMPTY_DELTA)
-    delta["totals"] = rt.worker_agg.totals()
-    delta["worker"] = rt.worker
-    delta["client"] = wire
-    rt.env.runner.send_message(MSG_FINAL, delta)
+    d = take_delta(rt) or EMPTY_DELTA
+    delta: dict[str, object] = {  # a Delta with the totals and loop monitor data
+        "hists": d["hists"],
+        "records": d["records"],
+        "n": d["n"],
+        "totals": rt.worker_agg.totals(),
+        "worker": rt.worker,
+        "client": wire,
+    }
+    runner.send_message(MSG_FINAL, delta)
     try:  # this worker's own view, for checking the master's totals
         own = monitor_mod.merge_blocks({rt.worker: wire}, rt.cfg.lag_threshold_ms) if wire else None
         write_outputs(rt.cfg.out, rt.worker_agg, rt.meta(), name=f"worker-{rt.worker}", client=own)
@@ -105,10 +122,10 @@ def send_final(rt: Runtime) -> None:
 
 
 # --- master ----------------------------------------------------------------------------------
-def install_master(environment: Any, rt: Runtime, runner: MasterRunner) -> None:
+def install_master(environment: Environment, rt: Runtime, runner: MasterRunner) -> None:
     """Merge every worker's interval batches and final batch."""
 
-    def on_final(environment: Any, msg: Any, **_: Any) -> None:
+    def on_final(environment: Environment, msg: Message, **_: object) -> None:
         merge_from_worker(rt, msg.data)
         rt.finals[msg.node_id] = msg.data.get("totals", {})
         if msg.data.get("client"):
@@ -116,7 +133,7 @@ def install_master(environment: Any, rt: Runtime, runner: MasterRunner) -> None:
 
     runner.register_message(MSG_FINAL, on_final)
 
-    def on_trace_done(environment: Any, msg: Any, **_: Any) -> None:
+    def on_trace_done(environment: Environment, msg: Message, **_: object) -> None:
         done = rt.trace_done_workers
         done.add(msg.node_id)
         active = {c.id for c in runner.clients.all if c.state != STATE_MISSING}
@@ -126,7 +143,7 @@ def install_master(environment: Any, rt: Runtime, runner: MasterRunner) -> None:
 
     runner.register_message(MSG_TRACE_DONE, on_trace_done)
 
-    def on_worker_report(client_id: str, data: dict[str, Any]) -> None:
+    def on_worker_report(client_id: str, data: dict[str, Any]) -> None:  # Locust's report (msgpack, untyped)
         pp = data.get("pathprobe")
         if pp:
             merge_from_worker(rt, pp)
@@ -134,7 +151,7 @@ def install_master(environment: Any, rt: Runtime, runner: MasterRunner) -> None:
     environment.events.worker_report.add_listener(on_worker_report)
 
 
-def merge_from_worker(rt: Runtime, data: dict[str, Any]) -> None:
+def merge_from_worker(rt: Runtime, data: Delta) -> None:
     rt.agg.merge_wire(data["hists"])
     if rt.writer is not None and data.get("records"):
         rt.writer(data["records"])

@@ -6,18 +6,25 @@ turns the parsed values (and the environment) into the run's configuration.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 from pathprobe.loadgen.config import ENV, ENV_API_KEY, ENV_TLS, Config
 from pathprobe.loadgen.prompts import PROMPT_SETS
 from pathprobe.loadgen.targets import GRPC_CLIENTS
 from pathprobe.loadgen.traces import FORMATS as TRACE_FORMATS
 
+
+class ArgumentParser(Protocol):
+    """Locust's parser, or a plain argparse one that drops Locust's own keywords (``include_in_web_ui``)."""
+
+    def add_argument(self, *args: str, **kwargs: object) -> object: ...
+
+
 #: the defaults every flag shows
 D = Config()
 
 
-def add_arguments(parser: Any) -> None:
+def add_arguments(parser: ArgumentParser) -> None:
     g = parser  # Locust's parser (supports include_in_web_ui); groups would not
     g.add_argument(
         "--out",

@@ -12,8 +12,9 @@ import logging
 import os
 import sys
 import time
-from typing import Any
 
+from locust.env import Environment
+from locust.event import Events
 from locust.runners import MasterRunner, WorkerRunner
 from pathprobe import environment as env_vars
 from pathprobe.loadgen import distributed
@@ -24,7 +25,7 @@ from pathprobe.loadgen.runtime import find, runtime
 log = logging.getLogger("pathprobe.loadgen")
 
 
-def on_init(environment: Any, **_kw: Any) -> None:
+def on_init(environment: Environment, **_kw: object) -> None:
     """Prompts and metrics endpoint before the clock runs; the messaging of a distributed run; the web view."""
     if getattr(environment.parsed_options, "sweep", "") and not env_vars.get(env_vars.PATHPROBE_SWEEP_CHILD):
         log.warning("pathprobe: --sweep is handled by `pathprobe load`; ignored here")
@@ -47,7 +48,7 @@ def on_init(environment: Any, **_kw: Any) -> None:
         webview.install(environment, rt)
 
 
-def on_test_start(environment: Any, **_kw: Any) -> None:
+def on_test_start(environment: Environment, **_kw: object) -> None:
     """A fresh aggregate, output files and monitors for this test (Locust may run several)."""
     rt = runtime(environment)
     runner = environment.runner
@@ -56,19 +57,19 @@ def on_test_start(environment: Any, **_kw: Any) -> None:
     rt.start_test()
 
 
-def on_test_stopping(environment: Any, **_kw: Any) -> None:
+def on_test_stopping(environment: Environment, **_kw: object) -> None:
     """Users are about to be stopped: stop sampling the loop (the shutdown is not load)."""
     rt = find(environment)
     if rt is not None and rt.monitor is not None:
         rt.monitor.stop()
 
 
-def on_test_stop(environment: Any, **_kw: Any) -> None:
+def on_test_stop(environment: Environment, **_kw: object) -> None:
     """Workers ship their last batch; the master waits for every worker's; then the files are written."""
     rt = runtime(environment)
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
-        distributed.send_final(rt)
+        distributed.send_final(rt, runner)
         if rt.metrics is not None:
             rt.metrics.flush()
     elif isinstance(runner, MasterRunner):
@@ -85,7 +86,7 @@ def on_test_stop(environment: Any, **_kw: Any) -> None:
             rt.tracing = None
 
 
-def on_quitting(environment: Any, **_kw: Any) -> None:
+def on_quitting(environment: Environment, **_kw: object) -> None:
     """A headless run ends with the per-route split table (and the saturation warnings)."""
     rt = find(environment)
     if rt is not None and rt.metrics is not None:
@@ -103,7 +104,7 @@ def on_quitting(environment: Any, **_kw: Any) -> None:
         sys.stdout.flush()
 
 
-def attach(ev: Any) -> None:
+def attach(ev: Events) -> None:
     """Hook pathprobe onto an ``Events`` object (done for Locust's global ``events`` on import;
     call it yourself for an ``Environment`` built with its own ``Events()``)."""
     if getattr(ev, "_pathprobe_attached", False):
@@ -114,4 +115,4 @@ def attach(ev: Any) -> None:
     if hasattr(ev, "test_stopping"):
         ev.test_stopping.add_listener(on_test_stopping)
     ev.quitting.add_listener(on_quitting)
-    ev._pathprobe_attached = True
+    ev._pathprobe_attached = True  # type: ignore[attr-defined]  # our marker on Locust's object

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from pathprobe.loadgen import hist
 
@@ -132,7 +132,7 @@ class LoopMonitor:
                 next_window = t1 + CPU_WINDOW_S
 
     # -- results --------------------------------------------------------------------------
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> MonitorWire:
         """What a worker ships to the master (histograms encoded, merged exactly there)."""
         return {
             "lag_hist": hist.encode(self.lag) if self.lag.get_total_count() else "",
@@ -161,6 +161,48 @@ class LagStats(TypedDict):
     samples: int
 
 
+class MonitorWire(TypedDict):
+    """One process's loop monitor data as a worker ships it (histograms encoded)."""
+
+    lag_hist: str
+    busy_hist: str
+    lag_sum_ms: float
+    busy_sum_ms: float
+    cpu_total_s: float
+    proc_total_s: float
+    wall_total_s: float
+    cpu_windows: list[float]
+    proc_windows: list[float]
+
+
+class CpuPercent(TypedDict):
+    """CPU over a run, % of one core: the event loop's thread, then the whole process."""
+
+    mean: float | None
+    max: float | None
+    process_mean: float | None
+    process_max: float | None
+
+
+CpuKey = Literal["mean", "max", "process_mean", "process_max"]
+
+
+class ClientBlock(TypedDict, total=False):
+    """The run's (or one process's) ``client`` block: loop lag, CPU and the saturation verdict."""
+
+    loop_lag_ms: LagStats
+    loop_busy_lag_ms: LagStats
+    cpu_percent: CpuPercent
+    saturated: bool
+    reason: str | None
+    contended: bool
+    contended_reason: str | None
+    lag_threshold_ms: float
+    cpu_threshold_percent: float
+    process: str
+    processes: list[ClientBlock]
+
+
 def _lag_stats(encoded: list[str], total_ms: float) -> LagStats:
     h = hist.new_histogram()
     for e in encoded:
@@ -179,12 +221,12 @@ def _lag_stats(encoded: list[str], total_ms: float) -> LagStats:
     }
 
 
-def _judge(block: dict[str, Any], lag_threshold_ms: float) -> None:
+def _judge(block: ClientBlock, lag_threshold_ms: float) -> None:
     lag, busy, cpu = block["loop_lag_ms"], block["loop_busy_lag_ms"], block["cpu_percent"]
     reasons = []
     if cpu["mean"] is not None and cpu["mean"] >= CPU_SATURATED_PCT:
         reasons.append(f"event-loop CPU {cpu['mean']:.0f}% of one core (mean; >= {CPU_SATURATED_PCT:.0f}%)")
-    elif cpu.get("process_mean") is not None and cpu["process_mean"] >= CPU_SATURATED_PCT:
+    elif cpu["process_mean"] is not None and cpu["process_mean"] >= CPU_SATURATED_PCT:
         reasons.append(
             f"process CPU {cpu['process_mean']:.0f}% of one core (mean, gRPC's threads included; "
             f">= {CPU_SATURATED_PCT:.0f}%: Python work in every thread shares one GIL)"
@@ -209,13 +251,13 @@ def _judge(block: dict[str, Any], lag_threshold_ms: float) -> None:
 
 
 def block_from_wire(
-    wire: dict[str, Any], lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS, name: str | None = None
-) -> dict[str, Any]:
+    wire: MonitorWire, lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS, name: str | None = None
+) -> ClientBlock:
     """One process's ``client`` block: loop lag p50/p99/max (ms), CPU mean/max (% of one core)."""
     wall = wire.get("wall_total_s") or 0.0
     win = wire.get("cpu_windows") or []
     pwin = wire.get("proc_windows") or []
-    block: dict[str, Any] = {
+    block: ClientBlock = {
         "loop_lag_ms": _lag_stats([wire.get("lag_hist", "")], wire.get("lag_sum_ms", 0.0)),
         "loop_busy_lag_ms": _lag_stats([wire.get("busy_hist", "")], wire.get("busy_sum_ms", 0.0)),
         "cpu_percent": {
@@ -232,8 +274,8 @@ def block_from_wire(
 
 
 def merge_blocks(
-    wires: dict[str, dict[str, Any]], lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
-) -> dict[str, Any] | None:
+    wires: dict[str, MonitorWire], lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
+) -> ClientBlock | None:
     """The run's ``client`` block from every load process's wire data.
 
     Loop lag: the processes' histograms merged exactly (p99 over every sample of every
@@ -246,17 +288,17 @@ def merge_blocks(
         return None
     per = {name: block_from_wire(w, lag_threshold_ms, name) for name, w in sorted(wires.items())}
     if len(per) == 1:
-        only = dict(next(iter(per.values())))
+        only = next(iter(per.values())).copy()
         only["processes"] = list(per.values())
         return only
     ws = list(wires.values())
     cpus = [b["cpu_percent"] for b in per.values()]
 
-    def agg(key: str, fn: Callable[[list[float]], float]) -> float | None:
-        vals = [c[key] for c in cpus if c[key] is not None]
+    def agg(key: CpuKey, fn: Callable[[list[float]], float]) -> float | None:
+        vals = [v for c in cpus if (v := c[key]) is not None]
         return _pct(fn(vals)) if vals else None
 
-    merged: dict[str, Any] = {
+    merged: ClientBlock = {
         "loop_lag_ms": _lag_stats([w.get("lag_hist", "") for w in ws], sum(w.get("lag_sum_ms", 0.0) for w in ws)),
         "loop_busy_lag_ms": _lag_stats(
             [w.get("busy_hist", "") for w in ws], sum(w.get("busy_sum_ms", 0.0) for w in ws)
@@ -281,7 +323,7 @@ def merge_blocks(
     return merged
 
 
-def format_line(block: dict[str, Any]) -> str:
+def format_line(block: ClientBlock) -> str:
     lag, busy, cpu = block["loop_lag_ms"], block["loop_busy_lag_ms"], block["cpu_percent"]
 
     def f(v: float | None, d: int = 3) -> str:
@@ -296,7 +338,7 @@ def format_line(block: dict[str, Any]) -> str:
     )
 
 
-def warning_lines(block: dict[str, Any] | None) -> list[str]:
+def warning_lines(block: ClientBlock | None) -> list[str]:
     """The WARNING / NOTE lines a headless run prints at its end."""
     if not block:
         return []

@@ -7,10 +7,12 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import IO, Any
+from collections.abc import Mapping
+from typing import IO
 
 from pathprobe import rtt
-from pathprobe.loadgen.records import Aggregator, Record
+from pathprobe.loadgen.monitor import ClientBlock
+from pathprobe.loadgen.records import Aggregator, Record, Summary
 
 try:
     import orjson
@@ -52,16 +54,26 @@ class JsonlWriter:
             self._fh = None
 
 
+class SummaryFile(Summary):
+    """summary.json: the aggregate's summary and the load generator's own ``client`` block."""
+
+    client: ClientBlock | None
+
+
 def write_outputs(
-    out_dir: str, agg: Aggregator, meta: dict[str, Any], name: str = "summary", client: dict[str, Any] | None = None
-) -> dict[str, Any]:
+    out_dir: str,
+    agg: Aggregator,
+    meta: Mapping[str, object],
+    name: str = "summary",
+    client: ClientBlock | None = None,
+) -> SummaryFile:
     """``<name>.json``, ``<name>.csv`` and (for the main summary) ``histograms.json``.
 
     ``client``: the load generator's own health (event-loop lag, CPU, saturated; see
     :mod:`pathprobe.loadgen.monitor`), written as summary.json's ``client`` block."""
     os.makedirs(out_dir, exist_ok=True)
-    summary: dict[str, Any] = dict(agg.summary(meta))
-    summary["client"] = client
+    s = agg.summary(meta)
+    summary: SummaryFile = {"meta": s["meta"], "totals": s["totals"], "routes": s["routes"], "client": client}
     with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
     with open(os.path.join(out_dir, f"{name}.csv"), "w", newline="", encoding="utf-8") as fh:
@@ -92,7 +104,7 @@ TABLE_METRICS = (
 )
 
 
-def format_table(summary: dict[str, Any]) -> str:
+def format_table(summary: Summary) -> str:
     """Per-route p50/p95/p99 of e2e, each segment, TTFT/ITL (ms)."""
     lines: list[str] = []
     for route, rs in summary["routes"].items():

@@ -15,9 +15,9 @@ import platform
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import gevent
+from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 from pathprobe import genai
 from pathprobe.errors import ConfigError
@@ -28,8 +28,8 @@ from pathprobe.loadgen import prompts as prompts_mod
 from pathprobe.loadgen import traces as traces_mod
 from pathprobe.loadgen.arrival import Schedule
 from pathprobe.loadgen.config import Config
-from pathprobe.loadgen.outputs import JsonlWriter, write_outputs
-from pathprobe.loadgen.records import METRICS, Aggregator
+from pathprobe.loadgen.outputs import JsonlWriter, SummaryFile, write_outputs
+from pathprobe.loadgen.records import METRICS, Aggregator, Totals
 from pathprobe.loadgen.replay import Replay
 from pathprobe.loadgen.tracing import Tracing
 
@@ -46,7 +46,7 @@ FLUSH_SLICE = 128
 class Runtime:
     """pathprobe's state for one Locust ``Environment`` (get it with :func:`runtime`)."""
 
-    def __init__(self, environment: Any) -> None:
+    def __init__(self, environment: Environment) -> None:
         self.env = environment
         self.cfg = Config.from_options(environment.parsed_options)
         self.agg = Aggregator()
@@ -57,19 +57,19 @@ class Runtime:
         self.tracing: Tracing | None = None
         self.started = False
         self.share = 1.0
-        self.finals: dict[str, dict[str, Any]] = {}
+        self.finals: dict[str, Totals] = {}
         self.final_sent = False
-        self.flusher: Any = None
+        self.flusher: gevent.Greenlet[[], None] | None = None
         self.start_wall = 0.0
         self.end_wall = 0.0
-        self.last_summary: dict[str, Any] | None = None
+        self.last_summary: SummaryFile | None = None
         self.monitor: monitor_mod.LoopMonitor | None = None
         self.waits: clientwait.WaitTracker | None = None
         self.next_flush = 0.0
-        self.client_wires: dict[str, dict[str, Any]] = {}  # master: each worker's monitor data
+        self.client_wires: dict[str, monitor_mod.MonitorWire] = {}  # master: each worker's monitor data
         self.metrics: metrics_mod.LoadMetrics | None = None  # Prometheus export (processes that run users)
-        self.client: dict[str, Any] | None = None
-        self._prompts_key: tuple[Any, ...] | None = None
+        self.client: monitor_mod.ClientBlock | None = None
+        self._prompts_key: tuple[object, ...] | None = None
         #: --trace: the trace's entries and the corpus its prompts are cut from (read at init),
         #: this process's share of it (made at test start), and this worker's rank among ``of``
         #: (dealt by the master; a single process replays everything)
@@ -287,7 +287,7 @@ class Runtime:
             raise ConfigError(f"metrics-port: cannot serve on {host}:{port}: {exc.strerror or exc}") from None
         log.info("pathprobe: Prometheus metrics on http://%s:%d/metrics", host, port)
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> dict[str, object]:
         from pathprobe import __version__
         from pathprobe.loadgen.targets import parse_host
 
@@ -326,7 +326,7 @@ class Runtime:
             "versions": {"pathprobe": __version__, "locust": locust.__version__, "python": platform.python_version()},
         }
 
-    def stop_monitor(self) -> dict[str, Any] | None:
+    def stop_monitor(self) -> monitor_mod.MonitorWire | None:
         """Stop this process's loop monitor; its wire data (None when it never ran)."""
         if self.waits is not None:
             self.waits.stop()
@@ -359,10 +359,10 @@ class Runtime:
             log.warning("pathprobe: %s", line)
 
 
-_RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+_RUNTIMES: weakref.WeakKeyDictionary[Environment, Runtime] = weakref.WeakKeyDictionary()
 
 
-def runtime(environment: Any) -> Runtime:
+def runtime(environment: Environment) -> Runtime:
     """The environment's runtime, made on first use."""
     rt = _RUNTIMES.get(environment)
     if rt is None:
@@ -370,6 +370,6 @@ def runtime(environment: Any) -> Runtime:
     return rt
 
 
-def find(environment: Any) -> Runtime | None:
+def find(environment: Environment) -> Runtime | None:
     """The environment's runtime if one was made (None: pathprobe never ran in it)."""
     return _RUNTIMES.get(environment)

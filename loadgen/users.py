@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from typing import Any
 
 from grpc.experimental import gevent as grpc_gevent
 
@@ -25,6 +24,7 @@ grpc_gevent.init_gevent()  # before any channel exists; makes grpc cooperative u
 import gevent  # noqa: E402
 from locust import User, constant, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
+from locust.env import Environment  # noqa: E402
 from pathprobe.loadgen import plugin  # noqa: E402  (registers listeners and CLI args)
 from pathprobe.loadgen.recordbuild import build_record  # noqa: E402  (importable from here too)
 from pathprobe.loadgen.records import STOPPED  # noqa: E402
@@ -44,7 +44,7 @@ class RequestFailed(Exception):
 class _LLMMixin:
     """The request loop shared by every pathprobe user class."""
 
-    environment: Any
+    environment: Environment
     host: str | None
     target_kind: str | None = None  # None: taken from the host URL
 
@@ -262,7 +262,7 @@ class _FastHttpBase(_LLMMixin, FastHttpUser):
     abstract = True
     wait_time = constant(0)
 
-    def __init__(self, environment: Any) -> None:
+    def __init__(self, environment: Environment) -> None:
         host = self.host or environment.host or ""
         if host.startswith("openai+"):
             self.host = host[len("openai+") :]  # FastHttpUser wants http(s)://

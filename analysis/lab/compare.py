@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pathprobe.analysis.lab import propagation
@@ -35,6 +36,7 @@ from pathprobe.errors import ConfigError
 
 if TYPE_CHECKING:
     from pathprobe.analysis.lab.witness import Capture
+    from pathprobe.analysis.report.records import TaggedRecord
 
 __all__ = [  # with names that moved out of this module and are still imported from it
     "Interrupted",
@@ -119,7 +121,7 @@ class Interrupted(Exception):
     pass
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(f"stopped by signal {signum}")
 
 
@@ -183,7 +185,7 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
 
 def _records_by_concurrency(
     results: dict[str, list[RunResult]], concs: list[int]
-) -> dict[str, dict[int, list[dict[str, Any]]]]:
+) -> dict[str, dict[int, list[TaggedRecord]]]:
     return {
         name: {c: [rec for r in runs if r.concurrency == c for rec in r.records] for c in concs}
         for name, runs in results.items()

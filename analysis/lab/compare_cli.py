@@ -95,7 +95,7 @@ def register(subparsers) -> None:
 def apply_flags(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Merge flags into the raw config mapping (before validation, so errors name keys)."""
 
-    def put(section: str | None, key: str, value: Any) -> None:
+    def put(section: str | None, key: str, value: object) -> None:
         if value is None:
             return
         node = data if section is None else data.setdefault(section, {})

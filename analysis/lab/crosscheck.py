@@ -14,6 +14,7 @@ from pathprobe.analysis.lab.paths import Path_
 from pathprobe.serverreports import VLLM_SPAN
 
 if TYPE_CHECKING:
+    from pathprobe.analysis.report.records import TaggedRecord
     from pathprobe.analysis.report.traces import Trace
 
 
@@ -33,7 +34,7 @@ def attach_traces(
     files = [f for f in files if f.stat().st_size > 0]
     if not files:
         return
-    wanted: dict[str, list[dict[str, Any]]] = {}
+    wanted: dict[str, list[TaggedRecord]] = {}
     for name, runs in results.items():
         ok = [r for run in runs for r in run.records if r.get("ok") and r.get("trace_id")]
         wanted[name] = sorted(ok, key=lambda r: -float(r["e2e_ms"]))[: cfg.slowest]

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pathprobe import environment
 from pathprobe.analysis.lab.accounting import Accounting
@@ -22,6 +22,10 @@ from pathprobe.analysis.lab.config import CompareConfig
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.placement import Placement
 from pathprobe.analysis.lab.procs import Managed, pathprobe_cmd
+from pathprobe.jsontypes import JsonObject
+
+if TYPE_CHECKING:
+    from pathprobe.analysis.report.records import TaggedRecord
 
 
 @dataclass
@@ -30,13 +34,13 @@ class RunResult:
     concurrency: int
     round: int  # -1 = warm-up
     out_dir: Path
-    records: list[dict[str, Any]]
+    records: list[TaggedRecord]
     duration_s: float
     error: str | None = None
     traces_file: str | None = None
     #: the load generator's own health in this run (summary.json's ``client`` block): event-loop
     #: lag, CPU, saturated; None for runs written before it existed
-    client: dict[str, Any] | None = None
+    client: JsonObject | None = None
     #: the run's requests counted at the client, the gateway and the server (accounting.json)
     accounting: Accounting | None = None
     #: CPU seconds (user + system) the path's own processes (gateway, proxy, relays; not the
@@ -75,7 +79,7 @@ def cpu_seconds(procs: list[Managed]) -> float | None:
     return total if seen else None
 
 
-def read_client(out_dir: Path) -> dict[str, Any] | None:
+def read_client(out_dir: Path) -> JsonObject | None:
     """The ``client`` block of a load run's summary.json (None when absent or unreadable)."""
     try:
         block = json.loads((out_dir / "summary.json").read_text(encoding="utf-8")).get("client")
@@ -273,7 +277,7 @@ def _run_process(
             return -1
 
 
-def _tagged_records(path: Path, rnd: int, concurrency: int) -> list[dict[str, Any]]:
+def _tagged_records(path: Path, rnd: int, concurrency: int) -> list[TaggedRecord]:
     from pathprobe.analysis.report.records import read_tagged
 
     return read_tagged(path, _round=rnd, _concurrency=concurrency)
@@ -341,7 +345,7 @@ def run_load_mixed(
         label=f"interleaved c={concurrency} round={rnd}",
     )
     out: dict[str, RunResult] = {}
-    by_name: dict[str, list[dict[str, Any]]] = {p.name: [] for p in paths}
+    by_name: dict[str, list[TaggedRecord]] = {p.name: [] for p in paths}
     for r in res.records:
         if r.get("config") in by_name:
             by_name[r["config"]].append(r)

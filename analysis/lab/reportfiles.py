@@ -4,11 +4,11 @@ tables) and ``report.md``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pathprobe.analysis.lab.loadrun import RunResult
 from pathprobe.analysis.report.markdown import markdown
 from pathprobe.analysis.report.model import Report
+from pathprobe.analysis.report.records import TaggedRecord
 
 
 def write_reports(report: Report, results: dict[str, list[RunResult]], out: Path, html: bool, primary: str) -> None:
@@ -25,9 +25,9 @@ def write_reports(report: Report, results: dict[str, list[RunResult]], out: Path
     (out / "report.md").write_text(markdown(report) + "\n", encoding="utf-8")
 
 
-def records_by_concurrency(results: dict[str, list[RunResult]]) -> dict[str, dict[int, list[dict[str, Any]]]]:
+def records_by_concurrency(results: dict[str, list[RunResult]]) -> dict[str, dict[int, list[TaggedRecord]]]:
     """Each configuration's records per concurrency, rounds pooled (the waterfall and streaming plots)."""
-    records: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in results}
+    records: dict[str, dict[int, list[TaggedRecord]]] = {name: {} for name in results}
     for name, runs in results.items():
         for run in runs:
             records[name].setdefault(run.concurrency, []).extend(run.records)

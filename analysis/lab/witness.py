@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from pathprobe.errors import PathprobeError
+from pathprobe.records import RequestRecord
 
 #: a stack below this (ms) means a hop reported more time than its packets allow (or a mismatch): counted
 NEGATIVE_MS = -0.05
@@ -254,7 +255,7 @@ def window_peers(pkts: Sequence[Packet], ports: Iterable[int], usual: Mapping[in
 
 
 def witness_request(
-    rec: Mapping[str, Any], pkts: Sequence[Packet], path: Chain, peers: Mapping[int, int] | None = None
+    rec: RequestRecord, pkts: Sequence[Packet], path: Chain, peers: Mapping[int, int] | None = None
 ) -> dict[str, Any] | None:
     """Wire and stack times (ms) per link for one request; None when its packets are not all there.
 
@@ -339,7 +340,7 @@ def split_links(rec: Mapping[str, Any], path: Chain) -> list[float]:
     return [float(sp["network_hop1"]), float(sp["network_hop2"])]
 
 
-def analyze(records: Sequence[Mapping[str, Any]], packets: Sequence[Packet], path: Chain) -> dict[str, Any]:
+def analyze(records: Sequence[RequestRecord], packets: Sequence[Packet], path: Chain) -> dict[str, Any]:
     """Medians per link over the requests whose packets were all found: wire, each side's stack, the
     witness's network and the split's; ``matched`` / ``requests`` say how many were found."""
     import bisect

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import accumulate, pairwise
-from typing import Any
+from typing import Any, TypedDict
 
 MIN_EMIT_GAP_MS = 0.5
 COALESCED_RATIO = 0.25
@@ -31,7 +31,32 @@ MIN_GAPS = 3
 BUFFERING_SHARE = 0.5
 
 
-def chunk_timing(rec: Mapping[str, Any]) -> dict[str, Any] | None:
+class ChunkTiming(TypedDict):
+    """One stream's chunk timing (ms)."""
+
+    decode_gaps: list[float]
+    transport_gaps: list[float]
+    delay_spread_ms: float
+    eligible_gaps: int
+    coalesced_gaps: int
+    held_back_ms: float
+    buffered: bool
+
+
+class ChunkSummary(TypedDict):
+    """One configuration's chunk timing (ms): the report's ``chunks``."""
+
+    streams: int
+    decode_gap_p50_ms: float | None
+    transport_gap_p50_ms: float | None
+    transport_gap_p99_ms: float | None
+    delay_spread_p50_ms: float
+    buffered_streams: int
+    buffered_share: float
+    buffering: bool
+
+
+def chunk_timing(rec: Mapping[str, Any]) -> ChunkTiming | None:
     """Decode and transport gaps, per-chunk delay spread, coalesced gaps of one stream record."""
     emit = rec.get("emit_ms")
     if not emit or rec.get("ttft_ms") is None:
@@ -58,7 +83,7 @@ def chunk_timing(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def summarize(records: Sequence[Mapping[str, Any]]) -> ChunkSummary | None:
     """Per configuration: median decode and transport gap, median per-stream delay spread, the share of
     buffered streams and whether the path buffers (None when no stream carried emit offsets)."""
     import numpy as np

@@ -26,7 +26,7 @@ CLIENT_ADVICE = (
 )
 
 
-def _r(v: Any, d: int = 1) -> str:
+def _r(v: float | None, d: int = 1) -> str:
     return "–" if v is None else f"{v:.{d}f}"
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pathprobe.analysis.report.model import HopPath
+from pathprobe.records import SplitRecord
 
 Record = Mapping[str, Any]
 #: a link whose network is an estimate (a round trip measured apart), as in the tables
@@ -28,7 +29,7 @@ def _shape(rec: Record) -> tuple[tuple[str, ...], int] | None:
     return tuple(h["label"] for h in hops), len(links)
 
 
-def _link_estimated(split: Mapping[str, Any], j: int) -> bool:
+def _link_estimated(split: SplitRecord, j: int) -> bool:
     flags = split.get("links_estimated")
     if flags is None:  # a record from before per-link flags: the estimate was always the innermost link's
         return bool(split.get("network_estimated")) and j == len(split.get("links") or ()) - 1

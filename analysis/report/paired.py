@@ -45,9 +45,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pathprobe.analysis.report import stats
+from pathprobe.analysis.report.records import TaggedRecord
+from pathprobe.records import SplitRecord
 
 #: default minimum effect: a paired path-tax difference smaller than this many ms gets no verdict
 MIN_EFFECT_MS = 0.2
@@ -59,31 +61,46 @@ COSTS_MORE, COSTS_LESS, NO_CLEAR = "costs more", "costs less", "no clear differe
 PAIRED_METRICS = ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "unsplit", "e2e")
 
 
-def path_tax(rec: Mapping[str, Any]) -> float:
+#: a record: typed (:class:`TaggedRecord`) or read-only
+R = TypeVar("R", bound=Mapping[str, object])
+
+
+def _split(rec: TaggedRecord) -> SplitRecord:
     sp = rec["split"]
+    if sp is None:
+        raise TypeError("a record without a split")
+    return sp
+
+
+def _number(v: object) -> float:
+    if not isinstance(v, (int, float)):
+        raise TypeError(f"not a number: {v!r}")
+    return float(v)
+
+
+def path_tax(rec: TaggedRecord) -> float:
+    sp = _split(rec)
     return float(sp["e2e"]) - float(sp.get("queueing", 0.0)) - float(sp.get("inference", 0.0))
 
 
-def _value(rec: Mapping[str, Any], metric: str) -> float:
+def _value(rec: TaggedRecord, metric: str) -> float:
     if metric == "path_tax":
         return path_tax(rec)
     if metric == "e2e":
         return float(rec["e2e_ms"])
-    return float(rec["split"].get(metric, 0.0))
+    return _number(_split(rec).get(metric, 0.0))
 
 
-def _key(rec: Mapping[str, Any]) -> tuple[Any, ...] | None:
+def _key(rec: Mapping[str, object]) -> tuple[object, ...] | None:
     if rec.get("cycle") is None:
         return None
     return (rec.get("_round"), rec.get("_concurrency"), rec.get("worker"), rec.get("user"), rec["cycle"])
 
 
-def pairs(
-    records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]
-) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+def pairs(records: Sequence[R], baseline: Sequence[R]) -> list[tuple[R, R]]:
     """(call, baseline call) of the same cycle, both ok with a split."""
     base = {_key(r): r for r in baseline if r.get("ok") and r.get("split") and _key(r) is not None}
-    out = []
+    out: list[tuple[R, R]] = []
     for r in records:
         k = _key(r)
         if k is not None and r.get("ok") and r.get("split") and k in base:
@@ -91,11 +108,11 @@ def pairs(
     return out
 
 
-def is_interleaved(records: Sequence[Mapping[str, Any]]) -> bool:
+def is_interleaved(records: Sequence[Mapping[str, object]]) -> bool:
     return any(r.get("cycle") is not None for r in records)
 
 
-def tax_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def tax_summary(records: Sequence[TaggedRecord]) -> dict[str, Any]:
     """Median and mean path tax and its parts for one configuration (ok records)."""
     import numpy as np
 
@@ -106,14 +123,12 @@ def tax_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for m in ("path_tax", "network", "network_hop1", "network_hop2", "serialization", "other", "unsplit"):
         x = np.asarray([_value(r, m) for r in ok], dtype=float)
         out[m] = {"p50": float(np.median(x)), "mean": float(x.mean())}
-    engine = np.asarray([float(r["split"].get("queueing", 0.0)) + float(r["split"].get("inference", 0.0)) for r in ok])
+    engine = np.asarray([float(_split(r).get("queueing", 0.0)) + float(_split(r).get("inference", 0.0)) for r in ok])
     out["engine"] = {"p50": float(np.median(engine)), "mean": float(engine.mean())}
     return out
 
 
-def paired(
-    records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]], *, n_boot: int = 1000
-) -> dict[str, Any]:
+def paired(records: Sequence[TaggedRecord], baseline: Sequence[TaggedRecord], *, n_boot: int = 1000) -> dict[str, Any]:
     """Paired per-call differences (configuration - baseline) per metric: median with 95% CI, mean."""
     import numpy as np
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from pathprobe.analysis.report.figures import metric_values
 from pathprobe.analysis.report.model import Group, HopPath, Report
+from pathprobe.records import RequestRecord
 from pathprobe.segments import SEGMENTS
 
 SEG_COLORS = {
@@ -118,7 +119,7 @@ def plot_cdfs(report: Report) -> str | None:
     return _png(fig)
 
 
-def plot_waterfalls(report: Report, records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]) -> str | None:
+def plot_waterfalls(report: Report, records: Mapping[str, Mapping[int, Sequence[RequestRecord]]]) -> str | None:
     """One typical request (median e2e, highest concurrency) per configuration as a waterfall."""
     import matplotlib.pyplot as plt
     from pathprobe.analysis.report.waterfall import bars, representative
@@ -188,7 +189,7 @@ def _draw_waterfall(ax: Any, name: str, rec: Mapping[str, Any]) -> None:
     ax.grid(axis="x", alpha=0.3)
 
 
-def plot_streaming(report: Report, records: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]) -> str | None:
+def plot_streaming(report: Report, records: Mapping[str, Mapping[int, Sequence[RequestRecord]]]) -> str | None:
     import matplotlib.pyplot as plt
     import numpy as np
 

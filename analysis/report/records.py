@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from pathprobe import jsonl
 from pathprobe.records import SPLIT_SEGMENTS, RequestRecord
@@ -20,13 +20,17 @@ def read_records(path: str | os.PathLike[str]) -> list[RequestRecord]:
     return [obj for _, obj in jsonl.read(path, "records")]
 
 
-def read_tagged(path: str | os.PathLike[str], **tags: Any) -> list[dict[str, Any]]:
-    """The records of a file, each with ``tags`` added (e.g. ``_round``, ``_concurrency``): open
-    dicts, since the tags are the analysis' own and no part of the record's schema."""
-    records = cast(list[dict[str, Any]], read_records(path))
-    for rec in records:
-        rec.update(tags)
-    return records
+class TaggedRecord(RequestRecord, total=False):
+    """A record with the analysis' own tags (no part of the record's schema; never written back)."""
+
+    _round: int  # the round of the run it came from
+    _concurrency: int  # the run's concurrency
+
+
+def read_tagged(path: str | os.PathLike[str], *, _round: int, _concurrency: int) -> list[TaggedRecord]:
+    """The records of a file, each tagged with its run's round and concurrency."""
+    tagged: list[TaggedRecord] = [{**rec, "_round": _round, "_concurrency": _concurrency} for rec in read_records(path)]
+    return tagged
 
 
 def ok_records(records: Iterable[RequestRecord]) -> list[RequestRecord]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from pathprobe.analysis.report import plots
 from pathprobe.analysis.report.blocks import Block, Code, Figure, Heading, Note, Notes, Paragraph, Row, Table, Title
@@ -27,9 +26,10 @@ from pathprobe.analysis.report.tables import (
     placement_line,
     score_table,
 )
+from pathprobe.records import RequestRecord
 
 #: each configuration's records per concurrency (rounds pooled), for the plots that draw requests
-Records = Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
+Records = Mapping[str, Mapping[int, Sequence[RequestRecord]]]
 
 
 @dataclass(frozen=True, slots=True)

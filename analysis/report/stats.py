@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
     import numpy.typing as npt
 
 PERCENTILES = (50.0, 95.0, 99.0)
@@ -41,7 +42,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def bootstrap_percentiles(
-    values: Sequence[float] | npt.NDArray[Any],
+    values: Sequence[float] | npt.NDArray[np.float64],
     qs: Sequence[float] = PERCENTILES,
     *,
     n_boot: int = 1000,
@@ -136,9 +137,9 @@ class Comparison:
     magnitude: str
     significant: bool
     verdict: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -238,7 +239,7 @@ def judge(
             comp.verdict = None
 
 
-def summarize(values: Sequence[float], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+def summarize(values: Sequence[float], *, n_boot: int = 1000, seed: int = 0) -> dict[str, object]:
     """n, mean, min, max and p50/p95/p99 with 95% bootstrap intervals."""
     import numpy as np
 

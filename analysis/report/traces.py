@@ -26,6 +26,7 @@ from typing import Any
 
 from pathprobe._otlpjson import attributes
 from pathprobe.errors import ConfigError, PathprobeError
+from pathprobe.jsontypes import JsonArray, JsonObject, JsonValue
 
 KIND_NAMES = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 
@@ -40,9 +41,10 @@ class Span:
     start_ns: int
     end_ns: int
     service: str = ""
+    # JSON attribute values, left open until tracesplit (another branch) narrows what it reads
     attributes: dict[str, Any] = field(default_factory=dict)
-    resource: dict[str, Any] = field(default_factory=dict)
-    status: dict[str, Any] = field(default_factory=dict)
+    resource: JsonObject = field(default_factory=dict)
+    status: JsonObject = field(default_factory=dict)
     scope: str = ""
 
     @property
@@ -53,7 +55,37 @@ class Span:
 # ------------------------------------------------------------------ decoding
 
 
-def _norm_id(value: Any, nbytes: int) -> str:
+def _obj(v: JsonValue) -> JsonObject:
+    """``v or {}`` for a member that should be an object (a wrong type fails, as a lookup on it would)."""
+    if not v:
+        return {}
+    if not isinstance(v, dict):
+        raise TypeError(f"expected a JSON object, got {type(v).__name__}")
+    return v
+
+
+def _arr(v: JsonValue) -> JsonArray:
+    """``v or []`` for a member that should be an array (a wrong type fails, as iterating it would)."""
+    if not v:
+        return []
+    if not isinstance(v, list):
+        raise TypeError(f"expected a JSON array, got {type(v).__name__}")
+    return v
+
+
+def _objs(v: JsonValue) -> list[JsonObject]:
+    """The objects of an array member (``v or []``, each item an object)."""
+    return [_obj(x) or {} for x in _arr(v)]
+
+
+def _num(v: JsonValue) -> int | float | str:
+    """A JSON number or its string spelling (OTLP JSON writes 64-bit integers as strings)."""
+    if isinstance(v, (int, float, str)):
+        return v
+    raise TypeError(f"expected a number, got {type(v).__name__}")
+
+
+def _norm_id(value: JsonValue, nbytes: int) -> str:
     """Hex id from hex (OTLP JSON) or base64 (protobuf's json_format) spellings."""
     if not value:
         return ""
@@ -73,85 +105,86 @@ def _norm_id(value: Any, nbytes: int) -> str:
     return s.lower()
 
 
-def _any_value(v: Any) -> Any:
+def _any_value(v: JsonValue) -> JsonValue:
     if not isinstance(v, dict):
         return v
     if "stringValue" in v:
         return v["stringValue"]
     if "intValue" in v:
-        return int(v["intValue"])
+        return int(_num(v["intValue"]))
     if "doubleValue" in v:
-        return float(v["doubleValue"])
+        return float(_num(v["doubleValue"]))
     if "boolValue" in v:
         return bool(v["boolValue"])
     if "arrayValue" in v:
-        return [_any_value(x) for x in v["arrayValue"].get("values", [])]
+        return [_any_value(x) for x in _arr(_obj(v["arrayValue"]).get("values", []))]
     if "kvlistValue" in v:
-        return {kv["key"]: _any_value(kv.get("value")) for kv in v["kvlistValue"].get("values", [])}
+        return {str(kv["key"]): _any_value(kv.get("value")) for kv in _objs(_obj(v["kvlistValue"]).get("values", []))}
     if "bytesValue" in v:
         return v["bytesValue"]
     return None
 
 
-def _attrs(kvs: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
-    return {kv["key"]: _any_value(kv.get("value")) for kv in kvs or () if "key" in kv}
+def _attrs(kvs: JsonValue) -> JsonObject:
+    return {str(kv["key"]): _any_value(kv.get("value")) for kv in _objs(kvs) if "key" in kv}
 
 
-def _kind(v: Any) -> str:
+def _kind(v: JsonValue) -> str:
     if isinstance(v, int):
         return KIND_NAMES.get(v, str(v))
     s = str(v or "UNSPECIFIED").upper()
     return s.removeprefix("SPAN_KIND_")
 
 
-def spans_from_otlp(doc: dict[str, Any]) -> Iterator[Span]:
-    for rs in doc.get("resourceSpans") or doc.get("resource_spans") or []:
-        resource = _attrs((rs.get("resource") or {}).get("attributes"))
+def spans_from_otlp(doc: JsonObject) -> Iterator[Span]:
+    for rs in _objs(doc.get("resourceSpans") or doc.get("resource_spans")):
+        resource = _attrs(_obj(rs.get("resource")).get("attributes"))
         service = str(resource.get("service.name", ""))
-        for ss in rs.get("scopeSpans") or rs.get("scope_spans") or rs.get("instrumentationLibrarySpans") or []:
-            scope = str((ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name", ""))
-            for sp in ss.get("spans") or []:
+        for ss in _objs(rs.get("scopeSpans") or rs.get("scope_spans") or rs.get("instrumentationLibrarySpans")):
+            scope = str(_obj(ss.get("scope") or ss.get("instrumentationLibrary")).get("name", ""))
+            for sp in _objs(ss.get("spans")):
                 yield Span(
                     trace_id=_norm_id(sp.get("traceId") or sp.get("trace_id"), 16),
                     span_id=_norm_id(sp.get("spanId") or sp.get("span_id"), 8),
                     parent_id=_norm_id(sp.get("parentSpanId") or sp.get("parent_span_id"), 8),
                     name=str(sp.get("name", "")),
                     kind=_kind(sp.get("kind")),
-                    start_ns=int(sp.get("startTimeUnixNano") or sp.get("start_time_unix_nano") or 0),
-                    end_ns=int(sp.get("endTimeUnixNano") or sp.get("end_time_unix_nano") or 0),
+                    start_ns=int(_num(sp.get("startTimeUnixNano") or sp.get("start_time_unix_nano") or 0)),
+                    end_ns=int(_num(sp.get("endTimeUnixNano") or sp.get("end_time_unix_nano") or 0)),
                     service=service,
                     attributes=_attrs(sp.get("attributes")),
                     resource=resource,
-                    status=sp.get("status") or {},
+                    status=_obj(sp.get("status")),
                     scope=scope,
                 )
 
 
-def _jaeger_tag(tag: dict[str, Any]) -> Any:
-    v: Any = tag.get("value")
+def _jaeger_tag(tag: JsonObject) -> JsonValue:
+    v = tag.get("value")
     t = str(tag.get("type", "string")).lower()
     if t in ("int64", "int"):
-        return int(v)
+        return int(_num(v))
     if t in ("float64", "float"):
-        return float(v)
+        return float(_num(v))
     if t == "bool":
         return bool(v)
     return v
 
 
-def spans_from_jaeger(doc: dict[str, Any]) -> Iterator[Span]:
-    for tr in doc.get("data") or []:
-        processes = tr.get("processes") or {}
-        for sp in tr.get("spans") or []:
-            proc = processes.get(sp.get("processID"), sp.get("process") or {})
-            tags = {t["key"]: _jaeger_tag(t) for t in sp.get("tags") or [] if "key" in t}
-            parent = ""
-            for ref in sp.get("references") or []:
+def spans_from_jaeger(doc: JsonObject) -> Iterator[Span]:
+    for tr in _objs(doc.get("data")):
+        processes = _obj(tr.get("processes"))
+        for sp in _objs(tr.get("spans")):
+            pid = sp.get("processID")
+            proc = _obj(processes[pid]) if isinstance(pid, str) and pid in processes else _obj(sp.get("process"))
+            tags = {str(t["key"]): _jaeger_tag(t) for t in _objs(sp.get("tags")) if "key" in t}
+            parent: JsonValue = ""
+            for ref in _objs(sp.get("references")):
                 if ref.get("refType", "CHILD_OF") == "CHILD_OF":
                     parent = ref.get("spanID", "")
                     break
             kind = str(tags.pop("span.kind", "internal")).upper()
-            start_ns = int(sp.get("startTime", 0)) * 1000
+            start_ns = int(_num(sp.get("startTime", 0))) * 1000
             yield Span(
                 trace_id=_norm_id(sp.get("traceID") or tr.get("traceID"), 16).rjust(32, "0"),
                 span_id=_norm_id(sp.get("spanID"), 8).rjust(16, "0"),
@@ -159,14 +192,14 @@ def spans_from_jaeger(doc: dict[str, Any]) -> Iterator[Span]:
                 name=str(sp.get("operationName", "")),
                 kind=kind,
                 start_ns=start_ns,
-                end_ns=start_ns + int(sp.get("duration", 0)) * 1000,
+                end_ns=start_ns + int(_num(sp.get("duration", 0))) * 1000,
                 service=str(proc.get("serviceName", "")),
                 attributes=tags,
-                resource={t["key"]: _jaeger_tag(t) for t in proc.get("tags") or [] if "key" in t},
+                resource={str(t["key"]): _jaeger_tag(t) for t in _objs(proc.get("tags")) if "key" in t},
             )
 
 
-def spans_from_document(doc: Any) -> Iterator[Span]:
+def spans_from_document(doc: JsonValue) -> Iterator[Span]:
     if isinstance(doc, list):
         for item in doc:
             yield from spans_from_document(item)
@@ -185,7 +218,7 @@ def spans_from_document(doc: Any) -> Iterator[Span]:
         raise PathprobeError(f"trace source answered an error: {message}")
 
 
-def iter_documents(text: str) -> Iterator[Any]:
+def iter_documents(text: str) -> Iterator[JsonValue]:
     """One or more JSON documents: a single one, JSON lines, or concatenated objects."""
     dec = json.JSONDecoder()
     i, n = 0, len(text)
@@ -330,12 +363,12 @@ def group_traces(spans: Iterable[Span]) -> dict[str, Trace]:
 _KIND_NUM = {v: k for k, v in KIND_NAMES.items()}
 
 
-def to_otlp_json(trace: Trace) -> dict[str, Any]:
+def to_otlp_json(trace: Trace) -> JsonObject:
     """One trace as an OTLP JSON ``ExportTraceServiceRequest`` (Jaeger's UI uploads it)."""
     by_service: dict[str, list[Span]] = {}
     for s in trace.spans:
         by_service.setdefault(s.service, []).append(s)
-    resource_spans = []
+    resource_spans: JsonArray = []
     for service, spans in by_service.items():
         resource = dict(spans[0].resource) or {"service.name": service}
         resource_spans.append(
@@ -365,8 +398,8 @@ def to_otlp_json(trace: Trace) -> dict[str, Any]:
     return {"resourceSpans": resource_spans}
 
 
-def _jaeger_tags(d: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
+def _jaeger_tags(d: JsonObject) -> JsonArray:
+    out: JsonArray = []
     for k, v in d.items():
         if isinstance(v, bool):
             out.append({"key": k, "type": "bool", "value": v})
@@ -379,13 +412,13 @@ def _jaeger_tags(d: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def to_jaeger_json(traces: Iterable[Trace]) -> dict[str, Any]:
+def to_jaeger_json(traces: Iterable[Trace]) -> JsonObject:
     """Jaeger's classic JSON (``{"data": [...]}``), which every Jaeger UI's "JSON File" upload opens."""
-    data = []
+    data: JsonArray = []
     for trace in traces:
-        processes: dict[str, dict[str, Any]] = {}
+        processes: JsonObject = {}
         pid_of: dict[str, str] = {}
-        spans = []
+        spans: JsonArray = []
         for s in trace.spans:
             pid = pid_of.get(s.service)
             if pid is None:

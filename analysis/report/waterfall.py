@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pathprobe.records import HopPartRecord
+
 #: a reporting server's phases in pipeline order (detokenizing runs alongside the decode steps)
 SERVER_PHASES = (
     ("srv.decode", "serialization"),
@@ -63,7 +65,7 @@ def bars(rec: Mapping[str, Any]) -> list[Bar]:
         out.append(Bar("client", e2e - dec, dec, "serialization", "decode"))
     lo, span = enc, e2e - enc - dec  # what the client saw its upstream take
     links: list[float] = list(sp.get("links") or [])
-    hops: list[Mapping[str, Any]] = list(sp.get("hops") or [])
+    hops: list[HopPartRecord] = list(sp.get("hops") or [])
     entries = dict(rec.get("entries") or {})
     for i, hop in enumerate(hops):
         link = links[i] if i < len(links) else 0.0
