@@ -192,10 +192,10 @@ def _records_by_concurrency(
     }
 
 
-def _check_propagation(live: list[Path_], log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+def _check_propagation(live: list[Path_], log: Callable[[str], None]) -> dict[str, dict[str, object]]:
     """Before any load: one request per traced path with a traceparent of our own, each hop judged
     (:mod:`pathprobe.analysis.lab.propagation`)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     for p in live:
         if p.server_spans is None:
             continue
