@@ -197,11 +197,7 @@ def rate_point(
     Two processes rather than one interleaving calls: interleaving would make the arrivals at the
     path random, and a path's queueing would then follow the mix, not the load."""
     folder = out or Path(tempfile.mkdtemp(prefix="frontier-"))
-    procs = {
-        name: _start_load(url, rate, warmup_s + duration_s, users, extra_args, folder / name)
-        for name, url in (("path", path_url), ("direct", direct_url))
-    }
-    runs = {name: _finish_load(proc, folder / name, warmup_s + duration_s) for name, proc in procs.items()}
+    runs = _both(path_url, direct_url, rate, warmup_s + duration_s, users, extra_args, folder)
     return point_from_runs(rate, runs, warmup_s)
 
 
@@ -221,12 +217,25 @@ def stream_point(
     gap p50/p99. The pacing is the server's (e.g. the synthetic engine at 20 ms per token)."""
     folder = out or Path(tempfile.mkdtemp(prefix="frontier-streams-"))
     extra = ("--stream", "--max-tokens", str(chunks), *extra_args)
+    runs = _both(path_url, direct_url, None, warmup_s + duration_s, streams, extra, folder)
+    return point_from_runs(streams, runs, warmup_s, _gaps)
+
+
+def _both(
+    path_url: str,
+    direct_url: str,
+    rate: float | None,
+    duration_s: float,
+    users: int,
+    extra: Sequence[str],
+    folder: Path,
+) -> dict[str, Run]:
+    """The path's and the direct path's load processes, started together, each run to its end."""
     procs = {
-        name: _start_load(url, None, warmup_s + duration_s, streams, extra, folder / name)
+        name: _start_load(url, rate, duration_s, users, extra, folder / name)
         for name, url in (("path", path_url), ("direct", direct_url))
     }
-    runs = {name: _finish_load(proc, folder / name, warmup_s + duration_s) for name, proc in procs.items()}
-    return point_from_runs(streams, runs, warmup_s, _gaps)
+    return {name: _finish_load(proc, folder / name, duration_s) for name, proc in procs.items()}
 
 
 def _start_load(

@@ -11,7 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +25,7 @@ from pathprobe.analysis.lab.procs import Managed, pathprobe_cmd
 from pathprobe.jsontypes import JsonObject
 
 if TYPE_CHECKING:
+    import psutil
     from pathprobe.analysis.report.records import TaggedRecord
 
 
@@ -55,27 +56,33 @@ def read_accounting(out_dir: Path) -> Accounting | None:
         return None
 
 
-def cpu_seconds(procs: list[Managed]) -> float | None:
-    """User + system CPU seconds of these processes and their children (nginx workers, LiteLLM's
-    workers); None when there is no live process to read."""
+def _family(procs: list[Managed]) -> Iterator[psutil.Process]:
+    """The live processes among ``procs`` and all their children (nginx workers, LiteLLM's workers)."""
     import psutil
 
-    total, seen = 0.0, False
     for m in procs:
         if m.pid is None or m.exit_code() is not None:
             continue
         try:
             proc = psutil.Process(m.pid)
-            family = [proc, *proc.children(recursive=True)]
+            yield from [proc, *proc.children(recursive=True)]
         except psutil.Error:
             continue
-        for q in family:
-            try:
-                t = q.cpu_times()
-            except psutil.Error:
-                continue
-            total += t.user + t.system
-            seen = True
+
+
+def cpu_seconds(procs: list[Managed]) -> float | None:
+    """User + system CPU seconds of these processes and their children; None when there is no live
+    process to read."""
+    import psutil
+
+    total, seen = 0.0, False
+    for q in _family(procs):
+        try:
+            t = q.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+        seen = True
     return total if seen else None
 
 
@@ -93,20 +100,12 @@ def rss_bytes(procs: list[Managed]) -> int | None:
     import psutil
 
     total, seen = 0, False
-    for m in procs:
-        if m.pid is None or m.exit_code() is not None:
-            continue
+    for q in _family(procs):
         try:
-            proc = psutil.Process(m.pid)
-            family = [proc, *proc.children(recursive=True)]
+            total += q.memory_info().rss
         except psutil.Error:
             continue
-        for q in family:
-            try:
-                total += q.memory_info().rss
-                seen = True
-            except psutil.Error:
-                continue
+        seen = True
     return total if seen else None
 
 
