@@ -170,6 +170,36 @@ def _hops_serialization(entries: dict[str, float]) -> float:
 def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
     """Split one trace. ``source``: ``attributes`` (exact, default) or ``durations``."""
     use_attrs = source == "attributes"
+    srv, path_gws, client, problem = _hop_spans(trace)
+    entries = _chain_entries(trace, srv, path_gws, client, use_attrs)
+    hops = [f"gateway:{g.service or g.name}" for g in path_gws]
+    if srv is not None:
+        hops.append(f"server:{srv.service or srv.name}")
+    if client is not None:
+        hops.insert(0, f"client:{client.service or client.name}")
+        route, enc, dec, e2e, e2e_source = _client_side(client, entries, use_attrs)
+    else:
+        outer = path_gws[0] if path_gws else srv
+        if outer is None:
+            why = "no client, gateway or server span in this trace"
+            return TraceSplit(trace.trace_id, "", None, entries, "none", 0.0, 0.0, hops, False, why)
+        route, enc, dec = outer.name, 0.0, 0.0
+        e2e, e2e_source = outer.duration_ms, "outermost server span"
+        problem = problem or "no client span: network hop 1 is not measured (e2e = outermost server span)"
+    report = None
+    if srv is None:
+        report, why = _engine_report(trace, hops)
+        problem = problem or why
+    ok = True
+    if client is not None:
+        status = client.status.get("code") if client.status else None
+        ok = status not in (2, "STATUS_CODE_ERROR")
+    sp = None if math.isnan(e2e) else _account(e2e, entries, report, client, enc, dec)
+    return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem, report)
+
+
+def _hop_spans(trace: Trace) -> tuple[Span | None, list[Span], Span | None, str | None]:
+    """(the server span, the gateways on its path outermost first, the client span, a problem)."""
     servers = [s for s in trace.spans if _is_server_hop(trace, s)]
     gateways = [s for s in trace.spans if s not in servers and _is_gateway_hop(trace, s)]
     clients = [
@@ -177,21 +207,23 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
         for s in trace.spans
         if s.kind == "CLIENT" and not any(a.kind in ("SERVER", "CLIENT") for a in trace.ancestors(s))
     ]
-    client = clients[0] if clients else None
-    hops: list[str] = []
-    problem = None
-    if len(servers) > 1:
-        problem = f"{len(servers)} server spans in one trace (retries?); the first is used"
+    problem = f"{len(servers)} server spans in one trace (retries?); the first is used" if len(servers) > 1 else None
     srv = servers[0] if servers else None
     # every gateway on the server span's path (a chain), outermost first; else the outermost one
     path_gws: list[Span] = []
     if gateways:
         anc = {a.span_id for a in trace.ancestors(srv)} if srv else set()
         path_gws = [g for g in gateways if g.span_id in anc] or gateways[:1]  # sorted by start: outermost first
-    # one hop per span, innermost (the server) first, as the hops appended their entries
-    spans_in = ([srv] if srv is not None else []) + path_gws[::-1]
+    return srv, path_gws, clients[0] if clients else None, problem
+
+
+def _chain_entries(
+    trace: Trace, srv: Span | None, path_gws: list[Span], client: Span | None, use_attrs: bool
+) -> dict[str, float]:
+    """The chain of hops' entries: one hop per span, innermost (the server) first, as the hops
+    appended them; what the client received, when it kept it, wins (every hop apart)."""
     chain_hops: list[timing.Hop] = []
-    for hop in spans_in:
+    for hop in ([srv] if srv is not None else []) + path_gws[::-1]:
         own = _server_entries_from_durations(trace, hop) if hop is srv else _gateway_entries_from_durations(trace, hop)
         if use_attrs:
             st = _first(hop.attributes, TIMING_KEYS)
@@ -200,85 +232,61 @@ def split_trace(trace: Trace, source: str = "attributes") -> TraceSplit:
                 if sent.hops and sent.hops[-1].kind == (timing.SERVER_KIND if hop is srv else timing.GATEWAY_KIND):
                     own.update(sent.hops[-1].entries)
         chain_hops.append(timing.Hop(timing.SERVER_KIND if hop is srv else timing.GATEWAY_KIND, own))
-    hops += [f"gateway:{g.service or g.name}" for g in path_gws]
-    if srv is not None:
-        hops.append(f"server:{srv.service or srv.name}")
     entries: dict[str, float] = timing.Chain(chain_hops)
     if use_attrs and client is not None:
         st = _first(client.attributes, TIMING_KEYS)
         if isinstance(st, str):
-            # what the client received is the whole chain, every hop apart
             received = timing.parse_chain(st)
             entries = timing.Chain((*received.hops,)) if received.hops else entries
-    enc = dec = 0.0
-    route = ""
-    if client is not None:
-        hops.insert(0, f"client:{client.service or client.name}")
-        attrs = client.attributes
-        route = str(_first(attrs, ROUTE_KEYS) or client.name)
-        enc = float(_first(attrs, ENC_KEYS) or 0.0)
-        dec = float(_first(attrs, DEC_KEYS) or 0.0)
-        if (
-            use_attrs
-            and _first(attrs, ENC_KEYS) is None
-            and _first(attrs, DEC_KEYS) is None
-            and CLIENT_SER_KEY in attrs
-        ):
-            # client encode + decode = the client's serialization total minus the hops' own
-            enc = max(0.0, float(attrs[CLIENT_SER_KEY]) - _hops_serialization(entries))
-        e2e_attr = _first(attrs, E2E_KEYS)
-        if use_attrs and e2e_attr is not None:
-            e2e, e2e_source = float(e2e_attr), "attribute"
-        else:
-            e2e, e2e_source = client.duration_ms, "client span"
-    else:
-        outer = path_gws[0] if path_gws else srv
-        if outer is None:
-            return TraceSplit(
-                trace.trace_id,
-                "",
-                None,
-                entries,
-                "none",
-                0.0,
-                0.0,
-                hops,
-                False,
-                "no client, gateway or server span in this trace",
-            )
-        route = outer.name
-        e2e, e2e_source = outer.duration_ms, "outermost server span"
-        problem = problem or "no client span: network hop 1 is not measured (e2e = outermost server span)"
-    report = None
-    if srv is None:
-        engine = next((s for s in trace.spans if s.name == serverreports.VLLM_SPAN), None)
-        report = serverreports.from_vllm_span(engine.attributes) if engine is not None else None
-        if report is not None:
-            hops.append(f"engine:{engine.service or engine.name}")  # type: ignore[union-attr]
-            problem = problem or (
-                "the server reports its engine's phases only (vLLM's llm_request span): the rest of its time is unsplit"
-            )
-        else:
-            problem = problem or "no server span (a server that exports no traces?): its time is unsplit"
-    if client is not None:
-        status = client.status.get("code") if client.status else None
-        ok = status not in (2, "STATUS_CODE_ERROR")
-    else:
-        ok = True
+    return entries
+
+
+def _client_side(client: Span, entries: dict[str, float], use_attrs: bool) -> tuple[str, float, float, float, str]:
+    """(route, client encode, client decode, e2e, where e2e came from) of the client's span."""
+    attrs = client.attributes
+    route = str(_first(attrs, ROUTE_KEYS) or client.name)
+    enc = float(_first(attrs, ENC_KEYS) or 0.0)
+    dec = float(_first(attrs, DEC_KEYS) or 0.0)
+    if use_attrs and _first(attrs, ENC_KEYS) is None and _first(attrs, DEC_KEYS) is None and CLIENT_SER_KEY in attrs:
+        # client encode + decode = the client's serialization total minus the hops' own
+        enc = max(0.0, float(attrs[CLIENT_SER_KEY]) - _hops_serialization(entries))
+    e2e_attr = _first(attrs, E2E_KEYS)
+    if use_attrs and e2e_attr is not None:
+        return route, enc, dec, float(e2e_attr), "attribute"
+    return route, enc, dec, client.duration_ms, "client span"
+
+
+def _engine_report(trace: Trace, hops: list[str]) -> tuple[serverreports.ServerReport | None, str]:
+    """No server span: the engine's own report (vLLM's llm_request span), if any, and the problem."""
+    engine = next((s for s in trace.spans if s.name == serverreports.VLLM_SPAN), None)
+    report = serverreports.from_vllm_span(engine.attributes) if engine is not None else None
+    if report is None or engine is None:
+        return None, "no server span (a server that exports no traces?): its time is unsplit"
+    hops.append(f"engine:{engine.service or engine.name}")
+    return (
+        report,
+        "the server reports its engine's phases only (vLLM's llm_request span): the rest of its time is unsplit",
+    )
+
+
+def _account(
+    e2e: float,
+    entries: dict[str, float],
+    report: serverreports.ServerReport | None,
+    client: Span | None,
+    enc: float,
+    dec: float,
+) -> Split:
+    """The one accounting entry point, with what the client's span says of its estimate and wait."""
     client_est = _first(client.attributes, (ESTIMATE_KEY,)) if client is not None else None
     # the load generator's own wait, as it booked it (never more than the client's link took)
     wait = float(_first(client.attributes, WAIT_KEYS) or 0.0) if client is not None else 0.0
-    sp = (
-        account(
-            e2e,
-            entries,
-            report,
-            client_encode_ms=enc,
-            client_decode_ms=dec,
-            client_estimate_ms=float(client_est) if client_est is not None else None,
-            client_wait_ms=wait,
-        ).split
-        if not math.isnan(e2e)
-        else None
-    )
-    return TraceSplit(trace.trace_id, route, sp, entries, e2e_source, enc, dec, hops, ok, problem, report)
+    return account(
+        e2e,
+        entries,
+        report,
+        client_encode_ms=enc,
+        client_decode_ms=dec,
+        client_estimate_ms=float(client_est) if client_est is not None else None,
+        client_wait_ms=wait,
+    ).split
