@@ -3,7 +3,7 @@
 torch, transformers and numpy are imported lazily, inside the functions that use them, so
 the server (and the synthetic and vLLM engines) start without importing them; their objects
 are therefore untyped here. Each kind gets one alias, so an annotation still says what a
-value is, and ``Any`` is named once for each rather than in every signature.
+value is, and the untyped name is written once for each rather than in every signature.
 """
 
 from __future__ import annotations
