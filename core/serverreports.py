@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from pathprobe import segments
 from pathprobe.errors import PathprobeError
@@ -100,7 +99,7 @@ class ServerReport:
         )
 
 
-def _number(value: Any, where: str) -> float:
+def _number(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ReportError(f"{where}: expected a number, got {value!r}")
     try:
@@ -112,7 +111,7 @@ def _number(value: Any, where: str) -> float:
     return out
 
 
-def from_vllm(body: Mapping[str, Any]) -> ServerReport | None:
+def from_vllm(body: Mapping[str, object]) -> ServerReport | None:
     """vLLM's ``metrics`` object of a response (or of the final chunk of a stream)."""
     metrics = body.get("metrics") if isinstance(body, Mapping) else None
     if metrics is None:
@@ -127,7 +126,7 @@ def from_vllm(body: Mapping[str, Any]) -> ServerReport | None:
     return ServerReport(VLLM, entries) if entries else None
 
 
-def from_vllm_span(attributes: Mapping[str, Any]) -> ServerReport | None:
+def from_vllm_span(attributes: Mapping[str, object]) -> ServerReport | None:
     """vLLM's ``llm_request`` span attributes (``gen_ai.latency.*``, seconds) as a report.
 
     vLLM times these in its engine, like its response ``metrics``: no total (its
@@ -149,7 +148,7 @@ def from_tgi(headers: Mapping[str, str]) -> ServerReport | None:
     return ServerReport(TGI, entries)
 
 
-def from_ollama(body: Mapping[str, Any]) -> ServerReport | None:
+def from_ollama(body: Mapping[str, object]) -> ServerReport | None:
     """Ollama's ``*_duration`` fields (nanoseconds); ``None`` when there is no ``total_duration``."""
     if not isinstance(body, Mapping) or body.get("total_duration") is None:
         return None
@@ -157,7 +156,7 @@ def from_ollama(body: Mapping[str, Any]) -> ServerReport | None:
     return ServerReport(OLLAMA, entries)
 
 
-def read(headers: Mapping[str, str] | None, body: Mapping[str, Any] | None) -> ServerReport | None:
+def read(headers: Mapping[str, str] | None, body: Mapping[str, object] | None) -> ServerReport | None:
     """The first report found in a response: vLLM's body metrics, TGI's headers, Ollama's fields."""
     if body is not None:
         for reader in (from_vllm, from_ollama):

@@ -9,7 +9,7 @@ import logging
 import math
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from pathprobe import genai, models, telemetry
@@ -25,6 +25,10 @@ from pathprobe.server.metrics import ServerMetrics
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles
+
+if TYPE_CHECKING:  # pragma: no cover
+    import grpc
+    from grpc_health.v1 import health as grpc_health
 
 log = logging.getLogger("pathprobe.server")
 _tracer = telemetry.get_tracer("pathprobe.server")
@@ -199,7 +203,7 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
             otlp_metrics.shutdown()
 
 
-def _watch_engine(engine: object, health: Any) -> None:
+def _watch_engine(engine: object, health: grpc_health.aio.HealthServicer) -> None:
     """An engine process that dies takes the server out of its balancers: health NOT_SERVING."""
     if not hasattr(engine, "on_down"):
         return
@@ -250,7 +254,11 @@ def report_startup(startup: StartupTimer, state: ServerState, t0: float, ready_m
 
 
 async def drain(
-    config: ServeConfig, state: ServerState, grpc_server: Any, health: Any, fronts: list[_HttpFrontEnd]
+    config: ServeConfig,
+    state: ServerState,
+    grpc_server: grpc.aio.Server,
+    health: grpc_health.aio.HealthServicer,
+    fronts: list[_HttpFrontEnd],
 ) -> None:
     """Graceful stop: NOT_SERVING / 503 first, then no new requests, then in-flight ones finish
     (up to ``drain_grace_s``; what is left after that is cancelled, and counted as such)."""

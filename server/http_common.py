@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from pathprobe import jsoncodec, timing
 from pathprobe.deadline import RETRY_AFTER, TIMEOUT_HEADER, retry_after_header
 from pathprobe.errors import PathprobeError
+from pathprobe.jsontypes import JsonObject
 from pathprobe.server.core import RequestScope, ServerState
 from pathprobe.timing import now_ms
 
@@ -58,7 +58,7 @@ class StreamReply:
 Handler = Callable[[HttpRequest], Awaitable["Reply | StreamReply"]]
 
 
-def error_body(exc: PathprobeError) -> dict[str, Any]:
+def error_body(exc: PathprobeError) -> JsonObject:
     return exc.to_json()
 
 
@@ -97,7 +97,7 @@ def scope_for(request: HttpRequest, route: str) -> RequestScope:
     )
 
 
-async def read_json(request: HttpRequest, scope: RequestScope) -> dict[str, Any]:
+async def read_json(request: HttpRequest, scope: RequestScope) -> JsonObject:
     """Read and parse the body as a JSON object; the parse time is srv.decode."""
     body = await request.read()
     t0 = now_ms()
@@ -106,14 +106,14 @@ async def read_json(request: HttpRequest, scope: RequestScope) -> dict[str, Any]
     return obj
 
 
-def encode_json(scope: RequestScope, obj: Any) -> bytes:
+def encode_json(scope: RequestScope, obj: object) -> bytes:
     t0 = now_ms()
     out = jsoncodec.dumps(obj)
     scope.encoded(now_ms() - t0)
     return out
 
 
-def sse_event(scope: RequestScope, obj: Any) -> bytes:
+def sse_event(scope: RequestScope, obj: object) -> bytes:
     """One SSE event of a stream; its encode counts in ``srv.encode`` only where it held the stream's
     end back (after the engine's last token: :meth:`RequestScope.encoded_chunk`)."""
     t0 = now_ms()

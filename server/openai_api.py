@@ -11,10 +11,11 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pathprobe import jsoncodec, timing
 from pathprobe.errors import InvalidArgument, PathprobeError
+from pathprobe.jsontypes import JsonObject
 from pathprobe.server.core import RequestScope
 from pathprobe.server.engine.base import Generation, GenParams
 from pathprobe.server.http_common import (
@@ -71,7 +72,10 @@ class ChatRequest(_Common):
     max_completion_tokens: StrictInt | None = None
 
 
-def _validate(model: type[BaseModel], obj: dict[str, Any]) -> Any:
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _validate(model: type[_Body], obj: JsonObject) -> _Body:
     try:
         return model.model_validate(obj)
     except ValidationError as exc:
@@ -190,7 +194,7 @@ async def _respond(
     return json_reply(out, scope.finish("200"))
 
 
-def _usage(gen: Generation) -> dict[str, Any]:
+def _usage(gen: Generation) -> JsonObject:
     """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens whose KV came
     from the engine's prefix cache (0 where the engine has none)."""
     return {
@@ -210,15 +214,15 @@ async def _events(
     try:
         async for ev in gen:
             if chat:
-                delta: dict[str, Any] = {"content": ev.text}
+                delta: JsonObject = {"content": ev.text}
                 if first:
                     delta["role"] = "assistant"
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": ev.finish_reason}
+                choice: JsonObject = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": ev.finish_reason}
             else:
                 choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": ev.finish_reason}
             first = False
             # emit_ms: an extension field (clients ignore unknown keys): ms since the request arrived
-            chunk: dict[str, Any] = {
+            chunk: JsonObject = {
                 "id": rid,
                 "object": kind,
                 "created": created,

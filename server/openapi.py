@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from pathprobe import __version__
-from pathprobe.server.routes import ROUTES
+from pathprobe.server.routes import ROUTES, Route
 
 _ERROR = {
     "type": "object",
@@ -43,23 +42,25 @@ _TIMING = {
 }
 
 
-def _operation(route: Any) -> dict[str, Any]:
-    op: dict[str, Any] = {
+def _operation(route: Route) -> dict[str, object]:
+    ok: dict[str, object] = {"description": "OK", "headers": _TIMING}
+    responses: dict[str, object] = {"200": ok}
+    op: dict[str, object] = {
         "summary": route.summary,
         "operationId": route.path.strip("/").replace("/", "_").replace(".", "_") or "root",
-        "responses": {"200": {"description": "OK", "headers": _TIMING}},
+        "responses": responses,
     }
     if route.request_schema is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": route.request_schema()}}}
-        op["responses"]["200"]["content"] = {"application/json": {}, "text/event-stream": {}}
+        ok["content"] = {"application/json": {}, "text/event-stream": {}}
         for code, text in _ERRORS.items():
-            op["responses"][code] = {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+            responses[code] = {"description": text, "content": {"application/json": {"schema": _ERROR}}}
     return op
 
 
 @functools.cache
-def document() -> dict[str, Any]:
-    paths: dict[str, dict[str, Any]] = {}
+def document() -> dict[str, object]:
+    paths: dict[str, dict[str, object]] = {}
     for route in ROUTES:
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
     return {"openapi": "3.1.0", "info": {"title": "pathprobe model server", "version": __version__}, "paths": paths}

@@ -8,14 +8,15 @@ framework's 422).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from pathprobe import jsoncodec
 from pathprobe.errors import PathprobeError
+from pathprobe.jsontypes import JsonObject
 from pathprobe.server import http_native, openai_api
-from pathprobe.server.http_common import HttpRequest, Reply, StreamReply, error_reply
+from pathprobe.server.http_common import Handler, HttpRequest, Reply, StreamReply, error_reply
 from pathprobe.server.metrics import CONTENT_TYPE
 from pathprobe.v1 import llm_pb2
 
@@ -26,7 +27,7 @@ async def healthz(request: HttpRequest) -> Reply:
     state = request.state
     engine = state.engine
     down = engine.down()
-    body: dict[str, Any] = {
+    body: JsonObject = {
         "status": "engine down" if down else "draining" if state.draining else "ok",
         "model": engine.model_name,
         "queue_depth": engine.queue_depth(),
@@ -49,19 +50,28 @@ _JSON_TYPES = {
 }
 
 
-def proto_schema(desc: Descriptor) -> dict[str, Any]:
-    """JSON schema of a flat protobuf message as the native routes read it (proto field names)."""
-    props: dict[str, Any] = {}
+def _properties(desc: Descriptor) -> dict[str, JsonObject]:
+    props: dict[str, JsonObject] = {}
     for fd in desc.fields:
-        item = {"type": _JSON_TYPES.get(fd.type, "integer")}
+        item: JsonObject = {"type": _JSON_TYPES.get(fd.type, "integer")}
         repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
         props[fd.name] = {"type": "array", "items": item} if repeated else item
-    return {"type": "object", "properties": props, "additionalProperties": False, "title": desc.name}
+    return props
+
+
+def _object_schema(desc: Descriptor, props: dict[str, JsonObject]) -> JsonObject:
+    properties: JsonObject = dict(props)
+    return {"type": "object", "properties": properties, "additionalProperties": False, "title": desc.name}
+
+
+def proto_schema(desc: Descriptor) -> JsonObject:
+    """JSON schema of a flat protobuf message as the native routes read it (proto field names)."""
+    return _object_schema(desc, _properties(desc))
 
 
 #: the limits the engine checks, in the document too (a schema-driven client then sends
 #: requests the server can accept, and one that breaks them is answered 400)
-_NATIVE_LIMITS: dict[str, dict[str, Any]] = {
+_NATIVE_LIMITS: dict[str, JsonObject] = {
     "prompt": {"minLength": 1},
     "max_tokens": {"minimum": 1, "maximum": 8192},
     "temperature": {"minimum": 0, "maximum": 2},
@@ -69,21 +79,22 @@ _NATIVE_LIMITS: dict[str, dict[str, Any]] = {
 }
 
 
-def _native_schema() -> dict[str, Any]:
-    schema = proto_schema(llm_pb2.GenerateRequest.DESCRIPTOR)
+def _native_schema() -> JsonObject:
+    desc = llm_pb2.GenerateRequest.DESCRIPTOR
+    props = _properties(desc)
     for name, limits in _NATIVE_LIMITS.items():
-        schema["properties"][name].update(limits)
-    schema["properties"]["stream"] = {"type": "boolean", "description": "answer as Server-Sent Events"}
-    return schema
+        props[name].update(limits)
+    props["stream"] = {"type": "boolean", "description": "answer as Server-Sent Events"}
+    return _object_schema(desc, props)
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     method: str
     path: str
-    handler: Any  # http_common.Handler
+    handler: Handler
     summary: str
-    request_schema: Any = None  # () -> JSON schema of the body, or None
+    request_schema: Callable[[], Mapping[str, object]] | None = None  # () -> JSON schema of the body
 
 
 ROUTES: tuple[Route, ...] = (

@@ -32,7 +32,7 @@ import inspect
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pathprobe.engineoptions import TransformersOptions, padding
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
@@ -47,12 +47,14 @@ from pathprobe.server.engine.base import (
     stop_index,
 )
 from pathprobe.server.engine.hfstatic import StaticBatch, StaticSettings
-from pathprobe.server.engine.prefix import PrefixCache, PrefixCacheOptions
+from pathprobe.server.engine.prefix import Hit, PrefixCache, PrefixCacheOptions
+from pathprobe.server.engine.torchtypes import Dtype, Generator, KvCache, Model, Tensor
 from pathprobe.server.startup import StartupTimer
 from pathprobe.timing import now_ms
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathprobe.models import ResolvedModel
+    from pathprobe.models.tokenizer_build import SlowByteLevelBPE, SlowSentencePiece
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ def pick_device(device: str) -> str:
     return device
 
 
-def pick_dtype(dtype: str, device: str) -> Any:
+def pick_dtype(dtype: str, device: str) -> Dtype:
     import torch
 
     if dtype in ("", "auto"):
@@ -154,13 +156,17 @@ def holdback(text: str, stops: list[str]) -> int:
     return n
 
 
+#: what the worker hands a request's loop: a token, an error, or None when it is done
+_Item = TokenEvent | BaseException | None
+
+
 @dataclass(eq=False)
 class _Req:
     gen: Generation
     ids: list[int]
     loop: asyncio.AbstractEventLoop
     detok: IncrementalDetokenizer
-    generator: Any = None
+    generator: Generator = None
     out: list[int] = field(default_factory=list)
     text: str = ""
     sent: int = 0  # chars of text already handed out
@@ -190,7 +196,7 @@ class TransformersEngine(Engine):
             raise ConfigError(f"--engine-option: {type(opts).__name__} given to the transformers engine")
         self.options = opts
         tok_kind = opts.tokenizer
-        self._slow: Any = None  # the slow (Python) encoder, when asked for
+        self._slow: SlowByteLevelBPE | SlowSentencePiece | None = None  # the slow (Python) encoder, when asked for
         if tok_kind == "slow":
             with self.startup.phase("tokenizer_slow"):
                 self._slow = models.load_slow_tokenizer(ref)
@@ -198,7 +204,7 @@ class TransformersEngine(Engine):
         self.model_name = ref.name
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
-        self.model: Any = None
+        self.model: Model = None
         self.max_context = 0
         self._vocab = len(self.tokenizer)
         self._eos: set[int] = set()
@@ -449,7 +455,7 @@ class TransformersEngine(Engine):
             self._cond.notify_all()
 
     # --- worker thread ------------------------------------------------------------------
-    def _deliver(self, loop: asyncio.AbstractEventLoop, items: list[tuple[Generation, Any]]) -> None:
+    def _deliver(self, loop: asyncio.AbstractEventLoop, items: list[tuple[Generation, _Item]]) -> None:
         def run() -> None:
             for gen, item in items:
                 if item is None:
@@ -512,8 +518,8 @@ class TransformersEngine(Engine):
         import torch
 
         running: list[_Req] = []
-        cache: Any = None
-        mask: Any = None
+        cache: KvCache = None
+        mask: Tensor = None
         with torch.inference_mode():
             while True:
                 new = self._admit(running)
@@ -545,7 +551,7 @@ class TransformersEngine(Engine):
         with self._cond:
             self._running = 0
 
-    def _prefill(self, new: list[_Req], running: list[_Req], cache: Any, mask: Any) -> tuple[Any, Any]:
+    def _prefill(self, new: list[_Req], running: list[_Req], cache: KvCache, mask: Tensor) -> tuple[KvCache, Tensor]:
         import torch
         from transformers import DynamicCache
 
@@ -620,7 +626,7 @@ class TransformersEngine(Engine):
             return ncache, nmask
         return _merge(cache, mask, ncache, nmask)
 
-    def _prefix_hits(self, new: list[_Req]) -> dict[_Req, Any]:
+    def _prefix_hits(self, new: list[_Req]) -> dict[_Req, Hit]:
         """The newcomers whose prompt starts with a cached prefix, with that prefix (a ``Hit``)."""
         pc = self.prefix_cache
         if pc is None:
@@ -632,7 +638,7 @@ class TransformersEngine(Engine):
                 hits[r] = hit
         return hits
 
-    def _prefill_after(self, r: _Req, hit: Any) -> tuple[int, Any, Any]:
+    def _prefill_after(self, r: _Req, hit: Hit) -> tuple[int, KvCache, Tensor]:
         """Prefill ``r``'s prompt after its cached prefix: a cache holding the prefix's KV (copied
         on the first append, so the entry stays as it was), then a forward over the new tokens only."""
         import torch
@@ -640,7 +646,7 @@ class TransformersEngine(Engine):
 
         n, cached = len(r.ids), hit.tokens
         hcache = DynamicCache(config=self.model.config)
-        layers: list[Any] = list(hcache.layers)  # plain DynamicLayers (_make_prefix_cache checked)
+        layers: list[KvCache] = list(hcache.layers)  # plain DynamicLayers (_make_prefix_cache checked)
         for layer, (k, v) in zip(layers, hit.kv, strict=True):
             layer.update(k[:, :, :cached, :], v[:, :, :cached, :])
         ids = torch.tensor([r.ids[cached:]], dtype=torch.long, device=self.device)
@@ -660,7 +666,7 @@ class TransformersEngine(Engine):
         self.stats["cached_tokens"] += cached
         return self._sample(out.logits[:, -1, :], [r])[0], hcache, hmask
 
-    def _keep_prefix(self, rows: list[tuple[int, _Req]], cache: Any, width: int) -> None:
+    def _keep_prefix(self, rows: list[tuple[int, _Req]], cache: KvCache, width: int) -> None:
         """Put finished rows' KV (prompt and the outputs fed back) into the prefix cache."""
         pc = self.prefix_cache
         if pc is None:
@@ -685,7 +691,7 @@ class TransformersEngine(Engine):
             return longest
         return min(width, self.max_context)
 
-    def _decode_step(self, running: list[_Req], cache: Any, mask: Any) -> Any:
+    def _decode_step(self, running: list[_Req], cache: KvCache, mask: Tensor) -> Tensor:
         import torch
 
         start = now_ms()
@@ -719,7 +725,7 @@ class TransformersEngine(Engine):
         return step_mask
 
     def _deliver_events(self, reqs: list[_Req], events: list[TokenEvent | None]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Generation, Any]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Generation, _Item]]] = {}
         for r, ev in zip(reqs, events):
             if ev is None:
                 continue
@@ -730,7 +736,7 @@ class TransformersEngine(Engine):
         for loop, items in by_loop.items():
             self._deliver(loop, items)
 
-    def _sample(self, logits: Any, reqs: list[_Req]) -> list[int]:
+    def _sample(self, logits: Tensor, reqs: list[_Req]) -> list[int]:
         import torch
 
         logits = logits.float()
@@ -791,7 +797,7 @@ class TransformersEngine(Engine):
         t.detokenize += now_ms() - d0
         return TokenEvent(piece, [tok], finish)
 
-    def _compact(self, running: list[_Req], cache: Any, mask: Any) -> tuple[list[_Req], Any, Any]:
+    def _compact(self, running: list[_Req], cache: KvCache, mask: Tensor) -> tuple[list[_Req], KvCache, Tensor]:
         """Drop finished / cancelled rows from the batch and trim all-padding columns."""
         import torch
 
@@ -828,17 +834,17 @@ class TransformersEngine(Engine):
         return [running[i] for i in keep], cache, mask
 
 
-def _merge(cache: Any, mask: Any, ncache: Any, nmask: Any) -> tuple[Any, Any]:
+def _merge(cache: KvCache, mask: Tensor, ncache: KvCache, nmask: Tensor) -> tuple[KvCache, Tensor]:
     """Stack two left-padded caches into one (the shorter one is padded on the left)."""
     import torch
 
     la, lb = mask.shape[1], nmask.shape[1]
     width = max(la, lb)
 
-    def pad_mask(m: Any, n: int) -> Any:
+    def pad_mask(m: Tensor, n: int) -> Tensor:
         return m if n == width else torch.cat([m.new_zeros((m.shape[0], width - n)), m], dim=1)
 
-    def pad_kv(x: Any, n: int) -> Any:
+    def pad_kv(x: Tensor, n: int) -> Tensor:
         if n == width:
             return x
         b, h, _, d = x.shape

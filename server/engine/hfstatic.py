@@ -7,9 +7,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from pathprobe.server.engine.base import Generation
+from pathprobe.server.engine.torchtypes import CudaGraph, Dtype, KvCache, Model, ModelConfig, Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +18,7 @@ class StaticSettings:
     """What the static cache needs of the engine, handed down once it has loaded its model (no
     reference back to the engine)."""
 
-    model: Any  # the loaded torch model (untyped: torch)
+    model: Model  # the loaded torch model
     device: str
     cache_kw: str  # the forward's KV-cache argument: "cache" or "past_key_values" (transformers' version)
     pad: int  # the pad token id of left-padded prompts
@@ -37,7 +38,7 @@ class SlotRequest(Protocol):
     slot: int  # the KV row this request owns (-1: none)
 
 
-def kv_head_dims(cfg: Any) -> tuple[int, int]:
+def kv_head_dims(cfg: ModelConfig) -> tuple[int, int]:
     """Per-head key and value sizes in the KV cache (they differ with MLA, e.g. DeepSeek-V2)."""
     if getattr(cfg, "qk_rope_head_dim", None):
         return int(cfg.qk_nope_head_dim) + int(cfg.qk_rope_head_dim), int(cfg.v_head_dim)
@@ -55,12 +56,14 @@ class _SlotCache:
 
     is_compileable = False
 
-    def __init__(self, keys: list[Any], values: list[Any], col: Any, b: int, width: int) -> None:
+    def __init__(self, keys: list[Tensor], values: list[Tensor], col: Tensor, b: int, width: int) -> None:
         self.keys = [k[:b, :, :width] for k in keys]
         self.values = [v[:b, :, :width] for v in values]
         self.col = col
 
-    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[Tensor, Tensor]:
         k, v = self.keys[layer_idx], self.values[layer_idx]
         k.index_copy_(2, self.col, key_states)
         v.index_copy_(2, self.col, value_states)
@@ -69,12 +72,12 @@ class _SlotCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.keys[0].shape[2]
 
-    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+    def get_mask_sizes(self, *args: object, **kwargs: object) -> tuple[int, int]:
         return self.keys[0].shape[2], 0
 
 
 class _ScratchLayer:
-    def __init__(self, keys: Any, values: Any) -> None:
+    def __init__(self, keys: Tensor, values: Tensor) -> None:
         self.keys, self.values = keys, values
 
 
@@ -84,10 +87,12 @@ class _ScratchCache:
 
     is_compileable = False
 
-    def __init__(self, keys: list[Any], values: list[Any]) -> None:
+    def __init__(self, keys: list[Tensor], values: list[Tensor]) -> None:
         self.layers = [_ScratchLayer(k, v) for k, v in zip(keys, values)]
 
-    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[Tensor, Tensor]:
         layer = self.layers[layer_idx]
         layer.keys.copy_(key_states)
         layer.values.copy_(value_states)
@@ -96,7 +101,7 @@ class _ScratchCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
 
-    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+    def get_mask_sizes(self, *args: object, **kwargs: object) -> tuple[int, int]:
         return self.layers[0].keys.shape[2], 0
 
 
@@ -148,12 +153,12 @@ class StaticBatch:
 
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             self._call = torch.compile(model, dynamic=None, fullgraph=False)
-        self.graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
+        self.graphs: dict[tuple[int, int], tuple[CudaGraph, Tensor]] = {}
         # static prefill of one request at a time, prompt left-padded to a power-of-two bucket
         self.prefill_max_batch = settings.prefill_max_batch
         self.p_buckets = [n for n in (16 << i for i in range(12)) if n <= min(settings.prefill_max_len, max_len)]
         self.p_bufs = {n: self._prefill_buffers(n, layers, kvh, kd, vd, dtype, dev) for n in self.p_buckets}
-        self.p_graphs: dict[int, tuple[Any, Any]] = {}
+        self.p_graphs: dict[int, tuple[CudaGraph, Tensor]] = {}
         if graphs:
             self._capture()
             self._capture_prefill()
@@ -174,7 +179,7 @@ class StaticBatch:
     def fits(self, r: SlotRequest, running: Sequence[SlotRequest], accepted: Sequence[SlotRequest]) -> bool:
         return len(self.free) > len(accepted) and self._plan(running, [*accepted, r]) is not None
 
-    def place(self, new: Sequence[SlotRequest], running: Sequence[SlotRequest], ncache: Any, width: int) -> None:
+    def place(self, new: Sequence[SlotRequest], running: Sequence[SlotRequest], ncache: KvCache, width: int) -> None:
         """Move used columns if needed, then copy the newcomers' prefill KV into their rows."""
         target = self._plan(running, new)
         assert target is not None, "admitted requests must fit"
@@ -215,7 +220,7 @@ class StaticBatch:
 
     # --- prefill -----------------------------------------------------------------------
     @staticmethod
-    def _prefill_buffers(n: int, layers: int, kvh: int, kd: int, vd: int, dtype: Any, dev: Any) -> dict[str, Any]:
+    def _prefill_buffers(n: int, layers: int, kvh: int, kd: int, vd: int, dtype: Dtype, dev: str) -> dict[str, Tensor]:
         import torch
 
         return {
@@ -236,9 +241,9 @@ class StaticBatch:
             and max(len(r.ids) for r in new) <= self.p_buckets[-1]
         )
 
-    def _prefill_forward(self, n: int) -> Any:
+    def _prefill_forward(self, n: int) -> Tensor:
         buf = self.p_bufs[n]
-        kw: dict[str, Any] = {self.settings.cache_kw: buf["cache"]}
+        kw: dict[str, object] = {self.settings.cache_kw: buf["cache"]}
         if self._cp:
             kw["cache_position"] = buf["cp"]
         out = self.settings.model(
@@ -268,7 +273,7 @@ class StaticBatch:
         buf["pos"].copy_(pos)
         buf["mask"].copy_(mask[None, None])
 
-    def prefill(self, new: Sequence[SlotRequest], running: Sequence[SlotRequest]) -> Any:
+    def prefill(self, new: Sequence[SlotRequest], running: Sequence[SlotRequest]) -> Tensor:
         """Prefill each newcomer alone in the smallest bucket, place its KV; logits [len(new), vocab]."""
         import torch
 
@@ -328,8 +333,8 @@ class StaticBatch:
         return len(self.p_graphs) + len(self.graphs)
 
     # --- decode ------------------------------------------------------------------------
-    def _forward(self, b: int, w: int) -> Any:
-        kw: dict[str, Any] = {self.settings.cache_kw: self.views[(b, w)]}
+    def _forward(self, b: int, w: int) -> Tensor:
+        kw: dict[str, object] = {self.settings.cache_kw: self.views[(b, w)]}
         if self._cp:
             kw["cache_position"] = self.col
         out = self._call(
@@ -366,7 +371,7 @@ class StaticBatch:
         for t in (*self.keys, *self.values):
             t.zero_()
 
-    def step(self, running: Sequence[SlotRequest]) -> Any:
+    def step(self, running: Sequence[SlotRequest]) -> Tensor:
         """One decode step for ``running`` (in its order); returns logits [len(running), vocab]."""
         import torch
 

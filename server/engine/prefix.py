@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Any
 
 from pathprobe.engineoptions import PREFIX_CACHE_ENTRIES, PREFIX_CACHE_MB
 from pathprobe.errors import ConfigError
+from pathprobe.server.engine.torchtypes import Array, Tensor
 
 #: shorter matches are not worth a prefill of their own (a hit prefills alone, not batched)
 MIN_MATCH_TOKENS = 16
@@ -35,7 +35,7 @@ class PrefixCacheOptions:
     max_entries: int = DEFAULT_ENTRIES
 
     @classmethod
-    def parse(cls, enabled: bool, max_mb: Any, max_entries: Any) -> PrefixCacheOptions:
+    def parse(cls, enabled: bool, max_mb: float | str, max_entries: int | str) -> PrefixCacheOptions:
         """From the engine's option values (``--engine-option`` strings or numbers)."""
         try:
             out = cls(enabled=enabled, max_mb=float(max_mb), max_entries=int(max_entries))
@@ -51,13 +51,13 @@ class Hit:
     """A lookup's answer: the first ``tokens`` positions of ``kv`` are the prompt's."""
 
     tokens: int
-    kv: list[tuple[Any, Any]]
+    kv: list[tuple[Tensor, Tensor]]
 
 
 @dataclass(slots=True)
 class _Entry:
-    ids: Any  # numpy int64 array: the tokens whose KV is held
-    kv: list[tuple[Any, Any]]  # per layer (keys, values), [1, heads, n, head_dim]
+    ids: Array  # numpy int64 array: the tokens whose KV is held
+    kv: list[tuple[Tensor, Tensor]]  # per layer (keys, values), [1, heads, n, head_dim]
     nbytes: int
 
 
@@ -98,7 +98,7 @@ class PrefixCache:
         self.stats["hits"] += 1
         return Hit(best, self._entries[best_key].kv)
 
-    def store(self, ids: list[int], kv: list[tuple[Any, Any]]) -> bool:
+    def store(self, ids: list[int], kv: list[tuple[Tensor, Tensor]]) -> bool:
         """Keep ``kv`` (compact tensors the caller no longer changes) for ``ids``; False when an entry
         already covers ``ids`` or it alone exceeds the byte bound."""
         import numpy as np

@@ -36,9 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
 from pathprobe.server.engine.base import Engine, EngineConfig, EngineTiming, Generation, GenParams, queue_full
+from pathprobe.server.startup import StartupTimer
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathprobe.models import ResolvedModel
+    from pathprobe.models.tokenizer_build import SlowByteLevelBPE, SlowSentencePiece
 
 #: how long stop() waits for the child to finish its requests and exit
 STOP_TIMEOUT_S = 30.0
@@ -62,7 +64,7 @@ def _apply(t: EngineTiming, values: tuple[float | int, ...]) -> None:
     t.cached_tokens = int(values[-2])
 
 
-def pack_error(exc: BaseException) -> tuple[type[BaseException], str, dict[str, Any]]:
+def pack_error(exc: BaseException) -> tuple[type[BaseException], str, dict[str, object]]:
     """An exception as (class, message, attributes): PathprobeError subclasses take other
     constructor arguments than they keep, so plain pickling cannot rebuild them."""
     if not isinstance(exc, PathprobeError):
@@ -70,7 +72,7 @@ def pack_error(exc: BaseException) -> tuple[type[BaseException], str, dict[str, 
     return type(exc), str(exc), dict(vars(exc))
 
 
-def unpack_error(packed: tuple[type[BaseException], str, dict[str, Any]]) -> BaseException:
+def unpack_error(packed: tuple[type[BaseException], str, dict[str, object]]) -> BaseException:
     cls, message, attrs = packed
     exc = cls.__new__(cls)
     exc.args = (message,)
@@ -82,7 +84,7 @@ def unpack_error(packed: tuple[type[BaseException], str, dict[str, Any]]) -> Bas
 class _Info:
     model_name: str
     max_context: int
-    startup: Any  # the child engine's StartupTimer, or None
+    startup: StartupTimer | None  # the child engine's
     device: str
     tokenizer_kind: str  # "slow": the parent tokenizes with the slow encoder too
 
@@ -99,11 +101,12 @@ class ProcessEngine(Engine):
         #: resolved once (here or by the server); the child gets it, it does not resolve again
         self.model_ref = model or models.resolve(config.model, config.model_name)
         self.tokenizer = models.load_tokenizer(self.model_ref)
-        self._slow: Any = None  # the slow (Python) encoder, when the child's engine uses one
+        #: the slow (Python) encoder, when the child's engine uses one
+        self._slow: SlowByteLevelBPE | SlowSentencePiece | None = None
         self.model_name = config.model_name or ""
         self.max_context = 0
         self.device = ""
-        self.startup: Any = None
+        self.startup: StartupTimer | None = None
         self._proc: Any = None
         self._conn: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -9,6 +9,7 @@ from typing import Any
 
 from pathprobe.engineoptions import QUANT as ENGINE_QUANT
 from pathprobe.errors import ConfigError
+from pathprobe.server.engine.torchtypes import Model
 
 #: ``--engine-option quant=``: none (default), int8 (per-channel), int4 (groups of 128, CUDA only)
 QUANT = ENGINE_QUANT  # the option's one list of choices
@@ -16,7 +17,7 @@ QUANT = ENGINE_QUANT  # the option's one list of choices
 INT4_GROUP = 128
 
 
-def _weight_bytes(model: Any) -> int:
+def _weight_bytes(model: Model) -> int:
     """Bytes held by the model's parameters as stored (a quantized tensor counts its packed data)."""
     total = 0
     for p in model.parameters():
@@ -29,7 +30,7 @@ def _weight_bytes(model: Any) -> int:
     return total
 
 
-def quantize(model: Any, kind: str, device: str) -> str:
+def quantize(model: Model, kind: str, device: str) -> str:
     """Quantize ``model``'s ``nn.Linear`` weights in place; returns a note for the start-up table."""
     try:
         from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_

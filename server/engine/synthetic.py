@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
 from pathprobe.server.engine.base import (
     Engine,
@@ -135,7 +135,7 @@ class SyntheticEngine(Engine):
             gen.timing.queue = now_ms() - gen.timing.queue_start
             raise expired(gen, f"in the queue after {gen.timing.queue:.0f} ms")
 
-    def _drop(self, task: asyncio.Future[Any]) -> None:
+    def _drop(self, task: asyncio.Future[Literal[True]]) -> None:
         """Give up a pending slot acquisition without leaking a slot it may just have won."""
         assert self._slots is not None
         if task.done() and not task.cancelled() and task.exception() is None:
