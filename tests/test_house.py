@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("core", "server", "gateway", "loadgen", "analysis")
 GENERATED = ROOT / "core" / "v1"  # protoc's stubs
 #: lines naming ``Any`` in the tree today at most (the issue's aim: under 300)
-ANY_CEILING = 288
+ANY_CEILING = 212
 _ANY = re.compile(r"\bAny\b")
 
 
