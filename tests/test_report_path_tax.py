@@ -159,11 +159,17 @@ def _path_tax_expected(rep: dict, c: int) -> dict[str, list[str]]:
     return out
 
 
-def test_html_leads_with_the_path_tax_table(paired_dir):
+def test_html_leads_with_the_scorecard_then_the_path_tax_table(paired_dir):
     out, rep = paired_dir
     page = _Tables()
     page.feed((out / "report.html").read_text(encoding="utf-8"))
-    # the page's first tables are the path tax, one per concurrency, before every other table
+    # the scorecard first (what each configuration adds against its own protocol's direct path),
+    # then the path tax, one table per concurrency, before every other table
+    tables = page.tables
+    if (rep.get("scorecard") or {}).get("rows"):
+        assert tables[0]["attrs"].get("class") == "scorecard"
+        tables = tables[1:]
+    page.tables = tables
     lead = page.tables[: len(CONCS)]
     assert [t["attrs"].get("class") for t in lead] == ["path-tax"] * len(CONCS)
     assert [int(t["attrs"]["data-concurrency"]) for t in lead] == list(CONCS)
