@@ -103,7 +103,9 @@ class _HttpFrontEnd:
             **ssl_kw,
         )
         self._uvicorn = uvicorn.Server(cfg)
-        self._uvicorn.install_signal_handlers = lambda: None  # serve() owns SIGINT/SIGTERM
+        # serve() owns SIGINT/SIGTERM (drain first): uvicorn >= 0.29 swaps the handlers in while it serves
+        # (Server.capture_signals) and would start its own shutdown at once; keep them out
+        self._uvicorn.capture_signals = contextlib.nullcontext
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
         while not self._uvicorn.started:
             if self._task.done():
