@@ -121,3 +121,27 @@ class RequestRecord(_Required, total=False):
 #: the keys every record has, and those some records have
 REQUIRED_KEYS: frozenset[str] = RequestRecord.__required_keys__
 OPTIONAL_KEYS: frozenset[str] = RequestRecord.__optional_keys__
+
+
+#: how much of each record ``records.jsonl`` keeps: ``full`` (every key), or ``timing`` (every duration
+#: and the split's segments and links; each hop's raw entries, the per-chunk lists and the hops'
+#: shares emptied; under 1 KB a record whatever the stream's length). Summaries and histograms are
+#: computed from the full record either way.
+RECORD_DETAILS = ("full", "timing")
+
+
+def timing_only(r: RequestRecord) -> RequestRecord:
+    """``r`` with what ``timing`` detail leaves out emptied (same keys: the schema holds), and its
+    durations rounded to the nanosecond, the clocks' own resolution (binary floats' last digits are
+    noise, and most of a short record's bytes)."""
+    out: RequestRecord = {**r, "entries": {}, "hops": [], "itl_ms": [], "emit_ms": None, "server_report": None}
+    for key, value in out.items():
+        if type(value) is float and key != "ts":
+            out[key] = round(value, 6)  # type: ignore[literal-required]
+    split = r["split"]
+    if split is not None:
+        trimmed: SplitRecord = {**split, "hops": [], "links": [round(x, 6) for x in split["links"]]}
+        for key in (*SPLIT_SEGMENTS, "e2e", "client_wait"):
+            trimmed[key] = round(split[key], 6)  # type: ignore[literal-required]
+        out["split"] = trimmed
+    return out

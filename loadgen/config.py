@@ -19,6 +19,7 @@ from pathprobe.errors import ConfigError
 from pathprobe.loadgen import prompts as prompts_mod
 from pathprobe.loadgen import traces as traces_mod
 from pathprobe.loadgen.monitor import DEFAULT_LAG_THRESHOLD_MS
+from pathprobe.records import RECORD_DETAILS
 from pathprobe.tls import TlsFiles
 
 #: environment fallbacks of --api-key and --target-* (the flag wins)
@@ -67,6 +68,7 @@ class Config:
     grpc_client: str = "h2"
     traces_file: str = ""
     records: bool = True
+    records_detail: str = "full"  # pathprobe.records.RECORD_DETAILS
     label: str = ""
     seed: int = 0
     lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
@@ -100,6 +102,8 @@ class Config:
             raise ConfigError(f"turns: must be >= 1, got {self.turns}")
         if self.think_time < 0:
             raise ConfigError(f"think-time: must be >= 0, got {self.think_time}")
+        if self.records_detail not in RECORD_DETAILS:
+            raise ConfigError(f"records-detail: one of {', '.join(RECORD_DETAILS)}, got {self.records_detail!r}")
         if self.sessions and (self.trace or self.arrival != "closed"):
             raise ConfigError("sessions: a session's turns follow each other (closed loop); drop --trace / --arrival")
         if self.sessions and self.mix:
@@ -173,6 +177,7 @@ def _given(o: Any) -> dict[str, Any]:
         "grpc_client": f("grpc_client") or None,
         "traces_file": f("traces_file"),
         "records": None if no_records is None else not no_records,
+        "records_detail": f("records_detail") or None,
         "label": f("label"),
         "seed": _num(int, f("seed")),
         "lag_threshold_ms": _num(float, f("client_lag_threshold_ms")),

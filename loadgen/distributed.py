@@ -27,6 +27,7 @@ from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen.outputs import write_outputs
 from pathprobe.loadgen.records import Aggregator, Record, RouteWire
 from pathprobe.loadgen.runtime import Runtime
+from pathprobe.records import timing_only
 
 log = logging.getLogger("pathprobe.loadgen")
 
@@ -91,7 +92,11 @@ def take_delta(rt: Runtime) -> Delta | None:
     for r in delta.routes.values():  # reused by the next report instead of allocated again
         for h in r.hists.values():
             hist.recycle(h)
-    return {"hists": wire, "records": batch if rt.cfg.records else [], "n": len(batch)}
+    if not rt.cfg.records:
+        records: list[Record] = []
+    else:  # trimmed here already: what timing detail leaves out never crosses to the master
+        records = [timing_only(r) for r in batch] if rt.cfg.records_detail == "timing" else batch
+    return {"hists": wire, "records": records, "n": len(batch)}
 
 
 def send_final(rt: Runtime, runner: WorkerRunner) -> None:

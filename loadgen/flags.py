@@ -12,6 +12,7 @@ from pathprobe.loadgen.config import ENV, ENV_API_KEY, ENV_TLS, Config
 from pathprobe.loadgen.prompts import PROMPT_SETS
 from pathprobe.loadgen.targets import GRPC_CLIENTS
 from pathprobe.loadgen.traces import FORMATS as TRACE_FORMATS
+from pathprobe.records import RECORD_DETAILS
 
 
 class ArgumentParser(Protocol):
@@ -180,6 +181,15 @@ def add_arguments(parser: ArgumentParser) -> None:
         default=False,
         include_in_web_ui=False,
         help="do not write records.jsonl (summaries stay exact)",
+    )
+    g.add_argument(
+        "--records-detail",
+        choices=RECORD_DETAILS,
+        default="full",
+        include_in_web_ui=False,
+        help="records.jsonl per request: full (default), or timing (every duration and the split's segments "
+        "and links to the ns, without each hop's raw entries, per-chunk lists and hop shares: under 1 KB a "
+        "record whatever the stream's length; summaries and histograms stay exact)",
     )
     g.add_argument("--label", default="", include_in_web_ui=False, help="copied into summary.json meta.label")
     g.add_argument("--seed", type=int, default=0, include_in_web_ui=False, help="seed for Poisson/mixed prompts")

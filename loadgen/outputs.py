@@ -13,6 +13,7 @@ from typing import IO
 from pathprobe import rtt
 from pathprobe.loadgen.monitor import ClientBlock
 from pathprobe.loadgen.records import Aggregator, Record, Summary
+from pathprobe.records import timing_only
 
 try:
     import orjson
@@ -30,10 +31,12 @@ except ImportError:  # pragma: no cover - orjson is a dependency; stdlib fallbac
 
 
 class JsonlWriter:
-    """Appends records to ``records.jsonl`` (opened lazily, flushed per batch)."""
+    """Appends records to ``records.jsonl`` (opened lazily, flushed per batch); ``detail``
+    ``timing`` writes each as :func:`pathprobe.records.timing_only`."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, detail: str = "full") -> None:
         self.path = path
+        self.timing = detail == "timing"
         self._fh: IO[bytes] | None = None
 
     def open_fresh(self) -> None:
@@ -45,7 +48,7 @@ class JsonlWriter:
         if self._fh is None:
             self.open_fresh()
         assert self._fh is not None
-        self._fh.write(dumps_lines(batch))
+        self._fh.write(dumps_lines([timing_only(r) for r in batch] if self.timing else batch))
         self._fh.flush()
 
     def close(self) -> None:

@@ -119,7 +119,8 @@ class Runtime:
         if self.role != "worker":
             if self.writer is not None:
                 self.writer.close()
-            self.writer = JsonlWriter(os.path.join(self.cfg.out, "records.jsonl")) if self.cfg.records else None
+            path = os.path.join(self.cfg.out, "records.jsonl")
+            self.writer = JsonlWriter(path, self.cfg.records_detail) if self.cfg.records else None
             if self.writer is not None:
                 self.writer.open_fresh()
         if self.role in ("local", "worker"):

@@ -75,3 +75,34 @@ def test_records_of_a_real_run_match_the_typed_record(synthetic_server, tmp_path
         assert {"client_wait_total_ms", "config", "cycle"} <= rec.keys()
         assert rec["split"] is not None and rec["split"]["hops"] and rec["hops"]
         assert isinstance(rec["trace_id"], str) and len(rec["trace_id"]) == 32
+
+
+def test_timing_detail_keeps_the_schema_and_the_summary(synthetic_server, tmp_path: Path) -> None:
+    """``--records-detail timing``: every record still a RequestRecord, durations and the split's
+    segments kept, the raw entries and per-chunk lists gone: on 32-token streams, under half the bytes."""
+    grpc_url = f"grpc://{synthetic_server.grpc_target}"
+    runs = {}
+    for detail in ("full", "timing"):
+        out = tmp_path / detail
+        args = ("-H", grpc_url, "--stream", "-u", "2", "-r", "2", "-t", "2s", "--max-tokens", "32")
+        run_load(out, *args, "--tokenizer", "none", "--records-detail", detail)
+        runs[detail] = (read_records(out / "records.jsonl"), (out / "records.jsonl").stat().st_size)
+    (full, full_bytes), (timing, timing_bytes) = runs["full"], runs["timing"]
+    assert timing and not [p for rec in timing for p in _record_problems(rec)]
+    adapter = TypeAdapter(RequestRecord)
+    for rec in timing:
+        adapter.validate_python(rec, strict=True)
+    ok = [r for r in timing if r["ok"]]
+    assert ok and all(r["entries"] == {} and r["hops"] == [] and r["itl_ms"] == [] for r in ok)
+    split = ok[0]["split"]
+    assert split is not None and split["hops"] == [] and split["e2e"] == ok[0]["e2e_ms"]
+    assert (
+        abs(
+            sum(split[k] for k in ("network", "serialization", "queueing", "inference", "other", "unsplit"))
+            - split["e2e"]
+        )
+        < 1e-6
+    )
+    assert all(r["ttft_ms"] is not None for r in ok)
+    per_full, per_timing = full_bytes / len(full), timing_bytes / len(timing)
+    assert per_timing <= per_full / 2, (per_full, per_timing)
