@@ -93,6 +93,9 @@ BATCHING = ("continuous", "dynamic", "static")
 TOKENIZERS = ("fast", "slow")
 #: ``quant=``: weight-only quantization (torchao)
 QUANT = ("none", "int8", "int4")
+#: ``compile_mode=``: torch.compile's mode for the decode step (the engine captures its own CUDA graphs,
+#: so none of the modes that capture graphs themselves)
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 #: the prefix cache's default bounds
 PREFIX_CACHE_MB = 512.0
 PREFIX_CACHE_ENTRIES = 64
@@ -116,6 +119,16 @@ class TransformersOptions:
     cuda_graphs: bool = False
     #: torch.compile the static decode step
     compile: bool = False
+    #: its torch.compile mode: default or max-autotune-no-cudagraphs (the engine captures the graphs)
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
+    #: compile the whole forward as one graph (fullgraph=True: a graph break is an error at start-up)
+    compile_fullgraph: bool = False
+    #: inductor's coordinate-descent tuning of the generated kernels (longer compile)
+    compile_tune: bool = False
+    #: a folder for inductor's and triton's caches kept across starts (default: inductor's own)
+    compile_cache: str | None = None
+    #: fuse each attention block's QKV and each MLP's gate/up projections into one GEMM at load
+    fuse: bool = False
     batching: Literal["continuous", "dynamic", "static"] = "continuous"
     #: a batched prefill's width: longest, bucket (next power of two) or fixed:N
     pad: str = "longest"
@@ -145,7 +158,7 @@ class TransformersOptions:
         _known(cls, raw)
         r = raw.get
         static_max_len, prefill_max_len, threads = r("static_max_len"), r("prefill_max_len"), r("threads")
-        experts = r("experts")
+        experts, compile_cache = r("experts"), r("compile_cache")
         return cls(
             threads=None if threads is None else _int("threads", threads, 0),
             static_cache=_bool("static_cache", r("static_cache", False)),
@@ -153,6 +166,11 @@ class TransformersOptions:
             static_wait_ms=_float("static_wait_ms", r("static_wait_ms", 1000.0)),
             cuda_graphs=_bool("cuda_graphs", r("cuda_graphs", False)),
             compile=_bool("compile", r("compile", False)),
+            compile_mode=_choice("compile_mode", r("compile_mode", "default"), COMPILE_MODES),  # type: ignore[arg-type]
+            compile_fullgraph=_bool("compile_fullgraph", r("compile_fullgraph", False)),
+            compile_tune=_bool("compile_tune", r("compile_tune", False)),
+            compile_cache=None if compile_cache is None else _folder("compile_cache", compile_cache),
+            fuse=_bool("fuse", r("fuse", False)),
             batching=_choice("batching", r("batching", "continuous"), BATCHING),  # type: ignore[arg-type]
             pad=_pad(r("pad", "longest")),
             prefill_max_len=None if prefill_max_len is None else _int("prefill_max_len", prefill_max_len, 0),
@@ -170,6 +188,13 @@ class TransformersOptions:
 
     def items(self) -> list[str]:
         return _items(self)
+
+
+def _folder(key: str, value: Raw) -> str:
+    text = str(value).strip()
+    if not text:
+        raise _err(key, "expected a folder path, got an empty value")
+    return text
 
 
 def _pad(value: Raw) -> str:

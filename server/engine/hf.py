@@ -60,7 +60,16 @@ log = logging.getLogger(__name__)
 
 
 #: phases timed inside ``_load`` (the rest of ``start`` is booked as engine_other)
-_LOAD_PHASES = ("weights_read", "weights_init", "device_transfer", "quantize", "warmup", "cuda_graphs", "graph_warm")
+_LOAD_PHASES = (
+    "weights_read",
+    "weights_init",
+    "device_transfer",
+    "fuse",
+    "quantize",
+    "warmup",
+    "cuda_graphs",
+    "graph_warm",
+)
 
 
 #: seed of a weightless folder's random weights (presets), so two loads are the same model
@@ -224,6 +233,7 @@ class TransformersEngine(Engine):
         self._batching = opts.batching
         self._pad_mode, self._pad_to = padding(opts.pad)
         self._compile = opts.compile
+        self._fuse = opts.fuse  # one GEMM for QKV and one for gate/up (server/engine/fuse.py)
         # replay every captured graph once at start-up (a graph's first launch is slower)
         self._graph_warm = opts.graph_warm
         self._quant = opts.quant  # weight-only quantization (torchao)
@@ -337,6 +347,11 @@ class TransformersEngine(Engine):
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model: cannot load {folder}: {exc}") from exc
         model.eval()
+        if self._fuse:
+            from pathprobe.server.engine.fuse import fuse_projections
+
+            with self.startup.phase("fuse") as ph:
+                ph.note = fuse_projections(model)
         if self._quant != "none":
             from pathprobe.server.engine.quant import quantize
 
@@ -388,6 +403,10 @@ class TransformersEngine(Engine):
                     cache_kw=self._cache_kw,
                     pad=self._pad,
                     compile=self._compile,
+                    compile_mode=self.options.compile_mode,
+                    compile_fullgraph=self.options.compile_fullgraph,
+                    compile_tune=self.options.compile_tune,
+                    compile_cache=self.options.compile_cache,
                     prefill_max_len=self._prefill_max_len,
                     prefill_max_batch=self._prefill_max_batch,
                 )

@@ -23,6 +23,10 @@ class StaticSettings:
     cache_kw: str  # the forward's KV-cache argument: "cache" or "past_key_values" (transformers' version)
     pad: int  # the pad token id of left-padded prompts
     compile: bool = False  # torch.compile the decode step
+    compile_mode: str = "default"  # its torch.compile mode
+    compile_fullgraph: bool = False  # one graph for the whole forward (a break is an error)
+    compile_tune: bool = False  # inductor's coordinate-descent tuning
+    compile_cache: str | None = None  # inductor's (and triton's) cache folder, kept across starts
     prefill_max_len: int = 0  # static prefill: prompts up to this many tokens (0: off)
     prefill_max_batch: int = 4  # static prefill: at most this many newcomers at once
 
@@ -105,6 +109,23 @@ class _ScratchCache:
         return self.layers[0].keys.shape[2], 0
 
 
+def compiled(model: Model, settings: StaticSettings) -> Model:
+    """``model`` under torch.compile as the settings ask (the decode step; graphs are captured after)."""
+    import os
+
+    import torch
+    import torch._dynamo
+    import torch._inductor.config
+
+    if settings.compile_cache:  # read by inductor whenever it looks for its cache (and triton's under it)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(settings.compile_cache)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    if settings.compile_tune:
+        torch._inductor.config.coordinate_descent_tuning = True
+    mode = None if settings.compile_mode == "default" else settings.compile_mode
+    return torch.compile(model, dynamic=None, fullgraph=settings.compile_fullgraph, mode=mode)
+
+
 class StaticBatch:
     """Static KV cache + (on CUDA, optionally) one captured CUDA graph per batch bucket.
 
@@ -147,12 +168,7 @@ class StaticBatch:
             (b, w): _SlotCache(self.keys, self.values, self.col, b, w) for b in self.buckets for w in self.widths
         }
         self._cp = "cache_position" in inspect.signature(model.forward).parameters
-        self._call = model
-        if settings.compile:
-            import torch._dynamo
-
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._call = torch.compile(model, dynamic=None, fullgraph=False)
+        self._call = compiled(model, settings) if settings.compile else model
         self.graphs: dict[tuple[int, int], tuple[CudaGraph, Tensor]] = {}
         # static prefill of one request at a time, prompt left-padded to a power-of-two bucket
         self.prefill_max_batch = settings.prefill_max_batch
