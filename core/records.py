@@ -116,6 +116,11 @@ class RequestRecord(_Required, total=False):
     #: ``usage.prompt_tokens_details.cached_tokens``, native ``usage.cached_tokens``, gRPC
     #: ``Usage.cached_tokens``); absent when the server reports none (never guessed)
     cached_tokens: int
+    #: the request's body as the client serialized it and the response's as it received it (bytes:
+    #: gRPC message bytes, HTTP body / event-stream lines); absent where the client cannot see them
+    #: (the OpenAI SDK) -- measured, never estimated from tokens
+    request_bytes: int
+    response_bytes: int
 
 
 #: the keys every record has, and those some records have

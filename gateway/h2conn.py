@@ -373,18 +373,25 @@ class ClientConn(asyncio.Protocol):
         self._finish(st, str(code), exc.message, own, None, True)
 
     def _too_large(self, st: Stream) -> bytes:
-        """Body over the limit: reset the stream both ways; returns the upstream RST frame.
+        """Body over the limit: end the stream both ways; returns the upstream RST frame.
 
-        The client gets RST_STREAM(ENHANCE_YOUR_CALM), which gRPC reports as
-        RESOURCE_EXHAUSTED. A reset (not a trailers-only answer) keeps the connection safe:
-        frames the upstream already sent for the stream become a stream error at the
-        client, not a connection error, and their header blocks still reach its HPACK
-        decoder.
+        When no response has reached the client yet, it gets a trailers-only answer,
+        RESOURCE_EXHAUSTED with the limit named, then RST_STREAM(NO_ERROR) to stop its sending
+        (RFC 9113 8.1: a complete response, then a reset with NO_ERROR). Otherwise it gets
+        RST_STREAM(ENHANCE_YOUR_CALM), which gRPC reports as RESOURCE_EXHAUSTED. Either way the
+        stream ends in a reset, which keeps the connection safe: frames the upstream already
+        sent for the stream become a stream error at the client, not a connection error, and
+        their header blocks still reach its HPACK decoder.
         """
-        msg = f"request body: over the gateway limit of {self.settings.max_body} bytes"
+        msg = f"request body: over the gateway's limit of {self.settings.max_body} bytes (--max-body-bytes)"
         log.info("stream %d: %s", st.sid, msg)
         if self.transport is not None:
-            self.transport.write(frame(RST_STREAM, 0, st.sid, (0xB).to_bytes(4, "big")))
+            if not st.resp_seen:
+                block = grpc_error_block(8, msg, st.own(), True)
+                self.transport.write(frame(HEADERS, END_STREAM | END_HEADERS, st.sid, block))
+                self.transport.write(frame(RST_STREAM, 0, st.sid, (0).to_bytes(4, "big")))
+            else:
+                self.transport.write(frame(RST_STREAM, 0, st.sid, (0xB).to_bytes(4, "big")))
         self._finish(st, "8", msg)
         return frame(RST_STREAM, 0, st.sid, (8).to_bytes(4, "big"))
 

@@ -76,12 +76,15 @@ class HttpProxy(SessionOwner):
                 self.cfg.auth.check_mapping(request.headers)
             if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
                 raise PayloadTooLarge(
-                    f"body: {request.content_length} bytes is over the limit of {self.cfg.max_body_bytes}"
+                    f"body: {request.content_length} bytes is over the gateway's limit of {self.cfg.max_body_bytes} "
+                    "bytes (--max-body-bytes)"
                 )
             try:
                 body = await request.read() if request.body_exists else None
             except web.HTTPRequestEntityTooLarge:
-                raise PayloadTooLarge(f"body: over the limit of {self.cfg.max_body_bytes} bytes") from None
+                raise PayloadTooLarge(
+                    f"body: over the gateway's limit of {self.cfg.max_body_bytes} bytes (--max-body-bytes)"
+                ) from None
             up = await request_(self, request, body, spans)
             resp = up.resp
             status = resp.status

@@ -150,12 +150,15 @@ class Transcoder:
             timeout = min(caller, self.cfg.timeout) if caller else self.cfg.timeout
             if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
                 raise PayloadTooLarge(
-                    f"body: {request.content_length} bytes is over the limit of {self.cfg.max_body_bytes}"
+                    f"body: {request.content_length} bytes is over the gateway's limit of {self.cfg.max_body_bytes} "
+                    "bytes (--max-body-bytes)"
                 )
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
-                raise PayloadTooLarge(f"body: over the limit of {self.cfg.max_body_bytes} bytes") from None
+                raise PayloadTooLarge(
+                    f"body: over the gateway's limit of {self.cfg.max_body_bytes} bytes (--max-body-bytes)"
+                ) from None
             td = now_ms()
             obj = jsoncodec.loads_object(body)
             req = jsoncodec.request_from_dict(obj)

@@ -52,7 +52,8 @@ class Outcome:
     status: str = ""
     error: str | None = None
     entries: timing.Chain = field(default_factory=timing.Chain)  # every hop's entries
-    response_bytes: int = 0
+    response_bytes: int = 0  # the response body (gRPC: message bytes; HTTP: body or event lines) as received
+    request_bytes: int = 0  # the request body as serialized (gRPC: the message; HTTP: the JSON body)
     #: a round trip measured apart from the request, the network estimate of a link whose far end
     #: reports nothing: an HTTP null round trip's median on the same connection (HTTP), else the
     #: floor below; which one is ``network_estimate_kind`` (:mod:`pathprobe.rtt`)

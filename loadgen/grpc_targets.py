@@ -59,6 +59,7 @@ def _grpc_request(
         model=spec.model,
     ).SerializeToString()
     out.encode_ns = pc() - t0
+    out.request_bytes = len(data)
     return data, (tuple(headers.items()) + auth if headers else auth) or None
 
 

@@ -100,6 +100,7 @@ class HttpTarget(Target):
         out.t0 = t0 = out.t0 or pc()  # preset when a client span started the request
         body = self._dumps(body_obj)
         out.encode_ns = pc() - t0
+        out.request_bytes = len(body)
         lines = self._post_lines
         if lines is None:  # made once (a subclass may add to _auth in its __init__)
             lines = self._post_lines = http1.header_lines({**self._base_headers, **self._auth})

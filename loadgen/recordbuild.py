@@ -77,7 +77,7 @@ def build_record(
         dec, overlap = acc.client_decode_ms, acc.decode_overlap_ms
     else:
         chain = with_report(out.entries, rep)
-    return {
+    rec: RequestRecord = {
         "ts": ts,
         # t0 on the wall clock (CLOCK_REALTIME, what packet captures stamp), from the monotonic t0 and
         # the two clocks' offset read now: it moves only by NTP slewing (<= 0.05% of the request's time)
@@ -116,6 +116,10 @@ def build_record(
         "worker": worker,
         "request_id": spec.request_id,
     }
+    if out.request_bytes:
+        rec["request_bytes"] = out.request_bytes
+        rec["response_bytes"] = out.response_bytes
+    return rec
 
 
 def split_record(s: Split) -> SplitRecord:

@@ -161,7 +161,9 @@ async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: a
         with startup.phase("frontends"):
             for front in fronts:
                 await front.start()
-            grpc_server, grpc_port, health = await start_grpc(state, config.host, config.grpc_port, config.tls)
+            grpc_server, grpc_port, health = await start_grpc(
+                state, config.host, config.grpc_port, config.tls, config.max_body_bytes
+            )
         _watch_engine(engine, health)
         _phase(phases, "listeners", t)
         state.metrics.set_startup(phases)

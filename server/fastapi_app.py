@@ -26,14 +26,17 @@ def _reader(request: Request, max_body_bytes: int) -> Callable[[], Awaitable[byt
     async def read() -> bytes:
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > max_body_bytes:
-            raise PayloadTooLarge(f"body: {size} bytes exceed the server's limit (--max-body-bytes)")
+            raise PayloadTooLarge(
+                f"body: {size} bytes exceed the server's limit of {max_body_bytes} bytes (--max-body-bytes)"
+            )
         chunks: list[bytes] = []
         total = 0
         async for chunk in request.stream():
             total += len(chunk)
             if total > max_body_bytes:
                 raise PayloadTooLarge(
-                    f"body: more than {max_body_bytes} bytes exceed the server's limit (--max-body-bytes)"
+                    f"body: more than {max_body_bytes} bytes exceed the server's limit of {max_body_bytes} bytes "
+                    "(--max-body-bytes)"
                 )
             chunks.append(chunk)
         return b"".join(chunks)

@@ -29,7 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pathprobe import timing
 from pathprobe.deadline import PUSHBACK_KEY, deadline_in
-from pathprobe.errors import InvalidArgument, PathprobeError
+from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import RequestScope, ServerState, params_from_proto
 from pathprobe.timing import now_ms
 from pathprobe.tls import TlsFiles, add_port
@@ -52,7 +52,19 @@ def _attributes(method: str, context: grpc.aio.ServicerContext) -> dict[str, obj
     }
 
 
-def _decode(data: bytes) -> tuple[llm_pb2.GenerateRequest, float]:
+def grpc_receive_cap(max_body_bytes: int) -> int:
+    """gRPC's own cap on a received message, above the server's limit (``--max-body-bytes``): a
+    message up to the cap reaches the handler, which refuses one over the limit naming it; grpc-core
+    refuses one over the cap itself (RESOURCE_EXHAUSTED too, naming the cap's size, not the flag)."""
+    return 2 * max_body_bytes + 64 * 1024
+
+
+def _decode(data: bytes, max_body_bytes: int | None = None) -> tuple[llm_pb2.GenerateRequest, float]:
+    if max_body_bytes is not None and len(data) > max_body_bytes:
+        raise PayloadTooLarge(
+            f"request: a {len(data)}-byte message exceeds the server's limit of {max_body_bytes} bytes "
+            "(--max-body-bytes)"
+        )
     t0 = now_ms()
     try:
         req = llm_pb2.GenerateRequest.FromString(data)
@@ -62,8 +74,9 @@ def _decode(data: bytes) -> tuple[llm_pb2.GenerateRequest, float]:
 
 
 class LLMService:
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, max_body_bytes: int | None = None) -> None:
         self.state = state
+        self.max_body_bytes = max_body_bytes
 
     def _scope(self, method: str, context: grpc.aio.ServicerContext) -> RequestScope:
         scope = RequestScope(
@@ -84,7 +97,7 @@ class LLMService:
         scope = self._scope("Generate", context)
         try:
             self.state.auth.check_mapping(scope.carrier)
-            req, ms = _decode(data)
+            req, ms = _decode(data, self.max_body_bytes)
             scope.decoded(ms)
             gen = scope.start(params_from_proto(req))
             text, ids = await gen.collect()
@@ -118,7 +131,7 @@ class LLMService:
         gen = None
         try:
             self.state.auth.check_mapping(scope.carrier)
-            req, ms = _decode(data)
+            req, ms = _decode(data, self.max_body_bytes)
             scope.decoded(ms)
             gen = scope.start(params_from_proto(req))
             index = 0
@@ -167,10 +180,14 @@ class LLMService:
 
 
 async def start_grpc(
-    state: ServerState, host: str, port: int, tls: TlsFiles | None = None
+    state: ServerState, host: str, port: int, tls: TlsFiles | None = None, max_body_bytes: int | None = None
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    server.add_generic_rpc_handlers((LLMService(state).handler(),))
+    """The gRPC server; ``max_body_bytes``: the largest request message (None: gRPC's default of 4 MiB)."""
+    options: list[tuple[str, int]] = [("grpc.so_reuseport", 0)]
+    if max_body_bytes is not None:
+        options.append(("grpc.max_receive_message_length", grpc_receive_cap(max_body_bytes)))
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers((LLMService(state, max_body_bytes).handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -29,7 +29,10 @@ async def _read(request: web.Request) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         size = request.content_length
-        raise PayloadTooLarge(f"body: {size or 'the'} bytes exceed the server's limit (--max-body-bytes)") from None
+        what = f"{size} bytes exceed" if size else "the body exceeds"
+        raise PayloadTooLarge(
+            f"body: {what} the server's limit of {request.client_max_size} bytes (--max-body-bytes)"
+        ) from None
 
 
 async def _stream(request: web.Request, reply: StreamReply) -> web.StreamResponse:

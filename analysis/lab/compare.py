@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from pathprobe.analysis.lab import propagation
+from pathprobe.analysis.lab import limits, propagation
 from pathprobe.analysis.lab.config import CompareConfig, TargetConfig
 from pathprobe.analysis.lab.crosscheck import attach_traces, attach_witness, expected_services, trace_completeness
 from pathprobe.analysis.lab.loadrun import RunResult, prepare_prompts
@@ -30,7 +30,7 @@ from pathprobe.analysis.lab.stack import Stack
 from pathprobe.analysis.report import paired as paired_mod
 from pathprobe.analysis.report import scorecard
 from pathprobe.analysis.report.figures import add_comparisons, client_warnings
-from pathprobe.analysis.report.model import SCHEMA_VERSION, ClientHealth, Report, Verdict
+from pathprobe.analysis.report.model import SCHEMA_VERSION, ClientHealth, Limit, PayloadSweep, Report, Verdict
 from pathprobe.analysis.report.selfreport import add_self_reports
 from pathprobe.errors import ConfigError
 
@@ -73,7 +73,14 @@ def method_summary(cfg: CompareConfig, primary: str) -> dict[str, Any]:
             + f"per configuration excluded; {L.arrival} arrival"
             + (f" at {L.rate:g} req/s" if L.rate else "")
             + f"; {'stream' if L.stream else 'unary'}, {L.prompt_set} prompts of {L.prompt_tokens} tokens, "
-            f"max_tokens {L.max_tokens}. p50/p95/p99 with 95% bootstrap CIs ({cfg.bootstrap} resamples); "
+            f"max_tokens {L.max_tokens}"
+            + (
+                f" (a payload sweep: every point runs like a concurrency; the figures below are the first "
+                f"point's, {L.payloads[0].prompt_tokens}/{L.payloads[0].max_tokens}, the sweep's in 'payload')"
+                if L.swept
+                else ""
+            )
+            + f". p50/p95/p99 with 95% bootstrap CIs ({cfg.bootstrap} resamples); "
             + (
                 f"verdicts on the paired path-tax difference: its 95% CI excludes 0, Wilcoxon signed-rank "
                 f"(Holm) below alpha {cfg.alpha}, and its median is at least the minimum effect "
@@ -150,6 +157,8 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     capture: Capture | None = None
     try:
         _check_addresses(cfg)
+        prompt_files = _prompts(cfg, out, log)
+        stack.limits = limits.derive(cfg, list(prompt_files.values()))
         if cfg.mode == "local":
             log(stack.placement.describe())
             log(f"engine: {'in a process of its own' if stack.engine_process else 'in the server process'}")
@@ -158,7 +167,8 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         paths = _bring_up(cfg, stack, log)
         live = _live(paths)
         propagation = _check_propagation(live, log)
-        rounds = Rounds(cfg, stack, live, primary, prepare_prompts(cfg, out, log), log)
+        first = cfg.load.payloads[0].prompt_tokens
+        rounds = Rounds(cfg, stack, live, primary, prompt_files[first], log, prompt_files)
         rounds.warm_up()
         capture = _start_capture(cfg, live, out, log)
         rounds.measure()
@@ -171,16 +181,55 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         if capture is not None:
             capture.stop()
         stack.close()
-    raw, samples = report_data(cfg, paths, rounds.results, rounds.warmups, primary, started, t_start)
+    every = rounds.results
+    results = primary_runs(cfg, every)  # a payload sweep: the first point's runs (the sections as before)
+    raw, samples = report_data(cfg, paths, results, rounds.warmups, primary, started, t_start)
+    if cfg.load.swept:
+        raw["payload"] = payload_block(cfg, every, stack.limits)
     if server_startup:
         raw["server_startup_ms"] = server_startup
     raw["meta"]["placement"] = {**stack.placement.as_dict(), "engine_process": stack.engine_process}
     for name, found in propagation.items():
         raw["targets"][name]["propagation"] = found
-    _cross_check(cfg, raw, paths, rounds.results, capture, out, log)
-    report = _typed(raw, samples, rounds.results, cfg.load.concurrency)  # the report, typed, built once
-    write_reports(report, rounds.results, out, html, primary)
+    _cross_check(cfg, raw, paths, results, capture, out, log)
+    report = _typed(raw, samples, results, cfg.load.concurrency)  # the report, typed, built once
+    write_reports(report, results, out, html, primary)
     return report
+
+
+def _prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -> dict[int, Path | None]:
+    """Each prompt size's prompt file, cut once before anything starts (the limits are sized from them)."""
+    sizes = cfg.load.prompt_sizes
+    if len(sizes) == 1:
+        return {sizes[0]: prepare_prompts(cfg, out, log)}
+    return {n: prepare_prompts(cfg, out, log, n) for n in sizes}
+
+
+def primary_runs(cfg: CompareConfig, results: dict[str, list[RunResult]]) -> dict[str, list[RunResult]]:
+    """The runs of the primary payload point (all runs when no payload is swept)."""
+    first = cfg.load.payloads[0]
+    return {name: [r for r in runs if r.payload in (None, first)] for name, runs in results.items()}
+
+
+def payload_block(cfg: CompareConfig, results: dict[str, list[RunResult]], lim: limits.Limits | None) -> PayloadSweep:
+    """The payload sweep's rows: every configuration, concurrency and point, rounds pooled."""
+    from pathprobe.analysis.lab.reportbuild import hop_names
+    from pathprobe.analysis.report.payload import payload_row
+
+    rows = []
+    for t in cfg.enabled_targets:
+        runs = results.get(t.name, [])
+        for conc in cfg.load.concurrency:
+            for point in cfg.load.payloads:
+                recs = [rec for r in runs if r.concurrency == conc and r.payload == point for rec in r.records]
+                if recs:
+                    rows.append(payload_row(t.name, conc, tuple(point), recs, hop_names(t)))
+    return PayloadSweep(
+        points=[tuple(p) for p in cfg.load.payloads],
+        primary=tuple(cfg.load.payloads[0]),
+        rows=rows,
+        limits=[Limit.model_validate(r) for r in lim.rows(cfg)] if lim is not None else [],
+    )
 
 
 def _records_by_concurrency(
@@ -300,9 +349,13 @@ def build_report(
     started: str,
     t_start: float,
 ) -> Report:
-    """The typed report of these runs (what ``report.json`` holds), with the samples its plots draw."""
-    raw, samples = report_data(cfg, paths, results, warmups, primary, started, t_start)
-    return _typed(raw, samples, results, cfg.load.concurrency)
+    """The typed report of these runs (what ``report.json`` holds), with the samples its plots draw; a
+    payload sweep's runs of every point in ``payload`` (without its limits: the run set those)."""
+    first = primary_runs(cfg, results)
+    raw, samples = report_data(cfg, paths, first, warmups, primary, started, t_start)
+    if cfg.load.swept:
+        raw["payload"] = payload_block(cfg, results, None)
+    return _typed(raw, samples, first, cfg.load.concurrency)
 
 
 def _typed(

@@ -10,7 +10,7 @@ import os
 import re
 from itertools import pairwise
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 from pathprobe import serveconfig
 from pathprobe.errors import ConfigError
@@ -136,6 +136,18 @@ class VllmServerConfig(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class Payload(NamedTuple):
+    """One point of a payload sweep."""
+
+    prompt_tokens: int
+    max_tokens: int
+
+    @property
+    def key(self) -> str:
+        """The point in folder names and report keys: ``p64-m16``."""
+        return f"p{self.prompt_tokens}-m{self.max_tokens}"
+
+
 class LoadConfig(_Strict):
     duration_s: float = Field(3.0, gt=0, description="measured seconds per configuration, round and concurrency")
     warmup_s: float = Field(2.0, ge=0, description="per configuration, before any measurement")
@@ -150,9 +162,11 @@ class LoadConfig(_Strict):
     arrival: Literal["closed", "constant", "poisson"] = "closed"
     rate: float | None = Field(None, gt=0, description="req/s for open-loop arrival")
     prompt_set: Literal["fixed", "sweep", "mixed", "file"] = "fixed"
-    prompt_tokens: int = Field(64, ge=1)
+    #: one size, or a payload sweep swept like concurrency (e.g. [64, 4096, 32768, 131072]): every
+    #: (prompt_tokens, max_tokens) point runs for every configuration, round and concurrency
+    prompt_tokens: int | list[int] = Field(64, description="prompt tokens, or a list: a payload sweep")
     prompt_file: str | None = None
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int | list[int] = Field(16, description="completion tokens, or a list: a payload sweep")
     stream: bool = True
     timeout_s: float = Field(60.0, gt=0, description="per request")
     extra_args: list[str] = Field(default_factory=list)
@@ -165,10 +179,45 @@ class LoadConfig(_Strict):
                 raise ValueError(f"entry {i} is {c}; every concurrency must be >= 1")
         return v
 
+    @field_validator("prompt_tokens", "max_tokens")
+    @classmethod
+    def _sizes(cls, v: int | list[int]) -> int | list[int]:
+        sizes = v if isinstance(v, list) else [v]
+        if not sizes:
+            raise ValueError("an empty list; give one size or several")
+        for i, n in enumerate(sizes):
+            if n < 1:
+                raise ValueError(f"entry {i} is {n}; every size must be >= 1")
+        if len(set(sizes)) != len(sizes):
+            raise ValueError(f"{sizes} repeats a size")
+        return v
+
+    @property
+    def prompt_sizes(self) -> list[int]:
+        """The prompt sizes swept (one when ``prompt_tokens`` is a number)."""
+        return self.prompt_tokens if isinstance(self.prompt_tokens, list) else [self.prompt_tokens]
+
+    @property
+    def max_sizes(self) -> list[int]:
+        return self.max_tokens if isinstance(self.max_tokens, list) else [self.max_tokens]
+
+    @property
+    def payloads(self) -> list[Payload]:
+        """Every (prompt_tokens, max_tokens) point, in the order given (prompt sizes outer); the first is
+        the primary point, the one the per-concurrency figures, verdicts and scorecard are made of."""
+        return [Payload(p, m) for p in self.prompt_sizes for m in self.max_sizes]
+
+    @property
+    def swept(self) -> bool:
+        """More than one payload point: runs are kept apart per point (``runs/NAME/c1-p64-m16/r0``)."""
+        return len(self.payloads) > 1
+
     @model_validator(mode="after")
     def _rate(self) -> LoadConfig:
         if self.arrival != "closed" and self.rate is None:
             raise ValueError(f"arrival '{self.arrival}' needs 'rate' (requests per second)")
+        if len(self.prompt_sizes) > 1 and self.prompt_set != "fixed":
+            raise ValueError(f"a prompt_tokens sweep needs prompt_set 'fixed', not '{self.prompt_set}'")
         if self.prompt_set == "file" and not self.prompt_file:
             raise ValueError("prompt_set 'file' needs 'prompt_file'")
         if self.prompt_file and not os.path.isfile(self.prompt_file):  # found before any process starts

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pathprobe import environment
 from pathprobe.analysis.lab.accounting import Accounting
-from pathprobe.analysis.lab.config import CompareConfig
+from pathprobe.analysis.lab.config import CompareConfig, Payload
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.placement import Placement
 from pathprobe.analysis.lab.procs import Managed, pathprobe_cmd
@@ -47,6 +47,13 @@ class RunResult:
     #: CPU seconds (user + system) the path's own processes (gateway, proxy, relays; not the
     #: shared server) spent during this run; None for a path with none
     path_cpu_s: float | None = None
+    #: the payload point of a sweep (None: the config's one size, as before sweeps)
+    payload: Payload | None = None
+
+
+def run_subdir(concurrency: int, payload: Payload | None) -> str:
+    """A run's folder under ``runs/NAME/``: ``c4`` (one payload), ``c4-p4096-m16`` (a sweep's point)."""
+    return f"c{concurrency}" if payload is None else f"c{concurrency}-{payload.key}"
 
 
 def read_accounting(out_dir: Path) -> Accounting | None:
@@ -117,8 +124,11 @@ def read_path_cpu(run_dir: Path) -> float | None:
         return None
 
 
-def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -> Path | None:
-    """Cut the fixed/sweep prompts to exact token counts ONCE, into a prompt file.
+def prepare_prompts(
+    cfg: CompareConfig, out: Path, log: Callable[[str], None], tokens: int | None = None
+) -> Path | None:
+    """Cut the fixed/sweep prompts to exact token counts ONCE, into a prompt file (``tokens``: a
+    payload sweep's prompt size, into ``prompts-p{tokens}.jsonl``; default the first size).
 
     Every ``pathprobe load`` would otherwise load the tokenizer (and import transformers:
     seconds per run on a busy 2-core box); with the file it starts with ``--tokenizer none``.
@@ -132,13 +142,13 @@ def prepare_prompts(cfg: CompareConfig, out: Path, log: Callable[[str], None]) -
         from pathprobe.models import prompts
 
         if L.prompt_set == "fixed":
-            pset = prompts.cut("fixed", tokens=L.prompt_tokens, tokenizer=spec)
+            pset = prompts.cut("fixed", tokens=tokens or L.prompt_sizes[0], tokenizer=spec)
         else:
             pset = prompts.cut("sweep", tokenizer=spec)
     except Exception as exc:  # fall back to letting each run cut its prompts
         log(f"prompts: cutting them once failed ({type(exc).__name__}: {exc}); each load run will")
         return None
-    path = out / "prompts.jsonl"
+    path = out / ("prompts.jsonl" if tokens is None else f"prompts-p{tokens}.jsonl")
     with open(path, "w", encoding="utf-8") as fh:
         fh.writelines(json.dumps({"prompt": pr.text}) + "\n" for pr in pset.prompts)
     log(f"prompts: {len(pset.prompts)} {L.prompt_set} prompt(s) cut with the {spec!r} tokenizer -> {path}")
@@ -157,13 +167,14 @@ def run_load(
     placement: Placement | None = None,
     extra: list[str] | None = None,
     label: str | None = None,
+    payload: Payload | None = None,
 ) -> RunResult:
     """One ``pathprobe load`` of path ``p`` for ``duration_s`` (rounded up to whole seconds) into
-    ``out_dir``; its records tagged with the round and concurrency."""
+    ``out_dir``; its records tagged with the round and concurrency (``payload``: a sweep's point)."""
     secs = max(1, math.ceil(duration_s))
-    args = load_command(
-        cfg, p, concurrency, secs, out_dir, label or f"{p.name} c={concurrency} round={rnd}", prompt_file
-    )
+    point = f" {payload.key}" if payload is not None else ""
+    label = label or f"{p.name} c={concurrency}{point} round={rnd}"
+    args = load_command(cfg, p, concurrency, secs, out_dir, label, prompt_file, payload)
     if traces_file is not None:
         args += ["--traces-file", str(traces_file)]
     args += extra or []
@@ -182,6 +193,7 @@ def run_load(
             [],
             secs,
             f"pathprobe load exited with code {code} and wrote no records: {tail}",
+            payload=payload,
         )
     return RunResult(
         p.name,
@@ -192,19 +204,29 @@ def run_load(
         _duration_s(out_dir, secs),
         traces_file=str(traces_file) if traces_file else None,
         client=read_client(out_dir),
+        payload=payload,
     )
 
 
 def load_command(
-    cfg: CompareConfig, p: Path_, concurrency: int, secs: int, out_dir: Path, label: str, prompt_file: Path | None
+    cfg: CompareConfig,
+    p: Path_,
+    concurrency: int,
+    secs: int,
+    out_dir: Path,
+    label: str,
+    prompt_file: Path | None,
+    payload: Payload | None = None,
 ) -> list[str]:
     """``pathprobe load`` headless against ``p`` with the config's load settings (the prompts from
-    ``prompt_file`` when given, already cut: no tokenizer needed)."""
+    ``prompt_file`` when given, already cut: no tokenizer needed; ``payload``: a sweep's point,
+    default the config's first)."""
     L = cfg.load
+    point = payload or L.payloads[0]
     if prompt_file is not None:
         prompt_args = ["--prompt-set", "file", "--prompt-file", str(prompt_file), "--tokenizer", "none"]
     else:
-        prompt_args = ["--prompt-set", L.prompt_set, "--prompt-tokens", str(L.prompt_tokens)]
+        prompt_args = ["--prompt-set", L.prompt_set, "--prompt-tokens", str(point.prompt_tokens)]
         if L.prompt_file:
             prompt_args += ["--prompt-file", L.prompt_file]
     args = pathprobe_cmd(
@@ -221,7 +243,7 @@ def load_command(
         "--out",
         str(out_dir),
         "--max-tokens",
-        str(L.max_tokens),
+        str(point.max_tokens),
         *prompt_args,
         "--timeout-s",
         str(L.timeout_s),
@@ -317,13 +339,14 @@ def run_load_mixed(
     traces_file: Path | None,
     prompt_file: Path | None = None,
     placement: Placement | None = None,
+    payload: Payload | None = None,
 ) -> dict[str, RunResult]:
     """One load process for every configuration of ``paths``: each user sends each call to the next
     configuration of a freshly shuffled order (``pathprobe load --mix``), so drift and CPU contention hit
     every configuration alike and calls pair up per cycle. Runs ``duration_s`` per configuration; the
     records are split per configuration into ``runs/NAME/c{C}/r{R}`` (``warmup`` for round -1) as a
     per-configuration run would have written them, with the shared run's summary.json."""
-    sub = "warmup" if rnd < 0 else f"c{concurrency}/r{rnd}"
+    sub = "warmup" if rnd < 0 else f"{run_subdir(concurrency, payload)}/r{rnd}"
     mixed_dir = out_root / MIXED / sub
     mix = ",".join(f"{p.name}={p.url}" for p in paths)
     extra = ["--mix", mix]
@@ -341,7 +364,8 @@ def run_load_mixed(
         prompt_file,
         placement,
         extra=extra,
-        label=f"interleaved c={concurrency} round={rnd}",
+        label=f"interleaved c={concurrency}{f' {payload.key}' if payload else ''} round={rnd}",
+        payload=payload,
     )
     out: dict[str, RunResult] = {}
     by_name: dict[str, list[TaggedRecord]] = {p.name: [] for p in paths}
@@ -366,5 +390,6 @@ def run_load_mixed(
             error=res.error,
             traces_file=res.traces_file,
             client=res.client,
+            payload=payload,
         )
     return out

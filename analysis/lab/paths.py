@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pathprobe.analysis.lab.config import UPSTREAM_PROTOCOL, NetworkConfig, TargetConfig
+from pathprobe.analysis.lab.limits import Limits
+from pathprobe.analysis.lab.limits import gateway_args as limit_args
 from pathprobe.analysis.lab.probes import handshake_ms, served_model, url_for, wait_ready
 from pathprobe.analysis.lab.procs import (
     LOOPBACK,
@@ -85,6 +87,7 @@ class PathHost(Protocol):
     server_grpc: str
     server_http: str
     front_ends: dict[str, str]
+    limits: Limits | None
 
     def pki(self) -> Pki: ...
     def client_tls(self) -> TlsFiles: ...
@@ -281,6 +284,8 @@ class PathBuilder:
                 admin = free_port()
                 args += ["--admin-port", str(admin), "--admin-host", LOOPBACK]
                 p.gateway_metrics = f"http://{LOOPBACK}:{admin}/metrics"
+            if self.stack.limits is not None:  # sized for the run's largest payload, unless given
+                args += limit_args(self.stack.limits, gateway_args)
             if tls:  # the client hop over TLS, with the run's throw-away CA
                 pki = self.stack.pki()
                 args += ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
@@ -292,6 +297,8 @@ class PathBuilder:
         if exe is None:
             raise Skipped(proxies.missing_reason(kind))
         kw: dict[str, Any] = {"exe": exe}
+        if kind in ("nginx", "caddy") and self.stack.limits is not None:
+            kw["max_body"] = self.stack.limits.body_bytes
         if kind == "litellm":
             model = model or served_model(self.stack.server_http)
             kw["model"] = model

@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pathprobe.analysis.lab.compare import build_report, log_stderr
-from pathprobe.analysis.lab.config import CompareConfig, TargetConfig
-from pathprobe.analysis.lab.loadrun import RunResult, read_accounting, read_client, read_path_cpu
+from pathprobe.analysis.lab.compare import build_report, log_stderr, primary_runs
+from pathprobe.analysis.lab.config import CompareConfig, Payload, TargetConfig
+from pathprobe.analysis.lab.loadrun import RunResult, read_accounting, read_client, read_path_cpu, run_subdir
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.reportfiles import write_reports
 from pathprobe.analysis.report.model import Report, Target
@@ -51,8 +51,10 @@ def rerender(
         for key in ("cold_start", "slowest", "trace_agreement"):
             if key in prev_t.model_fields_set:
                 setattr(t_new, key, getattr(prev_t, key))
+    if report.payload is not None and old.payload is not None:
+        report.payload.limits = old.payload.limits  # what the run set (sized from its cut prompts)
     report.meta.rerendered_from = str(old_path)
-    write_reports(report, results, out, html, old.primary)
+    write_reports(report, primary_runs(cfg, results), out, html, old.primary)
     log(f"re-rendered {out} with baseline {report.baseline}")
     return report
 
@@ -84,11 +86,14 @@ def _bytes(mb: float | None) -> int | None:
 def read_runs(cfg: CompareConfig, t: TargetConfig, prev: Target, out: Path) -> list[RunResult]:
     """A configuration's runs read back from ``runs/NAME/cC/rR`` (records, client, CPU, accounting)."""
     runs = []
+    points: list[Payload | None] = list(cfg.load.payloads) if cfg.load.swept else [None]
     for conc in cfg.load.concurrency:
-        for rnd in range(cfg.load.rounds):
-            d = out / "runs" / t.name / f"c{conc}" / f"r{rnd}"
-            if (d / "records.jsonl").exists():
-                runs.append(read_run(cfg, t, prev, out, conc, rnd, d))
+        for point in points:
+            for rnd in range(cfg.load.rounds):
+                d = out / "runs" / t.name / run_subdir(conc, point) / f"r{rnd}"
+                if (d / "records.jsonl").exists():
+                    runs.append(read_run(cfg, t, prev, out, conc, rnd, d))
+                    runs[-1].payload = point
     return runs
 
 
@@ -98,7 +103,7 @@ def read_run(cfg: CompareConfig, t: TargetConfig, prev: Target, out: Path, conc:
     recs = read_tagged(d / "records.jsonl", _round=rnd, _concurrency=conc)
     group = prev.at(conc)
     dur = group.duration_s if group is not None else None
-    n_runs = max(1, len(list((out / "runs" / t.name / f"c{conc}").glob("r*"))))
+    n_runs = max(1, len(list(d.parent.glob("r*"))))  # the rounds of this concurrency (and payload point)
     per_run = dur / n_runs if dur else cfg.load.duration_s
     return RunResult(
         t.name,

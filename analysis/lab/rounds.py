@@ -5,7 +5,9 @@ by one in a single load process), each run's CPU and accounting booked and its o
 Method: every configuration is warmed up first (its first request is reported as the cold start
 and nothing from the warm-up enters the figures); then, for each round and each concurrency,
 every configuration runs one ``pathprobe load`` of the same duration, in an order rotated per
-round, so drift on a shared machine hits all configurations alike.
+round, so drift on a shared machine hits all configurations alike. A payload sweep
+(``load.prompt_tokens`` / ``load.max_tokens`` lists) adds an axis like concurrency: every round x
+concurrency x payload point runs each configuration once, into ``runs/NAME/c{C}-p{P}-m{M}/r{R}``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,16 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from pathprobe.analysis.lab.config import CompareConfig
-from pathprobe.analysis.lab.loadrun import RunResult, cpu_seconds, interleavable, rss_bytes, run_load, run_load_mixed
+from pathprobe.analysis.lab.config import CompareConfig, Payload
+from pathprobe.analysis.lab.loadrun import (
+    RunResult,
+    cpu_seconds,
+    interleavable,
+    rss_bytes,
+    run_load,
+    run_load_mixed,
+    run_subdir,
+)
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.runaccounting import account, account_batch, scrape
 from pathprobe.analysis.lab.stack import Stack
@@ -35,6 +45,11 @@ def fail(p: Path_, reason: str) -> None:
         p.status, p.reason = "failed", reason
 
 
+def _at(res: RunResult) -> str:
+    """``, payload p4096-m16`` for a sweep's run ('' otherwise)."""
+    return f", payload {res.payload.key}" if res.payload is not None else ""
+
+
 class Rounds:
     """The load runs of the live configurations; ``results`` and ``warmups`` hold what they gave."""
 
@@ -46,19 +61,24 @@ class Rounds:
         primary: str,
         prompt_file: Path | None,
         log: Callable[[str], None],
+        prompt_files: Mapping[int, Path | None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.stack = stack
         self.live = live
         self.primary = primary  # the metric a run's p50 is logged in (e2e, or latency when open loop)
         self.prompt_file = prompt_file
+        #: a payload sweep's prompt file per prompt size (cut once each); the primary's is ``prompt_file``
+        self.prompt_files = dict(prompt_files or {})
+        #: the payload points swept (None: one payload, the runs keyed by concurrency alone as before)
+        self.points: list[Payload | None] = list(cfg.load.payloads) if cfg.load.swept else [None]
         self.log = log
         self.runs_dir = stack.out / "runs"
         self.traces_dir = stack.out / "traces" / "client"
         self.mixed = interleavable(cfg, live)
         self.results: dict[str, list[RunResult]] = {t.name: [] for t in cfg.enabled_targets}
         self.warmups: dict[str, RunResult] = {}
-        self._n_runs = cfg.load.rounds * len(cfg.load.concurrency)
+        self._n_runs = cfg.load.rounds * len(cfg.load.concurrency) * len(self.points)
         self._k = 0  # (round, concurrency) steps begun
 
     # ---------------------------------------------------------------- warm-up
@@ -102,11 +122,18 @@ class Rounds:
     # ---------------------------------------------------------------- measured rounds
 
     def measure(self) -> None:
-        """Every round x concurrency, each configuration once."""
+        """Every round x concurrency (x payload point), each configuration once."""
         for rnd in range(self.cfg.load.rounds):
             for ci, conc in enumerate(self.cfg.load.concurrency):
-                self._k += 1
-                self._step(rnd, ci, conc)
+                for pi, point in enumerate(self.points):
+                    self._k += 1
+                    self._step(rnd, ci + pi, conc, point)
+
+    def _prompts(self, point: Payload | None) -> Path | None:
+        """The prompt file of a payload point (the primary one's when not swept)."""
+        if point is None or point.prompt_tokens not in self.prompt_files:
+            return self.prompt_file
+        return self.prompt_files[point.prompt_tokens]
 
     def _order(self, rnd: int, ci: int) -> list[Path_]:
         """The configurations still ok, rotated by round and concurrency; one whose process (or the
@@ -123,36 +150,47 @@ class Rounds:
                 fail(p, f"{dead.name} exited with code {dead.exit_code()} before round {rnd + 1}: {dead.tail()}")
         return [p for p in order if p.status == "ok"]
 
-    def _traces_file(self, name: str, conc: int, rnd: int) -> Path | None:
-        return self.traces_dir / f"{name}-c{conc}-r{rnd}.jsonl" if self.cfg.tracing else None
+    def _traces_file(self, name: str, conc: int, rnd: int, point: Payload | None = None) -> Path | None:
+        return self.traces_dir / f"{name}-{run_subdir(conc, point)}-r{rnd}.jsonl" if self.cfg.tracing else None
 
-    def _step(self, rnd: int, ci: int, conc: int) -> None:
+    def _step(self, rnd: int, ci: int, conc: int, point: Payload | None = None) -> None:
         order = self._order(rnd, ci)
         # CPU of each path's own processes (they serve only its requests, interleaved or not)
         cpu0 = {p.name: cpu_seconds(p.procs) for p in order}
-        batch = self._interleaved(order, conc, rnd) if self.mixed and len(order) > 1 else {}
+        batch = self._interleaved(order, conc, rnd, point) if self.mixed and len(order) > 1 else {}
         for p in order:
             if p.name in batch:
                 res = batch[p.name]
             else:
                 cpu0[p.name] = cpu_seconds(p.procs)
-                res = self._alone(p, conc, rnd)
+                res = self._alone(p, conc, rnd, point)
             self._book(p, res, cpu0[p.name], rnd, conc)
 
-    def _interleaved(self, order: list[Path_], conc: int, rnd: int) -> dict[str, RunResult]:
+    def _interleaved(
+        self, order: list[Path_], conc: int, rnd: int, point: Payload | None = None
+    ) -> dict[str, RunResult]:
         """One load process for every configuration, calls interleaved one by one."""
-        tf = self._traces_file("interleaved", conc, rnd)
+        tf = self._traces_file("interleaved", conc, rnd, point)
         before = {p.name: scrape(self.stack, p) for p in order}
         cfg = self.cfg
         batch = run_load_mixed(
-            cfg, order, conc, rnd, cfg.load.duration_s, self.runs_dir, tf, self.prompt_file, self.stack.placement
+            cfg,
+            order,
+            conc,
+            rnd,
+            cfg.load.duration_s,
+            self.runs_dir,
+            tf,
+            self._prompts(point),
+            self.stack.placement,
+            payload=point,
         )
         account_batch(self.stack, order, before, batch)
         return batch
 
-    def _alone(self, p: Path_, conc: int, rnd: int) -> RunResult:
+    def _alone(self, p: Path_, conc: int, rnd: int, point: Payload | None = None) -> RunResult:
         """One load run of configuration ``p`` alone, its accounting set against its records."""
-        run_dir = self.runs_dir / p.name / f"c{conc}" / f"r{rnd}"
+        run_dir = self.runs_dir / p.name / run_subdir(conc, point) / f"r{rnd}"
         before = scrape(self.stack, p)  # accounting: one path per run, so its counters are its own
         res = run_load(
             self.cfg,
@@ -161,9 +199,10 @@ class Rounds:
             rnd,
             self.cfg.load.duration_s,
             run_dir,
-            self._traces_file(p.name, conc, rnd),
-            self.prompt_file,
+            self._traces_file(p.name, conc, rnd, point),
+            self._prompts(point),
             self.stack.placement,
+            payload=point,
         )
         res.accounting = account(self.stack, p, before, res, run_dir)
         return res
@@ -188,9 +227,9 @@ class Rounds:
                 f"concurrency {conc}: {dead.tail()}",
             )
         elif res.error:
-            fail(p, f"round {rnd + 1}, concurrency {conc}: {res.error}")
+            fail(p, f"round {rnd + 1}, concurrency {conc}{_at(res)}: {res.error}")
         elif not ok:
-            fail(p, f"round {rnd + 1}, concurrency {conc}: every request failed: {first_error(res.records)}")
+            fail(p, f"round {rnd + 1}, concurrency {conc}{_at(res)}: every request failed: {first_error(res.records)}")
         self._log_run(p, res, rnd, conc)
 
     def _log_run(self, p: Path_, res: RunResult, rnd: int, conc: int) -> None:
@@ -200,8 +239,9 @@ class Rounds:
         failed = [r for r in res.records if not r.get("ok") and r.get("status") != "STOPPED"]
         vals = metric_values([r for r in ok if r.get("split")], self.primary)
         p50 = f"{float(np.median(vals)):.3f} ms" if vals else "–"
+        point = f" {res.payload.key}" if res.payload is not None else ""
         self.log(
-            f"[{self._k}/{self._n_runs}] round {rnd + 1} c={conc} {p.name}: {len(ok)} ok, "
+            f"[{self._k}/{self._n_runs}] round {rnd + 1} c={conc}{point} {p.name}: {len(ok)} ok, "
             f"{len(failed)} err, p50 {p50}"
             + (f"  FAILED: {p.reason}" if p.status == "failed" else "")
             + (f"  CLIENT SATURATED: {res.client.get('reason')}" if res.client and res.client.get("saturated") else "")

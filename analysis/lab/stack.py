@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pathprobe import vllmcpu
 from pathprobe.analysis.lab.config import CompareConfig, NetworkConfig, ServerConfig, TargetConfig
+from pathprobe.analysis.lab.limits import Limits, server_keys
 from pathprobe.analysis.lab.paths import Path_, PathBuilder
 from pathprobe.analysis.lab.placement import Placement, plan
 from pathprobe.analysis.lab.probes import parse_startup, url_for, wait_ready
@@ -84,6 +85,13 @@ class Stack:
         self.others: dict[str, tuple[Managed, str, str]] = {}  # key -> (process, grpc H:P, http H:P)
         #: OTLP receivers for servers that export spans to an endpoint (vLLM), stopped after them
         self.sinks: list[OtlpFileSink] = []
+        #: the size limits every process of the run gets (set by compare before it starts any)
+        self.limits: Limits | None = None
+
+    def _limit_keys(self, s: ServerConfig) -> dict[str, int]:
+        """``serve`` keys for the run's limits, except those the server's own ``extra_args`` set."""
+        keys = server_keys(self.limits) if self.limits is not None else {}
+        return {k: v for k, v in keys.items() if f"--{k.replace('_', '-')}" not in s.extra_args}
 
     def pki(self) -> Pki:
         """The run's throw-away CA and loopback certificates (made on first use, in the output folder)."""
@@ -133,6 +141,7 @@ class Stack:
             for k in ("max_wait_ms", "max_queue", "prefill_ms_per_token", "decode_ms_per_token")
             if (v := getattr(s, k)) is not None
         }
+        more.update(self._limit_keys(s))
         traces = str(self.traces_dir / "server.jsonl") if self.cfg.tracing else None
         args = _serve_args(
             s, s.engine, gport, hport, self.engine_process, extra_http_server=tuple(extra), traces_file=traces, **more
@@ -169,7 +178,10 @@ class Stack:
         key = f"server-{engine}"
         if key not in self.others:
             gport, hport = free_port(), free_port()
-            args = [*_serve_args(s, engine, gport, hport, self.engine_process), *s.extra_args]
+            limits = self._limit_keys(s)
+            if engine != "synthetic":  # the context sized for the synthetic engine; a model keeps its own
+                limits.pop("max_context", None)
+            args = [*_serve_args(s, engine, gport, hport, self.engine_process, **limits), *s.extra_args]
             self.log(f"starting a second server of ours ({engine}, {s.model}) on grpc {gport} / http {hport}")
             m = self.start(Managed(key, args, self.out / "logs" / f"{key}.log"), "server")
             t0 = time.monotonic()

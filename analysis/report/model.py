@@ -303,6 +303,55 @@ class Scorecard(Open):
     rows: list[ScoreRow] = []
 
 
+class PayloadHop(Open):
+    """One reporting hop's serialization at one payload point: its mean, and per MB of the payload's
+    bytes (the request's and the response's, as the client measured them on its link)."""
+
+    label: str
+    serialization_mean_ms: Num = None
+    ms_per_mb: Num = None
+
+
+class PayloadRow(Open):
+    """One configuration at one concurrency and payload point (a sweep's figures, rounds pooled)."""
+
+    target: str
+    concurrency: int
+    prompt_tokens: int
+    max_tokens: int
+    n: int = 0
+    errors: int = 0
+    first_error: str | None = None
+    request_bytes: Num = None  # median, as the client serialized it (None: the client cannot see it)
+    response_bytes: Num = None  # median, as the client received it
+    e2e_p50: Num = None
+    ttft_p50: Num = None  # streams
+    path_tax_p50: Num = None  # e2e less the engine's queueing and inference
+    serialization_mean_ms: Num = None  # every hop's and the client's
+    client_ms_per_mb: Num = None  # the client's encode + decode per MB
+    hops: list[PayloadHop] = []  # outermost first
+    links: list[Link] = []  # network per link, outermost first
+
+
+class Limit(Open):
+    """One limit on the way that compare set for the sweep's largest payload."""
+
+    where: str  # e.g. "server", "gateway", "nginx"
+    setting: str  # the flag or directive, e.g. "--max-body-bytes", "client_max_body_size"
+    value: str
+    why: str = ""
+
+
+class PayloadSweep(Open):
+    """A payload sweep: every (prompt_tokens, max_tokens) point per configuration and concurrency, and
+    the limits set for its largest payload. ``by_concurrency`` and the verdicts hold the first point."""
+
+    points: list[tuple[int, int]] = []
+    primary: tuple[int, int] | None = None
+    rows: list[PayloadRow] = []
+    limits: list[Limit] = []
+
+
 class Target(Open):
     """One configuration: what was started, how it went, and its figures per concurrency."""
 
@@ -391,6 +440,7 @@ class Report(BaseModel):
     interleaved: bool = False
     client_warnings: list[ClientWarning] = []
     scorecard: Scorecard | None = None
+    payload: PayloadSweep | None = None
     self_reports: list[SelfReportLine] = []
     server_startup_ms: dict[str, float] | None = None
     traces_error: str | None = None

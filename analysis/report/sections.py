@@ -204,6 +204,13 @@ FIGURES: tuple[tuple[str, str, Callable[[Page], str | None]], ...] = (
 )
 
 
+def payload_sweep(page: Page) -> list[Block]:
+    """A payload sweep's path tax against payload size, per configuration, and the limits set for it."""
+    from pathprobe.analysis.report import payload
+
+    return payload.section(page.report)
+
+
 def figures(page: Page) -> list[Block]:
     """The plots (drawn only by a writer that shows them)."""
     return [Figure(title, caption, _bind(draw, page)) for title, caption, draw in FIGURES]
@@ -297,6 +304,7 @@ SECTIONS: tuple[Section, ...] = (
     path_tax,
     propagation,
     concurrency,
+    payload_sweep,
     figures,
     footnotes,
     cold_start,

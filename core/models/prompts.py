@@ -118,10 +118,13 @@ def exact_length(base: str, n: int, tok: Tokenizer) -> Prompt:
     unit = tok.encode(base)
     if not unit:
         raise ConfigError("prompt: encodes to no tokens")
-    text = base
-    while len(tok.encode(text)) < n + 8:
-        text = text + " " + base
+    # enough repetitions at once (a long prompt re-encoded after every repetition took minutes at
+    # 16k tokens), doubled in the rare case the joins encode shorter than the unit alone
+    text = " ".join([base] * (-(-(n + 8) // len(unit)) + 1))
     ids = tok.encode(text)
+    while len(ids) < n + 8:
+        text = text + " " + text
+        ids = tok.encode(text)
     # find a cut whose decoded text re-encodes to exactly n tokens
     for cut in (n, n - 1, n + 1, n - 2, n + 2, n - 3, n + 3):
         if cut <= 0:

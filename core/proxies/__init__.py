@@ -26,6 +26,8 @@ from pathprobe.errors import ConfigError
 
 TEMPLATES = Path(__file__).parent
 PROXIES = ("nginx", "haproxy", "caddy", "litellm")
+#: the largest request body a proxy accepts unless told otherwise (as our server's and gateway's default)
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
 PROTOCOLS = {"nginx": ("grpc", "http"), "haproxy": ("grpc", "http"), "caddy": ("grpc", "http"), "litellm": ("openai",)}
 #: the executable of LiteLLM's proxy (it lives in its own virtual environment: its pins clash)
 ENV_LITELLM = environment.PATHPROBE_LITELLM
@@ -109,6 +111,7 @@ def nginx(
     protocol: str = "grpc",
     workers: int = 1,
     exe: str = "nginx",
+    max_body: int = DEFAULT_MAX_BODY,
 ) -> Launch:
     _check("nginx", protocol)
     d = Path(prefix).resolve()
@@ -125,6 +128,7 @@ def nginx(
             "PREFIX": str(d),
             "LISTEN": listen,
             "UPSTREAMS": "\n        ".join(f"server {u};" for u in upstreams),
+            "MAX_BODY": str(max_body),
         },
     )
     return Launch("nginx", [exe, "-p", str(d), "-e", str(d / "error.log"), "-c", str(conf), "-g", "daemon off;"], conf)
@@ -163,7 +167,12 @@ CADDY_REPORT = """    @unary not path {stream}
 
 
 def caddy(
-    prefix: str | os.PathLike[str], listen: str, upstreams: Sequence[str], protocol: str = "grpc", exe: str = "caddy"
+    prefix: str | os.PathLike[str],
+    listen: str,
+    upstreams: Sequence[str],
+    protocol: str = "grpc",
+    exe: str = "caddy",
+    max_body: int = DEFAULT_MAX_BODY,
 ) -> Launch:
     _check("caddy", protocol)
     host, port = _split(listen)
@@ -173,7 +182,13 @@ def caddy(
         "Caddyfile.template",
         prefix,
         "Caddyfile",
-        {"HOST": host, "PORT": port, "REPORT": report, "UPSTREAMS": " ".join(scheme + u for u in upstreams)},
+        {
+            "HOST": host,
+            "PORT": port,
+            "REPORT": report,
+            "UPSTREAMS": " ".join(scheme + u for u in upstreams),
+            "MAX_BODY": str(max_body),
+        },
     )
     d = Path(prefix).resolve()
     # Caddy writes its autosave/data under HOME/XDG folders: keep them in the prefix
