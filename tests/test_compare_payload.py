@@ -56,7 +56,7 @@ def test_every_point_runs_for_every_configuration(swept):
     rows = _rows(report)
     assert set(rows) == {(t, p) for t in ("passthrough", "transcode") for p in (SMALL, LARGE)}, set(rows)
     for key, row in rows.items():
-        assert row["n"] >= 10 and row["errors"] == 0, (key, row)
+        assert row["n"] >= 5 and row["errors"] == 0, (key, row)
         assert (out / "runs" / key[0] / f"c1-p{key[1]}-m8" / "r0" / "records.jsonl").exists()
     # the sections above the sweep hold the first point: its requests only
     assert report["payload"]["primary"] == [SMALL, 8]
@@ -90,7 +90,7 @@ def test_reencoding_grows_hop_serialization_forwarding_does_not(swept):
         assert gw("passthrough", prompt)["serialization_mean_ms"] == 0.0, rows[("passthrough", prompt)]
     # the server decodes the larger message on both paths
     for target in ("passthrough", "transcode"):
-        srv = [h for h in rows[(target, LARGE)]["hops"] if h["label"] == "server"][0]
+        srv = next(h for h in rows[(target, LARGE)]["hops"] if h["label"] == "server")
         assert srv["serialization_mean_ms"] > 0, rows[(target, LARGE)]
 
 

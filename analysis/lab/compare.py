@@ -223,7 +223,7 @@ def payload_block(cfg: CompareConfig, results: dict[str, list[RunResult]], lim: 
             for point in cfg.load.payloads:
                 recs = [rec for r in runs if r.concurrency == conc and r.payload == point for rec in r.records]
                 if recs:
-                    rows.append(payload_row(t.name, conc, tuple(point), recs, hop_names(t)))
+                    rows.append(payload_row(t.name, conc, (point.prompt_tokens, point.max_tokens), recs, hop_names(t)))
     return PayloadSweep(
         points=[tuple(p) for p in cfg.load.payloads],
         primary=tuple(cfg.load.payloads[0]),

@@ -87,8 +87,8 @@ PROXY_SETTINGS: dict[str, list[tuple[str, str, str]]] = {
         (
             "(none set)",
             "-",
-            "LiteLLM's proxy sets no request body limit of its own by default; its upstream "
-            "(our server) has --max-body-bytes",
+            "no body limit by default; general_settings.max_request_size_mb / max_response_size_mb are "
+            "enterprise-only (not enforced by the open-source proxy), so left unset",
         ),
     ],
 }

@@ -11,15 +11,15 @@ path tax and, for streams, the time to the first token. A path whose hops forwar
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from pathprobe.analysis.report import paired as paired_mod
 from pathprobe.analysis.report.blocks import Block, Figure, Heading, Paragraph, Row, Table
 from pathprobe.analysis.report.hops import summarize_hops
 from pathprobe.analysis.report.model import Link, PayloadHop, PayloadRow, PayloadSweep, Report
+from pathprobe.analysis.report.records import TaggedRecord
+from pathprobe.records import SplitRecord
 
-Record = Mapping[str, Any]
 MB = 1e6  # bytes per MB (decimal, as network figures are)
 
 
@@ -34,15 +34,19 @@ def _per_mb(ms: float | None, nbytes: float | None) -> float | None:
     return ms / (nbytes / MB)
 
 
-def _bytes(ok: Sequence[Record]) -> tuple[float | None, float | None]:
+def _bytes(ok: Sequence[TaggedRecord]) -> tuple[float | None, float | None]:
     """Median request and response bytes of the requests that carry them (the client measured them)."""
-    req = [float(r["request_bytes"]) for r in ok if r.get("request_bytes")]
-    resp = [float(r["response_bytes"]) for r in ok if r.get("response_bytes") is not None and r.get("request_bytes")]
+    req = [float(n) for r in ok if (n := r.get("request_bytes"))]
+    resp = [float(r.get("response_bytes", 0)) for r in ok if r.get("request_bytes")]
     return _median(req), _median(resp)
 
 
+def _splits(ok: Sequence[TaggedRecord]) -> list[SplitRecord]:
+    return [sp for r in ok if (sp := r["split"]) is not None]
+
+
 def payload_row(
-    target: str, conc: int, point: tuple[int, int], records: Sequence[Record], names: Sequence[str] | None
+    target: str, conc: int, point: tuple[int, int], records: Sequence[TaggedRecord], names: Sequence[str] | None
 ) -> PayloadRow:
     """One configuration's figures at one concurrency and payload point."""
     ok = [r for r in records if r.get("ok") and r.get("split")]
@@ -58,9 +62,9 @@ def payload_row(
     total = (req or 0.0) + (resp or 0.0) if req is not None else None
     row.request_bytes, row.response_bytes = req, resp
     row.e2e_p50 = _median([float(r["e2e_ms"]) for r in ok])
-    row.ttft_p50 = _median([float(r["ttft_ms"]) for r in ok if r.get("ttft_ms") is not None])
-    row.path_tax_p50 = paired_mod.tax_summary(ok)["path_tax"]["p50"]  # type: ignore[arg-type]
-    row.serialization_mean_ms = statistics.fmean(float(r["split"]["serialization"]) for r in ok)
+    row.ttft_p50 = _median([t for r in ok if (t := r["ttft_ms"]) is not None])
+    row.path_tax_p50 = paired_mod.tax_summary(ok)["path_tax"]["p50"]
+    row.serialization_mean_ms = statistics.fmean(sp["serialization"] for sp in _splits(ok))
     client = statistics.fmean(float(r["client_encode_ms"]) + float(r["client_decode_ms"]) for r in ok)
     row.client_ms_per_mb = _per_mb(client, total)
     path = summarize_hops(ok, names)
