@@ -151,7 +151,8 @@ def test_oversize_message_is_refused(relay) -> None:
     body = grpc_message(b"x" * 70_000)
     frames = b"".join(DataFrame(1, body[i : i + 16384]).serialize() for i in range(0, len(body), 16384))
     raw = exchange(relay, hdr + frames + DataFrame(1, b"", flags=["END_STREAM"]).serialize())
-    # RST_STREAM(ENHANCE_YOUR_CALM) to the client: RESOURCE_EXHAUSTED for a gRPC client
+    # a trailers-only RESOURCE_EXHAUSTED naming the limit, then RST_STREAM(NO_ERROR) to stop the client's sending
+    assert "8" in grpc_status_of(raw), raw[:400]
     assert any(raw[p + 3] == 3 for p in _frame_starts(raw)), raw[:200]
     assert_alive(relay)
 
