@@ -23,10 +23,16 @@ def swept(tmp_path_factory):
         "bootstrap": 100,
         "slowest": 0,
         "tracing": False,
-        "server": {"engine": "synthetic", "prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.05},
+        # the engine in the server's process: one tokenizer load less at start-up
+        "server": {
+            "engine": "synthetic",
+            "prefill_ms_per_token": 0.0,
+            "decode_ms_per_token": 0.05,
+            "engine_process": False,
+        },
         "load": {
             "duration_s": 2,
-            "warmup_s": 1,
+            "warmup_s": 0,  # no warm-up run: one load process less (each costs seconds here)
             "rounds": 1,
             "concurrency": [1],
             "stream": False,
@@ -41,7 +47,10 @@ def swept(tmp_path_factory):
     path = tmp / "payload.yaml"
     path.write_text(yaml.safe_dump(cfg))
     res = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "pathprobe", "compare", str(path), "--no-html"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return out, json.loads((out / "report.json").read_text())
@@ -99,3 +108,17 @@ def test_limits_are_reported(swept):
     lims = {(x["where"], x["setting"].split()[0]): x["value"] for x in report["payload"]["limits"]}
     assert int(lims[("server", "--max-body-bytes")]) >= 4 * 1024 * 1024
     assert lims[("gateway", "--max-body-bytes")] == lims[("server", "--max-body-bytes")]
+
+
+def test_the_sweep_shows_in_the_pages(swept):
+    """report.json read back: the Markdown has the sweep's rows and limits, the HTML figure draws."""
+    from pathprobe.analysis.report.markdown import markdown
+    from pathprobe.analysis.report.model import Report
+    from pathprobe.analysis.report.plots_payload import plot_payload
+
+    out, _ = swept
+    report = Report.read((out / "report.json").read_text())
+    assert report.payload is not None and len(report.payload.rows) == 4
+    text = markdown(report)
+    assert "Payload sweep" in text and "--max-body-bytes" in text
+    assert plot_payload(report)  # a PNG, base64
