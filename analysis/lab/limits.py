@@ -50,14 +50,20 @@ class Limits:
         )
         rows = [
             _row("server", "--max-body-bytes (HTTP body; gRPC message, checked by the handler)", body, why),
-            _row("load generator", "grpc.max_receive_message_length", "64 MiB", "fixed; >= " + resp),
+            _row(
+                "load generator",
+                "grpc.max_receive_message_length",
+                "64 MiB",
+                f"fixed, above the largest unary response's bound ({resp} bytes)",
+            ),
         ]
         if self.context_tokens is not None:
             rows.append(
                 _row("server", "--max-context", str(self.context_tokens), "largest prompt + max_tokens + margin")
             )
-        kinds = {h.kind for t in cfg.enabled_targets for h in (t.chain or [])} | {t.kind for t in cfg.enabled_targets}
-        if kinds & {"gateway", "chain"}:
+        kinds = {h.kind for t in cfg.enabled_targets for h in (t.chain or [])}
+        kinds |= {t.kind for t in cfg.enabled_targets if t.kind != "chain"}
+        if "gateway" in kinds:
             rows.append(_row("gateway", "--max-body-bytes (HTTP body, gRPC message)", body, why))
         for kind in sorted(kinds & set(PROXY_SETTINGS)):
             rows += [_row(kind, key, value.format(body=body), note) for key, value, note in PROXY_SETTINGS[kind]]
