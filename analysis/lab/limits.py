@@ -61,7 +61,7 @@ class Limits:
             rows.append(
                 _row("server", "--max-context", str(self.context_tokens), "largest prompt + max_tokens + margin")
             )
-        kinds = {h.kind for t in cfg.enabled_targets for h in (t.chain or [])}
+        kinds: set[str] = {h.kind for t in cfg.enabled_targets for h in (t.chain or [])}
         kinds |= {t.kind for t in cfg.enabled_targets if t.kind != "chain"}
         if "gateway" in kinds:
             rows.append(_row("gateway", "--max-body-bytes (HTTP body, gRPC message)", body, why))
