@@ -242,9 +242,16 @@ class SlowTrace(Open):
 
 
 class TraceCheck(Open):
+    """The trace-based split against the in-band one (``outside``: calls beyond the rule, per segment).
+    ``unseen_hops``: hops that export no spans; for them ``together`` segments are compared as one sum
+    and ``skipped`` ones not at all (a trace cannot split what it does not see)."""
+
     matched: int = 0
     agree: bool = False
     outside: dict[str, int] = {}
+    unseen_hops: list[str] = []
+    together: list[str] = []
+    skipped: list[str] = []
 
 
 class TraceCompleteness(Open):

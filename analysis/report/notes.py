@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathprobe.analysis.report.blocks import Note
 from pathprobe.analysis.report.figures import path_tax_rows
-from pathprobe.analysis.report.model import Accounting, Report
+from pathprobe.analysis.report.model import Accounting, Report, TraceCheck
 
 
 def _accounting_warning(name: str, acct: Accounting) -> Note | None:
@@ -103,6 +103,18 @@ def verdict_notes(r: Report, conc: int) -> list[Note]:
     return out
 
 
+def _unseen_text(a: TraceCheck) -> str:
+    """What a trace cannot check on a path with a hop that exports no spans, said as expected."""
+    if not a.unseen_hops:
+        return ""
+    return (
+        f" ({', '.join(a.unseen_hops)} exports no spans, as expected: it reports its time in-band only, so a trace "
+        f"sees its links and its own time as one stretch: {' + '.join(a.together)} compared as one sum"
+        + (f", {' / '.join(a.skipped)} not compared" if a.skipped else "")
+        + ")"
+    )
+
+
 def trace_notes(r: Report) -> list[Note]:
     """The trace check (the split from spans against the in-band one) and trace completeness."""
     out = []
@@ -114,6 +126,7 @@ def trace_notes(r: Report) -> list[Note]:
             parts.append(
                 f"{n} {a.matched} traces "
                 + ("agree" if not bad else "differ on " + ", ".join(f"{k} ({v})" for k, v in bad.items()))
+                + _unseen_text(a)
             )
         out.append(
             Note(
