@@ -253,6 +253,7 @@ class PathTaxRow:
     other: float | None
     engine: float | None
     diff: Estimate | None
+    against: str | None
     pairs: int | None
     verdict: str | None
     why: str
@@ -284,6 +285,7 @@ def path_tax_rows(report: Report, conc: int) -> list[PathTaxRow]:
                 other=p50(tx.other),
                 engine=p50(tx.engine),
                 diff=pr.path_tax.median if pr is not None and pr.path_tax is not None else None,
+                against=(pr.against or report.baseline) if pr is not None else None,
                 pairs=pr.n if pr is not None else None,
                 verdict=pr.verdict if pr is not None else None,
                 why=(pr.why if pr is not None else None) or "",

@@ -163,9 +163,11 @@ class PairedDiff(Open):
 
 
 class Paired(Open):
-    """The paired path-tax difference to the baseline (calls of the same cycle) and its verdict."""
+    """The paired path-tax difference to its partner (``against``: the direct path of the same client
+    protocol, or the baseline; calls of the same cycle) and its verdict."""
 
     n: int = 0
+    against: str | None = None
     path_tax: PairedDiff | None = None
     verdict: str | None = None
     why: str | None = None
@@ -343,6 +345,7 @@ class Target(Open):
 class Verdict(Open):
     concurrency: int
     target: str
+    against: str | None = None  # the configuration it is paired with (interleaved runs)
     text: str
     client_flag: str | None = None
 

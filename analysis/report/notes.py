@@ -94,12 +94,12 @@ def verdict_notes(r: Report, conc: int) -> list[Note]:
     if unclear:
         out.append(
             Note(
-                "no clear difference in path tax from the baseline: "
-                + "; ".join(f"{row.config} ({row.why})" for row in unclear)
+                "no clear difference in path tax: "
+                + "; ".join(f"{row.config} vs {row.against} ({row.why})" for row in unclear)
             )
         )
     if not verdicts:
-        out.append(Note("no configuration differs significantly from the baseline at this concurrency"))
+        out.append(Note("no configuration differs significantly from its partner at this concurrency"))
     return out
 
 
