@@ -51,7 +51,8 @@ def rerender(
         for key in ("cold_start", "slowest", "trace_agreement"):
             if key in prev_t.model_fields_set:
                 setattr(t_new, key, getattr(prev_t, key))
-    report.meta.rerendered_from = str(old_path)
+    # where, when and on what the run was (placement, load average): the run's, not this machine's now
+    report.meta = old.meta.model_copy(update={"config": report.meta.config, "rerendered_from": str(old_path)})
     write_reports(report, results, out, html, old.primary)
     log(f"re-rendered {out} with baseline {report.baseline}")
     return report

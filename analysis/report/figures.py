@@ -44,6 +44,7 @@ def _round_block(b: Mapping[str, Any]) -> Json:
         "contended_reason": b.get("contended_reason"),
         "loop_lag_ms": pick("loop_lag_ms", ("p50", "p99", "max")),
         "loop_busy_lag_ms": pick("loop_busy_lag_ms", ("p50", "p99", "max")),
+        "loop_wait_lag_ms": pick("loop_wait_lag_ms", ("p50", "p99", "max")),
         "cpu_percent": pick("cpu_percent", ("mean", "max")),
         "processes": len(b.get("processes") or []) or 1,
     }
@@ -74,6 +75,7 @@ def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> ClientHe
         reason=next((rounds[k].get("reason") for k in sat), None),
         loop_lag_ms={"p99": worst(("loop_lag_ms", "p99")), "max": worst(("loop_lag_ms", "max"))},
         loop_busy_lag_ms={"p99": worst(("loop_busy_lag_ms", "p99"))},
+        loop_wait_lag_ms={"p99": worst(("loop_wait_lag_ms", "p99"))},
         cpu_percent={"mean": worst(("cpu_percent", "mean")), "max": worst(("cpu_percent", "max"))},
         processes=max(len(b.get("processes") or []) or 1 for b in rounds.values()),
         rounds={str(k): _round_block(b) for k, b in sorted(rounds.items())},

@@ -83,6 +83,7 @@ class ClientHealth(Open):
     reason: str | None = None
     loop_lag_ms: dict[str, Num] = {}
     loop_busy_lag_ms: dict[str, Num] = {}
+    loop_wait_lag_ms: dict[str, Num] = {}  # the part waiting for a core (other processes), where measured
     cpu_percent: dict[str, Num] = {}
     processes: int = 1
     rounds: dict[str, Json] = {}  # each round's own block (1-based in the *_rounds lists, 0-based here)
@@ -380,6 +381,7 @@ class Meta(Open):
     cpus: int | None = None
     versions: dict[str, JsonValue] = {}
     placement: Json | None = None
+    load_average: list[float] | None = None  # the machine's 1, 5 and 15 min load averages as the run ended
     config: Json
     rerendered_from: str | None = None
 

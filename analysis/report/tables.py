@@ -237,4 +237,4 @@ def score_table(card: Scorecard, stream: bool) -> Table:
         cells += [cpu, _mb(r.rss_rest_mb), _mb(r.rss_load_mb)]
         rows.append(Row(tuple(cells), key=r.target))
     left = frozenset({0, 1, len(cols) - 4}) if stream else frozenset({0, 1})
-    return Table(cols, tuple(rows), caption="scorecard", left=left, kind="scorecard")
+    return Table(cols, tuple(rows), caption="scorecard", left=left, kind="scorecard", anchor="scorecard")
