@@ -295,8 +295,9 @@ def _judge(block: ClientBlock, lag_threshold_ms: float) -> None:
     block["reason"] = "; ".join(reasons) if reasons else None
     contended = not reasons and lag["p99"] is not None and lag["p99"] >= lag_threshold_ms
     block["contended"] = contended
-    wait = block.get("loop_wait_lag_ms") or {}
-    waited = f", waiting for a core p99 {w:.1f} ms" if (w := wait.get("p99")) is not None else ""
+    wait = block.get("loop_wait_lag_ms")
+    w = wait["p99"] if wait is not None else None
+    waited = f", waiting for a core p99 {w:.1f} ms" if w is not None else ""
     block["contended_reason"] = (
         f"event-loop lag p99 {lag['p99']:.1f} ms while the loop itself was mostly idle "
         f"(busy lag p99 {busy['p99']:.1f} ms{waited}; loop CPU {cpu['mean'] or 0:.0f}% of one core)"

@@ -222,7 +222,6 @@ def test_first_screen_is_the_figure_then_the_scorecard(default_run, tmp_path):
     )
     assert got.returncode == 0 and shot.exists(), got.stderr[-2000:]
     import matplotlib.image as mpimg
-    import numpy as np
 
     img = (mpimg.imread(shot)[..., :3] * 255).astype(int)
     assert img.shape[:2] == (height, width)

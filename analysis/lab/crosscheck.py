@@ -66,14 +66,21 @@ def attach_traces(
     log(f"traces: {len(traces)} traces from {len(files)} files; slowest written under {out / 'traces' / 'slowest'}")
 
 
-def unseen_hops(target: Mapping[str, Any]) -> list[str]:
+def unseen_hops(target: Mapping[str, object]) -> list[str]:
     """The hops of a path that export no spans (they pass the client's traceparent on unchanged, as
     the propagation check found): a third-party proxy that reports its time in-band only."""
-    found = target.get("propagation") or {}
-    return [str(h.get("hop")) for h in found.get("hops") or () if h.get("verdict") in ("passes unchanged", "no span")]
+    found = target.get("propagation")
+    hops = found.get("hops") if isinstance(found, dict) else None
+    return [
+        str(h.get("hop"))
+        for h in (hops if isinstance(hops, list) else [])
+        if isinstance(h, dict) and h.get("verdict") in ("passes unchanged", "no span")
+    ]
 
 
-def _trace_check(target: Mapping[str, Any], traces: Sequence[Trace], recs: Sequence[TaggedRecord]) -> dict[str, Any]:
+def _trace_check(
+    target: Mapping[str, object], traces: Sequence[Trace], recs: Sequence[TaggedRecord]
+) -> dict[str, object]:
     """The trace-based split against the in-band one, per span source. Where a hop exports no spans,
     the trace cannot tell its two links and its own time apart: network and other are compared as one
     sum, hop 1 / hop 2 not at all, and the check says why (expected, not a disagreement)."""
@@ -82,7 +89,7 @@ def _trace_check(target: Mapping[str, Any], traces: Sequence[Trace], recs: Seque
 
     unseen = unseen_hops(target)
     together, skipped = (UNSEEN_HOP_SEGMENTS, UNSEEN_HOP_SKIPPED) if unseen else ((), ())
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for src in ("attributes", "durations"):
         a = agreement([split_trace(t, src) for t in traces], recs, together=together, skipped=skipped)
         out[src] = {

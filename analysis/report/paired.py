@@ -115,7 +115,7 @@ def pairs(records: Sequence[R], baseline: Sequence[R]) -> list[tuple[R, R]]:
     return out
 
 
-def partners(targets: Mapping[str, Mapping[str, Any]], baseline: str, *, explicit: bool = False) -> dict[str, str]:
+def partners(targets: Mapping[str, Mapping[str, object]], baseline: str, *, explicit: bool = False) -> dict[str, str]:
     """Each ok configuration (but the baseline) and the configuration its calls are paired with: the
     first direct target of its client protocol (``kind``/``protocol``/``status`` of report.json's
     targets), else the baseline; every one with the baseline when ``explicit``."""

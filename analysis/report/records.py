@@ -48,11 +48,11 @@ UNSEEN_HOP_SEGMENTS = ("network", "other")
 UNSEEN_HOP_SKIPPED = ("network_hop1", "network_hop2")
 
 
-def _together(split: Mapping[str, Any], together: Sequence[str]) -> dict[str, Any]:
+def _together(split: Mapping[str, object], together: Sequence[str]) -> dict[str, object]:
     """A split with the ``together`` segments summed under one key ("network+other")."""
     out = {k: v for k, v in split.items() if k not in together}
-    parts = [split.get(k) for k in together]
-    out["+".join(together)] = None if any(p is None for p in parts) else sum(parts)
+    parts = [float(v) for k in together if isinstance(v := split.get(k), int | float)]
+    out["+".join(together)] = sum(parts) if len(parts) == len(together) else None
     return out
 
 
