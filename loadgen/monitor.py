@@ -15,8 +15,9 @@ wait lands in the request's e2e and, since no hop reports it, in **network hop 1
   count of it (``/proc/thread-self/schedstat``, second field). That is the machine's other
   processes (the engine's threads on a small box, other jobs), not this process's load.
 - **busy lag**: the part of each late wake-up during which the event-loop thread was
-  itself running, after the wait: ``min(lag - wait lag, thread CPU time during the
-  sample)``. Lag with a busy loop thread means this process has more work than one core
+  itself running, after the wait: the thread's CPU time during the sample, spread over the
+  sample's time not waiting for a core, in the share that fell after the deadline
+  (``cpu x (lag - wait) / (interval + lag - wait)``, at most ``lag - wait``). Lag with a busy loop thread means this process has more work than one core
   does in time -- the case that more processes or workers fix. Without the wait taken out
   first, a starved loop that did a little work during the sleep (reading a response) had
   that work counted as the cause of a lateness the run queue caused (2026-12-02: busy lag
@@ -142,9 +143,15 @@ class LoopMonitor:
             waited.close()
 
     def _record(self, lag_ms: float, cpu_ms: float, wait_ms: float) -> None:
-        """One sample: its lag, the part waiting for a core, the part the loop itself was running."""
+        """One sample: its lag, the part waiting for a core, the part the loop itself was running.
+
+        The loop's CPU time of the sample is spread over the time it was not waiting for a core; the
+        share that fell after the deadline is its busy lag (counting all of it, as before, made a long
+        starved sample -- 60 ms late at 10 % of a core -- look 5 ms busy)."""
         wait_ms = min(lag_ms, max(0.0, wait_ms))
-        busy_ms = min(lag_ms - wait_ms, max(0.0, cpu_ms))
+        late = lag_ms - wait_ms  # late, and not for want of a core
+        awake = self.interval_s * 1e3 + late  # the sample's time not waiting for a core
+        busy_ms = min(late, max(0.0, cpu_ms) * late / awake) if awake > 0 else 0.0
         self.lag.record_value(round(lag_ms * 1000.0))
         self.busy.record_value(round(busy_ms * 1000.0))
         self.wait.record_value(round(wait_ms * 1000.0))

@@ -188,14 +188,16 @@ def test_sweep_table_says_at_which_level_the_client_saturated():
 
 def test_lag_waiting_for_a_core_is_not_counted_as_the_loops_own_work():
     """A sample's lag is first what the run queue held it (schedstat), then the loop's own running."""
-    m = monitor.LoopMonitor()
-    m._record(10.0, 4.0, 8.0)  # starved: 8 of the 10 ms waiting for a core; 2 ms at most its own work
-    m._record(3.0, 5.0, 0.0)  # busy: late by its own work
+    m = monitor.LoopMonitor()  # 5 ms samples
+    # starved: 8 of the 10 ms late waiting for a core; of the 7 ms awake, 2 late: 4 ms CPU x 2/7
+    m._record(10.0, 4.0, 8.0)
+    m._record(20.0, 25.0, 0.0)  # busy: running the whole 25 ms sample, late by its own work
     m._record(6.0, 6.0, 9.0)  # a wait longer than the lag (part of it during the sleep): all wait
-    assert m.wait_sum_ms == pytest.approx(8.0 + 0.0 + 6.0)
-    assert m.busy_sum_ms == pytest.approx(2.0 + 3.0 + 0.0)
-    assert m.lag_sum_ms == pytest.approx(19.0)
-    assert m.busy.get_max_value() == pytest.approx(3000, rel=0.01)  # µs: the busy sample's 3 ms
+    m._record(60.0, 6.0, 59.4)  # 60 ms late at 10 % of a core, 0.6 ms not waiting: not 5 ms busy
+    assert m.wait_sum_ms == pytest.approx(8.0 + 0.0 + 6.0 + 59.4)
+    assert m.busy_sum_ms == pytest.approx(4.0 * 2 / 7 + 20.0 + 0.0 + 0.6)  # the last at most its 0.6 ms
+    assert m.lag_sum_ms == pytest.approx(96.0)
+    assert m.busy.get_max_value() == pytest.approx(20000, rel=0.01)  # µs: the busy sample's 20 ms
 
 
 @pytest.mark.skipif(not os.path.exists(monitor.SCHEDSTAT), reason="no per-thread schedstat (not Linux)")
