@@ -17,11 +17,12 @@ wait lands in the request's e2e and, since no hop reports it, in **network hop 1
 - **busy lag**: the part of each late wake-up during which the event-loop thread was
   itself running, after the wait: the thread's CPU time during the sample, spread over the
   sample's time not waiting for a core, in the share that fell after the deadline
-  (``cpu x (lag - wait) / (interval + lag - wait)``, at most ``lag - wait``). Lag with a busy loop thread means this process has more work than one core
-  does in time -- the case that more processes or workers fix. Without the wait taken out
-  first, a starved loop that did a little work during the sleep (reading a response) had
-  that work counted as the cause of a lateness the run queue caused (2026-12-02: busy lag
-  p99 6.7 ms with the loop at 13 % of a core). Without schedstat (not Linux) the wait is 0.
+  (``cpu x (lag - wait) / (interval + lag - wait)``, at most ``lag - wait``). Lag with a
+  busy loop thread means this process has more work than one core does in time -- the
+  case that more processes or workers fix. Without the wait taken out first, a starved
+  loop that did a little work during the sleep (reading a response) had that work counted
+  as the cause of a lateness the run queue caused (2026-12-02: busy lag p99 6.7 ms with
+  the loop at 13 % of a core). Without schedstat (not Linux) the wait is 0.
 - **CPU**: per second, the CPU time of the event-loop thread (``time.thread_time`` in the
   greenlet, i.e. the main thread that runs every greenlet) and of the whole process
   (``time.process_time``, gRPC's own threads included), as percent of one core.
