@@ -10,11 +10,19 @@ wait lands in the request's e2e and, since no hop reports it, in **network hop 1
   late it wakes (µs, HDR histogram like every other histogram of the run). A sleeping
   greenlet is woken by the same loop that wakes request greenlets, so its lateness is the
   scheduling delay a response sees before it is timed.
+- **wait lag**: the part of each late wake-up during which the event-loop thread was ready
+  to run but had no core: ``min(lag, run-queue wait during the sample)``, the kernel's own
+  count of it (``/proc/thread-self/schedstat``, second field). That is the machine's other
+  processes (the engine's threads on a small box, other jobs), not this process's load.
 - **busy lag**: the part of each late wake-up during which the event-loop thread was
-  itself running (``min(lag, thread CPU time during the sample)``). Lag with an idle loop
-  thread means the process was not given a core (other processes on the machine) or waited
-  for the GIL; lag with a busy loop thread means this process has more work than one core
-  does in time -- the case that more processes or workers fix.
+  itself running, after the wait: the thread's CPU time during the sample, spread over the
+  sample's time not waiting for a core, in the share that fell after the deadline
+  (``cpu x (lag - wait) / (interval + lag - wait)``, at most ``lag - wait``). Lag with a
+  busy loop thread means this process has more work than one core does in time -- the
+  case that more processes or workers fix. Without the wait taken out first, a starved
+  loop that did a little work during the sleep (reading a response) had that work counted
+  as the cause of a lateness the run queue caused (2026-12-02: busy lag p99 6.7 ms with
+  the loop at 13 % of a core). Without schedstat (not Linux) the wait is 0.
 - **CPU**: per second, the CPU time of the event-loop thread (``time.thread_time`` in the
   greenlet, i.e. the main thread that runs every greenlet) and of the whole process
   (``time.process_time``, gRPC's own threads included), as percent of one core.
@@ -28,7 +36,8 @@ a message can wait there without the loop timer seeing it), or the busy lag p99 
 1-10 ms, so 5 ms of the client's own waiting at p99 is as large as what is being measured).
 **Contended** (``client.contended``, a note, not saturation) when the total lag p99 is over
 the threshold but the loop was not busy: the machine's CPU is shared; hop 1 includes that
-waiting too, and more load processes on the same cores would not help.
+waiting too (in an interleaved run both calls of a pair see it), and more load processes on
+the same cores would not help.
 
 Cost: one timer wake-up per 5 ms (about 10-20 µs of CPU each: < 0.5 % of a core).
 Sampling stops when Locust starts stopping users (``test_stopping``), so the shutdown
@@ -51,6 +60,8 @@ INTERVAL_S = 0.005
 CPU_WINDOW_S = 1.0
 CPU_SATURATED_PCT = 90.0
 DEFAULT_LAG_THRESHOLD_MS = 5.0
+#: the kernel's per-thread scheduler counters: run time, run-queue wait (ns), time slices
+SCHEDSTAT = "/proc/thread-self/schedstat"
 WARNING_TEXT = "client saturated: network hop 1 includes client-side waiting; use --processes N or more workers"
 CONTENDED_TEXT = (
     "client contended: its event loop waited for a CPU (other processes on this machine); "
@@ -65,8 +76,10 @@ class LoopMonitor:
         self.interval_s = interval_s
         self.lag = hist.new_histogram()
         self.busy = hist.new_histogram()
+        self.wait = hist.new_histogram()
         self.lag_sum_ms = 0.0
         self.busy_sum_ms = 0.0
+        self.wait_sum_ms = 0.0
         self.cpu_windows: list[float] = []  # loop thread, % of one core, per window
         self.proc_windows: list[float] = []  # whole process
         self.cpu_total_s = 0.0
@@ -116,20 +129,36 @@ class LoopMonitor:
         self._w0 = (pc(), tt(), time.process_time())
         next_window = pc() + CPU_WINDOW_S
         interval = self.interval_s
-        while True:
-            loop.update_now()  # the timer counts from now, not from the loop's cached time
-            t0, c0 = pc(), tt()
-            gevent.sleep(interval)
-            t1, c1 = pc(), tt()
-            lag_ms = max(0.0, (t1 - t0 - interval) * 1e3)
-            busy_ms = min(lag_ms, (c1 - c0) * 1e3)
-            self.lag.record_value(round(lag_ms * 1000.0))
-            self.busy.record_value(round(busy_ms * 1000.0))
-            self.lag_sum_ms += lag_ms
-            self.busy_sum_ms += busy_ms
-            if t1 >= next_window:
-                self._close_window()
-                next_window = t1 + CPU_WINDOW_S
+        waited = RunQueueWait()  # opened here: the event-loop thread's own counters
+        try:
+            while True:
+                loop.update_now()  # the timer counts from now, not from the loop's cached time
+                t0, c0, q0 = pc(), tt(), waited.ms()
+                gevent.sleep(interval)
+                t1, c1, q1 = pc(), tt(), waited.ms()
+                self._record(max(0.0, (t1 - t0 - interval) * 1e3), (c1 - c0) * 1e3, q1 - q0)
+                if t1 >= next_window:
+                    self._close_window()
+                    next_window = t1 + CPU_WINDOW_S
+        finally:
+            waited.close()
+
+    def _record(self, lag_ms: float, cpu_ms: float, wait_ms: float) -> None:
+        """One sample: its lag, the part waiting for a core, the part the loop itself was running.
+
+        The loop's CPU time of the sample is spread over the time it was not waiting for a core; the
+        share that fell after the deadline is its busy lag (counting all of it, as before, made a long
+        starved sample -- 60 ms late at 10 % of a core -- look 5 ms busy)."""
+        wait_ms = min(lag_ms, max(0.0, wait_ms))
+        late = lag_ms - wait_ms  # late, and not for want of a core
+        awake = self.interval_s * 1e3 + late  # the sample's time not waiting for a core
+        busy_ms = min(late, max(0.0, cpu_ms) * late / awake) if awake > 0 else 0.0
+        self.lag.record_value(round(lag_ms * 1000.0))
+        self.busy.record_value(round(busy_ms * 1000.0))
+        self.wait.record_value(round(wait_ms * 1000.0))
+        self.lag_sum_ms += lag_ms
+        self.busy_sum_ms += busy_ms
+        self.wait_sum_ms += wait_ms
 
     # -- results --------------------------------------------------------------------------
     def to_wire(self) -> MonitorWire:
@@ -137,14 +166,45 @@ class LoopMonitor:
         return {
             "lag_hist": hist.encode(self.lag) if self.lag.get_total_count() else "",
             "busy_hist": hist.encode(self.busy) if self.busy.get_total_count() else "",
+            "wait_hist": hist.encode(self.wait) if self.wait.get_total_count() else "",
             "lag_sum_ms": self.lag_sum_ms,
             "busy_sum_ms": self.busy_sum_ms,
+            "wait_sum_ms": self.wait_sum_ms,
             "cpu_total_s": self.cpu_total_s,
             "proc_total_s": self.proc_total_s,
             "wall_total_s": self.wall_total_s,
             "cpu_windows": list(self.cpu_windows),
             "proc_windows": list(self.proc_windows),
         }
+
+
+class RunQueueWait:
+    """The calling thread's run-queue wait so far (ms), from the kernel's schedstat; 0 where there is none."""
+
+    def __init__(self, path: str = SCHEDSTAT) -> None:
+        import os
+
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def ms(self) -> float:
+        import os
+
+        if self._fd is None:
+            return 0.0
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[1]) / 1e6
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    def close(self) -> None:
+        import os
+
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _pct(x: float) -> float:
@@ -161,13 +221,15 @@ class LagStats(TypedDict):
     samples: int
 
 
-class MonitorWire(TypedDict):
+class MonitorWire(TypedDict, total=False):
     """One process's loop monitor data as a worker ships it (histograms encoded)."""
 
     lag_hist: str
     busy_hist: str
+    wait_hist: str
     lag_sum_ms: float
     busy_sum_ms: float
+    wait_sum_ms: float
     cpu_total_s: float
     proc_total_s: float
     wall_total_s: float
@@ -192,6 +254,7 @@ class ClientBlock(TypedDict, total=False):
 
     loop_lag_ms: LagStats
     loop_busy_lag_ms: LagStats
+    loop_wait_lag_ms: LagStats
     cpu_percent: CpuPercent
     saturated: bool
     reason: str | None
@@ -240,9 +303,12 @@ def _judge(block: ClientBlock, lag_threshold_ms: float) -> None:
     block["reason"] = "; ".join(reasons) if reasons else None
     contended = not reasons and lag["p99"] is not None and lag["p99"] >= lag_threshold_ms
     block["contended"] = contended
+    wait = block.get("loop_wait_lag_ms")
+    w = wait["p99"] if wait is not None else None
+    waited = f", waiting for a core p99 {w:.1f} ms" if w is not None else ""
     block["contended_reason"] = (
         f"event-loop lag p99 {lag['p99']:.1f} ms while the loop itself was mostly idle "
-        f"(busy lag p99 {busy['p99']:.1f} ms)"
+        f"(busy lag p99 {busy['p99']:.1f} ms{waited}; loop CPU {cpu['mean'] or 0:.0f}% of one core)"
         if contended
         else None
     )
@@ -260,6 +326,7 @@ def block_from_wire(
     block: ClientBlock = {
         "loop_lag_ms": _lag_stats([wire.get("lag_hist", "")], wire.get("lag_sum_ms", 0.0)),
         "loop_busy_lag_ms": _lag_stats([wire.get("busy_hist", "")], wire.get("busy_sum_ms", 0.0)),
+        "loop_wait_lag_ms": _lag_stats([wire.get("wait_hist", "")], wire.get("wait_sum_ms", 0.0)),
         "cpu_percent": {
             "mean": _pct(100.0 * wire.get("cpu_total_s", 0.0) / wall) if wall > 0 else None,
             "max": _pct(max(win)) if win else None,
@@ -302,6 +369,9 @@ def merge_blocks(
         "loop_lag_ms": _lag_stats([w.get("lag_hist", "") for w in ws], sum(w.get("lag_sum_ms", 0.0) for w in ws)),
         "loop_busy_lag_ms": _lag_stats(
             [w.get("busy_hist", "") for w in ws], sum(w.get("busy_sum_ms", 0.0) for w in ws)
+        ),
+        "loop_wait_lag_ms": _lag_stats(
+            [w.get("wait_hist", "") for w in ws], sum(w.get("wait_sum_ms", 0.0) for w in ws)
         ),
         "cpu_percent": {
             "mean": agg("mean", lambda v: sum(v) / len(v)),

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,79 @@ def test_real_report_opens_in_headless_chromium(default_run, tmp_path):
 
     flat = (mpimg.imread(shot)[..., :3] * 255).astype(int).reshape(-1, 3)
     assert (np.abs(flat - np.array([0x59, 0xA1, 0x4F])).sum(axis=1) < 12).sum() > 500  # inference bars
+
+
+class _Anchored(HTMLParser):
+    """The laid-out box (``data-box``: left, top, right, bottom in CSS px, set by the page's own script)
+    of every element with an id, and the order of the page's plots and tables."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.boxes: dict[str, tuple[int, ...]] = {}
+        self.order: list[tuple[str, str]] = []  # (tag, id or class) of each img.plot and table
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id") and a.get("data-box"):
+            self.boxes[a["id"]] = tuple(int(v) for v in a["data-box"].split(","))
+        if tag == "table" or (tag == "img" and a.get("class") == "plot"):
+            self.order.append((tag, a.get("id") or a.get("class") or ""))
+
+
+FIRST_SCREEN = (1280, 900)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_first_screen_is_the_figure_then_the_scorecard(default_run, tmp_path):
+    """What a newcomer sees first: the page opens with the added-cost figure, then the scorecard, both on
+    a 1280x900 screen; every path is paired with the direct path of its own client protocol."""
+    out, res = default_run
+    assert res.returncode == 0
+    report = json.loads((out / "report.json").read_text())
+    direct = {"grpc": "direct-grpc", "http": "direct-http"}
+    card = {r["target"]: r["against"] for r in report["scorecard"]["rows"]}
+    for name, t in report["targets"].items():
+        if t["status"] != "ok" or t["kind"] == "direct":
+            continue
+        assert card[name] == direct[t["protocol"]], (name, card)
+        for g in t["by_concurrency"].values():
+            assert g["paired"]["against"] == direct[t["protocol"]], name
+    width, height = FIRST_SCREEN
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run"]
+    flags += ["--disable-background-networking", "--disable-component-update", "--disable-dev-shm-usage"]
+    flags += [f"--window-size={width},{height}", "--virtual-time-budget=20000"]
+    dom = subprocess.run(
+        [*flags, f"--user-data-dir={tmp_path / 'u1'}", "--dump-dom", (out / "report.html").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = _Anchored()
+    page.feed(dom.stdout)
+    # the figure is the page's first plot and the scorecard its first table
+    assert page.order[0] == ("img", "lead-figure") and page.order[1] == ("table", "scorecard"), page.order[:3]
+    fig, sc = page.boxes["lead-figure"], page.boxes["scorecard"]
+    assert 0 <= fig[1] < fig[3] <= height, fig  # the whole figure on the first screen
+    assert fig[3] <= sc[1] < height - 40, sc  # then the scorecard starts on it (its header row at least)
+    shot = tmp_path / "first.png"
+    got = subprocess.run(
+        [*flags, f"--user-data-dir={tmp_path / 'u2'}", f"--screenshot={shot}", (out / "report.html").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 0 and shot.exists(), got.stderr[-2000:]
+    import matplotlib.image as mpimg
+
+    img = (mpimg.imread(shot)[..., :3] * 255).astype(int)
+    assert img.shape[:2] == (height, width)
+    region = img[fig[1] : fig[3], fig[0] : fig[2]].reshape(-1, 3)
+    # the figure was drawn there: many colours (bars, text, not a blank or a broken image's icon), ink on it
+    assert len({tuple(c) for c in region[::7]}) > 30
+    assert (region.sum(axis=1) < 600).mean() > 0.02
+    table = img[sc[1] : height, sc[0] : sc[2]].reshape(-1, 3)
+    assert (table.sum(axis=1) < 200).sum() > 200  # the scorecard's text, dark on light
 
 
 def test_remote_mode_open_loop(tmp_path):

@@ -184,3 +184,45 @@ def test_sweep_table_says_at_which_level_the_client_saturated():
     table = format_sweep([1, 64], {"1": {"routes": {}, "client": calm}, "64": {"routes": {}, "client": hot}})
     warn = [line for line in table.splitlines() if "WARNING" in line]
     assert len(warn) == 1 and warn[0].split()[0] == "64" and "client saturated at 64 users" in warn[0]
+
+
+def test_lag_waiting_for_a_core_is_not_counted_as_the_loops_own_work():
+    """A sample's lag is first what the run queue held it (schedstat), then the loop's own running."""
+    m = monitor.LoopMonitor()  # 5 ms samples
+    # starved: 8 of the 10 ms late waiting for a core; of the 7 ms awake, 2 late: 4 ms CPU x 2/7
+    m._record(10.0, 4.0, 8.0)
+    m._record(20.0, 25.0, 0.0)  # busy: running the whole 25 ms sample, late by its own work
+    m._record(6.0, 6.0, 9.0)  # a wait longer than the lag (part of it during the sleep): all wait
+    m._record(60.0, 6.0, 59.4)  # 60 ms late at 10 % of a core, 0.6 ms not waiting: not 5 ms busy
+    assert m.wait_sum_ms == pytest.approx(8.0 + 0.0 + 6.0 + 59.4)
+    assert m.busy_sum_ms == pytest.approx(4.0 * 2 / 7 + 20.0 + 0.0 + 0.6)  # the last at most its 0.6 ms
+    assert m.lag_sum_ms == pytest.approx(96.0)
+    assert m.busy.get_max_value() == pytest.approx(20000, rel=0.01)  # µs: the busy sample's 20 ms
+
+
+@pytest.mark.skipif(not os.path.exists(monitor.SCHEDSTAT), reason="no per-thread schedstat (not Linux)")
+def test_starved_client_is_contended_not_saturated(synthetic_server, tmp_path):
+    """One user, its load process on one core with two busy loops (other processes, as the engine's
+    threads or other jobs on a small machine): the event loop is late because it waits for the core, at
+    a few % of a core itself. That is contention, said as such, not the client's saturation."""
+    hog = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(2)]
+    try:
+        out = tmp_path / "starved"
+        cmd = [sys.executable, "-m", "pathprobe", "load", "--headless", "--only-summary", "-L", "WARNING"]
+        cmd += ["--tokenizer", "none", "--max-tokens", "4", "--out", str(out)]
+        cmd += ["-H", f"grpc://{synthetic_server.grpc_target}", "-u", "1", "-r", "1", "-t", "4s"]
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=180, preexec_fn=lambda: os.sched_setaffinity(0, {0})
+        )
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    c = client_block(out / "summary.json")
+    wait, busy, lag = c["loop_wait_lag_ms"], c["loop_busy_lag_ms"], c["loop_lag_ms"]
+    assert lag["p99"] >= 5.0, c  # the hogs did starve it (else the case was not made)
+    assert wait["p99"] >= 0.5 * lag["p99"] and busy["p99"] < 5.0, c
+    assert c["saturated"] is False and c["contended"] is True, c
+    assert "waiting for a core" in c["contended_reason"] and "NOTE: client contended" in proc.stdout

@@ -151,6 +151,7 @@ def _path_tax_expected(rep: dict, c: int) -> dict[str, list[str]]:
             fmt_ms(tx["serialization"]["p50"]),
             fmt_ms(tx["other"]["p50"]),
             fmt_ms(tx["engine"]["p50"]),
+            pr.get("against") or "–",
             f"{d['value']:+.3f}" if d else "–",
             f"{d['lo']:+.3f} – {d['hi']:+.3f}" if d else "–",
             str(pr["n"]) if pr else "–",
@@ -176,7 +177,7 @@ def test_html_leads_with_the_scorecard_then_the_path_tax_table(paired_dir):
     assert all(t["attrs"].get("class") != "path-tax" for t in page.tables[len(CONCS) :])
     for t, c in zip(lead, CONCS):
         head, *rows = t["rows"]
-        assert head[0] == "config" and len(head) == 11
+        assert head[0] == "config" and len(head) == 12
         got = {r[0].removesuffix(" (base)"): r[1:] for r in rows}
         assert got == _path_tax_expected(rep, c)
         assert rows[0][0] == "direct-grpc (base)"
@@ -195,3 +196,43 @@ def test_markdown_leads_with_the_same_rows(paired_dir):
         assert set(got) == set(EXTRA)
         assert got["passthrough"][-1] == COSTS_MORE and got["same"][-1] == NO_CLEAR
         assert got["direct-grpc"][-1] == "–"
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_each_path_is_paired_with_its_own_protocols_direct_path(tmp_path, explicit):
+    """An HTTP proxy adding 1 ms over the HTTP front end, which itself costs 3 ms more than gRPC:
+    paired with direct-http, the proxy's own 1 ms (not 4 ms, its HTTP client's cost included);
+    direct-http itself against the baseline (what HTTP costs over gRPC). A baseline named in the
+    config pairs everything with it."""
+    adds = {"direct-grpc": 0.0, "direct-http": 3.0, "http-proxy": 4.0}
+    cfg = parse_config(
+        {
+            "out": str(tmp_path),
+            "bootstrap": 200,
+            **({"baseline": "direct-grpc"} if explicit else {}),
+            "load": {"rounds": 1, "concurrency": [1], "stream": False, "duration_s": 2},
+            "targets": [
+                {"name": "direct-grpc", "kind": "direct"},
+                {"name": "direct-http", "kind": "direct", "protocol": "http"},
+                {"name": "http-proxy", "kind": "gateway", "mode": "http-proxy"},
+            ],
+        }
+    )
+    rng = np.random.default_rng(5)
+    recs: dict[str, list[dict]] = {n: [] for n in adds}
+    for cycle in range(150):
+        tax = 1.0 + rng.uniform(0, 2.0)  # the moment's machine state, shared by the cycle
+        for name, extra in adds.items():
+            rec = _rec(rng, "direct-grpc", 0, 1, 0, cycle, tax + extra + rng.uniform(-0.1, 0.1), rng.uniform(20, 60))
+            recs[name].append({**rec, "config": name})
+    results = {n: [RunResult(n, 1, 0, tmp_path, recs[n], 2.0)] for n in adds}
+    paths = {t.name: Path_(t, url="grpc://x", status="ok") for t in cfg.targets}
+    rep = build_report(cfg, paths, results, {}, "e2e", "2026-12-03T00:00:00Z", 0.0)
+    got = {n: rep.targets[n].by_concurrency["1"].paired for n in ("direct-http", "http-proxy")}
+    assert got["direct-http"].against == "direct-grpc"
+    assert got["direct-http"].path_tax.median.value == pytest.approx(3.0, abs=0.1)
+    want = ("direct-grpc", 4.0) if explicit else ("direct-http", 1.0)
+    assert got["http-proxy"].against == want[0]
+    assert got["http-proxy"].path_tax.median.value == pytest.approx(want[1], abs=0.1)
+    verdicts = {v.target: v for v in rep.verdicts}
+    assert verdicts["http-proxy"].against == want[0] and verdicts["http-proxy"].verdict == COSTS_MORE

@@ -427,6 +427,7 @@ def _paired_verdicts(
     """Interleaved runs: each configuration's path tax, its calls paired with the baseline's of the same
     cycle, and verdicts on the paired path-tax difference (see :mod:`pathprobe.analysis.report.paired`)."""
     verdicts: list[Verdict] = []
+    against = paired_mod.partners(report_targets, baseline, explicit=cfg.baseline is not None)
     for conc in concs:
         recs = {
             name: [rec for r in runs if r.concurrency == conc for rec in r.records] for name, runs in results.items()
@@ -437,26 +438,24 @@ def _paired_verdicts(
             if g is None:
                 continue
             g["path_tax"] = paired_mod.tax_summary(recs.get(name, []))
-            if name != baseline and t["status"] == "ok" and recs.get(baseline):
-                per[name] = g["paired"] = paired_mod.paired(recs.get(name, []), recs[baseline], n_boot=cfg.bootstrap)
+            if name in against and recs.get(partner := against[name]):
+                got = paired_mod.paired(recs.get(name, []), recs[partner], n_boot=cfg.bootstrap)
+                per[name] = g["paired"] = {**got, "against": partner}
         found = paired_mod.judge(per, baseline, conc, cfg.alpha, min_ms=cfg.min_effect_ms, min_rel=cfg.min_effect_rel)
-        clients = [
-            c
-            for t in report_targets.values()
-            if isinstance(c := (t["by_concurrency"].get(str(conc)) or {}).get("client"), ClientHealth)
+        saturated = [
+            name
+            for name, t in report_targets.items()
+            if isinstance(c := (t["by_concurrency"].get(str(conc)) or {}).get("client"), ClientHealth) and c.saturated
         ]
-        if any(c.saturated for c in clients):
-            flag = "client saturated"
-        elif any(c.contended for c in clients):
-            flag = "machine contended"
-        else:
-            flag = None
         for v in found:
-            if flag:
-                v["client_flag"] = flag
+            # the load generator's own work (not the machine's other processes: a contended run is said
+            # once for the whole run, and both calls of a pair saw it) is in hop 1 of the pair's calls
+            if saturated:
+                v["client_flag"] = "client saturated"
+                v["client_saturated"] = saturated
                 v["text"] += (
-                    f" -- FLAGGED: {flag} at this concurrency (the load generator waited for a CPU): "
-                    "the path tax includes that waiting, and another run on this machine may differ"
+                    " -- FLAGGED: client saturated at this concurrency (the load generator's own work delayed "
+                    "its event loop): the path tax includes that waiting, and another run may differ"
                 )
         verdicts += [Verdict.model_validate(v) for v in found]
     return verdicts

@@ -27,8 +27,6 @@ def attach_traces(
 ) -> None:
     """List (and write as Jaeger files) the slowest requests' traces; check trace vs in-band split."""
     from pathprobe.analysis.report import traces as tr
-    from pathprobe.analysis.report.records import agreement
-    from pathprobe.analysis.report.tracesplit import split_trace
 
     files = sorted((out / "traces").glob("*.jsonl")) + sorted((out / "traces" / "client").glob("*.jsonl"))
     files = [f for f in files if f.stat().st_size > 0]
@@ -64,18 +62,47 @@ def attach_traces(
         ids = {r["trace_id"] for r in recs if r.get("trace_id")}
         mine = [traces[i] for i in ids if i in traces]
         if mine:
-            agr = {src: agreement([split_trace(t, src) for t in mine], recs) for src in ("attributes", "durations")}
-            report["targets"][name]["trace_agreement"] = {
-                src: {
-                    "matched": a["matched"],
-                    "agree": a["agree"],
-                    "rule": a["rule"],
-                    "max_abs_diff_ms": {k: v["max_abs_diff_ms"] for k, v in a["segments"].items()},
-                    "outside": {k: v["outside"] for k, v in a["segments"].items()},
-                }
-                for src, a in agr.items()
-            }
+            report["targets"][name]["trace_agreement"] = _trace_check(report["targets"][name], mine, recs)
     log(f"traces: {len(traces)} traces from {len(files)} files; slowest written under {out / 'traces' / 'slowest'}")
+
+
+def unseen_hops(target: Mapping[str, object]) -> list[str]:
+    """The hops of a path that export no spans (they pass the client's traceparent on unchanged, as
+    the propagation check found): a third-party proxy that reports its time in-band only."""
+    found = target.get("propagation")
+    hops = found.get("hops") if isinstance(found, dict) else None
+    return [
+        str(h.get("hop"))
+        for h in (hops if isinstance(hops, list) else [])
+        if isinstance(h, dict) and h.get("verdict") in ("passes unchanged", "no span")
+    ]
+
+
+def _trace_check(
+    target: Mapping[str, object], traces: Sequence[Trace], recs: Sequence[TaggedRecord]
+) -> dict[str, object]:
+    """The trace-based split against the in-band one, per span source. Where a hop exports no spans,
+    the trace cannot tell its two links and its own time apart: network and other are compared as one
+    sum, hop 1 / hop 2 not at all, and the check says why (expected, not a disagreement)."""
+    from pathprobe.analysis.report.records import UNSEEN_HOP_SEGMENTS, UNSEEN_HOP_SKIPPED, agreement
+    from pathprobe.analysis.report.tracesplit import split_trace
+
+    unseen = unseen_hops(target)
+    together, skipped = (UNSEEN_HOP_SEGMENTS, UNSEEN_HOP_SKIPPED) if unseen else ((), ())
+    out: dict[str, object] = {}
+    for src in ("attributes", "durations"):
+        a = agreement([split_trace(t, src) for t in traces], recs, together=together, skipped=skipped)
+        out[src] = {
+            "matched": a["matched"],
+            "agree": a["agree"],
+            "rule": a["rule"],
+            "max_abs_diff_ms": {k: v["max_abs_diff_ms"] for k, v in a["segments"].items()},
+            "outside": {k: v["outside"] for k, v in a["segments"].items()},
+            "unseen_hops": unseen,
+            "together": a["together"],
+            "skipped": a["skipped"],
+        }
+    return out
 
 
 def attach_witness(

@@ -39,6 +39,7 @@ def run_meta(cfg: CompareConfig, started: str, t_start: float) -> JsonObject:
         "host": platform.node(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "versions": versions(),
         "config": json.loads(cfg.model_dump_json()),
     }

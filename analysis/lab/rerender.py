@@ -53,7 +53,8 @@ def rerender(
                 setattr(t_new, key, getattr(prev_t, key))
     if report.payload is not None and old.payload is not None:
         report.payload.limits = old.payload.limits  # what the run set (sized from its cut prompts)
-    report.meta.rerendered_from = str(old_path)
+    # where, when and on what the run was (placement, load average): the run's, not this machine's now
+    report.meta = old.meta.model_copy(update={"config": report.meta.config, "rerendered_from": str(old_path)})
     write_reports(report, primary_runs(cfg, results), out, html, old.primary)
     log(f"re-rendered {out} with baseline {report.baseline}")
     return report

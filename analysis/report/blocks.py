@@ -84,6 +84,7 @@ class Table:
     left: frozenset[int] = frozenset({0})
     kind: str = ""  # what the table is (HTML: its class, e.g. path-tax)
     concurrency: int | None = None
+    anchor: str = ""  # the one table of its kind on a page (HTML: its id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,7 @@ class Figure:
     title: str
     caption: str
     draw: Callable[[], str | None] = field(compare=False)
+    anchor: str = ""  # the one figure of its kind on a page (HTML: the image's id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ def _round_block(b: Mapping[str, Any]) -> Json:
         "contended_reason": b.get("contended_reason"),
         "loop_lag_ms": pick("loop_lag_ms", ("p50", "p99", "max")),
         "loop_busy_lag_ms": pick("loop_busy_lag_ms", ("p50", "p99", "max")),
+        "loop_wait_lag_ms": pick("loop_wait_lag_ms", ("p50", "p99", "max")),
         "cpu_percent": pick("cpu_percent", ("mean", "max")),
         "processes": len(b.get("processes") or []) or 1,
     }
@@ -74,6 +75,7 @@ def client_summary(by_round: Mapping[int, Mapping[str, Any] | None]) -> ClientHe
         reason=next((rounds[k].get("reason") for k in sat), None),
         loop_lag_ms={"p99": worst(("loop_lag_ms", "p99")), "max": worst(("loop_lag_ms", "max"))},
         loop_busy_lag_ms={"p99": worst(("loop_busy_lag_ms", "p99"))},
+        loop_wait_lag_ms={"p99": worst(("loop_wait_lag_ms", "p99"))},
         cpu_percent={"mean": worst(("cpu_percent", "mean")), "max": worst(("cpu_percent", "max"))},
         processes=max(len(b.get("processes") or []) or 1 for b in rounds.values()),
         rounds={str(k): _round_block(b) for k, b in sorted(rounds.items())},
@@ -253,6 +255,7 @@ class PathTaxRow:
     other: float | None
     engine: float | None
     diff: Estimate | None
+    against: str | None
     pairs: int | None
     verdict: str | None
     why: str
@@ -284,6 +287,7 @@ def path_tax_rows(report: Report, conc: int) -> list[PathTaxRow]:
                 other=p50(tx.other),
                 engine=p50(tx.engine),
                 diff=pr.path_tax.median if pr is not None and pr.path_tax is not None else None,
+                against=(pr.against or report.baseline) if pr is not None else None,
                 pairs=pr.n if pr is not None else None,
                 verdict=pr.verdict if pr is not None else None,
                 why=(pr.why if pr is not None else None) or "",

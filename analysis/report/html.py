@@ -33,6 +33,11 @@ window.addEventListener('load', function () {
   imgs.forEach(function (im) { if (im.complete && im.naturalWidth > 0) ok++; });
   document.body.setAttribute('data-plots-total', String(imgs.length));
   document.body.setAttribute('data-plots-loaded', String(ok));
+  // where each anchored block is laid out (left,top,right,bottom in CSS px): what a first screen shows
+  document.querySelectorAll('[id]').forEach(function (el) {
+    var r = el.getBoundingClientRect();
+    el.setAttribute('data-box', [r.left, r.top, r.right, r.bottom].map(Math.round).join(','));
+  });
 });
 """
 
@@ -78,9 +83,10 @@ def figure(f: Figure) -> str:
     png = f.draw()
     if png is None:
         return ""
+    anchor = f" id='{_e(f.anchor)}'" if f.anchor else ""
     return (
         f"<h2>{_e(f.title)}</h2><p>{_e(f.caption)}</p>"
-        f"<img class='plot' alt='{_e(f.title)}' src='data:image/png;base64,{png}'>"
+        f"<img class='plot'{anchor} alt='{_e(f.title)}' src='data:image/png;base64,{png}'>"
     )
 
 
@@ -128,6 +134,8 @@ def _row(row: Row, t: Table) -> str:
 
 def table(t: Table) -> str:
     attrs = f" class='{_e(t.kind)}'" if t.kind else ""
+    if t.anchor:
+        attrs += f" id='{_e(t.anchor)}'"
     if t.concurrency is not None:
         attrs += f" data-concurrency='{t.concurrency}'"
     head = "<tr>" + "".join(_cell("th", c, i, t) for i, c in enumerate(t.columns)) + "</tr>"

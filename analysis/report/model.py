@@ -83,6 +83,7 @@ class ClientHealth(Open):
     reason: str | None = None
     loop_lag_ms: dict[str, Num] = {}
     loop_busy_lag_ms: dict[str, Num] = {}
+    loop_wait_lag_ms: dict[str, Num] = {}  # the part waiting for a core (other processes), where measured
     cpu_percent: dict[str, Num] = {}
     processes: int = 1
     rounds: dict[str, Json] = {}  # each round's own block (1-based in the *_rounds lists, 0-based here)
@@ -163,9 +164,11 @@ class PairedDiff(Open):
 
 
 class Paired(Open):
-    """The paired path-tax difference to the baseline (calls of the same cycle) and its verdict."""
+    """The paired path-tax difference to its partner (``against``: the direct path of the same client
+    protocol, or the baseline; calls of the same cycle) and its verdict."""
 
     n: int = 0
+    against: str | None = None
     path_tax: PairedDiff | None = None
     verdict: str | None = None
     why: str | None = None
@@ -242,9 +245,16 @@ class SlowTrace(Open):
 
 
 class TraceCheck(Open):
+    """The trace-based split against the in-band one (``outside``: calls beyond the rule, per segment).
+    ``unseen_hops``: hops that export no spans; for them ``together`` segments are compared as one sum
+    and ``skipped`` ones not at all (a trace cannot split what it does not see)."""
+
     matched: int = 0
     agree: bool = False
     outside: dict[str, int] = {}
+    unseen_hops: list[str] = []
+    together: list[str] = []
+    skipped: list[str] = []
 
 
 class TraceCompleteness(Open):
@@ -385,6 +395,7 @@ class Target(Open):
 class Verdict(Open):
     concurrency: int
     target: str
+    against: str | None = None  # the configuration it is paired with (interleaved runs)
     text: str
     client_flag: str | None = None
 
@@ -419,6 +430,7 @@ class Meta(Open):
     cpus: int | None = None
     versions: dict[str, JsonValue] = {}
     placement: Json | None = None
+    load_average: list[float] | None = None  # the machine's 1, 5 and 15 min load averages as the run ended
     config: Json
     rerendered_from: str | None = None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathprobe.analysis.report.blocks import Note
 from pathprobe.analysis.report.figures import path_tax_rows
-from pathprobe.analysis.report.model import Accounting, Report
+from pathprobe.analysis.report.model import Accounting, ClientHealth, Group, Report, TraceCheck
 
 
 def _accounting_warning(name: str, acct: Accounting) -> Note | None:
@@ -94,13 +94,25 @@ def verdict_notes(r: Report, conc: int) -> list[Note]:
     if unclear:
         out.append(
             Note(
-                "no clear difference in path tax from the baseline: "
-                + "; ".join(f"{row.config} ({row.why})" for row in unclear)
+                "no clear difference in path tax: "
+                + "; ".join(f"{row.config} vs {row.against} ({row.why})" for row in unclear)
             )
         )
     if not verdicts:
-        out.append(Note("no configuration differs significantly from the baseline at this concurrency"))
+        out.append(Note("no configuration differs significantly from its partner at this concurrency"))
     return out
+
+
+def _unseen_text(a: TraceCheck) -> str:
+    """What a trace cannot check on a path with a hop that exports no spans, said as expected."""
+    if not a.unseen_hops:
+        return ""
+    return (
+        f" ({', '.join(a.unseen_hops)} exports no spans, as expected: it reports its time in-band only, so a trace "
+        f"sees its links and its own time as one stretch: {' + '.join(a.together)} compared as one sum"
+        + (f", {' / '.join(a.skipped)} not compared" if a.skipped else "")
+        + ")"
+    )
 
 
 def trace_notes(r: Report) -> list[Note]:
@@ -114,6 +126,7 @@ def trace_notes(r: Report) -> list[Note]:
             parts.append(
                 f"{n} {a.matched} traces "
                 + ("agree" if not bad else "differ on " + ", ".join(f"{k} ({v})" for k, v in bad.items()))
+                + _unseen_text(a)
             )
         out.append(
             Note(
@@ -134,3 +147,46 @@ def trace_notes(r: Report) -> list[Note]:
             )
         )
     return out
+
+
+def _worst(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return max(got) if got else None
+
+
+def run_note(r: Report) -> Note | None:
+    """Said once for the whole run: the machine was busy (its load average), and where the load
+    generator's event loop waited for a core that other processes held. Both calls of a pair saw that
+    moment, so paired figures cancel most of it; absolute times carry it."""
+    contended = [
+        (conc, c) for conc in r.concurrency for t in r.targets.values() if (c := _client(t.at(conc))) and c.contended
+    ]
+    load = r.meta.load_average
+    busy_box = load is not None and r.meta.cpus is not None and load[0] > r.meta.cpus
+    if not contended and not busy_box:
+        return None
+    text = "the machine was busy"
+    if load is not None:
+        text += (
+            f" (load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} over 1 / 5 / 15 min on {r.meta.cpus} cores)"
+        )
+    if contended:
+        concs = sorted({conc for conc, _ in contended})
+        lag = _worst([c.loop_lag_ms.get("p99") for _, c in contended])
+        wait = _worst([c.loop_wait_lag_ms.get("p99") for _, c in contended])
+        cpu = _worst([c.cpu_percent.get("mean") for _, c in contended])
+        text += (
+            f": the load generator's event loop waited for a core at concurrency {', '.join(map(str, concs))} "
+            f"(lag p99 up to {lag or 0:.1f} ms"
+            + (f", {wait:.1f} ms of it runnable without a core" if wait is not None else "")
+            + f", the loop itself at {cpu or 0:.0f}% of one core: other processes, not its own load)"
+        )
+    text += (
+        "; network hop 1 holds that waiting in both calls of each pair, so paired figures cancel most of it, "
+        "absolute times do not"
+    )
+    return Note(text, "note", "client-note")
+
+
+def _client(g: Group | None) -> ClientHealth | None:
+    return g.client if g is not None else None

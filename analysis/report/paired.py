@@ -2,9 +2,16 @@
 
 In an interleaved run (``pathprobe load --mix``) each user sends one call to every
 configuration per *cycle*, in a shuffled order, so the calls of one cycle saw the same
-moment of the machine. A configuration's call is paired with the baseline's call of the
+moment of the machine. A configuration's call is paired with its *partner's* call of the
 same cycle (same round, load process, user and cycle number); the differences of the
 pairs cancel the drift and contention both saw.
+
+The partner (:func:`partners`) is the direct path of the configuration's own client protocol
+(an HTTP gateway against the server's HTTP front end, a gRPC one against its gRPC port): a
+path's cost is what it adds to what its client would otherwise call. The first direct path
+of a protocol (the reference itself) is paired with the baseline (what that protocol costs
+against the other), and so is a configuration whose protocol has no direct path in the run.
+A baseline named in the config (``baseline: NAME``) pairs every configuration with it.
 
 **Path tax**: what a request spends outside the engine -- e2e minus queueing minus
 inference, i.e. network + serialization + other (+ whatever the model cannot split).
@@ -108,6 +115,23 @@ def pairs(records: Sequence[R], baseline: Sequence[R]) -> list[tuple[R, R]]:
     return out
 
 
+def partners(targets: Mapping[str, Mapping[str, object]], baseline: str, *, explicit: bool = False) -> dict[str, str]:
+    """Each ok configuration (but the baseline) and the configuration its calls are paired with: the
+    first direct target of its client protocol (``kind``/``protocol``/``status`` of report.json's
+    targets), else the baseline; every one with the baseline when ``explicit``."""
+    directs: dict[object, str] = {}
+    for name, t in targets.items():
+        if t.get("kind") == "direct" and t.get("status") == "ok" and t.get("protocol"):
+            directs.setdefault(t.get("protocol"), name)
+    out: dict[str, str] = {}
+    for name, t in targets.items():
+        if name == baseline or t.get("status") != "ok":
+            continue
+        own = directs.get(t.get("protocol"))
+        out[name] = baseline if explicit or own is None or own == name else own
+    return out
+
+
 def is_interleaved(records: Sequence[Mapping[str, object]]) -> bool:
     return any(r.get("cycle") is not None for r in records)
 
@@ -182,8 +206,9 @@ def judge(
     min_ms: float = MIN_EFFECT_MS,
     min_rel: float = MIN_EFFECT_REL,
 ) -> list[dict[str, Any]]:
-    """Holm-adjust the Wilcoxon p-values of ``per_target`` (name -> paired result) and give each its
-    ``verdict`` (and ``why`` when there is none), in place; returns the verdict lines."""
+    """Holm-adjust the Wilcoxon p-values of ``per_target`` (name -> paired result, its partner in
+    ``against``, else ``baseline``) and give each its ``verdict`` (and ``why`` when there is none), in
+    place; returns the verdict lines."""
     names = [n for n, r in per_target.items() if "path_tax" in r]
     adjusted = stats.holm([per_target[n]["wilcoxon_p"] for n in names])
     verdicts = []
@@ -205,7 +230,8 @@ def judge(
             key=lambda kv: -abs(kv[1]),
         )
         text = (
-            f"c={conc}: {name} {r['verdict']}: {med['value']:+.3f} ms of path tax per call vs {baseline} "
+            f"c={conc}: {name} {r['verdict']}: {med['value']:+.3f} ms of path tax per call vs "
+            f"{r.get('against') or baseline} "
             f"(paired median [95% CI {med['lo']:+.3f}, {med['hi']:+.3f}], n={r['n']} pairs, Wilcoxon p="
             f"{p_adj:.2g} Holm, minimum effect {floor:.2f} ms); mostly "
             + ", ".join(f"{m} {v:+.3f} ms" for m, v in parts[:2])
@@ -214,6 +240,7 @@ def judge(
             {
                 "concurrency": conc,
                 "target": name,
+                "against": r.get("against") or baseline,
                 "text": text,
                 "kind": "path_tax",
                 "verdict": r["verdict"],

@@ -42,17 +42,39 @@ def within(a: float, b: float, rel: float = 0.05, abs_ms: float = 0.2) -> bool:
     return abs(a - b) <= max(rel * abs(b), abs_ms)
 
 
+#: what a trace cannot split on a path with a hop that exports no spans (it reports in-band only):
+#: that hop's two links and its own time are one stretch of network in the trace
+UNSEEN_HOP_SEGMENTS = ("network", "other")
+UNSEEN_HOP_SKIPPED = ("network_hop1", "network_hop2")
+
+
+def _together(split: Mapping[str, object], together: Sequence[str]) -> dict[str, object]:
+    """A split with the ``together`` segments summed under one key ("network+other")."""
+    out = {k: v for k, v in split.items() if k not in together}
+    parts = [float(v) for k in together if isinstance(v := split.get(k), int | float)]
+    out["+".join(together)] = sum(parts) if len(parts) == len(together) else None
+    return out
+
+
 def agreement(
     trace_splits: Sequence[Any],
     records: Sequence[Mapping[str, Any]],
     *,
     rel: float = 0.05,
     abs_ms: float = 0.2,
+    together: Sequence[str] = (),
+    skipped: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Match trace splits to records by trace id; per segment, how far apart they are."""
+    """Match trace splits to records by trace id; per segment, how far apart they are.
+
+    ``together``: segments compared as their sum only (a hop the trace cannot see moves time between
+    them); ``skipped``: segments the trace cannot make at all (not compared, listed as such)."""
     by_id = {r["trace_id"]: r for r in records if r.get("trace_id") and r.get("split")}
+    keys = [k for k in ("e2e", *SPLIT_KEYS) if k not in together and k not in skipped]
+    if together:
+        keys.append("+".join(together))
     per: dict[str, dict[str, Any]] = {
-        k: {"n": 0, "outside": 0, "max_abs_diff_ms": 0.0, "worst_trace": None} for k in ("e2e", *SPLIT_KEYS)
+        k: {"n": 0, "outside": 0, "max_abs_diff_ms": 0.0, "worst_trace": None} for k in keys
     }
     matched = 0
     for ts in trace_splits:
@@ -62,6 +84,8 @@ def agreement(
         matched += 1
         mine = ts.split.as_dict()
         theirs: Mapping[str, Any] = rec["split"] or {}
+        if together:
+            mine, theirs = _together(mine, together), _together(theirs, together)
         for key, st in per.items():
             a, b = mine.get(key), theirs.get(key)
             if a is None or b is None:
@@ -78,5 +102,7 @@ def agreement(
         "records_with_trace": len(by_id),
         "matched": matched,
         "segments": per,
+        "together": list(together),
+        "skipped": list(skipped),
         "agree": matched > 0 and all(st["outside"] == 0 for st in per.values()),
     }

@@ -17,6 +17,7 @@ from pathprobe.analysis.report import plots
 from pathprobe.analysis.report.blocks import Block, Code, Figure, Heading, Note, Notes, Paragraph, Row, Table, Title
 from pathprobe.analysis.report.figures import path_tax_rows
 from pathprobe.analysis.report.model import Propagation, Report
+from pathprobe.analysis.report.notes import run_note
 from pathprobe.analysis.report.tables import (
     ESTIMATED_NOTE,
     estimated_note,
@@ -43,15 +44,26 @@ class Page:
 Section = Callable[[Page], list[Block]]
 
 
+#: how the figures are paired, in one line (the method in full is at the end of the page)
+PAIRING_LINE = (
+    "calls to every configuration interleaved one by one; each configuration paired with the direct path of "
+    "its own client protocol, call by call (method: at the end)"
+)
+
+
 def header(page: Page) -> list[Block]:
-    """Title, when and where, the placement, the baseline and the method, the network conditions."""
+    """Title, when and where, the placement, how the figures are paired, what held for the whole run (the
+    machine's load, said once), the network conditions."""
     r, meta = page.report, page.report.meta
     out: list[Block] = [Title(f"pathprobe compare — {meta.engine}")]
     version = meta.versions.get("pathprobe", "")
     out.append(Paragraph(f"{meta.started} · {meta.host} · {meta.cpus or ''} CPUs · pathprobe {version}", muted=True))
     if meta.placement:
         out.append(Paragraph(placement_line(meta.placement), muted=True))
-    out.append(Paragraph(f"baseline: {r.baseline}; {r.method.summary}"))
+    out.append(Paragraph(PAIRING_LINE if r.interleaved else f"baseline: {r.baseline} (method: at the end)"))
+    machine = run_note(r)
+    if machine is not None:
+        out.append(Notes((machine,)))
     if r.network:
         net = r.network
         out.append(
@@ -74,7 +86,7 @@ def lead_figure(page: Page) -> list[Block]:
     if card is None or not card.rows:
         return []
     caption = "stacked: mean paired difference per segment; marker: added p50 with its 95 % interval"
-    return [Figure("What each configuration adds", caption, lambda: plots.plot_scorecard(page.report))]
+    return [Figure("What each configuration adds", caption, lambda: plots.plot_scorecard(page.report), "lead-figure")]
 
 
 def scorecard(page: Page) -> list[Block]:
@@ -139,10 +151,10 @@ def _warnings(r: Report, conc: int) -> Notes:
     """The load generator's health, the accounting, streamed chunks and missing server timing."""
     from pathprobe.analysis.report.notes import accounting_notes, group_warnings
 
-    items = [
-        Note(w.text, "WARNING", "client-warning") if w.kind == "saturated" else Note(w.text, "note", "client-note")
+    items = [  # a contended client (other processes took its core) is said once, in the header
+        Note(w.text, "WARNING", "client-warning")
         for w in r.client_warnings
-        if w.concurrency == conc
+        if w.concurrency == conc and w.kind == "saturated"
     ]
     return Notes(tuple(items + accounting_notes(r, conc) + group_warnings(r, conc)))
 
@@ -287,7 +299,12 @@ def problems(page: Page) -> list[Block]:
 
 def method(page: Page) -> list[Block]:
     """How the figures were made, in full."""
-    return [Heading("Method"), Code(json.dumps(page.report.method.model_dump(mode="json"), indent=1))]
+    r = page.report
+    return [
+        Heading("Method"),
+        Paragraph(f"baseline: {r.baseline}; {r.method.summary}"),
+        Code(json.dumps(r.method.model_dump(mode="json"), indent=1)),
+    ]
 
 
 def files(page: Page) -> list[Block]:

@@ -24,8 +24,8 @@ ESTIMATED_NOTE = (
 )
 
 PATH_TAX_CAPTION = (
-    "path tax per call (everything but the engine; p50 ms; calls interleaved one by one, paired with "
-    "the baseline's call of the same cycle)"
+    "path tax per call (everything but the engine; p50 ms; calls interleaved one by one, each paired with "
+    "the call of the same cycle to the configuration under 'vs': the direct path of its own client protocol)"
 )
 
 
@@ -80,7 +80,8 @@ PATH_TAX_COLUMNS = (
     "serialization",
     "other",
     "engine",
-    "Δ path tax vs base",
+    "vs",
+    "Δ path tax",
     "95% CI",
     "pairs",
     "verdict",
@@ -92,6 +93,7 @@ def _path_tax_row(r: PathTaxRow) -> Row:
     cells = (
         r.config + (" (base)" if r.baseline else ""),
         *(fmt_ms(v) for v in (r.path_tax, r.network_hop1, r.network_hop2, r.serialization, r.other, r.engine)),
+        r.against or "–",
         _signed(d.value, "+.3f"),
         f"{d.lo:+.3f} – {d.hi:+.3f}" if d.lo is not None and d.hi is not None else "–",
         "–" if r.pairs is None else str(r.pairs),
@@ -106,7 +108,7 @@ def path_tax_table(rows: Sequence[PathTaxRow], conc: int) -> Table:
         PATH_TAX_COLUMNS,
         tuple(_path_tax_row(r) for r in rows),
         caption=f"{PATH_TAX_CAPTION}, concurrency {conc}",
-        left=frozenset({0, 8, 10}),
+        left=frozenset({0, 7, 9, 11}),
         kind="path-tax",
         concurrency=conc,
     )
@@ -235,4 +237,4 @@ def score_table(card: Scorecard, stream: bool) -> Table:
         cells += [cpu, _mb(r.rss_rest_mb), _mb(r.rss_load_mb)]
         rows.append(Row(tuple(cells), key=r.target))
     left = frozenset({0, 1, len(cols) - 4}) if stream else frozenset({0, 1})
-    return Table(cols, tuple(rows), caption="scorecard", left=left, kind="scorecard")
+    return Table(cols, tuple(rows), caption="scorecard", left=left, kind="scorecard", anchor="scorecard")
