@@ -158,12 +158,14 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         paths = _bring_up(cfg, stack, log)
         live = _live(paths)
         propagation = _check_propagation(live, log)
-        rounds = Rounds(cfg, stack, live, primary, prepare_prompts(cfg, out, log), log)
+        prompt_file = prepare_prompts(cfg, out, log)
+        rounds = Rounds(cfg, stack, live, primary, prompt_file, log)
         rounds.warm_up()
         capture = _start_capture(cfg, live, out, log)
         rounds.measure()
         if capture is not None:
             capture.stop()
+        frontier = _frontier(cfg, stack, live, prompt_file, log)
         if cfg.tracing:
             time.sleep(1.5)  # servers and gateways export spans every 0.5 s
         server_startup = stack.server_startup_ms() if cfg.mode == "local" else None
@@ -177,10 +179,24 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     raw["meta"]["placement"] = {**stack.placement.as_dict(), "engine_process": stack.engine_process}
     for name, found in propagation.items():
         raw["targets"][name]["propagation"] = found
+    if frontier is not None:
+        raw["frontier"] = frontier
     _cross_check(cfg, raw, paths, rounds.results, capture, out, log)
     report = _typed(raw, samples, rounds.results, cfg.load.concurrency)  # the report, typed, built once
     write_reports(report, rounds.results, out, html, primary)
     return report
+
+
+def _frontier(
+    cfg: CompareConfig, stack: Stack, live: list[Path_], prompt_file: Path | None, log: Callable[[str], None]
+) -> dict[str, object] | None:
+    """The throughput frontier phase (``frontier:`` in the config), after the measured rounds."""
+    if cfg.frontier is None:
+        return None
+    from pathprobe.analysis.lab.frontierrun import FrontierRun
+
+    ok = [p for p in live if p.status == "ok"]
+    return FrontierRun(cfg, stack.out, stack.placement, prompt_file, log).run(ok)
 
 
 def _records_by_concurrency(
