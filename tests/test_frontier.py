@@ -20,8 +20,6 @@ from pathprobe.analysis.report.model import Report
 from tests.support.procs import Server, free_port
 from tests.test_proxies import Running
 
-pytestmark = pytest.mark.slow
-
 #: requests/s nginx lets through (limit_req rate). Below it nginx still spaces requests that come
 #: closer than 1/rate (50 ms: a late client or a late nginx timer costs little against that), so
 #: the bounds checked are well above that shaping; above it the wait grows with the run (5 % over
@@ -49,6 +47,7 @@ def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, R
     srv.stop()
 
 
+@pytest.mark.slow
 def test_compare_frontier_finds_a_known_capacity(capped, tmp_path: Path) -> None:
     """compare's frontier block (remote mode: the capped nginx and the server's own HTTP port, the
     direct path of the same protocol), read back from report.json: the knee of every generous bound
@@ -119,3 +118,33 @@ def test_search_bisects_each_bound_and_refuses_a_saturated_client() -> None:
     assert [p.load for p in refused.refused] == [200.0] and "saturated" in refused.note
     knee = refused.knee(5.0)
     assert knee.load == 100.0 and knee.next_load is None, "no figure beyond what was measured"
+
+
+def test_frontier_config_checks_and_litellm_interleaves_with_openai_paths_only() -> None:
+    """The frontier block's checks name the field; LiteLLM (its own key and chat route) interleaves call
+    by call with OpenAI-speaking paths (so the scorecard pairs it), never with a gRPC or plain HTTP one."""
+    from pathprobe.analysis.lab.config import TargetConfig, parse_config
+    from pathprobe.analysis.lab.loadrun import interleavable
+    from pathprobe.analysis.lab.paths import Path_
+    from pathprobe.errors import ConfigError
+
+    base = {"server": {"engine": "synthetic", "decode_ms_per_token": 20}}
+    cfg = parse_config({**base, "frontier": {"stream": {"gap_ms": 20}, "targets": ["nginx"]}})
+    assert cfg.frontier is not None and cfg.frontier.bounds_ms == [1.0, 5.0, 10.0, 50.0]
+    with pytest.raises(ConfigError, match="frontier.stream.gap_ms"):
+        parse_config({**base, "frontier": {"stream": {"gap_ms": 10}}})
+    with pytest.raises(ConfigError, match="frontier.targets"):
+        parse_config({"frontier": {"targets": ["nope"]}})
+    with pytest.raises(ConfigError, match="start_rps"):
+        parse_config({"frontier": {"start_rps": 500, "max_rps": 100}})
+
+    def path(name: str, kind: str, protocol: str, litellm: bool = False) -> Path_:
+        p = Path_(TargetConfig(name=name, kind=kind, protocol=protocol))  # type: ignore[arg-type]
+        if litellm:
+            p.headers, p.load_args = {"Authorization": "Bearer k"}, ["--openai-api", "chat", "--model", "m"]
+        return p
+
+    lite = path("litellm", "litellm", "openai", litellm=True)
+    assert interleavable(cfg, [path("direct-openai", "direct", "openai"), lite])
+    assert not interleavable(cfg, [path("direct-http", "direct", "http"), lite])
+    assert interleavable(cfg, [path("direct-http", "direct", "http"), path("nginx", "nginx", "http")])
