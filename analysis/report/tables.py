@@ -252,14 +252,19 @@ def score_table(card: Scorecard, stream: bool) -> Table:
     return Table(cols, tuple(rows), caption="scorecard", left=left, kind="scorecard")
 
 
+def load_text(v: float) -> str:
+    """A load as read: three significant digits (a bisected rate is 29.7, not 29.7302), whole above 1000."""
+    return f"{v:.0f}" if v >= 1000 else f"{v:.3g}"
+
+
 def knee_cell(k: FrontierKnee | None) -> str:
     """A knee as read: the load that held; '≥' when nothing measured crossed the bound; '<' when even
     the first load did."""
     if k is None:
         return "–"
     if k.load is None:
-        return "–" if k.next_load is None else f"< {k.next_load:g}"
-    return f"≥ {k.load:g}" if k.next_load is None else f"{k.load:g}"
+        return "–" if k.next_load is None else f"< {load_text(k.next_load)}"
+    return f"≥ {load_text(k.load)}" if k.next_load is None else load_text(k.load)
 
 
 def _held_point(search: FrontierSearch) -> FrontierPoint | None:
@@ -276,11 +281,12 @@ def _frontier_row(name: str, t: FrontierTarget, bounds: Sequence[float], stream:
         cells.append(knee_cell(t.stream.knees[0] if t.stream is not None and t.stream.knees else None))
     at = _held_point(u) if u is not None else None
     cells += [
-        "–" if at is None else f"{at.load:g}",
+        "–" if at is None else load_text(at.load),
         "–" if at is None or at.cpu_ms_per_request is None else f"{at.cpu_ms_per_request:.3f}",
         _mb(at.rss_mb if at is not None else None),
         str(sum(len(s.points) for s in (u, t.stream) if s is not None)),
-        "; ".join(f"{s.refused[0].load:g}: {s.refused[0].reason}" for s in (u, t.stream) if s and s.refused) or "–",
+        "; ".join(f"{load_text(s.refused[0].load)}: {s.refused[0].reason}" for s in (u, t.stream) if s and s.refused)
+        or "–",
     ]
     return Row(tuple(cells), key=name)
 
