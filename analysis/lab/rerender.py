@@ -12,6 +12,7 @@ from pathprobe.analysis.lab.config import CompareConfig, TargetConfig
 from pathprobe.analysis.lab.loadrun import RunResult, read_accounting, read_client, read_path_cpu
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.reportfiles import write_reports
+from pathprobe.analysis.report import scorecard
 from pathprobe.analysis.report.model import Report, Target
 from pathprobe.errors import ConfigError
 from pydantic import ValidationError
@@ -51,6 +52,9 @@ def rerender(
         for key in ("cold_start", "slowest", "trace_agreement"):
             if key in prev_t.model_fields_set:
                 setattr(t_new, key, getattr(prev_t, key))
+    if old.frontier is not None:  # the frontier's steps are not under runs/: kept as measured
+        report.frontier = old.frontier
+        scorecard.add_frontier(report.scorecard, report)
     report.meta.rerendered_from = str(old_path)
     write_reports(report, results, out, html, old.primary)
     log(f"re-rendered {out} with baseline {report.baseline}")
