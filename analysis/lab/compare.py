@@ -168,12 +168,14 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
         live = _live(paths)
         propagation = _check_propagation(live, log)
         first = cfg.load.payloads[0].prompt_tokens
-        rounds = Rounds(cfg, stack, live, primary, prompt_files[first], log, prompt_files)
+        prompt_file = prompt_files[first]
+        rounds = Rounds(cfg, stack, live, primary, prompt_file, log, prompt_files)
         rounds.warm_up()
         capture = _start_capture(cfg, live, out, log)
         rounds.measure()
         if capture is not None:
             capture.stop()
+        frontier = _frontier(cfg, stack, live, prompt_file, log)
         if cfg.tracing:
             time.sleep(1.5)  # servers and gateways export spans every 0.5 s
         server_startup = stack.server_startup_ms() if cfg.mode == "local" else None
@@ -191,6 +193,8 @@ def _run_compare(cfg: CompareConfig, *, log: Callable[[str], None], html: bool) 
     raw["meta"]["placement"] = {**stack.placement.as_dict(), "engine_process": stack.engine_process}
     for name, found in propagation.items():
         raw["targets"][name]["propagation"] = found
+    if frontier is not None:
+        raw["frontier"] = frontier
     _cross_check(cfg, raw, paths, results, capture, out, log)
     report = _typed(raw, samples, results, cfg.load.concurrency)  # the report, typed, built once
     write_reports(report, results, out, html, primary)
@@ -230,6 +234,18 @@ def payload_block(cfg: CompareConfig, results: dict[str, list[RunResult]], lim: 
         rows=rows,
         limits=[Limit.model_validate(r) for r in lim.rows(cfg)] if lim is not None else [],
     )
+
+
+def _frontier(
+    cfg: CompareConfig, stack: Stack, live: list[Path_], prompt_file: Path | None, log: Callable[[str], None]
+) -> dict[str, object] | None:
+    """The throughput frontier phase (``frontier:`` in the config), after the measured rounds."""
+    if cfg.frontier is None:
+        return None
+    from pathprobe.analysis.lab.frontierrun import FrontierRun
+
+    ok = [p for p in live if p.status == "ok"]
+    return FrontierRun(cfg, stack.out, stack.placement, prompt_file, log).run(ok)
 
 
 def _records_by_concurrency(

@@ -225,6 +225,58 @@ class LoadConfig(_Strict):
         return self
 
 
+class FrontierStreamConfig(_Strict):
+    """The streams frontier: how many concurrent streams of ``chunks`` chunks, paced by the server
+    (``gap_ms`` apart: the synthetic engine's ``decode_ms_per_token``), a path sustains before its
+    added inter-chunk gap p99 crosses ``bound_ms``."""
+
+    chunks: int = Field(64, ge=2, description="chunks (max_tokens) per stream")
+    gap_ms: float | None = Field(
+        None, gt=0, description="the pacing; must equal server.decode_ms_per_token (default: the server's)"
+    )
+    bound_ms: float = Field(5.0, gt=0, description="the added gap p99 that ends the search")
+    start: int = Field(1, ge=1, description="concurrent streams of the first step")
+    max_streams: int = Field(64, ge=1)
+    duration_s: float = Field(5.0, gt=0, description="measured seconds per step")
+
+
+class FrontierConfig(_Strict):
+    """The throughput frontier (opt-in): per configuration, open-loop rate steps (the path and the
+    direct path of its client protocol at the same time, at every step) up to where the added p99
+    crosses each bound or errors appear; the knee found by bisection (analysis/lab/frontier.py)."""
+
+    bounds_ms: list[float] = Field(default_factory=lambda: [1.0, 5.0, 10.0, 50.0], min_length=1)
+    start_rps: float = Field(10.0, gt=0, description="requests/s of the first step")
+    max_rps: float = Field(400.0, gt=0, description="the highest rate offered")
+    growth: float = Field(2.0, gt=1, description="the step up: each rate is the last x growth")
+    tolerance: float = Field(0.1, gt=0, lt=1, description="bisection ends when held and crossed are this close")
+    duration_s: float = Field(3.0, gt=0, description="measured seconds per step")
+    warmup_s: float = Field(1.0, ge=0, description="each step's first seconds, not counted")
+    users: int = Field(64, ge=1, description="users of each open-loop load process (requests in flight at most)")
+    max_tokens: int = Field(1, ge=1, description="unary steps: max_tokens per request")
+    targets: list[str] | None = Field(
+        None, description="configurations to search (default: every one with a direct path)"
+    )
+    unary: bool = Field(True, description="search the request rate (unary calls)")
+    stream: FrontierStreamConfig | None = None
+
+    @field_validator("bounds_ms")
+    @classmethod
+    def _bounds(cls, v: list[float]) -> list[float]:
+        for i, b in enumerate(v):
+            if b <= 0:
+                raise ValueError(f"entry {i} is {b}; every bound must be > 0 ms")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _range(self) -> FrontierConfig:
+        if self.start_rps > self.max_rps:
+            raise ValueError(f"start_rps {self.start_rps:g} is above max_rps {self.max_rps:g}")
+        if self.stream is not None and self.stream.start > self.stream.max_streams:
+            raise ValueError(f"stream.start {self.stream.start} is above stream.max_streams {self.stream.max_streams}")
+        return self
+
+
 class HopConfig(_Strict):
     """One hop of a ``chain`` target: a pathprobe gateway or a third-party proxy."""
 
@@ -426,6 +478,8 @@ class CompareConfig(_Strict):
     load: LoadConfig = Field(default_factory=LoadConfig)
     network: NetworkConfig | None = None
     targets: list[TargetConfig] = Field(default_factory=_default_targets, min_length=1)
+    #: opt-in: the throughput frontier of each configuration, after the measured rounds
+    frontier: FrontierConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> CompareConfig:
@@ -443,7 +497,23 @@ class CompareConfig(_Strict):
             for t in self.targets:
                 if t.enabled and not t.address:
                     raise ValueError(f"remote mode: target '{t.name}' needs 'address'")
+        if self.frontier is not None:
+            self._check_frontier(self.frontier, enabled)
         return self
+
+    def _check_frontier(self, fr: FrontierConfig, enabled: list[str]) -> None:
+        for name in fr.targets or ():
+            if name not in enabled:
+                raise ValueError(f"frontier.targets: '{name}' is not an enabled target ({', '.join(enabled)})")
+        stream = fr.stream
+        if stream is None or stream.gap_ms is None or self.mode != "local" or self.server.engine != "synthetic":
+            return
+        pacing = self.server.decode_ms_per_token or SERVE.decode_ms_per_token
+        if abs(stream.gap_ms - pacing) > 1e-9:
+            raise ValueError(
+                f"frontier.stream.gap_ms: {stream.gap_ms:g} ms is not the server's pacing "
+                f"(server.decode_ms_per_token: {pacing:g} ms); set both to the same value"
+            )
 
     @property
     def enabled_targets(self) -> list[TargetConfig]:

@@ -44,6 +44,11 @@ class Point:
     errors: int
     client_saturated: bool = False
     reason: str = ""
+    #: the load generators' own health at this load (each process's ``client`` block, abridged)
+    clients: dict[str, dict[str, object]] = field(default_factory=dict)
+    achieved: float | None = None  # requests/s the path's load process completed (streams: streams)
+    cpu_ms_per_request: float | None = None  # the path's own processes (not the shared server)
+    rss_mb: float | None = None  # the path's own processes, after the step
 
     def holds(self, bound_ms: float) -> bool:
         return self.errors == 0 and self.added_p99_ms is not None and self.added_p99_ms <= bound_ms
@@ -82,8 +87,11 @@ def search(
     limit: float,
     growth: float = 2.0,
     tolerance: float = 0.05,
+    quantum: float = 0.0,
 ) -> Frontier:
-    """Step up from ``start`` by ``growth`` (at most ``limit``), then bisect each bound's interval."""
+    """Step up from ``start`` by ``growth`` (at most ``limit``), then bisect each bound's interval.
+    ``quantum``: every load measured is a multiple of it (1: whole streams); an interval no
+    quantum can split is as narrow as it gets."""
     out = Frontier()
     seen: dict[float, Point] = {}
 
@@ -98,23 +106,32 @@ def search(
             out.points.append(point)
         return seen[load]
 
-    _step_up(at, max(bounds_ms), start, limit, growth)
+    _step_up(at, max(bounds_ms), start, limit, growth, quantum)
     for bound in sorted(bounds_ms):
-        out.knees.append(_bisect(at, seen, bound, tolerance))
+        out.knees.append(_bisect(at, seen, bound, tolerance, quantum))
     out.points.sort(key=lambda p: p.load)
     return out
 
 
-def _step_up(at: Callable[[float], Point | None], bound: float, start: float, limit: float, growth: float) -> None:
-    load = start
+def _quantize(load: float, quantum: float) -> float:
+    return max(quantum, round(load / quantum) * quantum) if quantum > 0 else load
+
+
+def _step_up(
+    at: Callable[[float], Point | None], bound: float, start: float, limit: float, growth: float, quantum: float
+) -> None:
+    load = _quantize(start, quantum)
     while load <= limit:
         point = at(load)
         if point is None or not point.holds(bound):
             return
-        load = min(load * growth, limit) if load < limit else limit * 2  # the limit itself is measured once
+        # the limit itself is measured once
+        load = _quantize(min(load * growth, limit), quantum) if load < limit else limit * 2
 
 
-def _bisect(at: Callable[[float], Point | None], seen: dict[float, Point], bound: float, tolerance: float) -> Knee:
+def _bisect(
+    at: Callable[[float], Point | None], seen: dict[float, Point], bound: float, tolerance: float, quantum: float
+) -> Knee:
     while True:
         held = [p.load for p in seen.values() if p.holds(bound)]
         broke = [p.load for p in seen.values() if not p.holds(bound)]
@@ -122,7 +139,10 @@ def _bisect(at: Callable[[float], Point | None], seen: dict[float, Point], bound
         hi = min(broke) if broke else None
         if lo is None or hi is None or (hi - lo) <= tolerance * lo:
             return Knee(bound, lo, hi)
-        if at(math.sqrt(lo * hi)) is None:  # refused: stop where the measurements end
+        mid = _quantize(math.sqrt(lo * hi), quantum)
+        if mid in (lo, hi) and quantum > 0:
+            mid = lo + quantum
+        if mid >= hi or at(mid) is None:  # no load between, or refused: stop where the measurements end
             return Knee(bound, lo, hi)
 
 
@@ -133,21 +153,26 @@ def _p(values: list[float], q: float) -> float | None:
 Run = tuple[list[dict[str, object]], dict[str, object]]  # one load process's records and summary
 
 
-def _e2e(records: list[dict[str, object]]) -> list[float]:
+def e2e_values(records: list[dict[str, object]]) -> list[float]:
     return [float(r["e2e_ms"]) for r in records if r.get("ok")]  # type: ignore[arg-type]
 
 
-def _gaps(records: list[dict[str, object]]) -> list[float]:
+def latency_values(records: list[dict[str, object]]) -> list[float]:
+    """Open loop: from the scheduled send to the end (a call that waited for a free user counts its wait)."""
+    return [float(r.get("latency_ms", r["e2e_ms"])) for r in records if r.get("ok")]  # type: ignore[arg-type]
+
+
+def gap_values(records: list[dict[str, object]]) -> list[float]:
     return [float(g) for r in records if r.get("ok") for g in r.get("itl_ms") or ()]  # type: ignore[attr-defined]
 
 
 def point_from_runs(
-    load: float, runs: dict[str, Run], warmup_s: float = 0.0, metric: Callable[..., list[float]] = _e2e
+    load: float, runs: dict[str, Run], warmup_s: float = 0.0, metric: Callable[..., list[float]] = latency_values
 ) -> Point:
     """A :class:`Point` from the path's run and its direct path's run at the same load (each the
     records and summary of one ``pathprobe load``), without each run's first ``warmup_s`` (its
     connections, first calls and the schedule catching up: start-up, not load). ``metric``: the
-    values compared (e2e of each call; :func:`_gaps`: each stream's inter-chunk gaps)."""
+    values compared (e2e of each call; :func:`gap_values`: each stream's inter-chunk gaps)."""
     runs = {name: (_after(recs, warmup_s), summary) for name, (recs, summary) in runs.items()}
     e2e = {name: metric(recs) for name, (recs, _) in runs.items()}
     path_records = [r for r in runs["path"][0] if r.get("status") != "STOPPED"]
@@ -161,7 +186,33 @@ def point_from_runs(
         errors,
         client_saturated=bool(saturated),
         reason="; ".join(f"{name}: {_client(runs[name][1]).get('reason')}" for name, _ in saturated),
+        clients={name: health(_client(s)) for name, (_, s) in runs.items()},
+        achieved=_rate(path_records),
     )
+
+
+def health(client: dict[str, object]) -> dict[str, object]:
+    """What a point keeps of a load process's ``client`` block: the verdict and the figures behind it."""
+
+    def pick(key: str, sub: str) -> object:
+        block = client.get(key)
+        return block.get(sub) if isinstance(block, dict) else None
+
+    return {
+        "saturated": bool(client.get("saturated")),
+        "contended": bool(client.get("contended")),
+        "reason": client.get("reason"),
+        "loop_lag_p99_ms": pick("loop_lag_ms", "p99"),
+        "loop_busy_lag_p99_ms": pick("loop_busy_lag_ms", "p99"),
+        "cpu_percent_mean": pick("cpu_percent", "mean"),
+        "process_cpu_percent_mean": pick("cpu_percent", "process_mean"),
+    }
+
+
+def _rate(records: list[dict[str, object]]) -> float | None:
+    """Completed calls per second over the span of their ends (None under two calls)."""
+    ends = sorted(float(r["ts"]) + float(r.get("e2e_ms") or 0) / 1000 for r in records if r.get("ok"))  # type: ignore[arg-type]
+    return (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 and ends[-1] > ends[0] else None
 
 
 def _after(records: list[dict[str, object]], warmup_s: float) -> list[dict[str, object]]:
@@ -218,7 +269,7 @@ def stream_point(
     folder = out or Path(tempfile.mkdtemp(prefix="frontier-streams-"))
     extra = ("--stream", "--max-tokens", str(chunks), *extra_args)
     runs = _both(path_url, direct_url, None, warmup_s + duration_s, streams, extra, folder)
-    return point_from_runs(streams, runs, warmup_s, _gaps)
+    return point_from_runs(streams, runs, warmup_s, gap_values)
 
 
 def _both(

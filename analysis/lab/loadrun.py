@@ -325,8 +325,16 @@ def interleavable(cfg: CompareConfig, paths: list[Path_]) -> bool:
         cfg.load.interleave == "call"
         and len(paths) > 1
         and len({p.target.model for p in paths}) == 1
-        and not any(p.headers or p.load_args for p in paths)
-    )  # e.g. LiteLLM: its own route and key
+        and _one_request(paths)
+    )
+
+
+def _one_request(paths: list[Path_]) -> bool:
+    """No path needs its own headers or load arguments (e.g. LiteLLM: its route and key), or only
+    one kind of them and every path speaks the OpenAI API (the same chat request, with a key the
+    server of ours ignores, serves LiteLLM and the server's own OpenAI route alike)."""
+    own = {(json.dumps(p.headers, sort_keys=True), tuple(p.load_args)) for p in paths if p.headers or p.load_args}
+    return not own or (len(own) == 1 and all(p.target.protocol == "openai" for p in paths))
 
 
 def run_load_mixed(
@@ -350,12 +358,13 @@ def run_load_mixed(
     mixed_dir = out_root / MIXED / sub
     mix = ",".join(f"{p.name}={p.url}" for p in paths)
     extra = ["--mix", mix]
+    lead = next((p for p in paths if p.headers or p.load_args), paths[0])  # its headers and arguments serve all
     ca = next((p.tls_ca for p in paths if p.tls_ca), "")  # one throw-away CA per run signs every TLS path
-    if ca and not paths[0].tls_ca:
+    if ca and not lead.tls_ca:
         extra += ["--target-ca", ca]
     res = run_load(
         cfg,
-        paths[0],
+        lead,
         concurrency,
         rnd,
         duration_s * len(paths),

@@ -12,6 +12,7 @@ from pathprobe.analysis.lab.config import CompareConfig, Payload, TargetConfig
 from pathprobe.analysis.lab.loadrun import RunResult, read_accounting, read_client, read_path_cpu, run_subdir
 from pathprobe.analysis.lab.paths import Path_
 from pathprobe.analysis.lab.reportfiles import write_reports
+from pathprobe.analysis.report import scorecard
 from pathprobe.analysis.report.model import Report, Target
 from pathprobe.errors import ConfigError
 from pydantic import ValidationError
@@ -53,6 +54,9 @@ def rerender(
                 setattr(t_new, key, getattr(prev_t, key))
     if report.payload is not None and old.payload is not None:
         report.payload.limits = old.payload.limits  # what the run set (sized from its cut prompts)
+    if old.frontier is not None:  # the frontier's steps are not under runs/: kept as measured
+        report.frontier = old.frontier
+        scorecard.add_frontier(report.scorecard, report)
     # where, when and on what the run was (placement, load average): the run's, not this machine's now
     report.meta = old.meta.model_copy(update={"config": report.meta.config, "rerendered_from": str(old_path)})
     write_reports(report, primary_runs(cfg, results), out, html, old.primary)

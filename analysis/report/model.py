@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, JsonValue, PrivateAttr, model_validator
 
 #: bumped when a key changes meaning or moves; a reader checks it before trusting the rest
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the throughput frontier (Report.frontier, ScoreRow.frontier_*)
 
 Num = float | None  # a measured figure: null in JSON where it was NaN (nothing to measure)
 Json = dict[str, JsonValue]
@@ -285,6 +285,63 @@ class Memory(Open):
     load_mb: Num = None  # the most seen after a measured run: the plateau under load
 
 
+class FrontierPoint(Open):
+    """One load of a frontier search (requests/s, or concurrent streams), the path and its direct
+    path measured at the same time: what the path added, and the load generators' own health."""
+
+    load: float
+    added_p50_ms: Num = None
+    added_p99_ms: Num = None
+    requests: int = 0
+    errors: int = 0
+    client_saturated: bool = False
+    reason: str = ""
+    clients: dict[str, Json] = {}  # path / direct: each load process's health at this load
+    achieved: Num = None  # requests/s the path's load process completed
+    cpu_ms_per_request: Num = None  # the path's own processes
+    rss_mb: Num = None
+
+
+class FrontierKnee(Open):
+    """One bound's frontier: ``load`` held (the highest measured that did), ``next_load`` did not;
+    None: even the first load crossed it (``load``), or nothing measured did (``next_load``)."""
+
+    bound_ms: float
+    load: Num = None
+    next_load: Num = None
+
+
+class FrontierSearch(Open):
+    """One search (unary rates, or streams): its knees, its points, the points refused (client saturated)."""
+
+    knees: list[FrontierKnee] = []
+    points: list[FrontierPoint] = []
+    refused: list[FrontierPoint] = []
+    note: str = ""
+
+    def knee(self, bound_ms: float) -> FrontierKnee | None:
+        return next((k for k in self.knees if k.bound_ms == bound_ms), None)
+
+    def at(self, load: float | None) -> FrontierPoint | None:
+        return next((p for p in self.points if p.load == load), None)
+
+
+class FrontierTarget(Open):
+    against: str
+    unary: FrontierSearch | None = None
+    stream: FrontierSearch | None = None
+
+
+class Frontier(Open):
+    """The throughput frontier of each configuration (see analysis/lab/frontier.py)."""
+
+    bounds_ms: list[float]
+    stream_bound_ms: Num = None
+    method: str = ""
+    config: Json = {}
+    targets: dict[str, FrontierTarget] = {}
+
+
 class ScoreRow(Open):
     """One configuration against the direct path of its client protocol (see analysis/report/scorecard.py)."""
 
@@ -303,6 +360,10 @@ class ScoreRow(Open):
     cpu_ms_per_request: Num = None
     rss_rest_mb: Num = None
     rss_load_mb: Num = None
+    #: the throughput frontier, when measured: each bound's knee in requests/s (key: the bound in ms,
+    #: as text), and in concurrent streams at the stream bound
+    frontier_rps: dict[str, FrontierKnee] | None = None
+    frontier_streams: FrontierKnee | None = None
 
 
 class Scorecard(Open):
@@ -453,6 +514,7 @@ class Report(BaseModel):
     client_warnings: list[ClientWarning] = []
     scorecard: Scorecard | None = None
     payload: PayloadSweep | None = None
+    frontier: Frontier | None = None
     self_reports: list[SelfReportLine] = []
     server_startup_ms: dict[str, float] | None = None
     traces_error: str | None = None

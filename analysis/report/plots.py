@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pathprobe.analysis.report.figures import metric_values
-from pathprobe.analysis.report.model import Group, HopPath, Report
+from pathprobe.analysis.report.model import Frontier, Group, HopPath, Report
 from pathprobe.records import RequestRecord
 from pathprobe.segments import SEGMENTS
 
@@ -363,4 +363,30 @@ def plot_scorecard(report: Report) -> str | None:
     ax.set_title("what each configuration adds, and where")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(loc="lower right", fontsize=7)
+    return _png(fig)
+
+
+def plot_frontier(fr: Frontier) -> str | None:
+    """Added p99 over the direct path against the offered rate, one line per configuration (log-log),
+    the bounds as horizontal lines; refused steps (client saturated) as crosses."""
+    import matplotlib.pyplot as plt
+
+    searches = {n: t.unary for n, t in fr.targets.items() if t.unary is not None and t.unary.points}
+    if not searches:
+        return None
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    for name, s in searches.items():
+        pts = [(p.load, p.added_p99_ms) for p in s.points if p.added_p99_ms is not None]
+        line = ax.plot([x for x, _ in pts], [max(y, 0.01) for _, y in pts], marker="o", markersize=3, label=name)
+        color = line[0].get_color()
+        for p in s.refused:
+            ax.axvline(p.load, color=color, linestyle=":", linewidth=0.8)
+    for b in fr.bounds_ms:
+        ax.axhline(b, color="#888", linewidth=0.6, linestyle="--")
+    ax.set_yscale("log")
+    ax.set_ylabel("added p99 ms (floor 0.01)")
+    ax.set_xlabel("offered requests/s (dotted: refused, load generator saturated)")
+    _plain_log_axis(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return _png(fig)

@@ -12,7 +12,9 @@ Per configuration, at the lowest concurrency measured (one request in flight whe
   minus the same of its direct path's gaps, the same cycles resampled;
 - **segments**: the mean paired difference of each segment of the split (where the added time went);
 - the buffering verdict (a proxy that holds a stream back), CPU per request of the configuration's
-  own processes, and their memory (RSS) at rest and after load.
+  own processes, and their memory (RSS) at rest and after load;
+- when the report has a throughput frontier: the most requests/s at which the added p99 held each
+  bound, and the most concurrent streams at the stream bound.
 
 Nothing is guessed: a figure that cannot be made (no pairs, not a stream, no own process) is None.
 """
@@ -71,7 +73,9 @@ def build(
         for name, direct in direct_for(report).items()
     ]
     rows = [r for r in rows if r.pairs]
-    return Scorecard(concurrency=conc, formula=FORMULA, rows=rows) if rows else None
+    card = Scorecard(concurrency=conc, formula=FORMULA, rows=rows) if rows else None
+    add_frontier(card, report)
+    return card
 
 
 def _row(
@@ -101,6 +105,18 @@ def _row(
         rss_rest_mb=memory.rest_mb if memory is not None else None,
         rss_load_mb=memory.load_mb if memory is not None else None,
     )
+
+
+def add_frontier(card: Scorecard | None, report: Report) -> None:
+    """Each row's frontier knees, when the report has its configuration's frontier."""
+    if card is None or report.frontier is None:
+        return
+    for row in card.rows:
+        found = report.frontier.targets.get(row.target)
+        if found is not None and found.unary is not None:
+            row.frontier_rps = {f"{k.bound_ms:g}": k for k in found.unary.knees}
+        if found is not None and found.stream is not None and found.stream.knees:
+            row.frontier_streams = found.stream.knees[0]
 
 
 def _e2e(rec: Record) -> float | None:

@@ -22,6 +22,7 @@ from pathprobe.analysis.report.tables import (
     ESTIMATED_NOTE,
     estimated_note,
     fmt_ms,
+    frontier_table,
     group_table,
     path_tax_table,
     placement_line,
@@ -100,6 +101,31 @@ def scorecard(page: Page) -> list[Block]:
         score_table(card, stream),
         Paragraph(card.formula, muted=True),
     ]
+
+
+def frontier(page: Page) -> list[Block]:
+    """The throughput frontier: the most load each configuration carries under each added-p99 bound."""
+    fr = page.report.frontier
+    if fr is None or not fr.targets:
+        return []
+    refused = [
+        Note(f"{kind} at {p.load:g}: {p.reason}", label="REFUSED", kind="client-warning", subject=name)
+        for name, t in fr.targets.items()
+        for kind, s in (("rps", t.unary), ("streams", t.stream))
+        if s is not None
+        for p in s.refused
+    ]
+    out: list[Block] = [
+        Heading("Throughput frontier: the most load under each bound on what the path adds"),
+        frontier_table(fr),
+        Paragraph(
+            "rps: requests/s that held (added p99 under the bound, no error); ≥: no step measured crossed it; "
+            "<: even the first step did. " + fr.method,
+            muted=True,
+        ),
+        Figure("Throughput frontier", "added p99 over the direct path at each step", lambda: plots.plot_frontier(fr)),
+    ]
+    return [*out, Notes(tuple(refused), intro="steps refused: the load generator saturated")] if refused else out
 
 
 def propagation(page: Page) -> list[Block]:
@@ -318,6 +344,7 @@ SECTIONS: tuple[Section, ...] = (
     header,
     lead_figure,
     scorecard,
+    frontier,
     path_tax,
     propagation,
     concurrency,

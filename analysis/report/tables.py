@@ -10,7 +10,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathprobe import rtt
 from pathprobe.analysis.report.blocks import Row, Table
 from pathprobe.analysis.report.figures import PathTaxRow, percentiles
-from pathprobe.analysis.report.model import Estimate, Group, Report, Scorecard, Target
+from pathprobe.analysis.report.model import (
+    Estimate,
+    Frontier,
+    FrontierKnee,
+    FrontierPoint,
+    FrontierSearch,
+    FrontierTarget,
+    Group,
+    Report,
+    Scorecard,
+    Target,
+)
 from pathprobe.segments import SEGMENTS
 from pydantic import JsonValue
 
@@ -221,6 +232,8 @@ def score_table(card: Scorecard, stream: bool) -> Table:
     if stream:
         cols += ("added TTFT p50", "added TTFT p99", "added gap p50", "added gap p99", "buffering")
     cols += ("CPU ms/req", "RSS rest MB", "RSS load MB")
+    bounds = sorted({b for r in card.rows for b in r.frontier_rps or {}}, key=float)
+    cols += tuple(f"rps @ p99 +{b} ms" for b in bounds)
     rows = []
     for r in card.rows:
         cells = [r.target, r.against, str(r.pairs), _est(r.added_p50), _est(r.added_p99)]
@@ -235,6 +248,59 @@ def score_table(card: Scorecard, stream: bool) -> Table:
             ]
         cpu = "–" if r.cpu_ms_per_request is None else f"{r.cpu_ms_per_request:.3f}"
         cells += [cpu, _mb(r.rss_rest_mb), _mb(r.rss_load_mb)]
+        cells += [knee_cell((r.frontier_rps or {}).get(b)) for b in bounds]
         rows.append(Row(tuple(cells), key=r.target))
-    left = frozenset({0, 1, len(cols) - 4}) if stream else frozenset({0, 1})
+    left = frozenset({0, 1, cols.index("buffering")}) if stream else frozenset({0, 1})
     return Table(cols, tuple(rows), caption="scorecard", left=left, kind="scorecard", anchor="scorecard")
+
+
+def load_text(v: float) -> str:
+    """A load as read: three significant digits (a bisected rate is 29.7, not 29.7302), whole above 1000."""
+    return f"{v:.0f}" if v >= 1000 else f"{v:.3g}"
+
+
+def knee_cell(k: FrontierKnee | None) -> str:
+    """A knee as read: the load that held; '≥' when nothing measured crossed the bound; '<' when even
+    the first load did."""
+    if k is None:
+        return "–"
+    if k.load is None:
+        return "–" if k.next_load is None else f"< {load_text(k.next_load)}"
+    return f"≥ {load_text(k.load)}" if k.next_load is None else load_text(k.load)
+
+
+def _held_point(search: FrontierSearch) -> FrontierPoint | None:
+    """The highest load that held the largest bound, else the lowest measured: where CPU and RSS are read."""
+    held = [k.load for k in search.knees if k.load is not None]
+    return search.at(max(held)) if held else (search.points[0] if search.points else None)
+
+
+def _frontier_row(name: str, t: FrontierTarget, bounds: Sequence[float], stream: bool) -> Row:
+    cells = [name, t.against]
+    u = t.unary
+    cells += [knee_cell(u.knee(b) if u is not None else None) for b in bounds]
+    if stream:
+        cells.append(knee_cell(t.stream.knees[0] if t.stream is not None and t.stream.knees else None))
+    at = _held_point(u) if u is not None else None
+    cells += [
+        "–" if at is None else load_text(at.load),
+        "–" if at is None or at.cpu_ms_per_request is None else f"{at.cpu_ms_per_request:.3f}",
+        _mb(at.rss_mb if at is not None else None),
+        str(sum(len(s.points) for s in (u, t.stream) if s is not None)),
+        "; ".join(f"{load_text(s.refused[0].load)}: {s.refused[0].reason}" for s in (u, t.stream) if s and s.refused)
+        or "–",
+    ]
+    return Row(tuple(cells), key=name)
+
+
+def frontier_table(fr: Frontier) -> Table:
+    """One row per configuration: the most requests/s under each added-p99 bound (and streams under the
+    gap bound), with the path's CPU and RSS at the highest load that held, and the refused steps."""
+    bounds = fr.bounds_ms
+    stream = any(t.stream is not None for t in fr.targets.values())
+    cols = ("config", "vs", *(f"rps @ p99 +{b:g} ms" for b in bounds))
+    if stream:
+        cols += (f"streams @ gap p99 +{fr.stream_bound_ms or 0:g} ms",)
+    cols += ("CPU/RSS at rps", "CPU ms/req", "RSS MB", "steps", "refused (client saturated)")
+    rows = tuple(_frontier_row(name, t, bounds, stream) for name, t in fr.targets.items())
+    return Table(cols, rows, caption="throughput frontier", left=frozenset({0, 1, len(cols) - 1}), kind="frontier")
