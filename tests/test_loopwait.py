@@ -116,9 +116,9 @@ def test_the_watch_floors_a_socket_at_the_last_poll_when_the_loop_was_busy() -> 
         loop.add_reader(a.fileno(), lambda: got.append(timing.now_ms()) or a.recv(10))
         await asyncio.sleep(0.01)
         busy_from = timing.now_ms()
-        time.sleep(0.05)  # the loop is busy: the bytes below wait for it
+        time.sleep(0.05)  # noqa: ASYNC251 - the loop is busy: the bytes below wait for it
         b.send(b"x")
-        time.sleep(0.05)
+        time.sleep(0.05)  # noqa: ASYNC251
         await asyncio.sleep(0.01)
         floor = watch.take(a.fileno())
         loop.remove_reader(a.fileno())

@@ -20,7 +20,7 @@ from pathprobe.server.core import ServerState
 
 async def block(request: web.Request) -> web.Response:
     ms = float(json.loads(await request.read())["ms"])
-    time.sleep(ms / 1000.0)  # the loop's thread: nothing else runs meanwhile
+    time.sleep(ms / 1000.0)  # noqa: ASYNC251 - the loop's thread: nothing else runs meanwhile
     return web.Response(text="{}", content_type="application/json")
 
 
