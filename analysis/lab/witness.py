@@ -258,6 +258,12 @@ def window_peers(pkts: Sequence[Packet], ports: Iterable[int], usual: Mapping[in
     return out
 
 
+def _booked_waits(rec: RequestRecord) -> list[float]:
+    """Each reporting hop's wait for its loop as the record's split booked it, outermost first."""
+    split: Mapping[str, Any] = rec.get("split") or {}
+    return [float(h.get("wait", 0.0)) for h in split.get("hops") or ()]
+
+
 def witness_request(
     rec: RequestRecord, pkts: Sequence[Packet], path: Chain, peers: Mapping[int, int] | None = None
 ) -> dict[str, Any] | None:
@@ -279,7 +285,7 @@ def witness_request(
         if enter_req is None or arrive_req is None or leave_resp is None or exit_resp is None:
             return None
         edges.append((enter_req, arrive_req, leave_resp, exit_resp))
-    booked = [float(h.get("wait", 0.0)) for h in (rec.get("split") or {}).get("hops") or ()]
+    booked = _booked_waits(rec)
     for i, (link, edge) in enumerate(zip(path.links, edges)):
         enter_req, arrive_req, leave_resp, exit_resp = edge
         wire = ((arrive_req - enter_req) + (exit_resp - leave_resp)) * ms
