@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import selectors
 import weakref
-from typing import Any
 
 from pathprobe.timing import now_ms
 
@@ -46,7 +45,7 @@ _WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWatch] = weak
 class LoopWatch:
     """One per event loop: :func:`install` it, then :meth:`take` a socket's floor at a request's start."""
 
-    __slots__ = ("_floors", "_last_return", "_select", "gap_ms", "iteration", "max_age")
+    __slots__ = ("_floors", "_last_return", "gap_ms", "iteration", "max_age")
 
     def __init__(self, gap_ms: float = GAP_MS, max_age: int = MAX_AGE) -> None:
         self.gap_ms = gap_ms
@@ -54,7 +53,6 @@ class LoopWatch:
         self.iteration = 0
         self._last_return = 0.0
         self._floors: dict[int, tuple[float, int]] = {}
-        self._select: Any = None
 
     def wrap(self, selector: selectors.BaseSelector) -> None:
         """Measure every ``select`` of ``selector`` (the loop's)."""
@@ -75,7 +73,6 @@ class LoopWatch:
                     floors[key.fd] = (floor, it)
             return events
 
-        self._select = inner
         selector.select = select  # type: ignore[method-assign]
 
     def take(self, fd: int) -> float | None:
@@ -111,11 +108,12 @@ def watch_of(loop: asyncio.AbstractEventLoop | None = None) -> LoopWatch | None:
     return _WATCHES.get(loop)
 
 
-def fd_of(transport: Any) -> int | None:
+def fd_of(transport: object) -> int | None:
     """The socket number of an asyncio transport (None: none, or closed)."""
-    if transport is None:
+    get = getattr(transport, "get_extra_info", None)
+    if get is None:
         return None
-    sock = transport.get_extra_info("socket")
+    sock = get("socket")
     try:
         fd = sock.fileno() if sock is not None else -1
     except (OSError, ValueError):
@@ -123,7 +121,7 @@ def fd_of(transport: Any) -> int | None:
     return fd if fd >= 0 else None
 
 
-def floor_of(transport: Any) -> float | None:
+def floor_of(transport: object) -> float | None:
     """The floor of a connection's latest readiness on the running loop (:meth:`LoopWatch.take`), taken
     at a request's start; None when not measured."""
     watch = watch_of()

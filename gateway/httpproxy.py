@@ -70,6 +70,8 @@ class HttpProxy(SessionOwner):
             },
             t0,
         )
+        if ent.wait:  # before t0: the request waited for the gateway's loop
+            spans.child("gw.wait", t0 - ent.wait, ent.wait)
         up = None
         status = 0
         try:

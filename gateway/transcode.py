@@ -143,6 +143,8 @@ class Transcoder:
             },
             t0,
         )
+        if ent.wait:  # before t0: the request waited for the gateway's loop
+            spans.child("gw.wait", t0 - ent.wait, ent.wait)
         try:
             self.cfg.auth.check_mapping(request.headers)
             creds = upstream_credentials(client_credentials(request.headers), self.cfg.upstream_authorization)

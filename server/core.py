@@ -184,6 +184,9 @@ class RequestScope:
             return
         span.set_attribute("server_timing", ", ".join(f"{k};dur={v:.3f}" for k, v in entries.items()))
         span.set_attribute("pathprobe.status", code)
+        wait = entries.get("srv.wait", 0.0)
+        if wait:  # before the handler's entry (t0): the request waited for the loop
+            telemetry.child_span(_tracer, "server.wait", span, self.t0 - wait, wait, {"pathprobe.entry": "srv.wait"})
         if self._decode_start:
             telemetry.child_span(
                 _tracer, "server.decode", span, self._decode_start, self.decode_ms, {"pathprobe.entry": "srv.decode"}

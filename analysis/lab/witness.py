@@ -260,8 +260,8 @@ def window_peers(pkts: Sequence[Packet], ports: Iterable[int], usual: Mapping[in
 
 def _booked_waits(rec: RequestRecord) -> list[float]:
     """Each reporting hop's wait for its loop as the record's split booked it, outermost first."""
-    split: Mapping[str, Any] = rec.get("split") or {}
-    return [float(h.get("wait", 0.0)) for h in split.get("hops") or ()]
+    split = rec.get("split")
+    return [float(h.get("wait", 0.0)) for h in split.get("hops") or ()] if split else []
 
 
 def witness_request(
