@@ -6,10 +6,14 @@ how many records have a segment (or a link) below zero. Scenarios:
 
 - ``stream``: 512-token streams, tokens ``--ms-per-token`` apart (0.2 ms), c=1: direct gRPC,
   direct HTTP, every gateway mode;
-- ``unary``: 8-token unary calls at c=1 and c=32, direct gRPC and through passthrough and
-  transcode (saturation: where does the wait before a hop's first timestamp go?).
+- ``unary``: 8-token unary calls at c=1 and c=32 over every path (saturation: where does the wait
+  before a hop's first timestamp go?); ``stream-sat``: the same for 32-token streams.
+
+``--witness`` adds the packet witness (``compare --witness pcap``: at c=1) beside the split. The
+passthrough gateway is run twice: on uvloop (its default: no loop wait measured) and on asyncio.
 
     python bench/long_streams.py --scenario stream --out out/long-streams
+    python bench/long_streams.py --scenario unary --witness --out out/saturation
 """
 
 from __future__ import annotations
@@ -32,15 +36,16 @@ STREAM_TARGETS = [
     {"name": "reencode", "kind": "gateway", "mode": "reencode"},
     {"name": "http-proxy", "kind": "gateway", "mode": "http-proxy"},
 ]
-UNARY_TARGETS = [
-    {"name": "direct-grpc", "kind": "direct", "protocol": "grpc"},
-    {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
-    {"name": "transcode", "kind": "gateway", "mode": "transcode"},
+SATURATION_TARGETS = [
+    *STREAM_TARGETS[:3],
+    {"name": "passthrough-asyncio", "kind": "gateway", "mode": "passthrough", "gateway_args": ["--loop", "asyncio"]},
+    *STREAM_TARGETS[3:],
 ]
 
 
 def config(scenario: str, out: Path, args: argparse.Namespace) -> dict:
-    stream = scenario == "stream"
+    stream = scenario != "unary"
+    long = scenario == "stream"
     return {
         "out": str(out),
         "bootstrap": 100,
@@ -57,13 +62,14 @@ def config(scenario: str, out: Path, args: argparse.Namespace) -> dict:
             "duration_s": args.duration,
             "warmup_s": 0.5,
             "rounds": 1,
-            "concurrency": [1] if stream else [1, 32],
+            "concurrency": [1] if long else [1, 32],
             "stream": stream,
             "prompt_tokens": args.prompt_tokens,
-            "max_tokens": args.tokens if stream else 8,
+            "max_tokens": args.tokens if long else (32 if stream else 8),
             "interleave": "run",
         },
-        "targets": STREAM_TARGETS if stream else UNARY_TARGETS,
+        "witness": "pcap" if args.witness else "none",
+        "targets": STREAM_TARGETS if long else SATURATION_TARGETS,
     }
 
 
@@ -86,7 +92,7 @@ def summarize(out: Path) -> list[dict]:
         recs = records(cdir)
         if not recs:
             continue
-        med = {k: statistics.median(r["split"][k] for r in recs) for k in (*SEGMENTS, "e2e")}
+        med = {k: statistics.median(r["split"].get(k, 0.0) for r in recs) for k in (*SEGMENTS, "e2e", "hop_wait")}
         nlinks = max(len(r["split"]["links"]) for r in recs)
         links = [
             statistics.median(r["split"]["links"][i] for r in recs if len(r["split"]["links"]) > i)
@@ -107,7 +113,8 @@ def summarize(out: Path) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", choices=("stream", "unary"), default="stream")
+    ap.add_argument("--scenario", choices=("stream", "unary", "stream-sat"), default="stream")
+    ap.add_argument("--witness", action="store_true", help="the packet witness beside the split (c=1)")
     ap.add_argument("--out", type=Path, default=Path("out/long-streams"))
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--prompt-tokens", type=int, default=32)
@@ -126,11 +133,31 @@ def main() -> int:
         if res.returncode != 0:
             print(res.stdout[-3000:], res.stderr[-3000:], file=sys.stderr)
             return 1
-    cols = ("config", "c", "n", "negative", "e2e", *SEGMENTS, "links")
+    cols = ("config", "c", "n", "negative", "e2e", *SEGMENTS, "hop_wait", "links")
     print(" | ".join(cols))
     for row in summarize(out):
         print(" | ".join(str(row[c]) for c in cols))
+    witness(out)
     return 0
+
+
+def witness(out: Path) -> None:
+    """The packet witness per configuration (c=1): per link, wire, the two stacks, the hop's booked wait,
+    the witness's network and the split's."""
+    path = out / "report.json"
+    if not path.exists():
+        return
+    report = json.loads(path.read_text())
+    cols = ("wire", "stack_outer", "stack_inner", "hop_wait", "network")
+    for name, t in report.get("targets", {}).items():
+        w = t.get("witness")
+        if not w or not w.get("links"):
+            continue
+        links = "; ".join(" ".join(f"{c}={link.get(c, 0.0):.3f}" for c in cols) for link in w["links"])
+        print(
+            f"witness {name}: matched {w['matched']}/{w['requests']} split={[round(x, 3) for x in w['split_network']]}"
+            f" wait_over={w.get('wait_over', '-')} negative={w['negative_stacks']} | {links}"
+        )
 
 
 if __name__ == "__main__":

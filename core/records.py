@@ -10,6 +10,8 @@ it applies (streams, call-by-call interleaving).
 
 from __future__ import annotations
 
+from typing import NotRequired
+
 from pathprobe.segments import SEGMENTS
 from typing_extensions import TypedDict  # typing's own cannot be validated by pydantic before 3.12
 
@@ -33,6 +35,7 @@ class HopPartRecord(TypedDict):
     total: float
     serialization: float
     other: float
+    wait: NotRequired[float]  # its wait for its own loop before its first timestamp (in queueing)
 
 
 class SplitRecord(TypedDict):
@@ -52,6 +55,7 @@ class SplitRecord(TypedDict):
     hops: list[HopPartRecord]  # each reporting hop's own share, outermost first
     network_estimated: bool  # some link's network is an estimate (see links_estimated)
     client_wait: float  # the client's wait for its own event loop, booked in ``other``
+    hop_wait: NotRequired[float]  # the hops' waits for their own loops, booked in ``queueing``
     links_estimated: list[bool]  # per link, as ``links``: its network is an estimate, not measured
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from pathprobe.timing import SEND_PART, SERVER_KIND, Chain, Hop, chain_of
+from pathprobe.timing import SEND_PART, SERVER_KIND, WAIT_PART, Chain, Hop, chain_of
 
 SEGMENTS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
 #: parts of a server's total that are the model's own work (``srv.inference``: a server
@@ -49,6 +49,8 @@ class HopPart:
     total: float
     serialization: float
     other: float  # its time outside serialization, its upstream, its send and (server) queue/inference
+    #: its wait for its own event loop before its first timestamp (``<kind>.wait``), booked as queueing
+    wait: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,9 @@ class Split:
     hops: tuple[HopPart, ...] = ()  # each reporting hop's own share, outermost first
     network_estimated: bool = False  # some link's network is an estimate (see links_estimated)
     client_wait: float = 0.0  # the client's own wait for its event loop, in ``other`` (never network)
+    #: the hops' waits for their own event loops before their first timestamps (``<kind>.wait``), in
+    #: ``queueing``: each capped at the network of the link to its hop, which it is taken from
+    hop_wait: float = 0.0
     #: per link, outermost first (as ``links``): whether its network is an estimate (a round trip
     #: measured apart) rather than measured (e.g. client -> gateway measured, gateway -> silent server
     #: estimated: ``(False, True)``)
@@ -92,6 +97,12 @@ def _forwarder_part(hop: Hop) -> HopPart:
     ser = _serialization(hop)
     total = hop.get("total")
     return HopPart(hop.label, total, ser, total - hop.get("upstream") - ser - hop.get(SEND_PART))
+
+
+def _hop_wait(hop: Hop, link_ms: float) -> float:
+    """A hop's wait for its own loop (``<kind>.wait``, an upper bound), capped at its link's time."""
+    wait = hop.get(WAIT_PART)
+    return min(wait, link_ms) if wait > 0 and link_ms > 0 else 0.0
 
 
 def _inner_link(time_ms: float, estimate_ms: float | None) -> tuple[float, float]:
@@ -131,27 +142,36 @@ def split(
     links: list[float] = []
     estimated = False
 
+    hop_wait = 0.0
     outer_time = e2e_ms - client_ser  # what the client saw its upstream take
     for i in range(len(hops) - 1, -1, -1):  # outermost first
         hop = hops[i]
         # the link to this hop: what the outer side saw it take, less the hop's own time (its total
-        # without the waits on its transport for the chunks it streamed back: those are the link's)
-        links.append(outer_time - hop.get("total") + hop.get(SEND_PART))
+        # without the waits on its transport for the chunks it streamed back: those are the link's),
+        # less the hop's wait for its own loop before its first timestamp (its queueing)
+        link = outer_time - hop.get("total") + hop.get(SEND_PART)
+        wait = _hop_wait(hop, link)
+        links.append(link - wait)
+        queueing += wait
+        hop_wait += wait
         if hop.kind == SERVER_KIND and i == 0:
-            part, queueing, inference = _server_part(hop)
+            part, queue, inference = _server_part(hop)
+            queueing += queue
+            part = HopPart(part.label, part.total, part.serialization, part.other, wait)
             parts.append(part)
             serialization += part.serialization
             other += part.other
             outer_time = 0.0
             break
         part = _forwarder_part(hop)
+        part = HopPart(part.label, part.total, part.serialization, part.other, wait)
         parts.append(part)
         serialization += part.serialization
         other += part.other
         if not hop.has("upstream"):  # reports its total only: what it forwarded to is inside it
             other -= part.other
             unsplit += part.other
-            parts[-1] = HopPart(part.label, part.total, part.serialization, 0.0)
+            parts[-1] = HopPart(part.label, part.total, part.serialization, 0.0, wait)
             outer_time = 0.0
             break
         outer_time = hop.get("upstream")
@@ -181,5 +201,6 @@ def split(
         hops=tuple(parts),
         network_estimated=estimated,
         client_wait=wait,
+        hop_wait=hop_wait,
         links_estimated=tuple(estimated and j == len(links) - 1 for j in range(len(links))),
     )

@@ -41,6 +41,11 @@ SEND_PART = "send"
 #: of a hop that streams, its hand-offs to its transport after its producer was done, before the last
 #: one (:func:`handoff_split`): it was behind, and that time is its own (booked in its "other")
 BACKLOG_PART = "backlog"
+#: the part (``<kind>.wait``) a hop on an event loop reports: how long the request's bytes sat readable
+#: while its loop was busy with other work, before its first timestamp (:mod:`pathprobe.loopwait`; an
+#: upper bound). Outside its total: the split takes it from the link to the hop and books it as the
+#: hop's queueing, capped at that link's time
+WAIT_PART = "wait"
 #: the entry prefix of a model server's hop
 SERVER_KIND = "srv"
 #: the entry prefix of a pathprobe gateway's hop

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
-from pathprobe import telemetry, timing
+from pathprobe import loopwait, telemetry, timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, retry_after_header
 from pathprobe.gateway.common import dumps, error_json, http_status_of
 from pathprobe.gateway.config import GatewayConfig
@@ -176,6 +176,7 @@ def run_aiohttp(
     host, port = cfg.listen_host, cfg.listen_port
 
     async def main() -> None:
+        loopwait.install()  # gw.wait: each request's wait for this loop before its first timestamp
         app = await app_factory()
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=cfg.drain_grace_s)
         await runner.setup()

@@ -126,6 +126,9 @@ class Entries:
     #: a stream's time the gateway spent behind its upstream (``gw.backlog``, its own: in its "other"):
     #: :meth:`pathprobe.gateway.streamwork.StreamWork.held`; None when not measured
     backlog: float | None = None
+    #: the request's wait for the gateway's loop before ``t0`` (``gw.wait``, its queueing:
+    #: :mod:`pathprobe.loopwait`); None when not measured
+    wait: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
     #: the Server-Timing string sent downstream (upstream's entries + these), once sent
     sent: str | None = None
@@ -138,5 +141,7 @@ class Entries:
             out["gw.send"] = self.send
         if self.backlog is not None:
             out["gw.backlog"] = self.backlog
+        if self.wait is not None:
+            out["gw.wait"] = self.wait
         out["gw.total"] = self.total
         return out

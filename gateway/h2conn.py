@@ -12,7 +12,7 @@ import asyncio
 import logging
 
 from hpack.exceptions import HPACKError
-from pathprobe import timing
+from pathprobe import loopwait, timing
 from pathprobe.deadline import PUSHBACK_KEY
 from pathprobe.errors import PathprobeError, Unavailable
 from pathprobe.gateway import h2spans
@@ -91,11 +91,15 @@ class ClientConn(asyncio.Protocol):
         self.unforwarded: set[int] = set()  # streams refused before the upstream saw them: none of their frames go
         # streams whose trailers were relayed, with the entries sent (bookkeeping after the write)
         self.finishes: list[tuple[Stream, dict[str, float] | None]] = []
+        #: the relay loop's watch and this connection's socket (gw.wait); None: not measured (uvloop)
+        self.watch = loopwait.watch_of()
+        self.fd: int | None = None
 
     # ---------------------------------------------------------------- connection set-up
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.clients.add(self)
+        self.fd = loopwait.fd_of(transport)
         self._connect()
 
     def _connect(self) -> None:
@@ -203,6 +207,8 @@ class ClientConn(asyncio.Protocol):
         if self.dead:
             self._refuse_frames(data)
             return
+        # when these bytes can first have been readable: a call that starts in them waited from then
+        floor = self.watch.take(self.fd) if self.watch is not None and self.fd is not None else None
         buf = self.cbuf
         buf += data
         pos = 0
@@ -255,6 +261,7 @@ class ClientConn(asyncio.Protocol):
                     if sid not in self.streams and sid > self.max_sid:
                         self.max_sid = sid
                         st = Stream(sid, now_ms())
+                        st.wait = loopwait.wait_ms(floor, st.t0)
                         self.streams[sid] = st
                         new_streams.append(st)
                         if self.upstream is not None:

@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 
+from pathprobe import loopwait
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.h2conn import ClientConn
 from pathprobe.gateway.h2settings import RelaySettings
@@ -94,6 +95,7 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics | None, tracing: bool
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        loopwait.install(loop)  # gw.wait (an asyncio loop only: uvloop has no Python selector to watch)
         server = await loop.create_server(
             relay.connection, cfg.listen_host, cfg.listen_port, reuse_port=True, backlog=1024, ssl=ssl_ctx
         )

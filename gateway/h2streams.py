@@ -58,7 +58,7 @@ def grpc_error_block(
 class Stream:
     """One relayed call (an HTTP/2 stream of a client connection)."""
 
-    __slots__ = ("cspan", "ended", "method", "received", "resp_seen", "sid", "span", "t0", "t_fwd")
+    __slots__ = ("cspan", "ended", "method", "received", "resp_seen", "sid", "span", "t0", "t_fwd", "wait")
 
     def __init__(self, sid: int, t0: float) -> None:
         self.sid = sid
@@ -70,11 +70,16 @@ class Stream:
         self.span: Span | None = None  # SERVER and CLIENT spans, when tracing
         self.cspan: Span | None = None
         self.ended = False  # trailers relayed, bookkeeping pending
+        self.wait: float | None = None  # its wait for the relay's loop before t0 (gw.wait; None: not measured)
 
     def own(self, t_in: float | None = None) -> dict[str, float]:
         """The gateway's entries now (``t_in``: when the upstream's answer came in)."""
         t = now_ms()
-        return {"gw.decode": 0.0, "gw.upstream": (t_in or t) - self.t_fwd, "gw.encode": 0.0, "gw.total": t - self.t0}
+        out = {"gw.decode": 0.0, "gw.upstream": (t_in or t) - self.t_fwd, "gw.encode": 0.0}
+        if self.wait is not None:
+            out["gw.wait"] = self.wait
+        out["gw.total"] = t - self.t0
+        return out
 
 
 #: the entries of a call refused before it reached anything

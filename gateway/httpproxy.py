@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import aiohttp
 import grpc
 from aiohttp import web
-from pathprobe import timing
+from pathprobe import loopwait, timing
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
@@ -55,6 +55,7 @@ class HttpProxy(SessionOwner):
     async def handle(self, request: web.Request) -> web.StreamResponse:
         t0 = now_ms()
         ent = Entries()
+        ent.wait = loopwait.wait_ms(loopwait.floor_of(request.transport), t0)
         route = f"{request.method} {request.path}"
         spans = Spans(
             self.tracing,
@@ -69,6 +70,8 @@ class HttpProxy(SessionOwner):
             },
             t0,
         )
+        if ent.wait:  # before t0: the request waited for the gateway's loop
+            spans.child("gw.wait", t0 - ent.wait, ent.wait)
         up = None
         status = 0
         try:

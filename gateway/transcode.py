@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 from aiohttp import web
-from pathprobe import jsoncodec, timing
+from pathprobe import jsoncodec, loopwait, timing
 from pathprobe.address import host_and_port
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
@@ -128,6 +128,7 @@ class Transcoder:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         t0 = now_ms()
         ent = Entries()
+        ent.wait = loopwait.wait_ms(loopwait.floor_of(request.transport), t0)
         spans = Spans(
             self.tracing,
             "POST /v1/generate",
@@ -142,6 +143,8 @@ class Transcoder:
             },
             t0,
         )
+        if ent.wait:  # before t0: the request waited for the gateway's loop
+            spans.child("gw.wait", t0 - ent.wait, ent.wait)
         try:
             self.cfg.auth.check_mapping(request.headers)
             creds = upstream_credentials(client_credentials(request.headers), self.cfg.upstream_authorization)

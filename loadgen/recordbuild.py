@@ -137,10 +137,12 @@ def split_record(s: Split) -> SplitRecord:
         "network_hop2": s.network_hop2,
         "links": list(s.links),
         "hops": [
-            {"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other} for h in s.hops
+            {"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other, "wait": h.wait}
+            for h in s.hops
         ],
         "network_estimated": s.network_estimated,
         "client_wait": s.client_wait,
+        "hop_wait": s.hop_wait,
         "links_estimated": list(s.links_estimated),
     }
 

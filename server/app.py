@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from pathprobe import genai, models, telemetry
+from pathprobe import genai, loopwait, models, telemetry
 from pathprobe.auth import ApiKeys
 from pathprobe.errors import ConfigError
 from pathprobe.gputelemetry import GpuSampler
@@ -134,6 +134,7 @@ def _phase(phases: dict[str, float], name: str, since: float) -> float:
 
 async def serve(config: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
     t0 = now_ms()
+    loopwait.install()  # srv.wait of the HTTP front ends (grpc.aio's calls are not seen: left in network)
     # coarse breakdown (pathprobe_server_startup_seconds, the dashboard's); the engine's own
     # phases (StartupTimer) go to pathprobe_server_startup_ms, the table and the spans
     phases: dict[str, float] = {}

@@ -13,7 +13,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from pathprobe import telemetry, timing
+from pathprobe import loopwait, telemetry, timing
 from pathprobe.auth import ApiKeys
 from pathprobe.deadline import parse_timeout
 from pathprobe.errors import PathprobeError
@@ -83,6 +83,9 @@ class RequestScope:
     #: token counts in ``srv.encode`` (:func:`pathprobe.timing.held_back`; the rest overlapped it)
     chunk_encodes: list[Interval] = field(default_factory=list)
     gen: Generation | None = None
+    #: the earliest instant the request's bytes can have been readable to the front end's loop
+    #: (:func:`pathprobe.loopwait.floor_of`): ``srv.wait`` is ``t0`` less it; None: not measured
+    floor_ms: float | None = None
     #: the caller's deadline: an absolute now_ms() instant (gRPC), or the HTTP ``grpc-timeout`` header
     deadline_ms: float = 0.0
     timeout_header: str | None = None
@@ -143,6 +146,9 @@ class RequestScope:
         """The srv.* entries now; ``srv.total`` is measured at this call (with the prompt tokens
         the engine's prefix cache served beside them: :class:`pathprobe.timing.Entries`)."""
         out = timing.Entries({"srv.decode": self.decode_ms})
+        wait = loopwait.wait_ms(self.floor_ms, self.t0)
+        if wait is not None:
+            out["srv.wait"] = wait
         if self.gen is not None:
             out.update(self.gen.timing.entries())
             out.cached_tokens = self.gen.timing.cached_tokens
@@ -178,6 +184,9 @@ class RequestScope:
             return
         span.set_attribute("server_timing", ", ".join(f"{k};dur={v:.3f}" for k, v in entries.items()))
         span.set_attribute("pathprobe.status", code)
+        wait = entries.get("srv.wait", 0.0)
+        if wait:  # before the handler's entry (t0): the request waited for the loop
+            telemetry.child_span(_tracer, "server.wait", span, self.t0 - wait, wait, {"pathprobe.entry": "srv.wait"})
         if self._decode_start:
             telemetry.child_span(
                 _tracer, "server.decode", span, self._decode_start, self.decode_ms, {"pathprobe.entry": "srv.decode"}

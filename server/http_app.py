@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from pathprobe import loopwait
 from pathprobe.errors import NotFound, PathprobeError, PayloadTooLarge
 from pathprobe.serveconfig import DEFAULT_MAX_BODY
 from pathprobe.server.core import ServerState
@@ -55,6 +56,7 @@ def _view(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]
             request.headers,
             request.url.port or 0,
             lambda: _read(request),
+            loopwait.floor_of(request.transport),
         )
         reply = await call(route, req)
         return await _stream(request, reply) if isinstance(reply, StreamReply) else _response(reply)

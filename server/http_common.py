@@ -37,6 +37,8 @@ class HttpRequest:
     headers: Mapping[str, str]
     port: int
     read: Callable[[], Awaitable[bytes]]
+    #: when the request's bytes can first have been readable to the loop (``srv.wait``; None: not measured)
+    floor_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -94,6 +96,7 @@ def scope_for(request: HttpRequest, route: str) -> RequestScope:
             "server.port": request.port,
         },
         timeout_header=request.headers.get(TIMEOUT_HEADER),
+        floor_ms=request.floor_ms,
     )
 
 

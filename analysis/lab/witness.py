@@ -9,6 +9,10 @@ packet inside a request's window belongs to it), splits each link's network time
   first packet reaching the inner hop, plus from the response's last packet leaving the
   inner hop to its last packet leaving the link. On loopback without a relay both
   packets are the same capture (0); a delaying relay's hold is wire time.
+- **hop_wait**: the inner hop's wait for its own event loop before its first timestamp
+  (``<kind>.wait``, :mod:`pathprobe.loopwait`) as the split booked it: the hop's queueing, not the
+  link's network. It must fit inside that hop's stack (``stack_inner``, where the packets show the
+  bytes had arrived): ``wait_over`` counts the requests where it does not (an over-stated bound);
 - **stack** of each side: packet to the application's timestamps -- the client from its
   request start (``t0``) to its first packet and from the last response packet to the
   end of its timing (gRPC core / HTTP client, event-loop wake-up, the client's wait);
@@ -27,7 +31,7 @@ request (they differ by a constant apart from NTP slewing, at most 0.05% of the
 request's time). Only the client needs a mapping: a hop's stack is its packet window
 (wall clock, one capture) minus its reported duration (its own monotonic clock).
 
-By construction, per link ``wire + stacks`` equals the split's network for that link
+By construction, per link ``wire + stacks - hop_wait`` equals the split's network for that link
 when the packets are matched right; the witness's own content is *where* that time sits,
 and its checks are that no stack is negative (a hop never reports more than its packets
 allow) and that a known delay appears on the wire.
@@ -254,6 +258,12 @@ def window_peers(pkts: Sequence[Packet], ports: Iterable[int], usual: Mapping[in
     return out
 
 
+def _booked_waits(rec: RequestRecord) -> list[float]:
+    """Each reporting hop's wait for its loop as the record's split booked it, outermost first."""
+    split = rec.get("split")
+    return [float(h.get("wait", 0.0)) for h in split.get("hops") or ()] if split else []
+
+
 def witness_request(
     rec: RequestRecord, pkts: Sequence[Packet], path: Chain, peers: Mapping[int, int] | None = None
 ) -> dict[str, Any] | None:
@@ -275,6 +285,7 @@ def witness_request(
         if enter_req is None or arrive_req is None or leave_resp is None or exit_resp is None:
             return None
         edges.append((enter_req, arrive_req, leave_resp, exit_resp))
+    booked = _booked_waits(rec)
     for i, (link, edge) in enumerate(zip(path.links, edges)):
         enter_req, arrive_req, leave_resp, exit_resp = edge
         wire = ((arrive_req - enter_req) + (exit_resp - leave_resp)) * ms
@@ -300,6 +311,9 @@ def witness_request(
         if link.inner in ("gw", "srv"):
             own = float(e.get(f"{link.inner}.total", 0.0)) - float(e.get(f"{link.inner}.send", 0.0))
             inner_stack, inner_name = window_in - own, link.inner
+            # the hop's wait for its loop before its first timestamp, as the split booked it (the hop's
+            # queueing, out of this link's network): it must fit in the hop's stack seen here
+            hop_wait = booked.pop(0) if booked else 0.0
         else:
             nxt = edges[i + 1] if i + 1 < len(edges) else None
             silent = (window_in - ((nxt[3] - nxt[0]) * ms)) if nxt else window_in
@@ -323,7 +337,8 @@ def witness_request(
                 "outer": outer_name,
                 "stack_inner": inner_stack,
                 "inner": inner_name,
-                "network": wire + outer + inner_stack,
+                "hop_wait": hop_wait,
+                "network": wire + outer + inner_stack - hop_wait,
             }
         )
     return {"links": links}
@@ -387,4 +402,7 @@ def analyze(records: Sequence[RequestRecord], packets: Sequence[Packet], path: C
         1 for w, _ in per if any(min(link["stack_outer"], link["stack_inner"]) < NEGATIVE_MS for link in w["links"])
     )
     out["negative_by"] = neg
+    out["wait_over"] = sum(
+        1 for w, _ in per if any(link["stack_inner"] - link.get("hop_wait", 0.0) < NEGATIVE_MS for link in w["links"])
+    )
     return out

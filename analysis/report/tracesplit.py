@@ -27,6 +27,7 @@ NAME_TO_ENTRY = {
     "server.decode": "srv.decode",
     "server.encode": "srv.encode",
     "server.send": "srv.send",
+    "server.wait": "srv.wait",
     "engine.queue": "srv.queue",
     "engine.tokenize": "srv.tokenize",
     "engine.prefill": "srv.prefill",
@@ -130,7 +131,7 @@ def _gateway_entries_from_durations(trace: Trace, gw: Span) -> dict[str, float]:
         if d.kind == "SERVER":
             break
         e = _entry_of(d)
-        if e in ("gw.decode", "gw.encode", "gw.send"):
+        if e in ("gw.decode", "gw.encode", "gw.send", "gw.wait"):
             out[e] = out.get(e, 0.0) + d.duration_ms
         elif e == "gw.upstream":
             upstream = d if upstream is None else upstream

@@ -1,0 +1,132 @@
+"""Ground truth for a hop's wait for its own event loop (``srv.wait``, :mod:`pathprobe.loopwait`).
+
+A real server (synthetic engine) whose loop a test-only route blocks for a known time while other
+requests arrive: their wait before the handler's first timestamp must be booked as the server's
+queueing, and the link's network must stay at its size on an idle loop.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pathprobe import segments, timing
+from pathprobe.analysis.lab.procs import free_port
+
+from tests.support.procs import Proc, wait_http
+
+BLOCK_MS = 400.0  # the loop is blocked this long
+LATE_MS = 100.0  # the other requests are sent this long after the block began
+WAITERS = 6
+BODY = json.dumps({"prompt": "hello", "max_tokens": 8}).encode()
+HEADERS = {"Content-Type": "application/json"}
+
+
+def _generate(conn: http.client.HTTPConnection) -> tuple[float, dict[str, float]]:
+    """(e2e ms, the server's entries) of one native unary call on a kept-alive connection."""
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/generate", BODY, HEADERS)
+    resp = conn.getresponse()
+    resp.read()
+    e2e = (time.perf_counter() - t0) * 1000.0
+    assert resp.status == 200
+    return e2e, timing.parse(resp.getheader(timing.HTTP_HEADER))
+
+
+def _split(e2e: float, entries: dict[str, float]) -> segments.Split:
+    return segments.split(e2e, entries)
+
+
+def test_a_blocked_loop_is_the_servers_queueing_not_network(tmp_path: Path) -> None:
+    g, h = free_port(), free_port()
+    script = Path(__file__).parent / "support" / "blocking_server.py"
+    proc = Proc([sys.executable, str(script), str(g), str(h)], tmp_path / "server.log")
+    try:
+        wait_http(f"http://127.0.0.1:{h}/healthz", 120, proc.popen)
+        conns = [http.client.HTTPConnection("127.0.0.1", h, timeout=30) for _ in range(WAITERS)]
+        idle = [_generate(c) for _ in range(5) for c in conns]  # one at a time: the loop is idle
+        idle_net = statistics.median(_split(*r).network for r in idle)
+        assert all("srv.wait" in r[1] for r in idle), idle[0]
+
+        blocker = http.client.HTTPConnection("127.0.0.1", h, timeout=30)
+        out: list[tuple[float, dict[str, float]] | None] = [None] * WAITERS
+        go = threading.Barrier(WAITERS + 1)
+
+        def waiter(i: int) -> None:
+            go.wait()
+            out[i] = _generate(conns[i])
+
+        threads = [threading.Thread(target=waiter, args=(i,)) for i in range(WAITERS)]
+        for t in threads:
+            t.start()
+        blocker.request("POST", "/test/block", json.dumps({"ms": BLOCK_MS}).encode(), HEADERS)
+        time.sleep(LATE_MS / 1000.0)
+        go.wait()  # the waiters send now, while the loop is blocked
+        blocker.getresponse().read()
+        for t in threads:
+            t.join(30)
+    finally:
+        proc.stop()
+    for e2e, entries in (r for r in out if r is not None):
+        s = _split(e2e, entries)
+        # the loop was blocked for at least BLOCK_MS - LATE_MS after they were sent (less the threads'
+        # start skew); the wait is an upper bound from the loop's last poll before the block
+        assert entries["srv.wait"] > BLOCK_MS - LATE_MS - 50, entries
+        assert entries["srv.wait"] < BLOCK_MS + 150, entries
+        assert s.queueing >= BLOCK_MS - LATE_MS - 50, s
+        assert 0.0 <= s.network < idle_net + 5.0, (s, idle_net)
+    assert all(r is not None for r in out)
+
+
+def test_a_hops_wait_is_its_queueing_taken_from_its_link_and_capped() -> None:
+    direct = {"srv.decode": 0.1, "srv.encode": 0.1, "srv.wait": 3.0, "srv.total": 1.0}
+    s = segments.split(10.0, direct)
+    assert s.queueing == 3.0 and s.hop_wait == 3.0
+    assert abs(s.network - 6.0) < 1e-9 and s.hops[0].wait == 3.0
+    assert abs(sum(getattr(s, k) for k in segments.SEGMENTS) - 10.0) < 1e-9
+    # an upper bound above the link's time takes the link, never more
+    s = segments.split(2.0, {**direct, "srv.wait": 5.0})
+    assert s.network == 0.0 and abs(s.queueing - 1.0) < 1e-9
+    # a gateway's wait comes out of the client's link, the server's out of the gateway's upstream link
+    chain = timing.parse_chain("srv.wait;dur=1, srv.total;dur=2, gw.upstream;dur=5, gw.wait;dur=4, gw.total;dur=6")
+    s = segments.split(12.0, chain)
+    assert [round(x, 9) for x in s.links] == [2.0, 2.0] and s.queueing == 5.0
+    # the client's own wait then comes out of what is left of its link
+    s = segments.split(12.0, chain, client_wait_ms=3.0)
+    assert s.links[0] == 0.0 and s.client_wait == 2.0
+
+
+def test_the_watch_floors_a_socket_at_the_last_poll_when_the_loop_was_busy() -> None:
+    import asyncio
+    import socket
+
+    from pathprobe import loopwait
+
+    async def main() -> tuple[float, float, float | None]:
+        watch = loopwait.install()
+        assert watch is not None and loopwait.install() is watch
+        a, b = socket.socketpair()
+        got: list[float] = []
+        loop = asyncio.get_running_loop()
+        loop.add_reader(a.fileno(), lambda: got.append(timing.now_ms()) or a.recv(10))
+        await asyncio.sleep(0.01)
+        busy_from = timing.now_ms()
+        time.sleep(0.05)  # noqa: ASYNC251 - the loop is busy: the bytes below wait for it
+        b.send(b"x")
+        time.sleep(0.05)  # noqa: ASYNC251
+        await asyncio.sleep(0.01)
+        floor = watch.take(a.fileno())
+        loop.remove_reader(a.fileno())
+        a.close()
+        b.close()
+        assert floor is not None
+        return busy_from, floor, got[0] if got else None
+
+    busy_from, floor, seen = asyncio.run(main())
+    assert seen is not None and floor <= busy_from and busy_from - floor < 20.0  # the poll right before
+    assert seen - floor >= 100.0
