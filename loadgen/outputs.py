@@ -13,8 +13,8 @@ from typing import IO
 from pathprobe import rtt
 from pathprobe.loadgen.monitor import ClientBlock
 from pathprobe.loadgen.records import Aggregator, Record, Summary
-from pathprobe.records import timing_only
 from pathprobe.loadgen.turns import format_turns
+from pathprobe.records import timing_only
 
 try:
     import orjson
