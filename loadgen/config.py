@@ -59,11 +59,16 @@ class Config:
     trace_format: str = ""
     time_scale: float = 1.0
     #: conversations (pathprobe.loadgen.sessions): on/off, turns per session, think time (s),
-    #: the session affinity header's name ("" = none)
+    #: the session affinity header's name ("" = none), a system prompt shared by every session (its
+    #: length in tokens of --tokenizer, cut from --prompt; 0 = none), and whether every session's first
+    #: message is the prompt set's as it is (default: tagged with the run and session, so turn 0 of
+    #: one session shares no prefix with another's beyond the system prompt)
     sessions: bool = False
     turns: int = 3
     think_time: float = 0.0
     session_header: str = ""
+    system_prompt_tokens: int = 0
+    shared_first_message: bool = False
     timeout_s: float = 60.0
     grpc_client: str = "h2"
     traces_file: str = ""
@@ -104,6 +109,8 @@ class Config:
             raise ConfigError(f"think-time: must be >= 0, got {self.think_time}")
         if self.records_detail not in RECORD_DETAILS:
             raise ConfigError(f"records-detail: one of {', '.join(RECORD_DETAILS)}, got {self.records_detail!r}")
+        if self.system_prompt_tokens < 0:
+            raise ConfigError(f"system-prompt-tokens: must be >= 0, got {self.system_prompt_tokens}")
         if self.sessions and (self.trace or self.arrival != "closed"):
             raise ConfigError("sessions: a session's turns follow each other (closed loop); drop --trace / --arrival")
         if self.sessions and self.mix:
@@ -169,6 +176,8 @@ def _given(o: Any) -> dict[str, Any]:
         "turns": _num(int, f("turns")),
         "think_time": _num(float, f("think_time")),
         "session_header": None if f("session_header") is None else str(f("session_header")).lower(),
+        "system_prompt_tokens": _num(int, f("system_prompt_tokens")),
+        "shared_first_message": None if f("shared_first_message") is None else bool(f("shared_first_message")),
         "tokenizer": None if f("tokenizer") is None else (f("tokenizer") or "none"),
         "arrival": f("arrival"),
         "rate": _num(float, f("rate")),

@@ -113,6 +113,22 @@ def add_arguments(parser: ArgumentParser) -> None:
         "a session on one upstream",
     )
     g.add_argument(
+        "--system-prompt-tokens",
+        type=int,
+        default=D.system_prompt_tokens,
+        help="--sessions: a system prompt of N tokens (cut from --prompt), the same in every session: "
+        "the prefix all conversations share (0 = none)",
+    )
+    g.add_argument(
+        "--shared-first-message",
+        action="store_true",
+        default=False,
+        include_in_web_ui=False,
+        help="--sessions: send each session's first message as the prompt set has it (default: it "
+        "begins with a tag naming the run and the session, so turn 0 of a session finds no other "
+        "session's prefix in a server's cache beyond the system prompt)",
+    )
+    g.add_argument(
         "--time-scale",
         type=float,
         default=D.time_scale,

@@ -13,6 +13,7 @@ from typing import IO
 from pathprobe import rtt
 from pathprobe.loadgen.monitor import ClientBlock
 from pathprobe.loadgen.records import Aggregator, Record, Summary
+from pathprobe.loadgen.turns import format_turns
 from pathprobe.records import timing_only
 
 try:
@@ -108,7 +109,7 @@ TABLE_METRICS = (
 
 
 def format_table(summary: Summary) -> str:
-    """Per-route p50/p95/p99 of e2e, each segment, TTFT/ITL (ms)."""
+    """Per-route p50/p95/p99 of e2e, each segment, TTFT/ITL (ms); with ``--sessions`` the figures by turn."""
     lines: list[str] = []
     for route, rs in summary["routes"].items():
         errs = ", ".join(f"{k}={v}" for k, v in rs["errors_by_status"].items()) or "none"
@@ -130,6 +131,8 @@ def format_table(summary: Summary) -> str:
             lines.append(
                 f"  {label:<16}{st['p50']:>11.3f}{st['p95']:>11.3f}{st['p99']:>11.3f}{st['max']:>11.3f}{st['count']:>9}"
             )
+        if rs.get("turns"):  # --sessions: TTFT and the server's cached share, turn by turn
+            lines += format_turns(rs["turns"])
     t = summary["totals"]
     lines.append(
         f"total: {t['requests']} requests, {t['ok']} ok, {t['errors']} errors, {t['stopped']} stopped in flight"

@@ -11,11 +11,13 @@ a run writes from them are :mod:`pathprobe.loadgen.outputs`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypedDict
+from typing import Any, NotRequired
 
 from hdrh.histogram import HdrHistogram
 from pathprobe.loadgen import hist
+from pathprobe.loadgen.turns import TurnSummary, TurnTable, TurnWire
 from pathprobe.records import SPLIT_SEGMENTS, RequestRecord
+from typing_extensions import TypedDict
 
 #: the split's segments, one histogram each
 SEGMENT_METRICS = SPLIT_SEGMENTS
@@ -51,6 +53,7 @@ class RouteWire(TypedDict):
     estimated: int
     estimate_kinds: dict[str, int]
     links_estimated: list[int]
+    turns: NotRequired[dict[str, TurnWire]]  # --sessions: each turn's raw figures (pathprobe.loadgen.turns)
 
 
 class Totals(TypedDict):
@@ -69,6 +72,8 @@ class RouteSummary(Totals):
     network_estimate_kind: dict[str, int]
     links_estimated: list[int]
     metrics: dict[str, dict[str, float | int | None]]
+    #: --sessions: per turn, TTFT, prompt tokens and the server's cached share (pathprobe.loadgen.turns)
+    turns: NotRequired[list[TurnSummary]]
 
 
 class Summary(TypedDict):
@@ -91,6 +96,7 @@ class RouteAgg:
         "ok",
         "requests",
         "sums",
+        "turns",
     )
 
     def __init__(self) -> None:
@@ -104,6 +110,7 @@ class RouteAgg:
         self.estimated = 0  # OK records whose network is (partly) an estimate: a round trip measured apart
         self.estimate_kinds: dict[str, int] = {}  # those records by estimate kind (pathprobe.rtt)
         self.links_estimated: list[int] = []  # per link, outermost first: records whose link is estimated
+        self.turns = TurnTable()  # --sessions: figures per turn of a conversation
 
     def hist(self, metric: str) -> HdrHistogram:
         h = self.hists.get(metric)
@@ -164,6 +171,7 @@ class RouteAgg:
         for name, lst in values.items():
             hist.record_many(self.hist(name), lst)
             self.sums[name] = self.sums.get(name, 0.0) + sum(lst)
+        self.turns.add_records(oks)
 
     def _add_links(self, counts: list[int]) -> None:
         if len(counts) > len(self.links_estimated):
@@ -176,7 +184,7 @@ class RouteAgg:
             self.estimate_kinds[k] = self.estimate_kinds.get(k, 0) + n
 
     def to_wire(self) -> RouteWire:
-        return {
+        wire: RouteWire = {
             "requests": self.requests,
             "ok": self.ok,
             "errors_by_status": dict(self.errors_by_status),
@@ -188,6 +196,9 @@ class RouteAgg:
             "estimate_kinds": dict(self.estimate_kinds),
             "links_estimated": list(self.links_estimated),
         }
+        if self.turns:
+            wire["turns"] = self.turns.to_wire()
+        return wire
 
     def merge_wire(self, data: RouteWire) -> None:
         self.requests += data["requests"]
@@ -202,6 +213,7 @@ class RouteAgg:
         self.estimated += data.get("estimated", 0)
         self._add_kinds(data.get("estimate_kinds") or {})
         self._add_links(list(data.get("links_estimated") or ()))
+        self.turns.merge_wire(data.get("turns") or {})
 
     def merge(self, other: RouteAgg) -> None:
         self.requests += other.requests
@@ -216,6 +228,7 @@ class RouteAgg:
         self.estimated += other.estimated
         self._add_kinds(other.estimate_kinds)
         self._add_links(other.links_estimated)
+        self.turns.merge(other.turns)
 
     @property
     def stopped(self) -> int:
@@ -227,7 +240,7 @@ class RouteAgg:
 
     def summary(self) -> RouteSummary:
         span = (self.last_ts - self.first_ts) if self.first_ts is not None and self.last_ts is not None else 0.0
-        return {
+        out: RouteSummary = {
             "requests": self.requests,
             "ok": self.ok,
             "errors": self.errors,
@@ -243,6 +256,9 @@ class RouteAgg:
             "links_estimated": list(self.links_estimated),
             "metrics": {m: hist.stats(self.hists[m], self.sums.get(m)) for m in METRICS if m in self.hists},
         }
+        if self.turns:
+            out["turns"] = self.turns.summary()
+        return out
 
 
 class Aggregator:

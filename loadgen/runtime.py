@@ -25,6 +25,7 @@ from pathprobe.loadgen import clientwait, datasets, hist
 from pathprobe.loadgen import metrics as metrics_mod
 from pathprobe.loadgen import monitor as monitor_mod
 from pathprobe.loadgen import prompts as prompts_mod
+from pathprobe.loadgen import sessions as sessions_mod
 from pathprobe.loadgen import traces as traces_mod
 from pathprobe.loadgen.arrival import Schedule
 from pathprobe.loadgen.config import Config
@@ -84,6 +85,9 @@ class Runtime:
         #: --sessions over ShareGPT: each conversation's user turns; handed out round robin
         self.conversations: list[list[prompts_mod.Prompt]] = []
         self._conversation = 0
+        #: --sessions: the system prompt all sessions share ("" = none); this run's id in first messages
+        self.system_prompt = ""
+        self.run_nonce = sessions_mod.run_nonce()
 
     # role
     @property
@@ -150,6 +154,8 @@ class Runtime:
             cfg.corpus,
             cfg.trace,
             cfg.trace_format,
+            cfg.sessions,
+            cfg.system_prompt_tokens,
         )
         if self._prompts_key != key:
             if cfg.trace:  # the trace's own lengths: every prompt is cut from the corpus at its turn
@@ -171,6 +177,12 @@ class Runtime:
             if cfg.sessions and cfg.prompt_set == "sharegpt" and cfg.prompt_file:  # each session one conversation
                 tok = prompts_mod.load_tokenizer(cfg.tokenizer)
                 self.conversations = datasets.read_sharegpt_conversations(cfg.prompt_file, tok)
+            self.system_prompt = ""
+            if cfg.sessions and cfg.system_prompt_tokens:  # one text for every session: their shared prefix
+                n, spec = cfg.system_prompt_tokens, cfg.tokenizer
+                self.system_prompt = prompts_mod.exact_length_cached(
+                    cfg.prompt, n, spec, lambda: prompts_mod.load_tokenizer(spec)
+                ).text
             self._prompts_key = key
             # one route's histograms + the loop monitor's, allocated before the clock runs
             hist.prefill(len(METRICS) + 2)
@@ -203,6 +215,11 @@ class Runtime:
         if self.tracing is None:
             self.tracing = Tracing.create(cfg, self.env.parsed_options)
         self.started = True
+
+    def new_session(self, session_id: str, turns: int, script: list[prompts_mod.Prompt]) -> sessions_mod.Session:
+        """A session with this run's system prompt and (unless --shared-first-message) its first-message tag."""
+        tag = "" if self.cfg.shared_first_message else sessions_mod.first_message_tag(self.run_nonce, session_id)
+        return sessions_mod.Session(session_id, turns, script=script, system=self.system_prompt, tag=tag)
 
     def next_conversation(self) -> list[prompts_mod.Prompt]:
         """The next recorded conversation for a new session ([] when sessions use the prompt set)."""

@@ -125,7 +125,7 @@ class _LLMMixin:
                 script = rt.next_conversation()
                 turns = min(cfg.turns, len(script)) if script else cfg.turns
                 sid = f"{rt.worker}-{self._uid}-{next(self._session_seq)}"
-                session = self._session = Session(sid, turns, script=script)
+                session = self._session = rt.new_session(sid, turns, script)
             elif cfg.think_time > 0:
                 gevent.sleep(cfg.think_time)
         if cfg.busy_ms > 0:  # test hook (--pathprobe-busy-ms): a client too busy for its load

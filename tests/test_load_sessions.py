@@ -5,6 +5,7 @@ is recorded only where the server reports it, and the session affinity header is
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -179,5 +180,8 @@ def test_sharegpt_sessions_replay_each_conversations_user_turns(tmp_path: Path) 
     }
     for _, body in _Chat.seen:
         asked = tuple(m["content"] for m in body["messages"] if m["role"] == "user")
+        # the first message begins with the session's tag (unique per session), then the recorded turn
+        assert re.fullmatch(r"[0-9a-f]{8}: conversation \S+\. .+", asked[0]), asked
+        asked = (asked[0].split(". ", 1)[1], *asked[1:])
         assert asked in wanted, asked
         assert body["max_tokens"] in (14, 6, 8)
