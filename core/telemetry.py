@@ -83,8 +83,12 @@ class DeferredSpanProcessor(SpanProcessor):
         if len(self.pending) >= self.max_pending:
             self.drain()
 
-    def drain(self) -> int:
-        batch, self.pending = self.pending, []
+    def drain(self, limit: int | None = None) -> int:
+        """Export the pending spans, or only the oldest ``limit`` of them; returns how many."""
+        if limit is None or limit >= len(self.pending):
+            batch, self.pending = self.pending, []
+        else:
+            batch, self.pending = self.pending[:limit], self.pending[limit:]
         if batch:
             self.exporter.export(batch)
             self.exported += len(batch)

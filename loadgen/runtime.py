@@ -39,9 +39,10 @@ log = logging.getLogger("pathprobe.loadgen")
 #: seconds between two flushes of the records (histograms, records.jsonl, metrics, spans)
 LOCAL_FLUSH_S = 0.25
 #: records per slice of a periodic flush; the event loop runs between slices, so a flush never
-#: holds the loop (and every user's next request) for more than a few ms (one 1 s flush of
-#: ~4k records held it ~100 ms and cut a 16-user run's req/s by half)
-FLUSH_SLICE = 128
+#: holds the loop (and every user's next request) for more than a ms or two (one 1 s flush of
+#: ~4k records held it ~100 ms and cut a 16-user run's req/s by half; slices of 128 records of an
+#: interleaved run, 8 configurations, held it 5-10 ms: the demo's own busy lag at c=4)
+FLUSH_SLICE = 16
 
 
 class Runtime:
@@ -257,7 +258,7 @@ class Runtime:
         if self.role == "local":
             self.flush_local(yielding=True)  # other users' responses are read between slices
         if self.tracing is not None:
-            self.tracing.drain()
+            self.tracing.drain(pause=_yield)
 
     def after_request(self) -> None:
         """Called by a user right after it recorded a request and before it sends the next: the
@@ -378,6 +379,11 @@ class Runtime:
 
 
 _RUNTIMES: weakref.WeakKeyDictionary[Environment, Runtime] = weakref.WeakKeyDictionary()
+
+
+def _yield() -> None:
+    """Let the event loop run (other users' responses) between two slices of a flush."""
+    gevent.sleep(0)
 
 
 def runtime(environment: Environment) -> Runtime:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pathprobe import genai
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
     from opentelemetry.util.types import AttributeValue
     from pathprobe.telemetry import DeferredSpanProcessor
+
+#: spans per slice of a periodic drain (one slice is ~1 ms of encoding and writing on this
+#: class of machine; the event loop runs between slices)
+SPAN_SLICE = 16
 
 
 class Tracing:
@@ -67,10 +72,20 @@ class Tracing:
             return None
         return cls(own.get_tracer("pathprobe.loadgen"), own, telemetry.deferred_processors(own))
 
-    def drain(self) -> None:
-        """Export the spans finished since the last call (in this thread, between requests)."""
+    def drain(self, pause: Callable[[], None] | None = None) -> None:
+        """Export the spans finished since the last call (in this thread, between requests).
+
+        ``pause`` (the periodic flush: ``gevent.sleep(0)``): called between slices of
+        :data:`SPAN_SLICE` spans, so other users' responses are read while a large batch is
+        encoded; spans that end meanwhile wait for the next call."""
         for p in self.deferred:
-            p.drain()
+            if pause is None:
+                p.drain()
+                continue
+            left = len(p.pending)
+            while left > 0:
+                left -= p.drain(min(SPAN_SLICE, left))
+                pause()
 
     def start(self, route: str, target: Target, spec: CallSpec, headers: dict[str, str]) -> tuple[Span, int]:
         """Start the CLIENT span; returns it and its start (perf_counter_ns), which becomes the

@@ -24,9 +24,13 @@ def test_record_many_matches_record_value_bucket_for_bucket():
     for v in vals:
         a.record_value(max(0, int(round(v * 1000))))
     hist.record_many(b, vals)
-    assert a.get_total_count() == b.get_total_count() == len(vals)
-    assert (a.get_min_value(), a.get_max_value()) == (b.get_min_value(), b.get_max_value())
-    assert all(a.get_count_at_index(i) == b.get_count_at_index(i) for i in range(a.counts_len))
+    small = hist.new_histogram()  # the one-by-one path for small batches, same buckets
+    for i in range(0, len(vals), 7):
+        hist.record_many(small, vals[i : i + 7])
+    for c in (b, small):
+        assert a.get_total_count() == c.get_total_count() == len(vals)
+        assert (a.get_min_value(), a.get_max_value()) == (c.get_min_value(), c.get_max_value())
+        assert all(a.get_count_at_index(i) == c.get_count_at_index(i) for i in range(a.counts_len))
 
 
 def test_microsecond_values_are_exact_below_32ms():
