@@ -72,6 +72,16 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     return statistics.linear_regression(xs, ys).slope
 
 
+def last_half_slope(series: list[dict[str, Any]]) -> float | None:
+    """MB per minute over the last half of the samples after warm-up (processes alive: RSS > 0).
+    Memory that grows to a plateau (pools, the allocator's arenas) and stays there reads ~0 here
+    while the whole window's slope still leans on the climb; a leak reads the same in both."""
+    live = [s for s in series if s["t_s"] >= WARM_S and s["rss_mb"] > 0]
+    half = live[len(live) // 2 :]
+    k = slope([s["t_s"] for s in half], [s["rss_mb"] for s in half])
+    return None if k is None else k * 60
+
+
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     stub, gport, hport = nginx_stub(tmp / "stub", None, 8)
     host = f"http://127.0.0.1:{hport}" if args.protocol == "http" else f"grpc://127.0.0.1:{gport}"
@@ -131,7 +141,8 @@ def reduce(args: argparse.Namespace, res: dict[str, Any]) -> dict[str, Any]:
         "rss_slope_mb_per_min": (slope([s["t_s"] for s in warm], [s["rss_mb"] for s in warm]) or 0.0) * 60,
         "records_mb": samples[-1]["records_mb"],
         "client": summary.get("client"),
-        "series": [{k: round(v, 3) for k, v in s.items() if k != "per_pid_cpu_s"} for s in samples],
+        "series": (series := [{k: round(v, 3) for k, v in s.items() if k != "per_pid_cpu_s"} for s in samples]),
+        "rss_slope_last_half_mb_per_min": last_half_slope(series),
     }
 
 
@@ -153,6 +164,7 @@ def markdown(meta: dict[str, Any], r: dict[str, Any]) -> str:
             f"{r['rss_mb_first_after_warm']:.0f} / {r['rss_mb_last']:.0f} / {r['rss_mb_max']:.0f} MB",
         ),
         ("RSS slope after warm-up", f"{r['rss_slope_mb_per_min']:+.2f} MB/min"),
+        ("RSS slope, last half of the run", f"{r['rss_slope_last_half_mb_per_min']:+.2f} MB/min"),
         ("records.jsonl written", f"{r['records_mb']:.0f} MB"),
         ("client saturated / contended (its own flags)", f"{c.get('saturated')} / {c.get('contended')}"),
         ("client loop lag p99", f"{(c.get('loop_lag_ms') or {}).get('p99')} ms"),
@@ -171,7 +183,11 @@ def main() -> None:
     ap.add_argument("--records-detail", choices=("full", "timing"), default="timing")
     ap.add_argument("--sample-s", type=float, default=5.0)
     ap.add_argument("--out", default="", help="folder for <date>-loadgen-soak.{md,json} (default: print only)")
+    ap.add_argument("--render", default="", help="a result's .json: write its .md again (no run)")
     args = ap.parse_args()
+    if args.render:
+        render(Path(args.render))
+        return
     if not shutil.which("nginx"):
         raise SystemExit("nginx is needed for the stub (apt install nginx)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -193,6 +209,15 @@ def main() -> None:
         base = Path(args.out) / f"{meta['date']}-loadgen-soak"
         base.with_suffix(".md").write_text(md)
         base.with_suffix(".json").write_text(json.dumps({"meta": meta, "result": r}, indent=1))
+
+
+def render(path: Path) -> None:
+    """Rewrite a result's Markdown from its JSON (figures added since it ran are computed from its series)."""
+    data = json.loads(path.read_text())
+    r = data["result"]
+    r.setdefault("rss_slope_last_half_mb_per_min", last_half_slope(r["series"]))
+    path.write_text(json.dumps(data, indent=1))
+    path.with_suffix(".md").write_text(markdown(data["meta"], r))
 
 
 if __name__ == "__main__":
