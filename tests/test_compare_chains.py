@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.support.compare import run_compare
 
 pytestmark = pytest.mark.slow
 
@@ -62,13 +61,7 @@ def run(tmp_path_factory):
         },
         "targets": targets,
     }
-    path = tmp / "chains.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=900
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out, json.loads((out / "report.json").read_text())
+    return out, run_compare(cfg, tmp / "chains.yaml", html=True)
 
 
 def _records(out: Path, name: str) -> list[dict]:

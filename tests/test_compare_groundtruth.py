@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.support.compare import run_compare
 
 pytestmark = pytest.mark.slow
 
@@ -49,13 +48,7 @@ def _compare(tmp: Path, name: str, load: dict, targets: list[dict], server: dict
         "load": {"duration_s": 2, "warmup_s": 1, "rounds": 2, "concurrency": [1], "stream": False, **load},
         "targets": targets,
     }
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=900
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
+    report = run_compare(cfg, tmp / f"{name}.yaml", html=True)
     # data, not the table's text: a row label may carry a note such as "[client saturated]"
     assert report["baseline"] == "passthrough"
     assert all(t["status"] == "ok" for t in report["targets"].values()), report["targets"]

@@ -4,12 +4,9 @@ every configuration, and the bytes and the serialization grow with the payload o
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-import yaml
+
+from tests.support.compare import run_compare
 
 SMALL, LARGE = 64, 16384
 
@@ -44,16 +41,7 @@ def swept(tmp_path_factory):
             {"name": "transcode", "kind": "gateway", "mode": "transcode"},
         ],
     }
-    path = tmp / "payload.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "compare", str(path), "--no-html"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out, json.loads((out / "report.json").read_text())
+    return out, run_compare(cfg, tmp / "payload.yaml", timeout=600)
 
 
 def _rows(report: dict) -> dict[tuple[str, int], dict]:

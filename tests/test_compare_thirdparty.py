@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from pathprobe import proxies
+
+from tests.support.compare import run_compare_with_output
 
 pytestmark = pytest.mark.slow
 
@@ -75,13 +74,8 @@ def run(tmp_path_factory):
         },
         "targets": targets,
     }
-    path = tmp / "thirdparty.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=1200
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out, json.loads((out / "report.json").read_text()), res.stdout
+    report, stdout = run_compare_with_output(cfg, tmp / "thirdparty.yaml", html=True, timeout=1200)
+    return out, report, stdout
 
 
 def _installed(name: str) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from pathprobe import vllmcpu
 
+from tests.support.compare import run_compare
 from tests.support.otlp import OTLPReceiver
 from tests.support.procs import Proc, free_port, wait_http
 from tests.test_load_e2e import load_records, run_load
@@ -212,9 +213,6 @@ def test_compare_starts_vllm_server_and_a_gateway_in_front_of_it(tmp_path) -> No
     of the vLLM paths come from vLLM's own reports, the rest of its time is unsplit. With tracing on,
     compare receives vLLM's llm_request spans (OTLP) into the run's traces, in the client's trace."""
     import json
-    import subprocess
-
-    import yaml
 
     cfg = {
         "out": str(tmp_path / "out"),
@@ -236,13 +234,7 @@ def test_compare_starts_vllm_server_and_a_gateway_in_front_of_it(tmp_path) -> No
             {"name": "vllm-via-gateway", "kind": "gateway", "mode": "http-proxy", "upstream": "vllm"},
         ],
     }
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=1100
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    report = run_compare(cfg, tmp_path / "cfg.yaml", html=True, timeout=1100)
     t = report["targets"]
     for name in ("ours", "vllm-server", "vllm-via-gateway"):
         assert t[name]["status"] == "ok", (name, t[name].get("reason"))

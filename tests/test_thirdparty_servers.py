@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from pathprobe import vllmcpu
 
+from tests.support.compare import run_compare
 from tests.support.procs import Proc, free_port, wait_http
 from tests.test_load_e2e import load_records, run_load
 
@@ -377,9 +378,6 @@ def test_compare_config_for_third_party_servers_names_the_key() -> None:
 
 @pytest.mark.skipif(vllmcpu.available(), reason="vLLM is installed here: the skip cannot be shown")
 def test_compare_skips_vllm_targets_with_the_reason_when_the_extra_is_absent(tmp_path) -> None:
-    import subprocess
-
-    import yaml
 
     cfg = {
         "out": str(tmp_path / "out"),
@@ -393,13 +391,7 @@ def test_compare_skips_vllm_targets_with_the_reason_when_the_extra_is_absent(tmp
             {"name": "ours-vllm-engine", "kind": "direct", "protocol": "openai", "engine": "vllm"},
         ],
     }
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "compare", str(path)], capture_output=True, text=True, timeout=300
-    )
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    t = json.loads((tmp_path / "out" / "report.json").read_text())["targets"]
+    t = run_compare(cfg, tmp_path / "cfg.yaml", html=True, timeout=300)["targets"]
     assert t["ours"]["status"] == "ok"
     for name in ("vllm-server", "ours-vllm-engine"):
         assert t[name]["status"] == "skipped" and "make vllm" in t[name]["reason"], t[name]

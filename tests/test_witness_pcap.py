@@ -10,14 +10,12 @@ Needs root and tcpdump; about 60 s.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
-import yaml
+
+from tests.support.compare import run_compare
 
 pytestmark = [
     pytest.mark.slow,
@@ -58,16 +56,7 @@ def report(tmp_path_factory):
             for d in (0.0, delay)
         ],
     }
-    path = tmp / "w.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "pathprobe", "compare", str(path), "--no-html"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return json.loads((tmp / "out" / "report.json").read_text())
+    return run_compare(cfg, tmp / "w.yaml", timeout=600)
 
 
 def _w(report, name):
