@@ -75,8 +75,11 @@ def account(
     overlap = 0.0
     if stream and client_decodes and client_arrivals:
         waited = last_waited([s for s, _ in client_arrivals], client_decodes)
-        last = last_arrival(client_arrivals, max(client_encode_ms + _outer_own_ms(chain), waited))
-        held = min(held_back(client_decodes, last), client_decode_ms)
+        outer_done = client_encode_ms + _outer_own_ms(chain)
+        last = last_arrival(client_arrivals, max(outer_done, waited))
+        # the last chunk can be seen before the outermost hop is done (a relay still forwarding the
+        # trailers): decode before that instant overlapped the hop's own time, which it holds
+        held = min(held_back(client_decodes, max(last, outer_done)), client_decode_ms)
         overlap = client_decode_ms - held
         behind = read_backlog(client_arrivals[-1][0], last, client_decodes)
         client_wait_ms = max(client_wait_ms, behind)  # both are its own time on its link: never twice

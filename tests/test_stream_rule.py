@@ -84,3 +84,21 @@ def test_a_client_that_waited_for_the_last_chunks_books_the_stall_as_the_link():
     assert s.client_wait < 0.1 and s.serialization < 0.5  # only the burst's nine reads are the client's
     # the stall is the link's, every ms of it: e2e less the burst's ten decodes and reads, the server's own time
     assert s.links[0] == pytest.approx(e2e - 10 * 0.02 - s.client_wait - (101.0 - 0.2))
+
+
+def test_a_decode_before_the_outer_hop_was_done_is_not_counted_again():
+    # a relay that forwarded the last chunk at ~101.3 but its trailers only at 103 (it waited for the
+    # server's): the client's slow decode of the last chunks ran inside the relay's total. Counted, it
+    # put the client's link at -0.1 ms (seen in CI on a 512-token stream through passthrough: -0.22)
+    chain = timing.parse_chain(
+        "srv.decode;dur=0.1, srv.queue;dur=0.1, srv.decode_steps;dur=100.0, srv.encode;dur=0.05, srv.send;dur=0.2, "
+        "srv.backlog;dur=0.0, srv.total;dur=101.0, gw.upstream;dur=102.9, gw.total;dur=103.0"
+    )
+    arr = _arrivals(500, 1.5, 0.2)
+    dec = [(t, t + (0.3 if i >= 495 else 0.02)) for i, (t, _) in enumerate(arr)]
+    e2e = 103.2
+    acc = account(e2e, chain, client_decode_ms=11.4, stream=True, client_decodes=dec, client_arrivals=arr)
+    assert acc.client_decode_ms == 0.0
+    s = acc.split
+    assert min(getattr(s, k) for k in SEGMENTS) >= 0 and min(s.links) >= 0
+    assert s.links[0] == pytest.approx(e2e - 103.0)
