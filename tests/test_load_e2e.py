@@ -57,7 +57,9 @@ def check_run(out: Path, route: str, stream: bool) -> tuple[dict, list[dict]]:
         assert sum(sp[s] for s in SEGMENTS) == pytest.approx(r["e2e_ms"], abs=1e-6)
         assert sp["e2e"] == r["e2e_ms"]
         assert sp["inference"] > 0 and r["entries"].get("srv.total", 0) > 0
-        assert r["client_encode_ms"] > 0 and r["client_decode_ms"] > 0
+        # a stream's split counts only the decode that held its end back (can be 0); the rest overlapped
+        assert r["client_encode_ms"] > 0 and r["client_decode_ms"] >= 0
+        assert r["client_decode_ms"] + r["client_decode_overlap_ms"] > 0
         assert r["tokens_out"] == 4
         if stream:
             assert r["ttft_ms"] is not None and 0 < r["ttft_ms"] < r["e2e_ms"]
