@@ -137,8 +137,14 @@ def test_a_server_that_reports_nothing_is_unsplit_and_network_matches_our_server
     assert routes["openai.completions"]["network_estimated"] == 0
     assert routes["openai.completions"]["network_estimate_kind"] == {}
     # like for like: the estimated network to the silent server and the measured network to our own
-    # server on the same path (both hold both HTTP stacks' time outside the server's handler), medians
-    est, measured = _median(theirs, "network"), _median(ours, "network")
+    # server on the same path (both hold both HTTP stacks' time outside the server's handler), medians,
+    # each with the loop waits the split moved out of the link: the client's and our front end's
+    # (``srv.wait``, booked as the server's queueing; a silent server reports none). On a busy machine
+    # they took all of our link's ~0.5 ms: network 0.0 against the estimate's 0.57 (2026-12-03)
+    est, measured = (
+        statistics.median(r["split"]["network"] + r["split"]["client_wait"] + r["split"]["hop_wait"] for r in rs)
+        for rs in (theirs, ours)
+    )
     assert abs(est - measured) <= 0.5, (est, measured, statistics.median(r["network_floor_ms"] for r in theirs))
 
 
