@@ -115,6 +115,19 @@ def last_arrival(seen: Sequence[tuple[float, float | None]], not_before: float =
     return min(max(bound, not_before), seen_last)
 
 
+def pacing(emit_ms: Sequence[float], fwd_ms: Sequence[float], n: int) -> Sequence[float] | None:
+    """The offsets that paced a stream's chunks to their next consumer, for :func:`last_arrival`: the
+    outermost rebuilding gateway's hand-off offsets (``fwd_ms``) when every chunk has one, else the
+    server's emit offsets. A gateway that falls behind its upstream hands chunks on at its own pace;
+    against the server's offsets the chunks then look late by its growing backlog, and the bound
+    puts the last chunk's arrival so early that the next consumer's wait for it reads as its own.
+    ``n``: the stream's chunks; None when neither has an offset (> 0) for each of them."""
+    for offsets in (fwd_ms, emit_ms):
+        if n and len(offsets) == n and all(f > 0 for f in offsets):
+            return offsets
+    return None
+
+
 #: a consumer idle this long right before it had a chunk was waiting for it (the chunk arrived then).
 #: A stalled link withholds chunks for milliseconds (a delaying relay's burst: 2.5-4 ms); a consumer
 #: reading chunks already waiting gets to the next within tens of microseconds when it has the CPU.

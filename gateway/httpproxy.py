@@ -37,6 +37,7 @@ from pathprobe.timing import now_ms
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 #: an SSE event's emit offset (pathprobe servers put one on every chunk)
 _EMIT = re.compile(rb'"emit_ms":\s*([0-9]+(?:\.[0-9]+)?)')
+_FWD = re.compile(rb'"fwd_ms":\s*([0-9]+(?:\.[0-9]+)?)')
 
 
 def _req_headers(h: Mapping[str, str]) -> dict[str, str]:
@@ -156,7 +157,7 @@ class HttpProxy(SessionOwner):
                         await out.write(data)
                         continue
                     td = now_ms()
-                    work.chunk(td, _emit_ms(data))
+                    work.chunk(td, _offset(_EMIT, data), _offset(_FWD, data))
                     if b'"server_timing"' in data or _final_usage(data):
                         data = self._rewrite(data, up, t0, ent, spans, work)
                     await out.write(data)
@@ -209,9 +210,10 @@ class HttpProxy(SessionOwner):
         return out
 
 
-def _emit_ms(data: bytes) -> float | None:
-    """An event's ``emit_ms`` (the upstream's emit offset), read without parsing the event."""
-    m = _EMIT.search(data)
+def _offset(pattern: re.Pattern[bytes], data: bytes) -> float | None:
+    """An event's ``emit_ms`` (the server's emit offset) or ``fwd_ms`` (a rebuilding gateway's
+    hand-off), read without parsing the event."""
+    m = pattern.search(data)
     return float(m.group(1)) if m else None
 
 

@@ -268,8 +268,8 @@ class Reencoder(SessionOwner):
                     td = now_ms()
                     try:
                         obj = json.loads(payload)
-                        emit = obj.get("emit_ms")
-                        work.chunk(td, emit if isinstance(emit, int | float) else None)
+                        emit, fwd = obj.get("emit_ms"), obj.get("fwd_ms")
+                        work.chunk(td, _offset(emit), _offset(fwd))
                         st = obj.pop("server_timing", None)
                         if st is not None:
                             upstream_st = st
@@ -282,6 +282,7 @@ class Reencoder(SessionOwner):
                     finally:
                         t1 = now_ms()
                         work.decode.append((td, t1))
+                    chunk.fwd_ms = round(now_ms() - t0, 3)  # our hand-off paces the client's chunks
                     out = chunk.SerializeToString()
                     ts = now_ms()
                     work.encode.append((t1, ts))
@@ -388,3 +389,8 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
 
 
 __all__ = ["DeadlineExceeded", "serve"]
+
+
+def _offset(value: object) -> float | None:
+    """An event's ``emit_ms`` / ``fwd_ms``, when it is a number."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

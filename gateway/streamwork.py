@@ -16,7 +16,9 @@ the link bounds it tightest (the minimum-delay filter NTP uses). A gateway that 
 last chunk as it arrives (the bound is ``seen_last``: the overlapped work stays in ``gw.upstream``);
 one that is behind gets the bound from an earlier chunk (its backlog counts as its own). Chunks
 without an emit offset (a third-party upstream) leave only ``seen_last``, which is right while the
-gateway keeps up.
+gateway keeps up. Where the upstream is a gateway that rebuilt the chunks, their ``fwd_ms`` (its
+hand-off offsets) paced them, not the server's emit offsets (:func:`pathprobe.timing.pacing`); a
+gateway that rebuilds chunks stamps its own, so its consumer does the same.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pathprobe.timing import handoff_split, held_back, last_arrival, last_waited, read_backlog
+from pathprobe.timing import handoff_split, held_back, last_arrival, last_waited, pacing, read_backlog
 
 if TYPE_CHECKING:
     from pathprobe.gateway.aio import Spans
@@ -39,20 +41,26 @@ class StreamWork:
 
     #: each chunk: (when the gateway had it, the upstream's emit offset or None)
     seen: list[tuple[float, float | None]] = field(default_factory=list)
+    #: each chunk's hand-off offset from a rebuilding gateway upstream (0: none), see ``pacing``
+    fwd: list[float] = field(default_factory=list)
     decode: list[Interval] = field(default_factory=list)
     encode: list[Interval] = field(default_factory=list)
     send: list[Interval] = field(default_factory=list)
     #: the instant :meth:`held` used as the last chunk's arrival (0: not computed yet)
     last: float = 0.0
 
-    def chunk(self, seen_ms: float, emit_ms: float | None) -> None:
-        """A chunk the gateway now has; ``emit_ms`` <= 0 counts as not reported (proto3's default)."""
+    def chunk(self, seen_ms: float, emit_ms: float | None, fwd_ms: float | None = None) -> None:
+        """A chunk the gateway now has; ``emit_ms`` (the server's) and ``fwd_ms`` (a rebuilding gateway
+        upstream's hand-off) <= 0 count as not reported (proto3's default)."""
         self.seen.append((seen_ms, emit_ms if emit_ms is not None and emit_ms > 0 else None))
+        self.fwd.append(fwd_ms if fwd_ms is not None and fwd_ms > 0 else 0.0)
 
     def last_arrival(self, not_before: float = -math.inf) -> float:
         """The latest instant the upstream's last chunk can have arrived, not before ``not_before``
         (the upstream's own time from the call's start: :func:`pathprobe.timing.last_arrival`)."""
-        return last_arrival(self.seen, not_before)
+        emit = [e or 0.0 for _, e in self.seen]
+        pace = pacing(emit, self.fwd, len(self.seen))
+        return last_arrival([(s, pace[i] if pace else None) for i, (s, _) in enumerate(self.seen)], not_before)
 
     def held(self, not_before: float = -math.inf) -> tuple[float, float, float, float]:
         """(decode, encode, send, backlog): the per-chunk work after the last chunk arrived; of the

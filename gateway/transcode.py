@@ -329,9 +329,10 @@ class Transcoder:
                 async for raw in call:
                     td = now_ms()
                     chunk = llm_pb2.GenerateChunk.FromString(raw)
-                    work.chunk(td, chunk.emit_ms)
+                    work.chunk(td, chunk.emit_ms, chunk.fwd_ms)
                     t1 = now_ms()
                     work.decode.append((td, t1))
+                    chunk.fwd_ms = round(t1 - t0, 3)  # our hand-off paces the client's chunks
                     obj = jsoncodec.to_dict(chunk)
                     if chunk.finish_reason:
                         work.encode.append((t1, now_ms()))
@@ -362,6 +363,7 @@ class Transcoder:
                     t1 = now_ms()
                     ent.total = t1 - t0
                     ent.sent = held["server_timing"] = timing.append(upstream_st, ent.as_dict())
+                    held["fwd_ms"] = round(t1 - t0, 3)  # handed on only now, after the trailers
                     data = b"data: " + jsoncodec.dumps(held) + b"\n\n"
                     ent.encode += now_ms() - t1  # after gw.total: in metrics, not in what was sent
                     await resp.write(data)

@@ -43,6 +43,8 @@ class Outcome:
     decode_ns: int = 0
     token_times: list[int] = field(default_factory=list)  # arrival of each chunk carrying tokens
     emit_ms: list[float] = field(default_factory=list)  # the server's emit offset of each of those chunks
+    #: the outermost rebuilding gateway's hand-off offset of each of those chunks (0: none rebuilt it)
+    fwd_ms: list[float] = field(default_factory=list)
     #: a stream's decode of each event, (start, end) in perf_counter_ns: only what lies after the last
     #: chunk's arrival counts as the client's decode (pathprobe.timing.held_back)
     decodes: list[tuple[int, int]] = field(default_factory=list)

@@ -142,6 +142,7 @@ class GrpcTarget(Target):
             if chunk.token_ids or chunk.text:
                 times.append(ta)
                 emits.append(chunk.emit_ms)
+                out.fwd_ms.append(chunk.fwd_ms)
                 n += len(chunk.token_ids) or 1
             if chunk.HasField("usage"):
                 usage = chunk.usage
@@ -250,6 +251,7 @@ class H2GrpcTarget(Target):
             if chunk.token_ids or chunk.text:
                 times.append(ta)
                 out.emit_ms.append(chunk.emit_ms)
+                out.fwd_ms.append(chunk.fwd_ms)
                 st["n"] += len(chunk.token_ids) or 1
             if chunk.HasField("usage"):
                 st["usage"] = chunk.usage

@@ -67,6 +67,7 @@ class NativeHttpTarget(HttpTarget):
             if obj.get("text") or obj.get("token_ids"):
                 out.token_times.append(ta)
                 out.emit_ms.append(float(obj.get("emit_ms") or 0.0))
+                out.fwd_ms.append(float(obj.get("fwd_ms") or 0.0))
                 state["n"] += len(obj.get("token_ids") or ()) or 1
                 if keep and obj.get("text"):
                     out.text.append(str(obj["text"]))
@@ -164,6 +165,7 @@ class OpenAITarget(HttpTarget):
                 if piece:
                     out.token_times.append(ta)
                     out.emit_ms.append(float(obj.get("emit_ms") or 0.0))
+                    out.fwd_ms.append(float(obj.get("fwd_ms") or 0.0))
                     state["n"] += 1
                     if keep:
                         out.text.append(str(piece))

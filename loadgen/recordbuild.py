@@ -16,7 +16,7 @@ from pathprobe.loadgen.call import CallSpec, Outcome, pc
 from pathprobe.records import HopRecord, RequestRecord, SplitRecord
 from pathprobe.segments import Split
 from pathprobe.serverreports import with_report
-from pathprobe.timing import Hop
+from pathprobe.timing import Hop, pacing
 
 
 def build_record(
@@ -53,6 +53,7 @@ def build_record(
     rep = out.server_report
     t0 = out.t0
     emit = out.emit_ms if spec.stream and len(out.emit_ms) == len(times) and all(out.emit_ms) else None
+    pace = pacing(out.emit_ms, out.fwd_ms, len(times)) if spec.stream else None  # what paced them to us
     overlap = 0.0
     sp: SplitRecord | None = None
     kind: str | None = None
@@ -68,7 +69,7 @@ def build_record(
             client_estimate_kind=out.network_estimate_kind,
             client_wait_ms=client_wait_ms,
             client_decodes=[((a - t0) / 1e6, (b - t0) / 1e6) for a, b in out.decodes] if spec.stream else (),
-            client_arrivals=[((t - t0) / 1e6, emit[i] if emit else None) for i, t in enumerate(times)]
+            client_arrivals=[((t - t0) / 1e6, pace[i] if pace else None) for i, t in enumerate(times)]
             if spec.stream
             else (),
         )

@@ -153,7 +153,7 @@ def strip_timing(events: list) -> list:
     out = []
     for ev in events:
         if isinstance(ev, dict):
-            ev = {k: v for k, v in ev.items() if k not in ("server_timing", "emit_ms")}  # timings differ per call
+            ev = {k: v for k, v in ev.items() if k not in ("server_timing", "emit_ms", "fwd_ms")}  # differ per call
         out.append(ev)
     return out
 
@@ -280,6 +280,9 @@ def test_transcode_unary_and_stream_identical(transcode, synthetic_server) -> No
     s2, _, b2 = http_post(f"{transcode.url}/v1/generate", {**REQ, "stream": True})
     e1, e2 = sse_events(b1), sse_events(b2)
     assert strip_timing(e2) == strip_timing(e1) and e2[-1] == "[DONE]"
+    # the gateway rebuilt every chunk and stamped its hand-off, in order; the server stamps none
+    fwd = [ev["fwd_ms"] for ev in e2[:-1]]
+    assert all(f > 0 for f in fwd) and fwd == sorted(fwd) and not any("fwd_ms" in ev for ev in e1[:-1])
     last = e2[-2]
     assert last["finish_reason"]
     check_entries(timing.parse(last["server_timing"]), chunk_time_out=True)
@@ -315,9 +318,15 @@ def test_reencode_unary_and_stream_identical(reencode, synthetic_server) -> None
     assert via == direct
     check_entries(entries)
     assert entries["gw.decode"] > 0 and entries["gw.encode"] > 0
-    d_chunks, _ = grpc_stream(synthetic_server.grpc_target, **REQ)
-    v_chunks, s_entries = grpc_stream(reencode.target, **REQ)
+    direct_offsets: list = []
+    via_offsets: list = []
+    d_chunks, _ = grpc_stream(synthetic_server.grpc_target, offsets=direct_offsets, **REQ)
+    v_chunks, s_entries = grpc_stream(reencode.target, offsets=via_offsets, **REQ)
     assert v_chunks == d_chunks
+    # the gateway rebuilt every chunk and stamped its hand-off, in order, keeping the server's emit offset
+    fwd = [f for _, f in via_offsets]
+    assert all(f > 0 for f in fwd) and fwd == sorted(fwd) and all(f == 0 for _, f in direct_offsets)
+    assert all(e > 0 for e, _ in via_offsets)
     check_entries(s_entries, chunk_time_out=True)
 
 

@@ -18,12 +18,17 @@ serialization, queueing and the hops' own time by < 0.3 ms. The truth there is t
 the engine's own work on 16k tokens moves by up to 0.7 ms between a pair's two calls (paired
 medians, 2026-12-03), which is in e2e and in inference, not in any link.
 
-Not asserted yet (docs/results/2026-12-03-long-paired.md has the figures): the paired bounds on
-512-token streams from an engine that does not sleep. The delayed link's network moves by 2 x D
-within 0.3 ms on most paths, but the hops and the client fall behind by up to tens of ms from call to
-call (their backlog, booked as their own), and on reencode's client link most of the delay is booked
-as the gateway's serialization (its transcoding of chunks it had not yet sent when the upstream
-ended), not network: that is open.
+On 512-token streams from an engine that does not sleep, the delayed link moves by 2 x D (same
+bounds as the 16k prompt) on every path and hop. Reencode's client
+link moved by 0.9-1.3 ms for 5 until a gateway that rebuilds chunks stamped its own hand-off offsets
+(``fwd_ms``): it falls ~110 ms behind its server, and against the server's offsets the client's wait
+for its chunks read as the client's backlog. Not asserted here (docs/results/2026-12-03-long-paired.md
+has the figures): serialization and the hops' own time at 512 chunks. The gateways and the server fall
+behind by 20-110 ms, and how much of their per-chunk work lies after the upstream's last chunk moves by
+1-2 ms between a pair's two calls on a busy 2-core machine; the hops measure it themselves (it is in
+their totals), none of it lands on a link. The other link stays within 0.3 ms behind passthrough and
+http-proxy; behind the two gateways that rebuild chunks and fall behind their server it moved by up to
+1.15 ms (transcode) and 0.44 ms (reencode) when the client link was delayed: known failures, not strict.
 
 CI time: about 4-6 minutes for the two runs on a 2-core machine (fewer paths than the short test:
 direct gRPC and every gateway mode; nginx is the short test's).
@@ -110,13 +115,45 @@ def test_undelayed_links_stay_at_the_stacks_size(long_stream, path):
             assert vals[len(vals) // 2] <= STACKS_MS, (cfg.name, i, vals[len(vals) // 2])
 
 
+#: measured, not fixed yet (the other link of a delayed one, 512-token streams)
+KNOWN_STILL = {
+    "transcode": "its server link moved by +0.70, +1.15 and -0.14 ms (paired medians of three runs) when its "
+    "client link was delayed: the gateway, ~20 ms behind its server, reads chunks already waiting with "
+    "idle gaps under the 1 ms line (pathprobe.timing.IDLE_MS) counted as waiting for the link",
+    "reencode": "its server link moved by +0.17, -0.04 and +0.44 ms (three runs) when its client link was "
+    "delayed: the gateway is ~110 ms behind its server, and where it puts the server's last chunk's "
+    "arrival (the emit-offset bound, its idle gaps) moves with how its backlog drained in that call",
+}
+
+
+def _moved_and_still(hop: str) -> tuple[str, str]:
+    return ("network_hop1", "network_hop2") if hop == "client" else ("network_hop2", "network_hop1")
+
+
+@pytest.mark.parametrize("path", list(LONG_PATHS))
+def test_a_delay_on_a_512_token_stream_lands_on_its_link(long_stream, path):
+    for hop in _hops(path):
+        d = _paired(long_stream, path, hop)
+        delay = 2 * HOPS[hop]
+        moved, _ = _moved_and_still(hop)
+        assert 0.9 * delay <= d[moved] <= delay + 1.0, (path, hop, {k: round(v, 3) for k, v in d.items()})
+
+
+@pytest.mark.parametrize("path", [_xfail(p, KNOWN_STILL) for p in LONG_PATHS if p != "direct"])
+def test_a_delay_on_a_512_token_stream_leaves_the_other_link(long_stream, path):
+    for hop in _hops(path):
+        d = _paired(long_stream, path, hop)
+        _, still = _moved_and_still(hop)
+        assert abs(d[still]) <= TOL, (path, hop, {k: round(v, 3) for k, v in d.items()})
+
+
 @pytest.mark.parametrize("path", list(LONG_PATHS))
 def test_a_delay_on_a_16k_prompt_lands_on_its_link_only(long_prompt, path):
     for hop in _hops(path):
         d = _paired(long_prompt, path, hop)
         delay = 2 * HOPS[hop]
         where = (path, hop, {k: round(v, 3) for k, v in d.items()})
-        moved, still = ("network_hop1", "network_hop2") if hop == "client" else ("network_hop2", "network_hop1")
+        moved, still = _moved_and_still(hop)
         assert 0.9 * delay <= d[moved] <= delay + 1.0, where
         assert abs(d[still]) <= TOL, where
         for seg in ("serialization", "queueing", "own"):  # inference: the engine's own 16k-token work

@@ -102,3 +102,33 @@ def test_a_decode_before_the_outer_hop_was_done_is_not_counted_again():
     s = acc.split
     assert min(getattr(s, k) for k in SEGMENTS) >= 0 and min(s.links) >= 0
     assert s.links[0] == pytest.approx(e2e - 103.0)
+
+
+def test_a_gateway_behind_its_server_paces_the_chunks_and_its_offsets_bound_the_last_one():
+    # the server emitted 500 chunks 0.04 ms apart; a transcoding gateway fell 100 ms behind and handed
+    # them on 0.25 ms apart, its last at 130 ms after its start (the client's 1.0, the link's 2 x 2.5 ms
+    # delay after it). The client kept up: it had each chunk 3.5 ms after the gateway handed it on, and
+    # decoded it in 0.05 ms. Against the server's offsets the last chunk "arrived" by the first one's
+    # bound, ~105 ms early, and the client's wait for the gateway and the link read as its own backlog
+    chain = timing.parse_chain(
+        "srv.decode;dur=0.1, srv.queue;dur=0.1, srv.decode_steps;dur=0.5, srv.encode;dur=4.0, srv.send;dur=0.1, "
+        "srv.backlog;dur=0.0, srv.total;dur=20.0, gw.decode;dur=25.0, gw.backlog;dur=85.0, gw.send;dur=0.1, "
+        "gw.upstream;dur=20.5, gw.total;dur=131.0"
+    )
+    fwd = [5.25 + i * 0.25 for i in range(500)]  # the gateway's hand-offs, ms since its start
+    emit = [1.0 + i * 0.04 for i in range(500)]
+    seen = [1.0 + 2.5 + f + 1.0 for f in fwd]  # request out (2.5 + stacks), chunk back (2.5 + stacks)
+    dec = [(t, t + 0.05) for t in seen]
+    e2e = seen[-1] + 0.05 + 2.0  # the trailers after the last chunk
+    kw = {"client_decode_ms": 25.0, "stream": True, "client_decodes": dec}
+    server_paced = account(e2e, chain, client_arrivals=list(zip(seen, emit, strict=True)), **kw).split
+    assert server_paced.client_wait > 2.5  # the link's delay, booked as the client's backlog reads
+    for pace in (timing.pacing(emit, fwd, 500), timing.pacing([], fwd, 500)):
+        assert pace == fwd
+        acc = account(e2e, chain, client_arrivals=list(zip(seen, pace, strict=True)), **kw)
+        s = acc.split
+        assert s.client_wait == 0.0 and acc.client_decode_ms == pytest.approx(0.05)  # the last chunk's
+        assert min(getattr(s, k) for k in SEGMENTS) >= 0 and min(s.links) >= 0
+        assert s.links[0] == pytest.approx(e2e - 0.05 - (131.0 - 0.1))  # outside the gateway own time: the link
+    assert timing.pacing(emit, [0.0] * 500, 500) == emit  # not every chunk rebuilt: the server's offsets
+    assert timing.pacing([0.0] * 500, [], 500) is None

@@ -57,7 +57,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "usage", "request_id", "index", "emit_ms")
+    __slots__ = ("text", "token_ids", "finish_reason", "usage", "request_id", "index", "emit_ms", "fwd_ms")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class GenerateChunk(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     EMIT_MS_FIELD_NUMBER: _ClassVar[int]
+    FWD_MS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: str
@@ -72,4 +73,5 @@ class GenerateChunk(_message.Message):
     request_id: str
     index: int
     emit_ms: float
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., request_id: _Optional[str] = ..., index: _Optional[int] = ..., emit_ms: _Optional[float] = ...) -> None: ...
+    fwd_ms: float
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., request_id: _Optional[str] = ..., index: _Optional[int] = ..., emit_ms: _Optional[float] = ..., fwd_ms: _Optional[float] = ...) -> None: ...

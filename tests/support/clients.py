@@ -20,14 +20,18 @@ def grpc_generate(target: str, metadata: tuple = (), timeout: float = 30, **fiel
         return resp, timing.from_metadata(call.trailing_metadata())
 
 
-def grpc_stream(target: str, metadata: tuple = (), timeout: float = 30, **fields: Any):
-    """Streaming call; returns (chunks, entries)."""
+def grpc_stream(target: str, metadata: tuple = (), timeout: float = 30, offsets: list | None = None, **fields: Any):
+    """Streaming call; returns (chunks, entries). ``offsets``, when given, gets each chunk's
+    (emit_ms, fwd_ms) before they are cleared."""
     with grpc.insecure_channel(target) as ch:
         stub = llm_pb2_grpc.LLMStub(ch)
         call = stub.GenerateStream(llm_pb2.GenerateRequest(**fields), metadata=metadata, timeout=timeout)
         chunks = list(call)
         for c in chunks:  # when the server emitted it differs call to call (tests/test_stream_chunks.py checks it)
+            if offsets is not None:
+                offsets.append((c.emit_ms, c.fwd_ms))
             c.ClearField("emit_ms")
+            c.ClearField("fwd_ms")  # when a gateway handed it on, likewise
         return chunks, timing.from_metadata(call.trailing_metadata())
 
 
