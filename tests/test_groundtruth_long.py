@@ -18,8 +18,8 @@ serialization, queueing and the hops' own time by < 0.3 ms. The truth there is t
 the engine's own work on 16k tokens moves by up to 0.7 ms between a pair's two calls (paired
 medians, 2026-12-03), which is in e2e and in inference, not in any link.
 
-On 512-token streams from an engine that does not sleep, the delayed link moves by 2 x D (same
-bounds as the 16k prompt) on every path and hop. Reencode's client
+On 512-token streams from an engine that does not sleep, the delayed link moves by 2 x D on every
+path and hop (within [0.9 x 2D, 2D + 1.5 ms]: the 16k prompt's bounds with 0.5 ms more room above). Reencode's client
 link moved by 0.9-1.3 ms for 5 until a gateway that rebuilds chunks stamped its own hand-off offsets
 (``fwd_ms``): it falls ~110 ms behind its server, and against the server's offsets the client's wait
 for its chunks read as the client's backlog. Not asserted here (docs/results/2026-12-03-long-paired.md
@@ -130,13 +130,21 @@ def _moved_and_still(hop: str) -> tuple[str, str]:
     return ("network_hop1", "network_hop2") if hop == "client" else ("network_hop2", "network_hop1")
 
 
+#: the delayed link's overshoot allowed on 512-token streams (ms): the relay's sleeps overshoot (never
+#: undershoot) and the hops' stacks move with how far behind they fall; transcode's server link, the
+#: noisiest, moved by 7.61, 8.09, 8.56 and 9.04 ms for 8 in four runs (its reads of chunks already
+#: waiting, KNOWN_STACKS)
+STREAM_OVER_MS = 1.5
+
+
 @pytest.mark.parametrize("path", list(LONG_PATHS))
 def test_a_delay_on_a_512_token_stream_lands_on_its_link(long_stream, path):
     for hop in _hops(path):
         d = _paired(long_stream, path, hop)
         delay = 2 * HOPS[hop]
         moved, _ = _moved_and_still(hop)
-        assert 0.9 * delay <= d[moved] <= delay + 1.0, (path, hop, {k: round(v, 3) for k, v in d.items()})
+        where = (path, hop, {k: round(v, 3) for k, v in d.items()})
+        assert 0.9 * delay <= d[moved] <= delay + STREAM_OVER_MS, where
 
 
 @pytest.mark.parametrize("path", [_xfail(p, KNOWN_STILL) for p in LONG_PATHS if p != "direct"])
