@@ -20,7 +20,8 @@ witness (``pathprobe compare --witness pcap``) sees the real arrival.
 Not measured (left in network, the safe side): the kernel's accept queue and a socket's receive
 buffer before it became readable to this loop's ``select``; a loop without a Python selector
 (uvloop); gRPC front ends served by grpc.aio, whose sockets and pending calls live in gRPC's core
-(the loop sees a call only when it asks for the next one). A floor older than :data:`MAX_AGE` loop
+(the loop sees a call only when it asks for the next one; :mod:`pathprobe.grpcwait` measures those
+from the caller's deadline). A floor older than :data:`MAX_AGE` loop
 iterations is not used (the handler of a request runs within a couple of iterations of its read;
 an older floor belongs to an earlier request on the same socket number).
 Cost: one Python call per loop iteration (~1-2 us) and one dict store per readable socket.

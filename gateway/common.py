@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
-from pathprobe import address, jsoncodec
+from pathprobe import address, grpcwait, jsoncodec
 from pathprobe.errors import GRPC_TO_HTTP, ConfigError, error_json
 
 MODES = ("passthrough", "transcode", "reencode", "http-proxy")
@@ -16,6 +16,7 @@ BALANCE = ("round-robin", "least-outstanding")
 #: gRPC metadata keys the gateway never copies onto the upstream call (grpc sets them itself).
 _DROP_METADATA = frozenset(
     {"user-agent", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding", "te", "content-type", "host"}
+    | {grpcwait.METADATA_KEY}  # the caller's deadline is not the re-issued call's: each caller declares its own
 )
 #: HTTP hop-by-hop headers (RFC 9110 7.6.1) plus the ones aiohttp recomputes.
 HOP_BY_HOP = frozenset(

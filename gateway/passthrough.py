@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import grpc.experimental
-from pathprobe import telemetry, timing
+from pathprobe import grpcwait, telemetry, timing
 from pathprobe.auth import ApiKeys
 from pathprobe.deadline import PUSHBACK_KEY
 from pathprobe.errors import PathprobeError, Unavailable
@@ -314,7 +314,9 @@ class Passthrough(grpc.GenericRpcHandler):
             u = self.pool.acquire(tried)
             t_up0 = now_ms()
             cspan, cmd = self._client_span(tr, method, u, md, t_up0)
-            call = upstream_call(u)(request, timeout=timeout, metadata=cmd)
+            cmd = list(cmd or ())
+            up_timeout = grpcwait.declare(timeout, cmd)  # the server measures how long it held the call
+            call = upstream_call(u)(request, timeout=up_timeout, metadata=cmd or None)
             if not ctx.add_callback(call.cancel):
                 call.cancel()
             if len(self.pool.upstreams) == 1:
@@ -449,7 +451,8 @@ class Passthrough(grpc.GenericRpcHandler):
             if mc is None:
                 mc = callables[u.index] = u.client.stream_stream(method)
             t_up0 = now_ms()
-            call = mc(request_iterator, timeout=grpc_timeout(ctx.time_remaining()), metadata=md)
+            up_timeout = grpcwait.declare(grpc_timeout(ctx.time_remaining()), md)
+            call = mc(request_iterator, timeout=up_timeout, metadata=md)
             if not ctx.add_callback(call.cancel):
                 call.cancel()
             try:

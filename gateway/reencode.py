@@ -27,7 +27,7 @@ import grpc
 import grpc.aio
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-from pathprobe import timing
+from pathprobe import grpcwait, timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http_to_grpc
 from pathprobe.gateway.aio import Spans
@@ -196,7 +196,7 @@ class Reencoder(SessionOwner):
     # -------------------------------------------------------------- unary
     async def generate(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         t0 = now_ms()
-        ent = Entries()
+        ent = Entries(wait=_held(ctx))
         md = forward_metadata(ctx.invocation_metadata())
         spans = self._spans(GENERATE, ctx, md, t0)
         timeout = grpc_timeout(ctx.time_remaining()) or self.cfg.timeout
@@ -241,7 +241,7 @@ class Reencoder(SessionOwner):
     # -------------------------------------------------------------- streaming
     async def generate_stream(self, raw: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         t0 = now_ms()
-        ent = Entries()
+        ent = Entries(wait=_held(ctx))
         md = forward_metadata(ctx.invocation_metadata())
         spans = self._spans(GENERATE_STREAM, ctx, md, t0)
         timeout = grpc_timeout(ctx.time_remaining()) or self.cfg.timeout
@@ -394,3 +394,8 @@ __all__ = ["DeadlineExceeded", "serve"]
 def _offset(value: object) -> float | None:
     """An event's ``emit_ms`` / ``fwd_ms``, when it is a number."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _held(ctx: grpc.aio.ServicerContext) -> float | None:
+    """How long grpc.aio held the call before this handler ran (``gw.wait``; :mod:`pathprobe.grpcwait`)."""
+    return grpcwait.wait_ms(grpcwait.declared_ms(ctx.invocation_metadata()), ctx.time_remaining())

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 from aiohttp import web
-from pathprobe import jsoncodec, loopwait, timing
+from pathprobe import grpcwait, jsoncodec, loopwait, timing
 from pathprobe.address import host_and_port
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
@@ -222,7 +222,9 @@ class Transcoder:
             t_up0 = now_ms()
             cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
             mc = u.client.stream if kind == "stream" else u.client.unary
-            call = mc(payload, timeout=timeout, metadata=(*carrier.items(), *creds) or None)
+            md: list[tuple[str, str | bytes]] = [*carrier.items(), *creds]
+            up_timeout = grpcwait.declare(timeout, md)  # the server measures how long it held the call
+            call = mc(payload, timeout=up_timeout, metadata=md or None)
             if len(self.pool.upstreams) > 1:
                 try:
                     await call.initial_metadata()

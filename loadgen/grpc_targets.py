@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pathprobe import reporters, rtt, timing
+from pathprobe import grpcwait, reporters, rtt, timing
 from pathprobe.loadgen.call import HANDSHAKE_PROBES, CallSpec, Outcome, Target, pc
 from pathprobe.tls import TlsFiles
 
@@ -75,8 +75,11 @@ class GrpcTarget(Target):
         self._grpc = grpc
         self._pb = llm_pb2
         self.address = address
-        self.timeout_s = timeout_s
-        self._auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        declared: list[tuple[str, str | bytes]] = []
+        # a deadline gRPC's core sends exactly, declared: the server measures how long it held the call
+        self.timeout_s = grpcwait.declare(timeout_s, declared) or timeout_s
+        auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._auth: tuple[tuple[str, str], ...] = (*auth, *((k, str(v)) for k, v in declared))
         self.channel = grpc_channel(
             address, tls, [("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)]
         )
@@ -192,7 +195,7 @@ class H2GrpcTarget(Target):
 
         self._pb = llm_pb2
         self.address = address
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # its grpc-timeout is exact and declared (pathprobe.loadgen.h2grpc)
         self._auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self.channel = Channel(address)
         self._ping = PingEstimate(address)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from hpack.exceptions import HPACKError
+from pathprobe import grpcwait
+from pathprobe.deadline import parse_timeout
 from pathprobe.h2frames import (
     CONTINUATION,
     DATA,
@@ -167,7 +169,10 @@ class Channel:
             return CallResult(14, f"failed to connect to {self.host}:{self.port}: {exc.strerror or exc}")
         sid = self.next_sid
         self.next_sid += 2
-        block = self._block(path.encode()) + literal(b"grpc-timeout", _timeout(timeout_s))
+        sent = _timeout(timeout_s)
+        block = self._block(path.encode()) + literal(b"grpc-timeout", sent)
+        # the deadline as sent (exact): the server measures how long it held the call (pathprobe.grpcwait)
+        block += literal(grpcwait.METADATA_KEY.encode(), _millis(sent))
         for k, v in metadata or ():
             block += literal(k.encode(), v.encode())
         body = b"\x00" + len(message).to_bytes(4, "big") + message
@@ -354,6 +359,11 @@ class _Call:
         elif self.msgbuf:
             code, details = 13, "the stream ended inside a message"
         self.result = CallResult(code, details, timing, self.header_timing)
+
+
+def _millis(grpc_timeout: bytes) -> bytes:
+    """A ``grpc-timeout`` value in ms (as :data:`pathprobe.grpcwait.METADATA_KEY` declares it)."""
+    return f"{(parse_timeout(grpc_timeout.decode()) or 0.0) * 1000.0:.3f}".encode()
 
 
 def _timeout(seconds: float) -> bytes:

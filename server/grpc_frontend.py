@@ -27,7 +27,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from pathprobe import timing
+from pathprobe import grpcwait, timing
 from pathprobe.deadline import PUSHBACK_KEY, deadline_in
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import RequestScope, ServerState, params_from_proto
@@ -82,7 +82,12 @@ class LLMService:
         scope = RequestScope(
             self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}", _attributes(method, context)
         )
-        scope.deadline_ms = deadline_in(context.time_remaining())
+        remaining = context.time_remaining()
+        scope.deadline_ms = deadline_in(remaining)
+        # grpc.aio held the call before this handler ran: its wait, from the caller's declared deadline
+        wait = grpcwait.wait_ms(grpcwait.declared_ms(context.invocation_metadata()), remaining)
+        if wait is not None:
+            scope.floor_ms = scope.t0 - wait
         return scope
 
     async def _abort(self, scope: RequestScope, context: grpc.aio.ServicerContext, exc: PathprobeError) -> None:

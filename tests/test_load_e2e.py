@@ -179,7 +179,9 @@ def test_inference_segment_matches_synthetic_engine_time(tmp_path_factory, tmp_p
         assert r["split"]["inference"] == pytest.approx(
             e["srv.tokenize"] + e["srv.prefill"] + e["srv.decode_steps"] + e["srv.detokenize"]
         )
-        assert r["split"]["queueing"] < 1.0
+        # the engine's queue; the front end's wait before the handler (srv.wait: how long gRPC's core held
+        # the call, booked as queueing too) is the server's, 0-0.4 ms here, ~4 ms on a connection's first call
+        assert r["split"]["queueing"] - r["split"]["hop_wait"] < 1.0
     ratios.sort()
     # median within 10% (single requests can oversleep on a busy machine)
     assert ratios[len(ratios) // 2] == pytest.approx(1.0, rel=0.10), ratios
@@ -571,7 +573,9 @@ def test_load_through_passthrough_gateway_splits_both_hops(synthetic_server, tmp
         e = r["entries"]
         # a stream: the server's waits for gRPC to take each chunk (srv.send) are that link's network
         assert e["srv.send"] > 0
-        assert sp["network_hop2"] == pytest.approx(e["gw.upstream"] - e["srv.total"] + e["srv.send"])
+        link = e["gw.upstream"] - e["srv.total"] + e["srv.send"]
+        # less the server's wait before its handler (srv.wait, the time gRPC's core held the call: queueing)
+        assert sp["network_hop2"] == pytest.approx(link - min(e.get("srv.wait", 0.0), link))
         assert sp["network"] == pytest.approx(sp["network_hop1"] + sp["network_hop2"])
         assert sum(sp[s] for s in SEGMENTS) == pytest.approx(r["e2e_ms"], abs=1e-6)
 
