@@ -88,6 +88,24 @@ def test_hits_and_misses_batched_together_match_uncached(engine: TransformersEng
     assert got[1][1] == 0 and all(g[1] > 0 for i, g in enumerate(got) if i != 1)
 
 
+def test_hits_of_different_lengths_prefill_in_one_forward(engine: TransformersEngine) -> None:
+    # three hits on the system prompt with 2 to ~12 new tokens: one forward as wide as the longest new
+    # part; the shorter ones take less of their cached prefix and compute the rest again
+    run(_gen(engine, [TURNS[0]]))  # the system prompt is cached
+    prompts = [SYSTEM + "Hi.", SYSTEM + "Tell me about rivers, lakes, the sea and the rain.", SYSTEM + "Two colors?"]
+    forwards, before = engine.stats["prefills"], engine.stats["prefill_tokens"]
+    got = run(_gen(engine, prompts))
+    computed, rounds = engine.stats["prefill_tokens"] - before, engine.stats["prefills"] - forwards
+    assert [g[0] for g in got] == uncached(engine, prompts)  # greedy: the uncached path's tokens
+    n = [g[2] for g in got]
+    cached = [g[1] for g in got]
+    assert all(c > 0 for c in cached)
+    assert computed == sum(x - c for x, c in zip(n, cached, strict=True))
+    assert rounds == 1  # the three arrived within one batching window
+    m = n[1] - cached[1]  # the longest new part: all of it computed
+    assert cached[0] == n[0] - m and cached[2] == n[2] - m  # the others: their last m tokens computed
+
+
 def test_eviction_keeps_the_cache_bounded(engine: TransformersEngine) -> None:
     prompts = [f"Story number {i}: " + SYSTEM[: 80 + 9 * i] for i in range(5)]
     kept = engine.prefix_cache

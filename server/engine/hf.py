@@ -619,9 +619,9 @@ class TransformersEngine(Engine):
                     r.gen.timing.prefill_path = f"eager:{len(misses)}x{width}"
                 self.stats["prefill_tokens"] += sum(len(r.ids) for r in misses)
                 parts.append((ncache, nmask))
-            for r, hit in hits.items():  # each alone: its cached prefix, then only its new tokens
-                tok, hcache, hmask = self._prefill_after(r, hit)
-                tokens.append(tok)
+            if hits:  # together: each row's cached prefix, then its new tokens (one forward)
+                toks, hcache, hmask = self._prefill_hits(hits)
+                tokens += toks
                 parts.append((hcache, hmask))
             ncache, nmask = parts[0]
             for c, m in parts[1:]:
@@ -657,20 +657,47 @@ class TransformersEngine(Engine):
                 hits[r] = hit
         return hits
 
-    def _prefill_after(self, r: _Req, hit: Hit) -> tuple[int, KvCache, Tensor]:
-        """Prefill ``r``'s prompt after its cached prefix: a cache holding the prefix's KV (copied
-        on the first append, so the entry stays as it was), then a forward over the new tokens only."""
+    def _prefill_hits(self, hits: dict[_Req, Hit]) -> tuple[list[int], KvCache, Tensor]:
+        """Prefill the newcomers that start with a cached prefix in one forward: a left-padded cache of
+        their prefixes' KV (copied, so the entries stay as they were), then their new tokens.
+
+        One forward's input is as wide for every row: the longest run of new tokens (``m``). A row with
+        fewer new tokens takes only the first ``len - m`` of its cached prefix and computes the rest
+        again, so every row's tokens stay contiguous at the right (the layout the decode steps and
+        :meth:`_keep_prefix` read); its ``cached_tokens`` are those it took. Each hit alone, one forward
+        each, cost a whole eager forward per hit (35-45 ms on the GPU for the 8B shape, whatever the
+        tokens): 2-3x the uncached batched prefill with 4 conversations (docs/results,
+        2026-12-03-gpu-fourth-pass)."""
         import torch
         from transformers import DynamicCache
 
-        n, cached = len(r.ids), hit.tokens
+        rows = list(hits)
+        m = max(len(r.ids) - hits[r].tokens for r in rows)
+        used = [max(0, len(r.ids) - m) for r in rows]  # each row's cached tokens taken
+        width = max(used)
         hcache = DynamicCache(config=self.model.config)
         layers: list[KvCache] = list(hcache.layers)  # plain DynamicLayers (_make_prefix_cache checked)
-        for layer, (k, v) in zip(layers, hit.kv, strict=True):
-            layer.update(k[:, :, :cached, :], v[:, :, :cached, :])
-        ids = torch.tensor([r.ids[cached:]], dtype=torch.long, device=self.device)
-        hmask = torch.ones((1, n), dtype=torch.long, device=self.device)
-        pos = torch.arange(cached, n, dtype=torch.long, device=self.device).unsqueeze(0)
+        for li, layer in enumerate(layers):
+            keys, values = [], []
+            for r, c in zip(rows, used, strict=True):
+                k, v = hits[r].kv[li]
+                k, v = k[:, :, :c, :], v[:, :, :c, :]
+                if c < width:
+                    b, h, _, d = k.shape
+                    k = torch.cat([k.new_zeros((b, h, width - c, d)), k], dim=2)
+                    v = torch.cat([v.new_zeros((b, h, width - c, d)), v], dim=2)
+                keys.append(k)
+                values.append(v)
+            layer.update(torch.cat(keys), torch.cat(values))
+        ids = torch.full((len(rows), m), self._pad, dtype=torch.long)
+        hmask = torch.zeros((len(rows), width + m), dtype=torch.long)
+        for i, (r, c) in enumerate(zip(rows, used, strict=True)):
+            n = len(r.ids) - c  # its tokens to compute: m, or its whole prompt when shorter than m
+            ids[i, m - n :] = torch.tensor(r.ids[c:], dtype=torch.long)
+            hmask[i, width - c : width] = 1
+            hmask[i, width + m - n :] = 1
+        ids, hmask = ids.to(self.device), hmask.to(self.device)
+        pos = (hmask.cumsum(-1) - 1).clamp(min=0)[:, width:]
         out = self.model(
             input_ids=ids,
             attention_mask=hmask,
@@ -679,11 +706,14 @@ class TransformersEngine(Engine):
             logits_to_keep=1,
             **{self._cache_kw: hcache},
         )
-        r.gen.timing.cached_tokens = cached
-        r.gen.timing.prefill_path = f"cached:{cached}+{n - cached}"
-        self.stats["prefill_tokens"] += n - cached
-        self.stats["cached_tokens"] += cached
-        return self._sample(out.logits[:, -1, :], [r])[0], hcache, hmask
+        for r, c in zip(rows, used, strict=True):
+            r.gen.timing.cached_tokens = c
+            r.gen.timing.prefill_path = f"cached:{c}+{len(r.ids) - c}" + (
+                f" ({len(rows)} rows)" if len(rows) > 1 else ""
+            )
+            self.stats["prefill_tokens"] += len(r.ids) - c
+            self.stats["cached_tokens"] += c
+        return self._sample(out.logits[:, -1, :], rows), hcache, hmask
 
     def _keep_prefix(self, rows: list[tuple[int, _Req]], cache: KvCache, width: int) -> None:
         """Put finished rows' KV (prompt and the outputs fed back) into the prefix cache."""
