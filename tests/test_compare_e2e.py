@@ -96,8 +96,13 @@ def test_default_matrix_prints_side_by_side_table(default_run):
         # analyze's split from this run's traces agrees with in-band on e2e and the server's segments
         agr = t["trace_agreement"]["attributes"]
         assert agr["matched"] > 0
-        for seg in ("e2e", "queueing", "inference"):
+        for seg in ("e2e", "inference"):
             assert agr["outside"][seg] == 0, (name, seg, agr)
+        # queueing holds a hop's wait before its first timestamp, capped at its link: where the cap binds
+        # it is the link's time, so it can disagree only where the link does (behind nginx, whose time the
+        # trace cannot see, network+other is compared together and may)
+        link = agr["outside"].get("network", agr["outside"].get("network+other", 0))
+        assert agr["outside"]["queueing"] <= link, (name, agr)
     # analyze reads the whole run's trace folder
     res2 = subprocess.run(
         [sys.executable, "-m", "pathprobe", "analyze", str(out / "traces")], capture_output=True, text=True, timeout=300
