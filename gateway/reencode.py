@@ -282,7 +282,7 @@ class Reencoder(SessionOwner):
                     finally:
                         t1 = now_ms()
                         work.decode.append((td, t1))
-                    chunk.fwd_ms = round(now_ms() - t0, 3)  # our hand-off paces the client's chunks
+                    chunk.fwd_ms = round(t1 - t0, 3)  # our hand-off paces the client's chunks
                     out = chunk.SerializeToString()
                     ts = now_ms()
                     work.encode.append((t1, ts))
