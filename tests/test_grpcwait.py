@@ -80,7 +80,13 @@ def test_the_declared_timeout_is_what_gRPC_sends_and_a_blocked_loop_is_measured(
     # the 1 ms resolution taken off, within core's ms clock); a wrong rounding would be 10-1000 ms off
     assert all(w is not None for _, w in got)
     assert len(errors) >= 20 and max(true) > 20.0  # some calls waited for the blocked loop
-    assert min(errors) >= -2.5 and max(errors) <= 1.0, (min(errors), max(errors))
+    # over-stating is the failure that matters (a wait booked that the call did not have): never
+    # more than core's 1 ms clock. Under-stating has a test-made tail: `true` starts at the client
+    # thread's clock read, and that thread can then wait for the GIL (a 5 ms switch interval)
+    # before its headers leave; so most calls within 2.5 ms, every call within 6 ms
+    assert max(errors) <= 1.0, max(errors)
+    lows = sorted(errors)
+    assert lows[len(lows) // 10] >= -2.5 and lows[0] >= -6.0, lows[:5]
     assert all(w <= t + 1.0 for (_, w), t in zip(got, true, strict=True) if w is not None)
     assert grpcwait.caller_timeout(0.5) == (0.5, None)  # outside [1, 1000) s: nothing declared
 
