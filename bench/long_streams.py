@@ -9,8 +9,9 @@ how many records have a segment (or a link) below zero. Scenarios:
 - ``unary``: 8-token unary calls at c=1 and c=32 over every path (saturation: where does the wait
   before a hop's first timestamp go?); ``stream-sat``: the same for 32-token streams.
 
-``--witness`` adds the packet witness (``compare --witness pcap``: at c=1) beside the split. The
-passthrough gateway is run twice: on uvloop (its default: no loop wait measured) and on asyncio.
+``--witness`` adds the packet witness (``compare --witness pcap``: at c=1 by time, at c=32 by trace
+id, with tracing on) beside the split. The passthrough gateway is run twice: on uvloop (its
+default: no loop wait measured) and on asyncio.
 
     python bench/long_streams.py --scenario stream --out out/long-streams
     python bench/long_streams.py --scenario unary --witness --out out/saturation
@@ -50,7 +51,7 @@ def config(scenario: str, out: Path, args: argparse.Namespace) -> dict:
         "out": str(out),
         "bootstrap": 100,
         "slowest": 0,
-        "tracing": False,
+        "tracing": bool(args.witness),  # the witness finds a request's packets at c=32 by its trace id
         "server": {
             "engine": "synthetic",
             "prefill_ms_per_token": 0.0,
@@ -114,7 +115,11 @@ def summarize(out: Path) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", choices=("stream", "unary", "stream-sat"), default="stream")
-    ap.add_argument("--witness", action="store_true", help="the packet witness beside the split (c=1)")
+    ap.add_argument(
+        "--witness",
+        action="store_true",
+        help="the packet witness beside the split (c=1 by time; c=32 by trace id: tracing on)",
+    )
     ap.add_argument("--out", type=Path, default=Path("out/long-streams"))
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--prompt-tokens", type=int, default=32)
@@ -142,7 +147,7 @@ def main() -> int:
 
 
 def witness(out: Path) -> None:
-    """The packet witness per configuration (c=1): per link, wire, the two stacks, the hop's booked wait,
+    """The packet witness per configuration and concurrency: per link, wire, the two stacks, the hop's booked wait,
     the witness's network and the split's."""
     path = out / "report.json"
     if not path.exists():
@@ -150,14 +155,16 @@ def witness(out: Path) -> None:
     report = json.loads(path.read_text())
     cols = ("wire", "stack_outer", "stack_inner", "hop_wait", "network")
     for name, t in report.get("targets", {}).items():
-        w = t.get("witness")
-        if not w or not w.get("links"):
-            continue
-        links = "; ".join(" ".join(f"{c}={link.get(c, 0.0):.3f}" for c in cols) for link in w["links"])
-        print(
-            f"witness {name}: matched {w['matched']}/{w['requests']} split={[round(x, 3) for x in w['split_network']]}"
-            f" wait_over={w.get('wait_over', '-')} negative={w['negative_stacks']} | {links}"
-        )
+        top = t.get("witness") or {}
+        for c, w in [("1", top), *sorted((top.get("by_concurrency") or {}).items(), key=lambda kv: int(kv[0]))]:
+            if not w.get("links"):
+                continue
+            links = "; ".join(" ".join(f"{k}={link.get(k, 0.0):.3f}" for k in cols) for link in w["links"])
+            print(
+                f"witness {name} c{c}: matched {w['matched']}/{w['requests']}"
+                f" split={[round(x, 3) for x in w['split_network']]}"
+                f" wait_over={w.get('wait_over', '-')} negative={w['negative_stacks']} | {links}"
+            )
 
 
 if __name__ == "__main__":

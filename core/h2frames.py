@@ -221,6 +221,34 @@ class BlockReader:
         return value, end
 
 
+def literal_values(block: bytes) -> Iterator[bytes]:
+    """Every literal value of a header block, Huffman-decoded, without an HPACK table.
+
+    The walk needs no table: indexed fields are skipped, a literal's name (indexed or not) is not
+    resolved. What a request carries new on every call (a ``traceparent``) is always a literal, so
+    a reader that joined a connection late (a packet capture) still finds it. Raises
+    ``HPACKDecodingError`` when the block is malformed."""
+    i, n = 0, len(block)
+    while i < n:
+        b = block[i]
+        if b & 0x80:  # indexed field
+            i += decode_integer(block[i:], 7)[1]
+            continue
+        if b & 0xE0 == 0x20:  # dynamic table size update
+            i += decode_integer(block[i:], 5)[1]
+            continue
+        bits = 6 if b & 0x40 else 4
+        idx, used = decode_integer(block[i:], bits)
+        i += used
+        if not idx:
+            i = _skip_string(block, i)
+        start = i
+        i = _skip_string(block, i)
+        raw_start = start + decode_integer(block[start:], 7)[1]
+        raw = block[raw_start:i]
+        yield decode_huffman(raw) if block[start] & 0x80 else raw
+
+
 def _skip_string(block: bytes, i: int) -> int:
     b = block[i]
     if b & 0x7F != 0x7F:

@@ -82,3 +82,49 @@ def test_a_known_delay_is_wire_time_on_its_link_only(report, hop, delay, link):
     assert 2 * delay - 0.2 <= shift <= 2 * delay + 0.5, (shift, base["links"], wan["links"])
     other = 1 - link
     assert abs(wan["links"][other]["wire"] - base["links"][other]["wire"]) <= 0.2, (base["links"], wan["links"])
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """Tracing on, concurrency 1 and 4: HTTP/1.1 (direct, transcode's client link) and HTTP/2 (gRPC:
+    direct, transcode's upstream, passthrough's two links) found by trace id."""
+    tmp = tmp_path_factory.mktemp("witness-traced")
+    cfg = {
+        "out": str(tmp / "out"),
+        "bootstrap": 100,
+        "slowest": 0,
+        "tracing": True,
+        "witness": "pcap",
+        "server": {"engine": "synthetic", "prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.5},
+        "load": {
+            "duration_s": 2,
+            "warmup_s": 0.3,
+            "rounds": 1,
+            "concurrency": [1, 4],
+            "stream": True,
+            "max_tokens": 4,
+            "prompt_tokens": 32,
+        },
+        "targets": [
+            {"name": "direct-http", "kind": "direct", "protocol": "http"},
+            {"name": "direct-grpc", "kind": "direct", "protocol": "grpc"},
+            {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+            {"name": "transcode", "kind": "gateway", "mode": "transcode"},
+        ],
+    }
+    return run_compare(cfg, tmp / "t.yaml", timeout=600)
+
+
+def test_requests_found_by_trace_id_are_the_ones_their_time_windows_hold_at_concurrency_1(traced):
+    """At c=1 both ways of finding a request's packets apply: the trace id must find the same packets
+    (each link's wire and stacks), and at c=4 no hop may report more time than its packets allow (a
+    request matched to another's packets would, often)."""
+    for name, t in traced["targets"].items():
+        by_time, c1, c4 = t["witness"], t["witness"]["by_concurrency"]["1"], t["witness"]["by_concurrency"]["4"]
+        assert by_time["matched"] >= 0.95 * by_time["requests"] >= 20, (name, by_time)
+        assert c1["matched"] >= 0.95 * c1["requests"] >= 20, (name, c1)
+        for a, b in zip(by_time["links"], c1["links"], strict=True):
+            for k in ("wire", "stack_outer", "stack_inner"):
+                assert abs(a[k] - b[k]) <= 0.02, (name, k, by_time["links"], c1["links"])
+        assert c4["matched"] >= 0.95 * c4["requests"] >= 40, (name, c4)
+        assert c4["negative_stacks"] <= 0.02 * c4["matched"], (name, c4)

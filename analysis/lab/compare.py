@@ -326,12 +326,15 @@ def _start_capture(cfg: CompareConfig, live: list[Path_], out: Path, log: Callab
         return None
     if cfg.mode != "local":
         raise ConfigError("witness: pcap needs local mode (the capture follows the ports compare started)")
-    if 1 not in cfg.load.concurrency:
-        raise ConfigError("witness: pcap matches packets to requests at concurrency 1; add 1 to load.concurrency")
+    if 1 not in cfg.load.concurrency and not cfg.tracing:
+        raise ConfigError(
+            "witness: pcap matches packets to requests by time at concurrency 1, and by trace id (tracing: "
+            "true) at any concurrency; add 1 to load.concurrency or turn tracing on"
+        )
     from pathprobe.analysis.lab.witness import Capture
 
     ports = [port for p in live for ports_, _ in p.chain for port in ports_]
-    capture = Capture(out / "witness" / "capture.pcap", ports).start()
+    capture = Capture(out / "witness" / "capture.pcap", ports, payloads=cfg.tracing).start()
     log(f"witness: capturing {len(set(ports))} loopback ports into {capture.path}")
     return capture
 

@@ -112,12 +112,21 @@ def attach_witness(
     pcap: Path,
     log: Callable[[str], None],
 ) -> None:
-    """Per configuration, at concurrency 1: wire vs stack time per link from the capture, beside the
-    split's network per link (see :mod:`pathprobe.analysis.lab.witness`)."""
+    """Per configuration: wire vs stack time per link from the capture, beside the split's network per
+    link (see :mod:`pathprobe.analysis.lab.witness`). At concurrency 1 a request's packets are those in
+    its time window; with tracing on, at every concurrency (1 too), also those its trace id is found in
+    (:mod:`pathprobe.analysis.lab.wirestreams`), under ``by_concurrency``."""
+    from pathprobe.analysis.lab import wirestreams
     from pathprobe.analysis.lab import witness as wit
 
+    live = {name: p for name, p in paths.items() if p.status == "ok" and p.chain and name in report["targets"]}
+    traced = {
+        r.concurrency for name in live for r in results.get(name, []) if any(rec.get("trace_id") for rec in r.records)
+    }
     try:
         packets = wit.read_packets(pcap)
+        ports = {port for p in live.values() for ports_, _ in p.chain for port in ports_}
+        by_trace = wirestreams.requests_by_trace(pcap, ports) if traced else {}
     except Exception as exc:  # the report stands without the witness
         report["witness_error"] = f"{type(exc).__name__}: {exc}"
         log(f"witness: {report['witness_error']}")
@@ -125,16 +134,27 @@ def attach_witness(
     report["witness"] = {
         "file": str(pcap),
         "packets": len(packets),
-        "method": "tcpdump -i lo, nanosecond timestamps (CLOCK_REALTIME); requests at "
-        "concurrency 1; client t0 mapped to the wall clock per request",
+        "method": "tcpdump -i lo, nanosecond timestamps (CLOCK_REALTIME); requests at concurrency 1 by "
+        "their time window, above it by their trace id (traceparent in HTTP/1.1 heads and HTTP/2 header "
+        "blocks); client t0 mapped to the wall clock per request",
+        "traces_found": len(by_trace),
     }
-    for name, p in paths.items():
-        if p.status != "ok" or not p.chain or name not in report["targets"]:
-            continue
+    for name, p in live.items():
         chain = wit.Chain([wit.LinkPorts(list(ports), inner) for ports, inner in p.chain])
-        recs = [rec for r in results.get(name, []) if r.concurrency == 1 for rec in r.records]
-        report["targets"][name]["witness"] = wit.analyze(recs, packets, chain)
-    log(f"witness: {len(packets)} data packets matched to the requests at concurrency 1")
+        runs = results.get(name, [])
+        w = wit.analyze([rec for r in runs if r.concurrency == 1 for rec in r.records], packets, chain)
+        if traced:  # every concurrency, 1 included (where both ways apply, they must find the same packets)
+            w["by_concurrency"] = {
+                str(c): wit.analyze_by_trace(
+                    [x for r in runs if r.concurrency == c for x in r.records], by_trace, chain
+                )
+                for c in sorted(traced)
+            }
+        report["targets"][name]["witness"] = w
+    log(
+        f"witness: {len(packets)} data packets; requests matched at concurrency 1 by time, and by trace id "
+        f"({len(by_trace)} traces found in the packets)"
+    )
 
 
 #: what a trace check calls vLLM's own span (trace completeness)

@@ -31,10 +31,15 @@ request (they differ by a constant apart from NTP slewing, at most 0.05% of the
 request's time). Only the client needs a mapping: a hop's stack is its packet window
 (wall clock, one capture) minus its reported duration (its own monotonic clock).
 
-By construction, per link ``wire + stacks - hop_wait`` equals the split's network for that link
-when the packets are matched right; the witness's own content is *where* that time sits,
-and its checks are that no stack is negative (a hop never reports more than its packets
-allow) and that a known delay appears on the wire.
+By construction, per link ``wire + stacks - hop_wait - client_wait`` equals the split's network for
+that link whatever packets were matched (the packets only move time between wire and stacks); the
+witness's own content is *where* that time sits, and its checks are that no stack is negative (a
+hop never reports more than its packets allow, which a request matched to another's packets often
+would), that each booked wait fits in the stack it comes out of, and that a known delay appears on
+the wire.
+
+Above concurrency 1 a request's packets are found by its trace id instead of its time window
+(:mod:`pathprobe.analysis.lab.wirestreams`, :func:`analyze_by_trace`); the rest is the same.
 """
 
 from __future__ import annotations
@@ -63,10 +68,12 @@ NEGATIVE_MS = -0.05
 class Capture:
     """``tcpdump -i lo`` on the given TCP ports into a pcap file (nanosecond timestamps)."""
 
-    def __init__(self, path: Path, ports: Iterable[int], interface: str = "lo") -> None:
+    def __init__(self, path: Path, ports: Iterable[int], interface: str = "lo", *, payloads: bool = False) -> None:
         self.path = Path(path)
         self.ports = sorted(set(ports))
         self.interface = interface
+        #: whole packets (to find a request by its trace id at any concurrency), else the headers only
+        self.snaplen = 0 if payloads else 256
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.path.with_suffix(".log")
 
@@ -88,7 +95,7 @@ class Capture:
                 "-U",
                 "-n",
                 "-s",
-                "256",
+                str(self.snaplen),
                 "-w",
                 str(self.path),
                 expr,
@@ -264,14 +271,30 @@ def _booked_waits(rec: RequestRecord) -> list[float]:
     return [float(h.get("wait", 0.0)) for h in split.get("hops") or ()] if split else []
 
 
+def window_ends(pkts: Sequence[Packet], ports: Iterable[int], peers: Mapping[int, int]) -> dict[int, tuple[int, int]]:
+    """Per port, (first request packet in, last response packet out) inside one request's window
+    (concurrency 1: every packet there is the request's); a port without both is left out."""
+    out: dict[int, tuple[int, int]] = {}
+    for port in ports:
+        first, last = _first(pkts, port, peers), _last(pkts, port, peers)
+        if first is not None and last is not None:
+            out[port] = (first, last)
+    return out
+
+
 def witness_request(
     rec: RequestRecord, pkts: Sequence[Packet], path: Chain, peers: Mapping[int, int] | None = None
 ) -> dict[str, Any] | None:
-    """Wire and stack times (ms) per link for one request; None when its packets are not all there.
+    """Wire and stack times (ms) per link for one request at concurrency 1; None when its packets are
+    not all there. ``pkts``: the capture's data packets inside the request's window; ``peers``: the
+    connection of each port to follow (:func:`connection_peers`)."""
+    ports = [p for link in path.links for p in link.ports]
+    return witness_ends(rec, window_ends(pkts, ports, peers or {}), path)
 
-    ``pkts``: the capture's data packets inside the request's window; ``peers``: the connection of
-    each port to follow (:func:`connection_peers`)."""
-    peers = peers or {}
+
+def witness_ends(rec: RequestRecord, ends: Mapping[int, tuple[int, int]], path: Chain) -> dict[str, Any] | None:
+    """Wire and stack times (ms) per link for one request, from each port's (first request packet in,
+    last response packet out); None when a port of the path has none."""
     t0 = int(rec["t0_wall_ns"])
     t_end = t0 + round(float(rec["e2e_ms"]) * 1e6)
     e = rec.get("entries") or {}
@@ -279,12 +302,10 @@ def witness_request(
     links: list[dict[str, Any]] = []
     edges: list[tuple[int, int, int, int]] = []  # per link: (enter_req, arrive_req, leave_resp, exit_resp)
     for link in path.links:
-        entry, inner = link.ports[0], link.ports[-1]
-        enter_req, arrive_req = _first(pkts, entry, peers), _first(pkts, inner, peers)
-        leave_resp, exit_resp = _last(pkts, inner, peers), _last(pkts, entry, peers)
-        if enter_req is None or arrive_req is None or leave_resp is None or exit_resp is None:
+        entry, inner = ends.get(link.ports[0]), ends.get(link.ports[-1])
+        if entry is None or inner is None:
             return None
-        edges.append((enter_req, arrive_req, leave_resp, exit_resp))
+        edges.append((entry[0], inner[0], inner[1], entry[1]))
     booked = _booked_waits(rec)
     for i, (link, edge) in enumerate(zip(path.links, edges)):
         enter_req, arrive_req, leave_resp, exit_resp = edge
@@ -298,7 +319,11 @@ def witness_request(
                 - float(rec.get("client_decode_ms") or 0.0)
             )
             outer_name = "client"
+            # the client's wait for its own loop, as the split booked it (the client's, in ``other``):
+            # it sits in the client's stack here
+            client_wait = float((rec.get("split") or {}).get("client_wait", 0.0))
         else:
+            client_wait = 0.0
             prev = path.links[i - 1].inner
             window = (exit_resp - enter_req) * ms
             if prev == "gw":
@@ -326,7 +351,8 @@ def witness_request(
                     "stack_inner": inner_stack,
                     "inner": inner_name,
                     "silent_hop": silent,
-                    "network": wire + outer + inner_stack + silent,
+                    "client_wait": client_wait,
+                    "network": wire + outer + inner_stack + silent - client_wait,
                 }
             )
             continue
@@ -338,7 +364,8 @@ def witness_request(
                 "stack_inner": inner_stack,
                 "inner": inner_name,
                 "hop_wait": hop_wait,
-                "network": wire + outer + inner_stack - hop_wait,
+                "client_wait": client_wait,
+                "network": wire + outer + inner_stack - hop_wait - client_wait,
             }
         )
     return {"links": links}
@@ -375,7 +402,29 @@ def analyze(records: Sequence[RequestRecord], packets: Sequence[Packet], path: C
         w = witness_request(r, pkts, path, window_peers(pkts, ports, peers))
         if w is not None:
             per.append((w, split_links(r, path)))
-    out: dict[str, Any] = {"requests": len(ok), "matched": len(per), "links": []}
+    return _summary(len(ok), per, path)
+
+
+def analyze_by_trace(
+    records: Sequence[RequestRecord], by_trace: Mapping[str, Mapping[int, tuple[int, int]]], path: Chain
+) -> dict[str, Any]:
+    """:func:`analyze` at any concurrency: each request's packets found by its trace id
+    (:func:`pathprobe.analysis.lab.wirestreams.requests_by_trace`), not by its time window.
+    ``requests`` counts the records with a trace id (a record without one cannot be matched)."""
+    ok = [r for r in records if r.get("ok") and r.get("split") and r.get("t0_wall_ns") and r.get("trace_id")]
+    per: list[tuple[dict[str, Any], list[float]]] = []
+    for r in ok:
+        ends = by_trace.get(str(r["trace_id"]))
+        w = witness_ends(r, ends, path) if ends else None
+        if w is not None:
+            per.append((w, split_links(r, path)))
+    out = _summary(len(ok), per, path)
+    out["matched_by"] = "trace id"
+    return out
+
+
+def _summary(requests: int, per: list[tuple[dict[str, Any], list[float]]], path: Chain) -> dict[str, Any]:
+    out: dict[str, Any] = {"requests": requests, "matched": len(per), "links": []}
     if not per:
         return out
     n_split = len(per[0][1])
@@ -403,6 +452,12 @@ def analyze(records: Sequence[RequestRecord], packets: Sequence[Packet], path: C
     )
     out["negative_by"] = neg
     out["wait_over"] = sum(
-        1 for w, _ in per if any(link["stack_inner"] - link.get("hop_wait", 0.0) < NEGATIVE_MS for link in w["links"])
+        1
+        for w, _ in per
+        if any(
+            min(link["stack_inner"] - link.get("hop_wait", 0.0), link["stack_outer"] - link.get("client_wait", 0.0))
+            < NEGATIVE_MS
+            for link in w["links"]
+        )
     )
     return out
