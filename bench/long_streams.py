@@ -126,8 +126,11 @@ def main() -> int:
     ap.add_argument("--ms-per-token", type=float, default=0.2)
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--summary-only", action="store_true", help="re-read an earlier run's records")
+    ap.add_argument("--rewitness", action="store_true", help="with --summary-only: the witness again from its pcap")
     args = ap.parse_args()
     out = args.out / args.scenario
+    if args.rewitness:
+        rewitness(out)
     if not args.summary_only:
         out.mkdir(parents=True, exist_ok=True)
         cfg = out.parent / f"{args.scenario}.yaml"
@@ -146,6 +149,36 @@ def main() -> int:
     return 0
 
 
+def rewitness(out: Path) -> None:
+    """The witness of an earlier run, computed again from its capture and records (the chains are the
+    report's): a change to the witness's analysis without running the load again."""
+    from pathprobe.analysis.lab import wirestreams
+    from pathprobe.analysis.lab import witness as wit
+
+    path = out / "report.json"
+    report = json.loads(path.read_text())
+    pcap = out / "witness" / "capture.pcap"
+    packets = wit.read_packets(pcap)
+    chains = {
+        name: wit.Chain([wit.LinkPorts(list(link["ports"]), link["inner"]) for link in t["witness"]["links"]])
+        for name, t in report["targets"].items()
+        if (t.get("witness") or {}).get("links")
+    }
+    by_trace = wirestreams.requests_by_trace(pcap, {p for c in chains.values() for link in c.links for p in link.ports})
+    for name, chain in chains.items():
+        by_c: dict[int, list[dict]] = {}
+        for f in sorted((out / "runs" / name).glob("c*/r*/records.jsonl")):
+            c = int(f.parent.parent.name[1:])
+            by_c.setdefault(c, []).extend(json.loads(line) for line in f.read_text().splitlines() if line.strip())
+        w = wit.analyze(by_c.get(1, []), packets, chain)
+        if by_trace:
+            w["by_concurrency"] = {
+                str(c): wit.analyze_by_trace(recs, by_trace, chain) for c, recs in sorted(by_c.items())
+            }
+        report["targets"][name]["witness"] = w
+    path.write_text(json.dumps(report, indent=1))
+
+
 def witness(out: Path) -> None:
     """The packet witness per configuration and concurrency: per link, wire, the two stacks, the hop's booked wait,
     the witness's network and the split's."""
@@ -153,10 +186,11 @@ def witness(out: Path) -> None:
     if not path.exists():
         return
     report = json.loads(path.read_text())
-    cols = ("wire", "stack_outer", "stack_inner", "hop_wait", "network")
+    cols = ("wire", "stack_outer", "stack_inner", "hop_wait", "hop_wait_over_p90", "client_wait", "network")
     for name, t in report.get("targets", {}).items():
         top = t.get("witness") or {}
-        for c, w in [("1", top), *sorted((top.get("by_concurrency") or {}).items(), key=lambda kv: int(kv[0]))]:
+        by_trace = sorted((top.get("by_concurrency") or {}).items(), key=lambda kv: int(kv[0]))
+        for c, w in [("1", top), *((f"{c} (by trace id)", w) for c, w in by_trace)]:
             if not w.get("links"):
                 continue
             links = "; ".join(" ".join(f"{k}={link.get(k, 0.0):.3f}" for k in cols) for link in w["links"])

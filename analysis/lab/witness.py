@@ -433,6 +433,11 @@ def _summary(requests: int, per: list[tuple[dict[str, Any], list[float]]], path:
         row: dict[str, Any] = {k: statistics.median(w["links"][i][k] for w, _ in per) for k in keys}
         row["outer"], row["inner"] = per[0][0]["links"][i]["outer"], per[0][0]["links"][i]["inner"]
         row["ports"] = path.links[i].ports
+        # how far a booked wait overshoots the stack it comes out of (0 where it fits): its size, not
+        # just how often (``wait_over``)
+        for wait, stack in (("hop_wait", "stack_inner"), ("client_wait", "stack_outer")):
+            over = sorted(max(0.0, w["links"][i].get(wait, 0.0) - w["links"][i][stack]) for w, _ in per)
+            row[f"{wait}_over_p50"], row[f"{wait}_over_p90"] = over[len(over) // 2], over[(len(over) * 9) // 10]
         out["links"].append(row)
     # the split's network per link (a silent hop merges links for the split: compared on the sum)
     if path.links[0].inner == "silent":
