@@ -92,25 +92,33 @@ class Rounds:
         if cfg.load.warmup_s <= 0:
             return
         conc = max(cfg.load.concurrency)
+
+        def alone(p: Path_) -> RunResult:
+            return run_load(
+                cfg,
+                p,
+                conc,
+                -1,
+                cfg.load.warmup_s,
+                self.runs_dir / p.name / "warmup",
+                None,
+                self.prompt_file,
+                self.stack.placement,
+            )
+
         if self.mixed:
             warm = run_load_mixed(
                 cfg, self.live, conc, -1, cfg.load.warmup_s, self.runs_dir, None, self.prompt_file, self.stack.placement
             )
+            for p in self.live:
+                # long calls (a 2048-token stream: ~0.5 s) and many configurations: the interleaved
+                # warm-up can end before a cycle reached every configuration; one it did not reach
+                # gets a warm-up of its own rather than failing for a call that was never sent
+                if not warm[p.name].error and not warm[p.name].records:
+                    self.log(f"warm-up {p.name}: not reached by the interleaved warm-up, warmed alone")
+                    warm[p.name] = alone(p)
         else:
-            warm = {
-                p.name: run_load(
-                    cfg,
-                    p,
-                    conc,
-                    -1,
-                    cfg.load.warmup_s,
-                    self.runs_dir / p.name / "warmup",
-                    None,
-                    self.prompt_file,
-                    self.stack.placement,
-                )
-                for p in self.live
-            }
+            warm = {p.name: alone(p) for p in self.live}
         for p in self.live:
             res = warm[p.name]
             self.warmups[p.name] = res

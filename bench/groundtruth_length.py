@@ -1,0 +1,119 @@
+"""Paired per-hop ground truth past CI's sizes: 2048-token streams and 131072-token prompts.
+
+CI asserts the per-hop ground truth at 512-token streams and 16k-token prompts
+(tests/test_groundtruth_long.py); this runs the same harness (tests/test_groundtruth_hops.py: one
+interleaved compare run, every path twice per hop behind the delaying relay, D = 0 and D > 0, each
+delayed call paired with its D = 0 twin of the same cycle) at the sizes users run, and prints per
+path and hop the paired medians: the delayed link's move (truth: 2 x D), the other link's, and
+serialization, queueing and the hops' own time (truth: 0), with every record's negatives counted.
+
+    python bench/groundtruth_length.py --scenario stream2048 --out out/gt-2048
+    python bench/groundtruth_length.py --scenario prompt128k --out out/gt-128k
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.test_groundtruth_hops import HOPS, PATHS, _hops, _run, _value
+from tests.test_groundtruth_long import _negatives
+
+SCENARIOS = {
+    # 2048 tokens from an engine that does not sleep: every hop falls behind, the hardest overlap
+    "stream2048": {
+        "stream": True,
+        "load": {"max_tokens": 2048, "duration_s": 14.0},
+        "paths": [p for p in PATHS if p != "nginx"],
+        "args": [],
+    },
+    # ~800 KB of JSON per request; compare raises every size limit on the way for it
+    "prompt128k": {
+        "stream": False,
+        "load": {"prompt_tokens": 131072, "max_tokens": 3, "duration_s": 40.0, "timeout_s": 120},
+        "paths": ["direct", "passthrough", "transcode"],
+        "args": ["--max-context", "140000"],
+    },
+}
+METRICS = ("e2e", "network_hop1", "network_hop2", "serialization", "queueing", "own", "inference")
+
+
+def _records(out: Path, name: str) -> dict[tuple, dict]:
+    recs = [
+        json.loads(line)
+        for f in sorted((out / "runs" / name).glob("c*/r*/records.jsonl"))
+        for line in f.read_text().splitlines()
+        if line.strip()
+    ]
+    return {(r["worker"], r["user"], r["cycle"]): r for r in recs if r["ok"]}
+
+
+def paired(out: Path, path: str, hop: str) -> dict[str, float]:
+    base, wan = _records(out, f"{path}-{hop}-0"), _records(out, f"{path}-{hop}-d")
+    keys = sorted(set(base) & set(wan))
+    d: dict[str, float] = {"pairs": float(len(keys))}
+    for m in METRICS:
+        vals = [_value(wan[k], m) - _value(base[k], m) for k in keys]
+        d[m] = statistics.median(vals) if vals else float("nan")
+    return d
+
+
+def undelayed_links(out: Path, path: str) -> list[float]:
+    recs = [r for hop in _hops(path) for r in _records(out, f"{path}-{hop}-0").values()]
+    links = [r["split"]["links"] for r in recs]
+    return [statistics.median(x[i] for x in links) for i in range(max(len(x) for x in links))] if links else []
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--summary-only", action="store_true", help="re-read an earlier run")
+    args = ap.parse_args()
+    sc = SCENARIOS[args.scenario]
+    args.out.mkdir(parents=True, exist_ok=True)
+    paths = {p: PATHS[p] for p in sc["paths"]}
+    run = args.out / ("stream" if sc["stream"] else "unary")
+    if not args.summary_only:
+        run = _run(args.out, stream=sc["stream"], load=sc["load"], paths=paths, args=sc["args"])
+    rows = []
+    recs = [json.loads(line) for f in run.glob("runs/*/c*/r*/records.jsonl") for line in f.read_text().splitlines()]
+    ok = [r for r in recs if r["ok"]]
+    neg = [r for r in ok if _negatives(r)]
+    print(f"{args.scenario}: {len(ok)} ok records of {len(recs)}, {len(neg)} with a negative segment/link/hop share")
+    print("path | hop | 2D | pairs | e2e | moved link | other link | serialization | queueing | own | inference")
+    for path in paths:
+        for hop in _hops(path):
+            d = paired(run, path, hop)
+            moved, still = ("network_hop1", "network_hop2") if hop == "client" else ("network_hop2", "network_hop1")
+            row = {"path": path, "hop": hop, "2D": 2 * HOPS[hop], **d, "moved": d[moved], "still": d[still]}
+            rows.append(row)
+            print(
+                " | ".join(
+                    str(x)
+                    for x in (
+                        path,
+                        hop,
+                        2 * HOPS[hop],
+                        int(d["pairs"]),
+                        *(
+                            round(d[k], 3)
+                            for k in ("e2e", moved, still, "serialization", "queueing", "own", "inference")
+                        ),
+                    )
+                )
+            )
+        print(f"  {path} undelayed links (median network, ms): {[round(x, 3) for x in undelayed_links(run, path)]}")
+    (args.out / "summary.json").write_text(
+        json.dumps({"records": len(ok), "negative": len(neg), "rows": rows}, indent=1)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
