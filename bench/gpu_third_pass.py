@@ -13,8 +13,9 @@
 - ``int4``: one layer quantized by ``quant=int4``: the weight's quantization error against the int4
   kernel's own error (its output against a bf16 matmul with the dequantized weight).
 - ``sessions``: ``pathprobe serve`` on the GPU with the dynamic KV cache (prefix caching exists
-  only there) and ``pathprobe load --sessions --turns 4`` over gRPC streams against it; TTFT
-  (client), server prefill and ``cached_tokens`` by turn.
+  only there) and ``pathprobe load --sessions --turns 4`` over gRPC streams against it; by turn:
+  n, p50 and p90 (nearest rank) of client TTFT and server prefill, median ``tokens_in`` and
+  ``cached_tokens``, and each OK request's [TTFT, prefill] (``rows_ms``) for pooling runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -195,32 +197,58 @@ def sessions(args: argparse.Namespace) -> dict[str, Any]:
     for r in ok:
         by_turn.setdefault(int(r["turn"]), []).append(r)
 
+    def vals(rows: list[dict[str, Any]], get: Any) -> list[float]:
+        return [v for v in (get(r) for r in rows) if v is not None]
+
     def med(rows: list[dict[str, Any]], get: Any) -> float | None:
-        vals = [v for v in (get(r) for r in rows) if v is not None]
-        return round(statistics.median(vals), 3) if vals else None
+        v = vals(rows, get)
+        return round(statistics.median(v), 3) if v else None
+
+    def ttft(r: dict[str, Any]) -> float | None:
+        return r["ttft_ms"]
+
+    def prefill(r: dict[str, Any]) -> float | None:
+        return r["entries"].get("srv.prefill")
 
     table = {
         turn: {
             "n": len(rows),
-            "ttft_ms": med(rows, lambda r: r["ttft_ms"]),
-            "srv_prefill_ms": med(rows, lambda r: r["entries"].get("srv.prefill")),
+            "ttft_ms": nearest_rank(vals(rows, ttft)),
+            "srv_prefill_ms": nearest_rank(vals(rows, prefill)),
             "tokens_in": med(rows, lambda r: r["tokens_in"]),
             "cached_tokens": med(rows, lambda r: r.get("cached_tokens")),
         }
         for turn, rows in sorted(by_turn.items())
     }
+    # Each OK request's [ttft, srv.prefill] in ms (to 0.01), by turn, in records.jsonl order: runs can be pooled.
+    rows_ms = {turn: [[_r2(ttft(r)), _r2(prefill(r))] for r in rows] for turn, rows in sorted(by_turn.items())}
     print("sessions prefix_cache", args.prefix_cache, json.dumps(table), flush=True)
     return {
         "prefix_cache": args.prefix_cache,
+        "quantiles": "nearest rank: sorted(values)[ceil(q * n) - 1], p50 and p90 (as the load tool's turn table)",
         "serve_args": serve_args,
         "load": cmd[3:],
         "load_rc": proc.returncode,
-        "load_tail": (proc.stdout + proc.stderr)[-2000:],
+        # the load tool's summary (its turn table and totals) without Locust's tables, last 1500 characters
+        "load_tail": (proc.stdout + proc.stderr).split("\nType     Name")[0][-1500:],
         "records": len(recs),
         "failed": len(recs) - len(ok),
         "by_turn": table,
+        "rows_ms": rows_ms,
         "startup_ms": srv.startup(),
     }
+
+
+def _r2(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
+
+
+def nearest_rank(values: list[float]) -> dict[str, float] | None:
+    """p50 and p90 by nearest rank (a measured value: sorted[ceil(q * n) - 1]); None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+    return {f"p{int(q * 100)}": round(s[max(0, math.ceil(q * len(s)) - 1)], 3) for q in (0.5, 0.9)}
 
 
 def int4(args: argparse.Namespace) -> dict[str, Any]:

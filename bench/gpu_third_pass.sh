@@ -11,12 +11,16 @@
 # A part is not started once SECONDS (default 540) have passed. WHEELS: a folder of wheels for what
 # the machine lacks (installed with --target into /tmp/site). RESULT_DIR gets env.txt, log.txt and
 # one JSON per run (at most 8 files). SMALL=1: decode and sessions on the CPU with the @tiny preset
-# (a check of the script; serve is skipped).
+# (a check of the script; serve is skipped). ORDER (default on,off): the sessions arms in the order
+# they run, prefix cache on or off, repeats allowed (off,on,off,on); each writes
+# sessions-<position>-prefix<1|0>.json. ARM_S (default 30): seconds of load per sessions arm.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 RES=${1:?usage: bench/gpu_third_pass.sh RESULT_DIR [PARTS] [SECONDS]}
 PARTS=${2:-decode,serve,sessions}
 LIMIT=${3:-540}
+ORDER=${ORDER:-on,off}
+ARM_S=${ARM_S:-30}
 mkdir -p "$RES"
 SITE=${SITE:-/tmp/site}
 if [ -n "${WHEELS:-}" ] && [ ! -e "$SITE/.installed" ]; then
@@ -54,9 +58,12 @@ SERVE="$SERVE --engine-option compile=1 --engine-option fuse=1 --engine-option c
     done ;;
   esac
   case ",$PARTS," in *,sessions,*)
-    for pc in 1 0; do
-      left && run python3 "$ROOT/bench/gpu_third_pass.py" sessions --prefix-cache "$pc" --seconds 30 \
-        --words 30 "${X[@]}" --out "$RES/sessions-prefix$pc.json"
+    i=0
+    for arm in ${ORDER//,/ }; do
+      i=$((i + 1))
+      case $arm in on) pc=1 ;; off) pc=0 ;; *) echo "ORDER: $arm is not on or off"; continue ;; esac
+      left && run python3 "$ROOT/bench/gpu_third_pass.py" sessions --prefix-cache "$pc" --seconds "$ARM_S" \
+        --words 30 "${X[@]}" --out "$RES/sessions-$i-prefix$pc.json"
     done ;;
   esac
   case ",$PARTS," in *,int4,*)
