@@ -30,8 +30,11 @@ Cost: one Python call per loop iteration (~1-2 us) and one dict store per readab
 from __future__ import annotations
 
 import asyncio
+import bisect
+import collections
 import selectors
 import weakref
+from collections.abc import Callable
 
 from pathprobe.timing import now_ms
 
@@ -39,6 +42,8 @@ from pathprobe.timing import now_ms
 GAP_MS = 0.1
 #: a floor taken more than this many loop iterations after its readiness is not used
 MAX_AGE = 8
+#: sleeps kept (a stream's gaps are asked about at its end: 4096 covers a 2048-token stream's)
+SLEEPS = 4096
 
 _WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWatch] = weakref.WeakKeyDictionary()
 
@@ -46,7 +51,7 @@ _WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWatch] = weak
 class LoopWatch:
     """One per event loop: :func:`install` it, then :meth:`take` a socket's floor at a request's start."""
 
-    __slots__ = ("_floors", "_last_return", "gap_ms", "iteration", "max_age")
+    __slots__ = ("_floors", "_last_return", "gap_ms", "iteration", "max_age", "sleeps")
 
     def __init__(self, gap_ms: float = GAP_MS, max_age: int = MAX_AGE) -> None:
         self.gap_ms = gap_ms
@@ -54,6 +59,8 @@ class LoopWatch:
         self.iteration = 0
         self._last_return = 0.0
         self._floors: dict[int, tuple[float, int]] = {}
+        #: the latest ``select`` calls that slept (start, end): the loop had nothing to run then
+        self.sleeps: collections.deque[tuple[float, float]] = collections.deque(maxlen=SLEEPS)
 
     def wrap(self, selector: selectors.BaseSelector) -> None:
         """Measure every ``select`` of ``selector`` (the loop's)."""
@@ -66,7 +73,10 @@ class LoopWatch:
             events = inner(timeout)
             end = now_ms()
             self.iteration += 1
-            floor = self._last_return if end - start <= self.gap_ms and self._last_return else end
+            slept = end - start > self.gap_ms
+            if slept:
+                self.sleeps.append((start, end))
+            floor = self._last_return if not slept and self._last_return else end
             self._last_return = end
             it = self.iteration
             for key, mask in events:
@@ -75,6 +85,20 @@ class LoopWatch:
             return events
 
         selector.select = select  # type: ignore[method-assign]
+
+    def idle_between(self) -> Callable[[float, float], bool]:
+        """A test of whether this loop slept in ``select`` (had nothing to run) at some instant inside
+        ``(a, b)``, over the sleeps recorded so far. A consumer that was *waiting* for its next chunk
+        lets its loop sleep; one that was behind (preempted, or running other requests' work) did
+        not, however long its gap (:func:`pathprobe.timing.last_waited`)."""
+        sleeps = list(self.sleeps)
+        ends = [e for _, e in sleeps]
+
+        def idle(a: float, b: float) -> bool:
+            i = bisect.bisect_right(ends, a)  # the first sleep that ended after a
+            return i < len(sleeps) and sleeps[i][0] < b
+
+        return idle
 
     def take(self, fd: int) -> float | None:
         """The floor of ``fd``'s latest readiness (ms, :func:`pathprobe.timing.now_ms`), forgotten once

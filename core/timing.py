@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,19 +137,30 @@ def pacing(emit_ms: Sequence[float], fwd_ms: Sequence[float], n: int) -> Sequenc
 IDLE_MS = 1.0
 
 
-def last_waited(seen: Sequence[float], work: Iterable[Interval], idle_ms: float = IDLE_MS) -> float:
+def last_waited(
+    seen: Sequence[float],
+    work: Iterable[Interval],
+    idle_ms: float = IDLE_MS,
+    idle: Callable[[float, float], bool] | None = None,
+) -> float:
     """The last instant a consumer had a chunk it had been *waiting* for: the latest ``seen_i`` with
     the consumer idle for more than ``idle_ms`` right before it (no per-chunk ``work`` of its own
     ending within that stretch; -inf: none). That chunk arrived then, and every later one after it,
     so the last chunk's arrival is not earlier (:func:`last_arrival`'s ``not_before``): the emit-offset
     bound assumes every chunk crossed the path in the least time any did, which a link's jitter (a
-    burst after a stall) breaks; the consumer's own idleness is measured, not assumed."""
+    burst after a stall) breaks; the consumer's own idleness is measured, not assumed.
+
+    ``idle(a, b)``: where the consumer's event loop is watched (:meth:`pathprobe.loopwait.LoopWatch.idle_between`),
+    whether it slept at some instant in ``(a, b)``. A stretch without work in which the loop never
+    slept was not a wait for the chunk: the consumer was preempted or running other requests' work
+    while the chunk waited in its buffer (a 2048-token stream through a gateway that fell behind on
+    a busy 2-core machine: time slices of several ms), which is its backlog, not the link's."""
     ends = sorted(end for _, end in work)
     out = -math.inf
     for s in seen:
         i = bisect.bisect_right(ends, s)
         prev = ends[i - 1] if i else -math.inf
-        if s - prev > idle_ms:
+        if s - prev > idle_ms and (idle is None or idle(prev, s)):
             out = s
     return out
 

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pathprobe import loopwait
 from pathprobe.timing import handoff_split, held_back, last_arrival, last_waited, pacing, read_backlog
 
 if TYPE_CHECKING:
@@ -71,7 +72,9 @@ class StreamWork:
         on the chunks before it)."""
         if not self.seen:
             return 0.0, 0.0, 0.0, 0.0
-        waited = last_waited([s for s, _ in self.seen], (*self.decode, *self.encode, *self.send))
+        watch = loopwait.watch_of()  # its loop's sleeps tell a wait for the chunk from being behind
+        idle = watch.idle_between() if watch is not None else None
+        waited = last_waited([s for s, _ in self.seen], (*self.decode, *self.encode, *self.send), idle=idle)
         last = self.last = self.last_arrival(max(not_before, waited))
         send, backlog = handoff_split(self.send, last)
         reads = read_backlog(self.seen[-1][0], last, (*self.decode, *self.encode, *self.send))

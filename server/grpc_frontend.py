@@ -78,14 +78,26 @@ class LLMService:
         self.state = state
         self.max_body_bytes = max_body_bytes
 
-    def _scope(self, method: str, context: grpc.aio.ServicerContext) -> RequestScope:
+    async def _received(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> tuple[bytes, float | None]:
+        """The call's request message and the call's wait for this front end, read at the handler's
+        start: grpc.aio held the call from its headers until it ran the handler (the wait, from the
+        caller's declared deadline: :mod:`pathprobe.grpcwait`). The methods are served as streaming
+        requests (the same on the wire) so that the handler starts at the headers, not once the
+        whole message is in: the message's transfer after its headers is the link's (a 100 KB prompt
+        behind a slow link crosses in several round trips), not this hop's wait."""
+        wait = grpcwait.wait_ms(grpcwait.declared_ms(context.invocation_metadata()), context.time_remaining())
+        async for data in requests:
+            return data, wait
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: the call carried no message")
+        raise AssertionError("unreachable")  # abort raises
+
+    def _scope(self, method: str, context: grpc.aio.ServicerContext, wait: float | None) -> RequestScope:
         scope = RequestScope(
             self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}", _attributes(method, context)
         )
-        remaining = context.time_remaining()
-        scope.deadline_ms = deadline_in(remaining)
-        # grpc.aio held the call before this handler ran: its wait, from the caller's declared deadline
-        wait = grpcwait.wait_ms(grpcwait.declared_ms(context.invocation_metadata()), remaining)
+        scope.deadline_ms = deadline_in(context.time_remaining())
         if wait is not None:
             scope.floor_ms = scope.t0 - wait
         return scope
@@ -98,8 +110,9 @@ class LLMService:
             md += ((PUSHBACK_KEY, str(int(retry))),)
         await context.abort(exc.grpc_code, exc.message, trailing_metadata=md)
 
-    async def generate(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        scope = self._scope("Generate", context)
+    async def generate(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
+        data, wait = await self._received(requests, context)
+        scope = self._scope("Generate", context, wait)
         try:
             self.state.auth.check_mapping(scope.carrier)
             req, ms = _decode(data, self.max_body_bytes)
@@ -131,8 +144,11 @@ class LLMService:
         context.set_trailing_metadata(timing.metadata(entries))
         return out
 
-    async def generate_stream(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        scope = self._scope("GenerateStream", context)
+    async def generate_stream(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        data, wait = await self._received(requests, context)
+        scope = self._scope("GenerateStream", context, wait)
         gen = None
         try:
             self.state.auth.check_mapping(scope.carrier)
@@ -178,8 +194,10 @@ class LLMService:
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
-                "Generate": grpc.unary_unary_rpc_method_handler(self.generate),
-                "GenerateStream": grpc.unary_stream_rpc_method_handler(self.generate_stream),
+                # streaming requests on our side only (a call carries one message either way): the
+                # handler starts at the call's headers (see _received)
+                "Generate": grpc.stream_unary_rpc_method_handler(self.generate),
+                "GenerateStream": grpc.stream_stream_rpc_method_handler(self.generate_stream),
             },
         )
 

@@ -130,3 +130,43 @@ def test_the_watch_floors_a_socket_at_the_last_poll_when_the_loop_was_busy() -> 
     busy_from, floor, seen = asyncio.run(main())
     assert seen is not None and floor <= busy_from and busy_from - floor < 20.0  # the poll right before
     assert seen - floor >= 100.0
+
+
+def test_the_watch_tells_a_loop_that_slept_from_one_that_was_busy() -> None:
+    """:meth:`LoopWatch.idle_between`: a stretch in which the loop slept in ``select`` (it had nothing to
+    run: a consumer there was waiting) against one it spent busy (a consumer there was behind)."""
+    import asyncio
+
+    from pathprobe import loopwait
+
+    async def main() -> tuple[float, float, float, float]:
+        assert loopwait.install() is not None
+        t0 = timing.now_ms()
+        await asyncio.sleep(0.02)  # the loop sleeps
+        t1 = timing.now_ms()
+        time.sleep(0.02)  # noqa: ASYNC251 - the loop is busy, never in select
+        t2 = timing.now_ms()
+        await asyncio.sleep(0)
+        return t0, t1, t2, timing.now_ms()
+
+    t0, t1, t2, _ = asyncio.run(main())
+    # the watch of that loop is gone with it: check on a fresh one the same way
+    watch = loopwait.LoopWatch()
+    watch.sleeps.append((t0 + 1.0, t1 - 1.0))
+    idle = watch.idle_between()
+    assert idle(t0, t1) and idle(t1 - 2.0, t2)  # the sleep reaches into the stretch
+    assert not idle(t1, t2)  # busy all along
+
+    async def recorded() -> bool:
+        watch = loopwait.install()
+        assert watch is not None
+        await asyncio.sleep(0.02)
+        a = timing.now_ms()
+        time.sleep(0.02)  # noqa: ASYNC251
+        b = timing.now_ms()
+        await asyncio.sleep(0.02)
+        c = timing.now_ms()
+        idle = watch.idle_between()
+        return not idle(a + 0.5, b - 0.5) and idle(b, c)
+
+    assert asyncio.run(recorded())

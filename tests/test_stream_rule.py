@@ -132,3 +132,15 @@ def test_a_gateway_behind_its_server_paces_the_chunks_and_its_offsets_bound_the_
         assert s.links[0] == pytest.approx(e2e - 0.05 - (131.0 - 0.1))  # outside the gateway own time: the link
     assert timing.pacing(emit, [0.0] * 500, 500) == emit  # not every chunk rebuilt: the server's offsets
     assert timing.pacing([0.0] * 500, [], 500) is None
+
+
+def test_a_consumer_preempted_between_waiting_chunks_was_behind_not_waiting():
+    # chunks 0.2 ms apart all waiting in the buffer; the consumer read them with 3 ms gaps now and then
+    # (preempted: a time slice on a busy machine). Without its loop's record, each gap looks like a
+    # wait for the link; its loop never slept in them, so they are its backlog
+    seen = [10.0 + i * 0.05 + (i // 50) * 3.0 for i in range(500)]
+    work = [(s, s + 0.04) for s in seen]
+    assert timing.last_waited(seen, work) == seen[450]  # the last gap after a multiple of 50
+    assert timing.last_waited(seen, work, idle=lambda a, b: False) == -float("inf")
+    slept = (seen[449] + 0.1, seen[449] + 2.0)  # the loop slept inside the last gap only
+    assert timing.last_waited(seen, work, idle=lambda a, b: slept[1] > a and slept[0] < b) == seen[450]
