@@ -321,7 +321,8 @@ def witness_ends(rec: RequestRecord, ends: Mapping[int, tuple[int, int]], path: 
             outer_name = "client"
             # the client's wait for its own loop, as the split booked it (the client's, in ``other``):
             # it sits in the client's stack here
-            client_wait = float((rec.get("split") or {}).get("client_wait", 0.0))
+            sp = rec.get("split")
+            client_wait = float(sp.get("client_wait", 0.0)) if sp else 0.0
         else:
             client_wait = 0.0
             prev = path.links[i - 1].inner
