@@ -30,6 +30,7 @@ from pathlib import Path
 
 from hpack.exceptions import HPACKError
 from pathprobe import h2frames
+from pathprobe.analysis.lab.witness import tcp_segments
 
 #: (first request packet into the port, last response packet out of it), capture clock, ns
 Ends = tuple[int, int]
@@ -38,6 +39,7 @@ _TRACEPARENT = re.compile(rb"traceparent:\s*[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{
 _TRACE_VALUE = re.compile(rb"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 #: bytes of an HTTP/1.1 request's head searched for its traceparent
 _HEAD = 16384
+_SYN = 0x02  # the TCP flag
 
 
 @dataclass(slots=True)
@@ -85,39 +87,19 @@ class _Conn:
 
 def read_connections(path: Path, ports: Iterable[int]) -> list[_Conn]:
     """Every TCP connection to one of ``ports`` in a pcap, each direction's bytes in order."""
-    import dpkt
-
     want = set(ports)
     conns: dict[tuple[int, int], _Conn] = {}
-    with open(path, "rb") as fh:
-        reader = dpkt.pcap.Reader(fh)
-        dlt = reader.datalink()
-        for ts, buf in reader:
-            try:
-                if dlt in (dpkt.pcap.DLT_NULL, dpkt.pcap.DLT_LOOP):
-                    ip = dpkt.loopback.Loopback(buf).data
-                elif dlt == dpkt.pcap.DLT_LINUX_SLL:
-                    ip = dpkt.sll.SLL(buf).data
-                else:
-                    ip = dpkt.ethernet.Ethernet(buf).data
-                tcp = ip.data
-                if not isinstance(tcp, dpkt.tcp.TCP):
-                    continue
-            except (dpkt.UnpackError, AttributeError):
-                continue
-            upward = tcp.dport in want
-            if not upward and tcp.sport not in want:
-                continue
-            key = (tcp.sport, tcp.dport) if upward else (tcp.dport, tcp.sport)  # (client port, server port)
-            if tcp.flags & dpkt.tcp.TH_SYN and upward:
-                conns.pop(key, None)  # a new connection on a reused client port
-            conn = conns.setdefault(key, _Conn(key[1]))
-            payload = bytes(tcp.data)
-            if not payload:
-                continue
-            ts_ns = int(ts * 1_000_000_000)
-            if (conn.up if upward else conn.down).add(ts_ns, tcp.seq, payload):
-                conn.order.append((ts_ns, upward))
+    for ts_ns, _ip, tcp in tcp_segments(path):
+        upward = tcp.dport in want
+        if not upward and tcp.sport not in want:
+            continue
+        key = (tcp.sport, tcp.dport) if upward else (tcp.dport, tcp.sport)  # (client port, server port)
+        if tcp.flags & _SYN and upward:
+            conns.pop(key, None)  # a new connection on a reused client port
+        conn = conns.setdefault(key, _Conn(key[1]))
+        payload = bytes(tcp.data)
+        if payload and (conn.up if upward else conn.down).add(ts_ns, tcp.seq, payload):
+            conn.order.append((ts_ns, upward))
     return list(conns.values())
 
 

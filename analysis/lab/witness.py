@@ -50,7 +50,7 @@ import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,33 +167,38 @@ def _h2_control_only(payload: bytes, size: int) -> bool:
     return i == size
 
 
-def read_packets(path: Path) -> list[Packet]:
-    """Data-carrying TCP packets of a pcap (loopback or Ethernet link type), in capture order."""
+def tcp_segments(path: Path) -> Iterator[tuple[int, Any, Any]]:
+    """(capture time in ns, IP packet, TCP segment) of every TCP packet in a pcap (loopback, Linux
+    cooked or Ethernet link type), in capture order; what does not parse is skipped."""
     import dpkt
 
-    out: list[Packet] = []
     with open(path, "rb") as fh:
         reader = dpkt.pcap.Reader(fh)
         dlt = reader.datalink()
         for ts, buf in reader:
             try:
-                if dlt == dpkt.pcap.DLT_NULL or dlt == dpkt.pcap.DLT_LOOP:
+                if dlt in (dpkt.pcap.DLT_NULL, dpkt.pcap.DLT_LOOP):
                     ip = dpkt.loopback.Loopback(buf).data
                 elif dlt == dpkt.pcap.DLT_LINUX_SLL:
                     ip = dpkt.sll.SLL(buf).data
                 else:
                     ip = dpkt.ethernet.Ethernet(buf).data
                 tcp = ip.data
-                if not isinstance(tcp, dpkt.tcp.TCP):
-                    continue
-                size = ip.len - ip.hl * 4 - tcp.off * 4 if hasattr(ip, "hl") else len(tcp.data)
             except (dpkt.UnpackError, AttributeError):
                 continue
-            if size <= 0 or _h2_control_only(bytes(tcp.data), size):
-                continue
-            # a nanosecond capture gives a Decimal (exact); a microsecond one a float
-            ts_ns = int(ts * 1_000_000_000)
-            out.append(Packet(ts_ns, tcp.sport, tcp.dport, size))
+            if isinstance(tcp, dpkt.tcp.TCP):
+                # a nanosecond capture gives a Decimal (exact); a microsecond one a float
+                yield int(ts * 1_000_000_000), ip, tcp
+
+
+def read_packets(path: Path) -> list[Packet]:
+    """Data-carrying TCP packets of a pcap, in capture order."""
+    out: list[Packet] = []
+    for ts_ns, ip, tcp in tcp_segments(path):
+        size = ip.len - ip.hl * 4 - tcp.off * 4 if hasattr(ip, "hl") else len(tcp.data)
+        if size <= 0 or _h2_control_only(bytes(tcp.data), size):
+            continue
+        out.append(Packet(ts_ns, tcp.sport, tcp.dport, size))
     out.sort(key=lambda p: p.ts_ns)
     return out
 
