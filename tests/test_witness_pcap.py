@@ -26,37 +26,41 @@ pytestmark = [
 D_UP, D_CLIENT = 3.0, 2.0
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("witness")
-    cfg = {
-        "out": str(tmp / "out"),
+def _config(out, targets, *, tracing=False, decode_ms=0.0, concurrency=(1,), stream=False, max_tokens=3):
+    return {
+        "out": str(out),
         "bootstrap": 100,
         "slowest": 0,
-        "tracing": False,
+        "tracing": tracing,
         "witness": "pcap",
-        "server": {"engine": "synthetic", "prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.0},
+        "server": {"engine": "synthetic", "prefill_ms_per_token": 0.0, "decode_ms_per_token": decode_ms},
         "load": {
             "duration_s": 2,
             "warmup_s": 0.3,
             "rounds": 1,
-            "concurrency": [1],
-            "stream": False,
-            "max_tokens": 3,
+            "concurrency": list(concurrency),
+            "stream": stream,
+            "max_tokens": max_tokens,
             "prompt_tokens": 32,
         },
-        "targets": [
-            {
-                "name": f"pt-{hop}-{'d' if d else '0'}",
-                "kind": "gateway",
-                "mode": "passthrough",
-                "network": {"hop": hop, "delay_ms": d},
-            }
-            for hop, delay in (("upstream", D_UP), ("client", D_CLIENT))
-            for d in (0.0, delay)
-        ],
+        "targets": targets,
     }
-    return run_compare(cfg, tmp / "w.yaml", timeout=600)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("witness")
+    targets = [
+        {
+            "name": f"pt-{hop}-{'d' if d else '0'}",
+            "kind": "gateway",
+            "mode": "passthrough",
+            "network": {"hop": hop, "delay_ms": d},
+        }
+        for hop, delay in (("upstream", D_UP), ("client", D_CLIENT))
+        for d in (0.0, delay)
+    ]
+    return run_compare(_config(tmp / "out", targets), tmp / "w.yaml", timeout=600)
 
 
 def _w(report, name):
@@ -89,29 +93,13 @@ def traced(tmp_path_factory):
     """Tracing on, concurrency 1 and 4: HTTP/1.1 (direct, transcode's client link) and HTTP/2 (gRPC:
     direct, transcode's upstream, passthrough's two links) found by trace id."""
     tmp = tmp_path_factory.mktemp("witness-traced")
-    cfg = {
-        "out": str(tmp / "out"),
-        "bootstrap": 100,
-        "slowest": 0,
-        "tracing": True,
-        "witness": "pcap",
-        "server": {"engine": "synthetic", "prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.5},
-        "load": {
-            "duration_s": 2,
-            "warmup_s": 0.3,
-            "rounds": 1,
-            "concurrency": [1, 4],
-            "stream": True,
-            "max_tokens": 4,
-            "prompt_tokens": 32,
-        },
-        "targets": [
-            {"name": "direct-http", "kind": "direct", "protocol": "http"},
-            {"name": "direct-grpc", "kind": "direct", "protocol": "grpc"},
-            {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
-            {"name": "transcode", "kind": "gateway", "mode": "transcode"},
-        ],
-    }
+    targets = [
+        {"name": "direct-http", "kind": "direct", "protocol": "http"},
+        {"name": "direct-grpc", "kind": "direct", "protocol": "grpc"},
+        {"name": "passthrough", "kind": "gateway", "mode": "passthrough"},
+        {"name": "transcode", "kind": "gateway", "mode": "transcode"},
+    ]
+    cfg = _config(tmp / "out", targets, tracing=True, decode_ms=0.5, concurrency=(1, 4), stream=True, max_tokens=4)
     return run_compare(cfg, tmp / "t.yaml", timeout=600)
 
 
