@@ -53,13 +53,21 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import dpkt
 
 from pathprobe.errors import PathprobeError
 from pathprobe.records import RequestRecord
 
 #: a stack below this (ms) means a hop reported more time than its packets allow (or a mismatch): counted
 NEGATIVE_MS = -0.05
+
+#: a witness section as it goes into report.json (per request, per link, per configuration): JSON-bound,
+#: its keys documented in docs/compare.md; one alias rather than a TypedDict per level (the summary's
+#: keys follow the links' float fields)
+Section: TypeAlias = "dict[str, Any]"
 
 
 # ------------------------------------------------------------------ capture
@@ -167,7 +175,7 @@ def _h2_control_only(payload: bytes, size: int) -> bool:
     return i == size
 
 
-def tcp_segments(path: Path) -> Iterator[tuple[int, Any, Any]]:
+def tcp_segments(path: Path) -> Iterator[tuple[int, dpkt.ip.IP, dpkt.tcp.TCP]]:
     """(capture time in ns, IP packet, TCP segment) of every TCP packet in a pcap (loopback, Linux
     cooked or Ethernet link type), in capture order; what does not parse is skipped."""
     import dpkt
@@ -289,7 +297,7 @@ def window_ends(pkts: Sequence[Packet], ports: Iterable[int], peers: Mapping[int
 
 def witness_request(
     rec: RequestRecord, pkts: Sequence[Packet], path: Chain, peers: Mapping[int, int] | None = None
-) -> dict[str, Any] | None:
+) -> Section | None:
     """Wire and stack times (ms) per link for one request at concurrency 1; None when its packets are
     not all there. ``pkts``: the capture's data packets inside the request's window; ``peers``: the
     connection of each port to follow (:func:`connection_peers`)."""
@@ -297,14 +305,14 @@ def witness_request(
     return witness_ends(rec, window_ends(pkts, ports, peers or {}), path)
 
 
-def witness_ends(rec: RequestRecord, ends: Mapping[int, tuple[int, int]], path: Chain) -> dict[str, Any] | None:
+def witness_ends(rec: RequestRecord, ends: Mapping[int, tuple[int, int]], path: Chain) -> Section | None:
     """Wire and stack times (ms) per link for one request, from each port's (first request packet in,
     last response packet out); None when a port of the path has none."""
     t0 = int(rec["t0_wall_ns"])
     t_end = t0 + round(float(rec["e2e_ms"]) * 1e6)
     e = rec.get("entries") or {}
     ms = 1e-6
-    links: list[dict[str, Any]] = []
+    links: list[Section] = []
     edges: list[tuple[int, int, int, int]] = []  # per link: (enter_req, arrive_req, leave_resp, exit_resp)
     for link in path.links:
         entry, inner = ends.get(link.ports[0]), ends.get(link.ports[-1])
@@ -388,14 +396,14 @@ def split_links(rec: Mapping[str, Any], path: Chain) -> list[float]:
     return [float(sp["network_hop1"]), float(sp["network_hop2"])]
 
 
-def analyze(records: Sequence[RequestRecord], packets: Sequence[Packet], path: Chain) -> dict[str, Any]:
+def analyze(records: Sequence[RequestRecord], packets: Sequence[Packet], path: Chain) -> Section:
     """Medians per link over the requests whose packets were all found: wire, each side's stack, the
     witness's network and the split's; ``matched`` / ``requests`` say how many were found."""
     import bisect
 
     times = [p.ts_ns for p in packets]
     ok = [r for r in records if r.get("ok") and r.get("split") and r.get("t0_wall_ns")]
-    per: list[tuple[dict[str, Any], list[float]]] = []
+    per: list[tuple[Section, list[float]]] = []
     windows = []
     for r in ok:
         t0 = int(r["t0_wall_ns"])
@@ -413,12 +421,12 @@ def analyze(records: Sequence[RequestRecord], packets: Sequence[Packet], path: C
 
 def analyze_by_trace(
     records: Sequence[RequestRecord], by_trace: Mapping[str, Mapping[int, tuple[int, int]]], path: Chain
-) -> dict[str, Any]:
+) -> Section:
     """:func:`analyze` at any concurrency: each request's packets found by its trace id
     (:func:`pathprobe.analysis.lab.wirestreams.requests_by_trace`), not by its time window.
     ``requests`` counts the records with a trace id (a record without one cannot be matched)."""
     ok = [r for r in records if r.get("ok") and r.get("split") and r.get("t0_wall_ns") and r.get("trace_id")]
-    per: list[tuple[dict[str, Any], list[float]]] = []
+    per: list[tuple[Section, list[float]]] = []
     for r in ok:
         ends = by_trace.get(str(r["trace_id"]))
         w = witness_ends(r, ends, path) if ends else None
@@ -429,14 +437,14 @@ def analyze_by_trace(
     return out
 
 
-def _summary(requests: int, per: list[tuple[dict[str, Any], list[float]]], path: Chain) -> dict[str, Any]:
-    out: dict[str, Any] = {"requests": requests, "matched": len(per), "links": []}
+def _summary(requests: int, per: list[tuple[Section, list[float]]], path: Chain) -> Section:
+    out: Section = {"requests": requests, "matched": len(per), "links": []}
     if not per:
         return out
     n_split = len(per[0][1])
     for i in range(len(path.links)):
         keys = [k for k, v in per[0][0]["links"][i].items() if isinstance(v, float)]
-        row: dict[str, Any] = {k: statistics.median(w["links"][i][k] for w, _ in per) for k in keys}
+        row: Section = {k: statistics.median(w["links"][i][k] for w, _ in per) for k in keys}
         row["outer"], row["inner"] = per[0][0]["links"][i]["outer"], per[0][0]["links"][i]["inner"]
         row["ports"] = path.links[i].ports
         # how far a booked wait overshoots the stack it comes out of (0 where it fits): its size, not
