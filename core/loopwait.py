@@ -100,6 +100,11 @@ class LoopWatch:
 
         return idle
 
+    def slept_since(self, t: float) -> bool:
+        """Whether this loop slept in ``select`` (had nothing to run) at some instant after ``t``: the
+        latest sleep recorded ended after it. O(1), for a request's hot path."""
+        return bool(self.sleeps) and self.sleeps[-1][1] > t
+
     def take(self, fd: int) -> float | None:
         """The floor of ``fd``'s latest readiness (ms, :func:`pathprobe.timing.now_ms`), forgotten once
         taken; None when there is none recent enough."""

@@ -27,7 +27,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from pathprobe import grpcwait, timing
+from pathprobe import grpcwait, loopwait, timing
 from pathprobe.deadline import PUSHBACK_KEY, deadline_in
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import RequestScope, ServerState, params_from_proto
@@ -85,10 +85,18 @@ class LLMService:
         start: grpc.aio held the call from its headers until it ran the handler (the wait, from the
         caller's declared deadline: :mod:`pathprobe.grpcwait`). The methods are served as streaming
         requests (the same on the wire) so that the handler starts at the headers, not once the
-        whole message is in: the message's transfer after its headers is the link's (a 100 KB prompt
-        behind a slow link crosses in several round trips), not this hop's wait."""
+        whole message is in. Reading the message then takes either its transfer after the headers
+        (a 100 KB prompt behind a slow link crosses in several round trips: the link's time) or,
+        when it was already in, the loop's turns to get back to this handler (busy with others: this
+        hop's wait). The loop tells which: if it slept meanwhile, the handler was waiting for bytes
+        and the read is the link's; if it never slept (or is not watched), the read is added to the
+        wait, as a unary handler, which starts once the message is in, would count it."""
+        t_handler = now_ms()
         wait = grpcwait.wait_ms(grpcwait.declared_ms(context.invocation_metadata()), context.time_remaining())
         async for data in requests:
+            watch = loopwait.watch_of()
+            if wait is not None and (watch is None or not watch.slept_since(t_handler)):
+                wait += now_ms() - t_handler
             return data, wait
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: the call carried no message")
         raise AssertionError("unreachable")  # abort raises
