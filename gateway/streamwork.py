@@ -74,10 +74,11 @@ class StreamWork:
             return 0.0, 0.0, 0.0, 0.0
         watch = loopwait.watch_of()  # its loop's sleeps tell a wait for the chunk from being behind
         idle = watch.idle_between() if watch is not None else None
-        waited = last_waited([s for s, _ in self.seen], (*self.decode, *self.encode, *self.send), idle=idle)
+        work = (*self.decode, *self.encode, *self.send)
+        waited = last_waited([s for s, _ in self.seen], work, idle=idle)
         last = self.last = self.last_arrival(max(not_before, waited))
         send, backlog = handoff_split(self.send, last)
-        reads = read_backlog(self.seen[-1][0], last, (*self.decode, *self.encode, *self.send))
+        reads = read_backlog(self.seen[-1][0], last, work)
         return held_back(self.decode, last), held_back(self.encode, last), send, backlog + reads
 
     def spent(self) -> tuple[float, float, float]:

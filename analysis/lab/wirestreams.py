@@ -82,7 +82,7 @@ class _Conn:
     port: int  # the listening side's
     up: _Dir = field(default_factory=_Dir)  # client -> server
     down: _Dir = field(default_factory=_Dir)  # server -> client
-    order: list[tuple[int, bool]] = field(default_factory=list)  # (ts, client->server) per data segment
+    order: list[bool] = field(default_factory=list)  # per data segment, capture order: client->server?
 
 
 def read_connections(path: Path, ports: Iterable[int]) -> list[_Conn]:
@@ -99,7 +99,7 @@ def read_connections(path: Path, ports: Iterable[int]) -> list[_Conn]:
         conn = conns.setdefault(key, _Conn(key[1]))
         payload = bytes(tcp.data)
         if payload and (conn.up if upward else conn.down).add(ts_ns, tcp.seq, payload):
-            conn.order.append((ts_ns, upward))
+            conn.order.append(upward)
     return list(conns.values())
 
 
@@ -111,7 +111,7 @@ def _http1(conn: _Conn) -> Iterator[tuple[str, Ends]]:
     head_from = 0
     last_out: int | None = None
     replied = False
-    for _, upward in conn.order:
+    for upward in conn.order:
         if upward:
             ts = up.stamps[ui]
             if start is None or replied:
