@@ -70,8 +70,21 @@ def held_back(handoffs: Iterable[Interval], last_ms: float) -> float:
     upstream's time (or the engine's) already counts; counting it again would double it.
 
     This is the one rule for every per-chunk cost on every side: what held the stream's end back
-    counts once, what overlapped the producer's next chunk does not count again."""
-    return sum(max(0.0, end - max(start, last_ms)) for start, end in handoffs)
+    counts once, what overlapped the producer's next chunk does not count again.
+
+    ``handoffs`` in the order they happened (each kind's intervals come one after another), so only
+    the tail after ``last_ms`` is walked: a 2048-chunk stream's end is not held up by its bookkeeping."""
+    return sum(max(0.0, end - max(start, last_ms)) for start, end in tail_after(handoffs, last_ms))
+
+
+def tail_after(intervals: Iterable[Interval], t: float) -> Iterable[Interval]:
+    """The intervals (in the order they happened) that end after ``t``, walked from the end."""
+    if not isinstance(intervals, Sequence):
+        return intervals
+    i = len(intervals)
+    while i and intervals[i - 1][1] > t:
+        i -= 1
+    return intervals[i:]
 
 
 def handoff_split(handoffs: Sequence[Interval], last_ms: float) -> tuple[float, float]:

@@ -295,8 +295,9 @@ class Reencoder(SessionOwner):
                 # is open; only the part of that work after the upstream's last chunk arrived held
                 # the stream back (gw.decode / gw.encode / gw.send, taken out of gw.upstream so no
                 # segment counts it twice): pathprobe.gateway.streamwork
+                t_up1 = now_ms()  # what held() costs is the gateway's own, not the link's
                 c_dec, c_enc, c_send, c_back = work.held(up.t0 + timing.own_ms(upstream_st))
-                ent.upstream = now_ms() - up.t0 - c_dec - c_enc - c_send - c_back
+                ent.upstream = t_up1 - up.t0 - c_dec - c_enc - c_send - c_back
                 ent.decode += c_dec
                 ent.encode += c_enc
                 ent.send = c_send

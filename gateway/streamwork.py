@@ -19,16 +19,28 @@ without an emit offset (a third-party upstream) leave only ``seen_last``, which 
 gateway keeps up. Where the upstream is a gateway that rebuilt the chunks, their ``fwd_ms`` (its
 hand-off offsets) paced them, not the server's emit offsets (:func:`pathprobe.timing.pacing`); a
 gateway that rebuilds chunks stamps its own, so its consumer does the same.
+
+Whether a gap in which the gateway's loop slept was a wait for the upstream
+(:func:`pathprobe.timing.last_waited`) depends on where its reads land. A socket the loop itself
+selects on (aiohttp: ``http-proxy``, ``reencode``) wakes the loop the moment bytes arrive, so a
+sleep before a chunk was a wait for it. A grpc.aio call (``transcode``) gets each message from
+gRPC's core through a poller thread that hands it to the loop over a socket pair: the loop sleeps
+while that thread waits for a core, even for a message that has been in the process for hundreds of
+ms (``bench/aio_delivery.py``: 2048 messages read half a second after the last was sent, beside two
+busy processes on 2 cores, 49-105 sleeps of 1-9 ms per stream). Such a consumer's sleeps are not
+evidence (``reads_on_loop=False``): the last chunk's arrival comes from the emit offsets and the
+upstream's own time alone.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pathprobe import loopwait
-from pathprobe.timing import handoff_split, held_back, last_arrival, last_waited, pacing, read_backlog
+from pathprobe.timing import handoff_split, held_back, last_arrival, last_waited, pacing, read_backlog, tail_after
 
 if TYPE_CHECKING:
     from pathprobe.gateway.aio import Spans
@@ -49,6 +61,9 @@ class StreamWork:
     send: list[Interval] = field(default_factory=list)
     #: the instant :meth:`held` used as the last chunk's arrival (0: not computed yet)
     last: float = 0.0
+    #: whether the chunks reach the gateway through a socket its loop selects on (see the module's
+    #: text): then a gap in which that loop slept was a wait for the upstream
+    reads_on_loop: bool = True
 
     def chunk(self, seen_ms: float, emit_ms: float | None, fwd_ms: float | None = None) -> None:
         """A chunk the gateway now has; ``emit_ms`` (the server's) and ``fwd_ms`` (a rebuilding gateway
@@ -72,14 +87,21 @@ class StreamWork:
         on the chunks before it)."""
         if not self.seen:
             return 0.0, 0.0, 0.0, 0.0
-        watch = loopwait.watch_of()  # its loop's sleeps tell a wait for the chunk from being behind
-        idle = watch.idle_between() if watch is not None else None
-        work = (*self.decode, *self.encode, *self.send)
-        waited = last_waited([s for s, _ in self.seen], work, idle=idle)
+        waited = -math.inf
+        if self.reads_on_loop:
+            work = (*self.decode, *self.encode, *self.send)
+            waited = last_waited([s for s, _ in self.seen], work, idle=self._idle())
         last = self.last = self.last_arrival(max(not_before, waited))
         send, backlog = handoff_split(self.send, last)
-        reads = read_backlog(self.seen[-1][0], last, work)
+        tail = (*tail_after(self.decode, last), *tail_after(self.encode, last), *tail_after(self.send, last))
+        reads = read_backlog(self.seen[-1][0], last, tail)
         return held_back(self.decode, last), held_back(self.encode, last), send, backlog + reads
+
+    @staticmethod
+    def _idle() -> Callable[[float, float], bool] | None:
+        """The loop's sleeps, which tell a wait for the chunk from being behind (None: not watched)."""
+        watch = loopwait.watch_of()
+        return watch.idle_between() if watch is not None else None
 
     def spent(self) -> tuple[float, float, float]:
         """(decode, encode, send): all of the per-chunk work, overlapped or not (the CPU it cost)."""

@@ -324,7 +324,7 @@ class Transcoder:
         # Chunks are transcoded and handed to the client's transport while the upstream call is
         # open; only the part of that work after the upstream's last chunk arrived held the stream
         # back (gw.decode / gw.encode / gw.send, taken out of gw.upstream): pathprobe.gateway.streamwork
-        work = StreamWork()
+        work = StreamWork(reads_on_loop=False)  # grpc.aio: messages reach the loop from a poller thread
         c_dec = c_enc = c_send = c_back = 0.0
         try:
             try:
@@ -349,8 +349,9 @@ class Transcoder:
                     await resp.write(data)
                     work.send.append((ts, now_ms()))
                 upstream_st = _upstream_timing(await call.trailing_metadata())
+                t_up1 = now_ms()  # the call is over; what held() costs is the gateway's own, not the link's
                 c_dec, c_enc, c_send, c_back = work.held(t_up0 + timing.own_ms(upstream_st))
-                ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send - c_back
+                ent.upstream = t_up1 - t_up0 - c_dec - c_enc - c_send - c_back
                 ent.decode += c_dec
                 ent.encode += c_enc
                 Spans.end_client(cspan, {"rpc.grpc.status_code": 0}, None, t_up0, ent.upstream)
@@ -371,8 +372,9 @@ class Transcoder:
                     await resp.write(data)
                 await resp.write(SSE_DONE)
             except grpc.aio.AioRpcError as err:
+                t_up1 = now_ms()
                 c_dec, c_enc, c_send, c_back = work.held()
-                ent.upstream = now_ms() - t_up0 - c_dec - c_enc - c_send - c_back
+                ent.upstream = t_up1 - t_up0 - c_dec - c_enc - c_send - c_back
                 ent.decode += c_dec
                 ent.encode += c_enc
                 ent.send = c_send

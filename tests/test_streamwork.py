@@ -7,9 +7,9 @@ import pytest
 from pathprobe.gateway.streamwork import StreamWork
 
 
-def _work(seen: list[tuple[float, float | None]], cost: float) -> StreamWork:
+def _work(seen: list[tuple[float, float | None]], cost: float, reads_on_loop: bool = True) -> StreamWork:
     """Chunks seen at the given instants, each decoded, encoded and sent in ``cost`` ms apiece."""
-    w = StreamWork()
+    w = StreamWork(reads_on_loop=reads_on_loop)
     for t, emit in seen:
         w.chunk(t, emit)
         w.decode.append((t, t + cost))
@@ -57,6 +57,20 @@ def test_a_gateway_that_waited_for_a_chunk_had_it_when_it_came():
     assert w.last_arrival() == pytest.approx(14.5)  # the emit-offset bound alone
     assert w.held() == pytest.approx((0.1, 0.1, 0.1, 0.0))
     assert w.last == pytest.approx(16.0)
+
+
+def test_a_grpc_aio_gateways_idle_gap_is_not_evidence_that_it_waited():
+    # the same chunks as above, read through grpc.aio: its loop sits idle while gRPC core's poller
+    # thread hands over a message that may long be in the process (bench/aio_delivery.py), so the gap
+    # before 16.0 does not say the chunk came then; the emit offsets bound it, the rest is its backlog
+    w = _work([(11.0, 10.0), (12.5, 12.0), (16.0, 14.0)], 0.1, reads_on_loop=False)
+    dec, enc, send, backlog = w.held()
+    assert w.last == pytest.approx(14.5)
+    assert (dec, enc, send) == pytest.approx((0.1, 0.1, 0.1))
+    assert backlog == pytest.approx(16.0 - 14.5)  # getting to the chunk, from its arrival on (chunk 2 was done at 12.8)
+    # the upstream's own time still bounds it from below, as on a loop that reads its socket
+    late = _work([(11.0, 10.0), (12.5, 12.0), (16.0, 14.0)], 0.1, reads_on_loop=False)
+    assert late.held(not_before=15.8)[3] == pytest.approx(0.2)
 
 
 def test_the_arrival_is_never_before_the_upstream_was_done():
