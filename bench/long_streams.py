@@ -186,7 +186,16 @@ def witness(out: Path) -> None:
     if not path.exists():
         return
     report = json.loads(path.read_text())
-    cols = ("wire", "stack_outer", "stack_inner", "hop_wait", "hop_wait_over_p90", "client_wait", "network")
+    cols = (
+        "wire",
+        "stack_outer",
+        "stack_inner",
+        "hop_wait",
+        "hop_wait_over_p90",
+        "outer_wait",
+        "outer_wait_over_p90",
+        "network",
+    )
     for name, t in report.get("targets", {}).items():
         top = t.get("witness") or {}
         by_trace = sorted((top.get("by_concurrency") or {}).items(), key=lambda kv: int(kv[0]))

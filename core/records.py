@@ -35,7 +35,8 @@ class HopPartRecord(TypedDict):
     total: float
     serialization: float
     other: float
-    wait: NotRequired[float]  # its wait for its own loop before its first timestamp (in queueing)
+    wait: NotRequired[float]  # its waits for its own loop, before its first timestamp and ``upwait`` (in queueing)
+    upwait: NotRequired[float]  # of ``wait``, a forwarder's after its upstream answered (``<kind>.upwait``)
 
 
 class SplitRecord(TypedDict):

@@ -30,9 +30,9 @@ flagged per link (``links_estimated``; ``network_estimated`` says whether any li
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from pathprobe.timing import SEND_PART, SERVER_KIND, WAIT_PART, Chain, Hop, chain_of
+from pathprobe.timing import SEND_PART, SERVER_KIND, UPWAIT_PART, WAIT_PART, Chain, Hop, chain_of
 
 SEGMENTS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
 #: parts of a server's total that are the model's own work (``srv.inference``: a server
@@ -49,8 +49,11 @@ class HopPart:
     total: float
     serialization: float
     other: float  # its time outside serialization, its upstream, its send and (server) queue/inference
-    #: its wait for its own event loop before its first timestamp (``<kind>.wait``), booked as queueing
+    #: its waits for its own event loop, booked as queueing: before its first timestamp (``<kind>.wait``)
+    #: and, of a forwarder, after its upstream answered (``upwait``)
     wait: float = 0.0
+    #: of ``wait``, the part after its upstream answered (``<kind>.upwait``, taken from the link below)
+    upwait: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,17 @@ def _hop_wait(hop: Hop, link_ms: float) -> float:
     return min(wait, link_ms) if wait > 0 and link_ms > 0 else 0.0
 
 
+def _outer_upwait(parts: list[HopPart], link_ms: float) -> float:
+    """The outer hop's wait for its own loop after its upstream answered (``<kind>.upwait``, an upper
+    bound inside its ``upstream``), capped at the link to that upstream; added to the outer hop's
+    ``wait`` in ``parts`` (its queueing). 0 for the outermost hop's link (the client's)."""
+    if not parts or parts[-1].upwait <= 0:
+        return 0.0
+    up = min(parts[-1].upwait, max(link_ms, 0.0))
+    parts[-1] = replace(parts[-1], wait=parts[-1].wait + up, upwait=up)
+    return up
+
+
 def _inner_link(time_ms: float, estimate_ms: float | None) -> tuple[float, float]:
     """(network, unsplit) of a link whose far end reports nothing."""
     if estimate_ms is None:
@@ -148,12 +162,14 @@ def split(
         hop = hops[i]
         # the link to this hop: what the outer side saw it take, less the hop's own time (its total
         # without the waits on its transport for the chunks it streamed back: those are the link's),
-        # less the hop's wait for its own loop before its first timestamp (its queueing)
+        # less the hop's wait for its own loop before its first timestamp (its queueing) and the outer
+        # hop's wait for its loop after this hop had answered (the outer hop's queueing)
         link = outer_time - hop.get("total") + hop.get(SEND_PART)
         wait = _hop_wait(hop, link)
-        links.append(link - wait)
-        queueing += wait
-        hop_wait += wait
+        up = _outer_upwait(parts, link - wait)
+        links.append(link - wait - up)
+        queueing += wait + up
+        hop_wait += wait + up
         if hop.kind == SERVER_KIND and i == 0:
             part, queue, inference = _server_part(hop)
             queueing += queue
@@ -164,7 +180,8 @@ def split(
             outer_time = 0.0
             break
         part = _forwarder_part(hop)
-        part = HopPart(part.label, part.total, part.serialization, part.other, wait)
+        # its wait after its upstream answered is booked (capped) with the link below it
+        part = HopPart(part.label, part.total, part.serialization, part.other, wait, hop.get(UPWAIT_PART))
         parts.append(part)
         serialization += part.serialization
         other += part.other
@@ -176,7 +193,12 @@ def split(
             break
         outer_time = hop.get("upstream")
     else:
-        # the innermost component reports nothing: the last link is network + its work
+        # the innermost component reports nothing: the last link is network + its work, less the
+        # outer hop's wait for its loop after the answer came (measured by that hop, its queueing)
+        up = _outer_upwait(parts, outer_time)
+        outer_time -= up
+        queueing += up
+        hop_wait += up
         net, rest = _inner_link(outer_time, network_estimate_ms)
         estimated = network_estimate_ms is not None
         links.append(net)

@@ -46,6 +46,12 @@ BACKLOG_PART = "backlog"
 #: upper bound). Outside its total: the split takes it from the link to the hop and books it as the
 #: hop's queueing, capped at that link's time
 WAIT_PART = "wait"
+#: the part (``<kind>.upwait``) a forwarding hop on an event loop reports: inside its ``upstream``, how
+#: long its upstream's answer sat in the hop (readable on its socket, or handed over by gRPC's poller)
+#: while its loop was busy with other work, before the hop read it (:mod:`pathprobe.loopwait`; an upper
+#: bound). The split takes it from the link to the upstream and books it as the hop's queueing, capped
+#: at that link's time
+UPWAIT_PART = "upwait"
 #: the entry prefix of a model server's hop
 SERVER_KIND = "srv"
 #: the entry prefix of a pathprobe gateway's hop
@@ -155,6 +161,7 @@ def last_waited(
     work: Iterable[Interval],
     idle_ms: float = IDLE_MS,
     idle: Callable[[float, float], bool] | None = None,
+    due: Sequence[float] | None = None,
 ) -> float:
     """The last instant a consumer had a chunk it had been *waiting* for: the latest ``seen_i`` with
     the consumer idle for more than ``idle_ms`` right before it (no per-chunk ``work`` of its own
@@ -167,14 +174,36 @@ def last_waited(
     whether it slept at some instant in ``(a, b)``. A stretch without work in which the loop never
     slept was not a wait for the chunk: the consumer was preempted or running other requests' work
     while the chunk waited in its buffer (a 2048-token stream through a gateway that fell behind on
-    a busy 2-core machine: time slices of several ms), which is its backlog, not the link's."""
+    a busy 2-core machine: time slices of several ms), which is its backlog, not the link's.
+
+    ``due``: per chunk, the earliest instant it can have arrived by the producer's pacing
+    (:func:`due_times`), where the consumer's sleep is weaker evidence (a grpc.aio call gets each
+    message from gRPC core's poller thread, and its loop sleeps while that thread waits for a core,
+    even for messages long in the process: :mod:`pathprobe.gateway.streamwork`). A gap then counts
+    only if the consumer had caught up: the chunk was not due before the gap began (less
+    ``idle_ms``). One that was behind by tens of ms and slept 1-4 ms was waiting for its own poller;
+    one that had caught up and slept was waiting for the chunk."""
     ends = sorted(end for _, end in work)
     out = -math.inf
-    for s in seen:
+    for k, s in enumerate(seen):
         i = bisect.bisect_right(ends, s)
         prev = ends[i - 1] if i else -math.inf
-        if s - prev > idle_ms and (idle is None or idle(prev, s)):
+        if s - prev > idle_ms and (idle is None or idle(prev, s)) and (due is None or due[k] >= prev - idle_ms):
             out = s
+    return out
+
+
+def due_times(seen: Sequence[float], pace: Sequence[float] | None) -> list[float] | None:
+    """Per chunk, the earliest instant it can have arrived by its producer's pacing, for
+    :func:`last_waited`'s ``due``: ``pace_k + min_{j <= k}(seen_j - pace_j)`` (the emit-offset bound
+    of :func:`last_arrival`, over the chunks up to it); None without offsets."""
+    if pace is None or len(pace) != len(seen):
+        return None
+    out: list[float] = []
+    least = math.inf
+    for s, p in zip(seen, pace, strict=True):
+        least = min(least, s - p)
+        out.append(p + least)
     return out
 
 
@@ -185,6 +214,17 @@ def own_ms(value: str | None) -> float:
     if not hops:
         return 0.0
     return max(0.0, hops[-1].get("total") - hops[-1].get(SEND_PART))
+
+
+def finished_ms(value: str | None) -> float:
+    """When a producer was done, from the consumer's call start, from the entries it sent (its hop is
+    the last one in ``value``): its wait before its first timestamp (``<kind>.wait``: a gRPC server's
+    is measured from the deadline the caller's call stamped, :mod:`pathprobe.grpcwait`) plus its whole
+    ``<kind>.total``, last hand-off included; 0 when it reports none. A gRPC producer sends its status
+    (and these entries) in the trailers only after that, so a consumer that needs the trailers to finish
+    the stream had nothing to finish before (:func:`own_ms`: the last chunk's earliest hand-off)."""
+    hops = parse_chain(value).hops
+    return hops[-1].get(WAIT_PART) + hops[-1].get("total") if hops else 0.0
 
 
 def read_backlog(seen_last: float, last_ms: float, work: Iterable[Interval]) -> float:

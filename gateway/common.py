@@ -130,6 +130,10 @@ class Entries:
     #: the request's wait for the gateway's loop before ``t0`` (``gw.wait``, its queueing:
     #: :mod:`pathprobe.loopwait`); None when not measured
     wait: float | None = None
+    #: inside ``upstream``: the upstream's answer's wait for the gateway's loop before it was read
+    #: (``gw.upwait``, its queueing: :func:`pathprobe.loopwait.read_wait_ms` / ``grpc_wait_ms``); None
+    #: when not measured
+    upwait: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
     #: the Server-Timing string sent downstream (upstream's entries + these), once sent
     sent: str | None = None
@@ -144,5 +148,7 @@ class Entries:
             out["gw.backlog"] = self.backlog
         if self.wait is not None:
             out["gw.wait"] = self.wait
+        if self.upwait is not None:
+            out["gw.upwait"] = self.upwait
         out["gw.total"] = self.total
         return out

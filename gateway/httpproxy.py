@@ -100,11 +100,16 @@ class HttpProxy(SessionOwner):
             upstream_st = ", ".join(resp.headers.getall(timing.HTTP_HEADER, [])) or None
             if resp.content_type == "text/event-stream":
                 return await self._stream(request, up, headers, t0, ent, spans)
+            # the upstream connection's socket (aiohttp keeps no public handle on it once a complete answer
+            # has released the connection; without one the wait is not measured and stays on the link)
+            fd = loopwait.fd_of(getattr(getattr(resp, "_protocol", None), "transport", None))
             try:
                 data = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise body_error(up.upstream, exc, self.cfg.timeout) from None
-            ent.upstream = now_ms() - up.t0
+            t_up1 = now_ms()
+            ent.upstream = t_up1 - up.t0
+            ent.upwait = loopwait.read_wait_ms(fd, up.t0, t_up1)  # the answer in, the loop busy: our queueing
             Spans.end_client(up.cspan, {"http.response.status_code": status}, None, up.t0, ent.upstream)
             ent.connect = self.connects.get(up.upstream.target)
             ent.total = now_ms() - t0

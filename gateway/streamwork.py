@@ -27,20 +27,33 @@ sleep before a chunk was a wait for it. A grpc.aio call (``transcode``) gets eac
 gRPC's core through a poller thread that hands it to the loop over a socket pair: the loop sleeps
 while that thread waits for a core, even for a message that has been in the process for hundreds of
 ms (``bench/aio_delivery.py``: 2048 messages read half a second after the last was sent, beside two
-busy processes on 2 cores, 49-105 sleeps of 1-9 ms per stream). Such a consumer's sleeps are not
-evidence (``reads_on_loop=False``): the last chunk's arrival comes from the emit offsets and the
-upstream's own time alone.
+busy processes on 2 cores, 49-105 sleeps of 1-9 ms per stream). Such a consumer's sleep
+(``reads_on_loop=False``) counts as a wait only where it had also caught up with the upstream's
+pacing (the chunk was not due, by the emit-offset bound, before the gap began:
+``timing.last_waited``'s ``due``): one behind by tens of ms that slept 1-4 ms was waiting for its
+own poller (its backlog); one that kept up and slept was waiting for the chunk (at c=4 on 4-token
+streams, with sleeps ignored altogether, 4 % of transcode's records had its upstream side's stack
+below zero in the packet witness).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pathprobe import loopwait
-from pathprobe.timing import handoff_split, held_back, last_arrival, last_waited, pacing, read_backlog, tail_after
+from pathprobe.timing import (
+    due_times,
+    handoff_split,
+    held_back,
+    last_arrival,
+    last_waited,
+    pacing,
+    read_backlog,
+    tail_after,
+)
 
 if TYPE_CHECKING:
     from pathprobe.gateway.aio import Spans
@@ -71,11 +84,14 @@ class StreamWork:
         self.seen.append((seen_ms, emit_ms if emit_ms is not None and emit_ms > 0 else None))
         self.fwd.append(fwd_ms if fwd_ms is not None and fwd_ms > 0 else 0.0)
 
+    def _pace(self) -> Sequence[float] | None:
+        """The offsets that paced the chunks (:func:`pathprobe.timing.pacing`); None: not reported."""
+        return pacing([e or 0.0 for _, e in self.seen], self.fwd, len(self.seen))
+
     def last_arrival(self, not_before: float = -math.inf) -> float:
         """The latest instant the upstream's last chunk can have arrived, not before ``not_before``
         (the upstream's own time from the call's start: :func:`pathprobe.timing.last_arrival`)."""
-        emit = [e or 0.0 for _, e in self.seen]
-        pace = pacing(emit, self.fwd, len(self.seen))
+        pace = self._pace()
         return last_arrival([(s, pace[i] if pace else None) for i, (s, _) in enumerate(self.seen)], not_before)
 
     def held(self, not_before: float = -math.inf) -> tuple[float, float, float, float]:
@@ -87,10 +103,12 @@ class StreamWork:
         on the chunks before it)."""
         if not self.seen:
             return 0.0, 0.0, 0.0, 0.0
-        waited = -math.inf
-        if self.reads_on_loop:
-            work = (*self.decode, *self.encode, *self.send)
-            waited = last_waited([s for s, _ in self.seen], work, idle=self._idle())
+        seen = [s for s, _ in self.seen]
+        work = (*self.decode, *self.encode, *self.send)
+        # a gap counts as a wait where the loop slept in it; through grpc.aio only if the gateway had
+        # also caught up with the upstream's pacing (see the module's text)
+        due = None if self.reads_on_loop else due_times(seen, self._pace())
+        waited = last_waited(seen, work, idle=self._idle(), due=due) if self.reads_on_loop or due else -math.inf
         last = self.last = self.last_arrival(max(not_before, waited))
         send, backlog = handoff_split(self.send, last)
         tail = (*tail_after(self.decode, last), *tail_after(self.encode, last), *tail_after(self.send, last))
@@ -102,6 +120,11 @@ class StreamWork:
         """The loop's sleeps, which tell a wait for the chunk from being behind (None: not watched)."""
         watch = loopwait.watch_of()
         return watch.idle_between() if watch is not None else None
+
+    def done(self) -> float:
+        """When the gateway's work on the chunks it has seen ended (-inf: none yet)."""
+        ends = [iv[-1][1] for iv in (self.decode, self.encode, self.send) if iv]
+        return max(ends, default=-math.inf)
 
     def spent(self) -> tuple[float, float, float]:
         """(decode, encode, send): all of the per-chunk work, overlapped or not (the CPU it cost)."""

@@ -290,7 +290,9 @@ class Transcoder:
                     status.headers.get(timing.HTTP_HEADER),
                 )
                 return status
-            ent.upstream = now_ms() - t_up0
+            t_up1 = now_ms()
+            ent.upstream = t_up1 - t_up0
+            ent.upwait = loopwait.grpc_wait_ms(t_up0, t_up1)  # the answer in, the loop busy: our queueing
             upstream_st = _upstream_timing(await call.trailing_metadata())
             Spans.end_client(cspan, {"rpc.grpc.status_code": 0}, None, t_up0, ent.upstream)
             td = now_ms()
@@ -350,8 +352,12 @@ class Transcoder:
                     work.send.append((ts, now_ms()))
                 upstream_st = _upstream_timing(await call.trailing_metadata())
                 t_up1 = now_ms()  # the call is over; what held() costs is the gateway's own, not the link's
-                c_dec, c_enc, c_send, c_back = work.held(t_up0 + timing.own_ms(upstream_st))
+                # the last chunk goes out with the trailers' timing: work before the server sent them (after
+                # its wait and its whole total, last hand-off included) overlapped it, it held nothing back
+                c_dec, c_enc, c_send, c_back = work.held(t_up0 + timing.finished_ms(upstream_st))
                 ent.upstream = t_up1 - t_up0 - c_dec - c_enc - c_send - c_back
+                # the call's end (its status) in while the loop was busy after the last chunk's work
+                ent.upwait = loopwait.grpc_wait_ms(max(t_up0, work.done()), t_up1)
                 ent.decode += c_dec
                 ent.encode += c_enc
                 Spans.end_client(cspan, {"rpc.grpc.status_code": 0}, None, t_up0, ent.upstream)

@@ -138,7 +138,14 @@ def split_record(s: Split) -> SplitRecord:
         "network_hop2": s.network_hop2,
         "links": list(s.links),
         "hops": [
-            {"label": h.label, "total": h.total, "serialization": h.serialization, "other": h.other, "wait": h.wait}
+            {
+                "label": h.label,
+                "total": h.total,
+                "serialization": h.serialization,
+                "other": h.other,
+                "wait": h.wait,
+                "upwait": h.upwait,
+            }
             for h in s.hops
         ],
         "network_estimated": s.network_estimated,

@@ -170,3 +170,69 @@ def test_the_watch_tells_a_loop_that_slept_from_one_that_was_busy() -> None:
         return not idle(a + 0.5, b - 0.5) and idle(b, c)
 
     assert asyncio.run(recorded())
+
+
+def test_a_gateways_wait_after_its_upstream_answered_is_its_queueing_taken_from_that_link() -> None:
+    # the gateway saw its upstream take 10 ms, 6 of them with the answer in and its loop busy
+    chain = timing.parse_chain("srv.total;dur=2, gw.upstream;dur=10, gw.upwait;dur=6, gw.total;dur=11")
+    s = segments.split(13.0, chain)
+    assert [round(x, 9) for x in s.links] == [2.0, 2.0] and s.queueing == 6.0 and s.hop_wait == 6.0
+    gw = s.hops[0]
+    assert gw.label.startswith("gw") and gw.wait == 6.0 and gw.upwait == 6.0
+    assert abs(sum(getattr(s, k) for k in segments.SEGMENTS) - 13.0) < 1e-9
+    # an upper bound above the link's time takes the link, never more
+    s = segments.split(
+        13.0, timing.parse_chain("srv.total;dur=2, gw.upstream;dur=10, gw.upwait;dur=20, gw.total;dur=11")
+    )
+    assert [round(x, 9) for x in s.links] == [2.0, 0.0] and s.queueing == 8.0 and s.hops[0].upwait == 8.0
+    # a silent upstream: the wait is still the gateway's (it measured it), the rest unsplit
+    s = segments.split(13.0, timing.parse_chain("gw.upstream;dur=10, gw.upwait;dur=4, gw.total;dur=11"))
+    assert s.queueing == 4.0 and s.unsplit == 6.0 and s.hops[0].wait == 4.0
+
+
+def test_a_grpc_aio_answer_that_waited_for_a_blocked_loop_is_measured() -> None:
+    """:func:`pathprobe.loopwait.grpc_wait_ms`: the answer of a grpc.aio call comes in while the loop is
+    blocked (the server runs on its own threads); the wait is that block, found through gRPC's poller
+    socket; on an idle loop it is a fraction of a millisecond."""
+    import asyncio
+    from concurrent import futures
+
+    import grpc
+    import grpc.aio
+    from pathprobe import loopwait
+
+    def echo(req: bytes, _ctx: object) -> bytes:
+        return req
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    handler = grpc.method_handlers_generic_handler("t.T", {"E": grpc.unary_unary_rpc_method_handler(echo)})
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+
+    async def main() -> tuple[list[float | None], list[float | None], int | None]:
+        assert loopwait.install() is not None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call_ = ch.unary_unary("/t.T/E")
+            idle, blocked = [], []
+            for _ in range(5):
+                t0 = timing.now_ms()
+                await call_(b"x")
+                idle.append(loopwait.grpc_wait_ms(t0, timing.now_ms()))
+            for _ in range(3):
+                t0 = timing.now_ms()
+                call = call_(b"x")
+                await asyncio.sleep(0.01)  # the call goes out
+                time.sleep(0.2)  # noqa: ASYNC251 - the loop is busy: the answer waits for it
+                await call
+                blocked.append(loopwait.grpc_wait_ms(t0, timing.now_ms()))
+            return idle, blocked, loopwait.grpc_poller_fd()
+
+    try:
+        idle, blocked, fd = asyncio.run(main())
+    finally:
+        server.stop(None)
+    assert fd is not None
+    assert all(w is not None for w in idle + blocked), (idle, blocked)
+    assert statistics.median(w for w in idle if w is not None) < 2.0, idle
+    assert all(w is not None and 150.0 <= w <= 260.0 for w in blocked), blocked

@@ -59,18 +59,30 @@ def test_a_gateway_that_waited_for_a_chunk_had_it_when_it_came():
     assert w.last == pytest.approx(16.0)
 
 
-def test_a_grpc_aio_gateways_idle_gap_is_not_evidence_that_it_waited():
-    # the same chunks as above, read through grpc.aio: its loop sits idle while gRPC core's poller
-    # thread hands over a message that may long be in the process (bench/aio_delivery.py), so the gap
-    # before 16.0 does not say the chunk came then; the emit offsets bound it, the rest is its backlog
-    w = _work([(11.0, 10.0), (12.5, 12.0), (16.0, 14.0)], 0.1, reads_on_loop=False)
+def test_a_grpc_aio_gateway_behind_its_upstream_did_not_wait_in_its_idle_gap():
+    # the upstream emitted three chunks 0.1 ms apart; the gateway, behind, sat idle 1.9 ms before the
+    # last. Read through grpc.aio, its loop sleeps while gRPC core's poller thread hands over a message
+    # long in the process (bench/aio_delivery.py): the chunk was due at 10.2, 1.9 ms before the gap began,
+    # so the gap is its backlog. A gateway on its own socket's readiness was waiting for it.
+    seen = [(10.0, 1.0), (11.2, 1.1), (14.0, 1.2)]
+    w = _work(seen, 0.3, reads_on_loop=False)
     dec, enc, send, backlog = w.held()
-    assert w.last == pytest.approx(14.5)
-    assert (dec, enc, send) == pytest.approx((0.1, 0.1, 0.1))
-    assert backlog == pytest.approx(16.0 - 14.5)  # getting to the chunk, from its arrival on (chunk 2 was done at 12.8)
-    # the upstream's own time still bounds it from below, as on a loop that reads its socket
-    late = _work([(11.0, 10.0), (12.5, 12.0), (16.0, 14.0)], 0.1, reads_on_loop=False)
-    assert late.held(not_before=15.8)[3] == pytest.approx(0.2)
+    assert w.last == pytest.approx(10.2)
+    # its two sends before the last one, and getting to the chunks: 10.2 -> 14.0 less its work on chunks 1, 2
+    assert backlog == pytest.approx(0.3 + 0.3 + (14.0 - 10.2) - 0.7 - 0.9)
+    on_loop = _work(seen, 0.3)
+    on_loop.held()
+    assert on_loop.last == pytest.approx(14.0)
+    # the upstream's own time still bounds it from below
+    assert _work(seen, 0.3, reads_on_loop=False).held(not_before=13.5)[3] == pytest.approx(14.0 - 13.5)
+
+
+def test_a_grpc_aio_gateway_that_kept_up_waited_in_its_idle_gap():
+    # the jittered link above: the gateway had caught up (chunk 3 was not due before its gap began), so
+    # its idle gap was a wait for the chunk, grpc.aio or not
+    w = _work([(11.0, 10.0), (12.5, 12.0), (16.0, 14.0)], 0.1, reads_on_loop=False)
+    assert w.held() == pytest.approx((0.1, 0.1, 0.1, 0.0))
+    assert w.last == pytest.approx(16.0)
 
 
 def test_the_arrival_is_never_before_the_upstream_was_done():

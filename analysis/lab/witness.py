@@ -13,6 +13,9 @@ packet inside a request's window belongs to it), splits each link's network time
   (``<kind>.wait``, :mod:`pathprobe.loopwait`) as the split booked it: the hop's queueing, not the
   link's network. It must fit inside that hop's stack (``stack_inner``, where the packets show the
   bytes had arrived): ``wait_over`` counts the requests where it does not (an over-stated bound);
+- **outer_wait**: the outer side's wait for its own event loop as the split booked it, which must fit
+  in that side's stack (``stack_outer``): the client's (``client_wait``) on the first link, a gateway's
+  after its upstream answered (``<kind>.upwait``) on the link behind it;
 - **stack** of each side: packet to the application's timestamps -- the client from its
   request start (``t0``) to its first packet and from the last response packet to the
   end of its timing (gRPC core / HTTP client, event-loop wake-up, the client's wait);
@@ -31,7 +34,7 @@ request (they differ by a constant apart from NTP slewing, at most 0.05% of the
 request's time). Only the client needs a mapping: a hop's stack is its packet window
 (wall clock, one capture) minus its reported duration (its own monotonic clock).
 
-By construction, per link ``wire + stacks - hop_wait - client_wait`` equals the split's network for
+By construction, per link ``wire + stacks - hop_wait - outer_wait`` equals the split's network for
 that link whatever packets were matched (the packets only move time between wire and stacks); the
 witness's own content is *where* that time sits, and its checks are that no stack is negative (a
 hop never reports more than its packets allow, which a request matched to another's packets often
@@ -278,10 +281,13 @@ def window_peers(pkts: Sequence[Packet], ports: Iterable[int], usual: Mapping[in
     return out
 
 
-def _booked_waits(rec: RequestRecord) -> list[float]:
-    """Each reporting hop's wait for its loop as the record's split booked it, outermost first."""
+def _booked_waits(rec: RequestRecord) -> list[tuple[float, float]]:
+    """Each reporting hop's waits for its loop as the record's split booked them, outermost first:
+    (before its first timestamp, out of the link above it; after its upstream answered, ``upwait``,
+    out of the link below it)."""
     split = rec.get("split")
-    return [float(h.get("wait", 0.0)) for h in split.get("hops") or ()] if split else []
+    hops = split.get("hops") or () if split else ()
+    return [(float(h.get("wait", 0.0)) - float(h.get("upwait", 0.0)), float(h.get("upwait", 0.0))) for h in hops]
 
 
 def window_ends(pkts: Sequence[Packet], ports: Iterable[int], peers: Mapping[int, int]) -> dict[int, tuple[int, int]]:
@@ -320,6 +326,7 @@ def witness_ends(rec: RequestRecord, ends: Mapping[int, tuple[int, int]], path: 
             return None
         edges.append((entry[0], inner[0], inner[1], entry[1]))
     booked = _booked_waits(rec)
+    up_wait = 0.0  # the outer hop's wait after its upstream answered (the link's outer side)
     for i, (link, edge) in enumerate(zip(path.links, edges)):
         enter_req, arrive_req, leave_resp, exit_resp = edge
         wire = ((arrive_req - enter_req) + (exit_resp - leave_resp)) * ms
@@ -335,13 +342,16 @@ def witness_ends(rec: RequestRecord, ends: Mapping[int, tuple[int, int]], path: 
             # the client's wait for its own loop, as the split booked it (the client's, in ``other``):
             # it sits in the client's stack here
             sp = rec.get("split")
-            client_wait = float(sp.get("client_wait", 0.0)) if sp else 0.0
+            outer_wait = float(sp.get("client_wait", 0.0)) if sp else 0.0
         else:
-            client_wait = 0.0
+            outer_wait = 0.0
             prev = path.links[i - 1].inner
             window = (exit_resp - enter_req) * ms
             if prev == "gw":
                 outer, outer_name = float(e.get("gw.upstream", 0.0)) - window, "gw.upstream"
+                # the gateway's wait for its loop after the answer came, as the split booked it (its
+                # queueing, out of this link): it sits in the gateway's stack here (``outer_wait``)
+                outer_wait = up_wait
             else:  # a silent hop: its own time is reported apart (silent_hop), its upstream side is in it
                 outer, outer_name = 0.0, "silent"
         # the inner side: packet window minus what the hop reports as its own (its total less a
@@ -352,7 +362,7 @@ def witness_ends(rec: RequestRecord, ends: Mapping[int, tuple[int, int]], path: 
             inner_stack, inner_name = window_in - own, link.inner
             # the hop's wait for its loop before its first timestamp, as the split booked it (the hop's
             # queueing, out of this link's network): it must fit in the hop's stack seen here
-            hop_wait = booked.pop(0) if booked else 0.0
+            hop_wait, up_wait = booked.pop(0) if booked else (0.0, 0.0)
         else:
             nxt = edges[i + 1] if i + 1 < len(edges) else None
             silent = (window_in - ((nxt[3] - nxt[0]) * ms)) if nxt else window_in
@@ -365,8 +375,8 @@ def witness_ends(rec: RequestRecord, ends: Mapping[int, tuple[int, int]], path: 
                     "stack_inner": inner_stack,
                     "inner": inner_name,
                     "silent_hop": silent,
-                    "client_wait": client_wait,
-                    "network": wire + outer + inner_stack + silent - client_wait,
+                    "outer_wait": outer_wait,
+                    "network": wire + outer + inner_stack + silent - outer_wait,
                 }
             )
             continue
@@ -378,8 +388,8 @@ def witness_ends(rec: RequestRecord, ends: Mapping[int, tuple[int, int]], path: 
                 "stack_inner": inner_stack,
                 "inner": inner_name,
                 "hop_wait": hop_wait,
-                "client_wait": client_wait,
-                "network": wire + outer + inner_stack - hop_wait - client_wait,
+                "outer_wait": outer_wait,
+                "network": wire + outer + inner_stack - hop_wait - outer_wait,
             }
         )
     return {"links": links}
@@ -449,7 +459,7 @@ def _summary(requests: int, per: list[tuple[Section, list[float]]], path: Chain)
         row["ports"] = path.links[i].ports
         # how far a booked wait overshoots the stack it comes out of (0 where it fits): its size, not
         # just how often (``wait_over``)
-        for wait, stack in (("hop_wait", "stack_inner"), ("client_wait", "stack_outer")):
+        for wait, stack in (("hop_wait", "stack_inner"), ("outer_wait", "stack_outer")):
             over = sorted(max(0.0, w["links"][i].get(wait, 0.0) - w["links"][i][stack]) for w, _ in per)
             row[f"{wait}_over_p50"], row[f"{wait}_over_p90"] = over[len(over) // 2], over[(len(over) * 9) // 10]
         out["links"].append(row)
@@ -474,7 +484,7 @@ def _summary(requests: int, per: list[tuple[Section, list[float]]], path: Chain)
         1
         for w, _ in per
         if any(
-            min(link["stack_inner"] - link.get("hop_wait", 0.0), link["stack_outer"] - link.get("client_wait", 0.0))
+            min(link["stack_inner"] - link.get("hop_wait", 0.0), link["stack_outer"] - link.get("outer_wait", 0.0))
             < NEGATIVE_MS
             for link in w["links"]
         )
