@@ -65,7 +65,7 @@ class LoopWatch:
         self.max_age = max_age
         self.iteration = 0
         self._last_return = 0.0
-        self._floors: dict[int, tuple[float, float, int]] = {}  # fd -> (floor, select's return, iteration)
+        self._floors: dict[int, tuple[float, int]] = {}
         #: the latest ``select`` calls that slept (start, end): the loop had nothing to run then
         self.sleeps: collections.deque[tuple[float, float]] = collections.deque(maxlen=SLEEPS)
         #: the socket gRPC's poller hands grpc.aio completions to this loop through (None: not found yet)
@@ -90,7 +90,7 @@ class LoopWatch:
             it = self.iteration
             for key, mask in events:
                 if mask & read:
-                    floors[key.fd] = (floor, end, it)
+                    floors[key.fd] = (floor, it)
             return events
 
         selector.select = select  # type: ignore[method-assign]
@@ -117,21 +117,15 @@ class LoopWatch:
     def peek(self, fd: int) -> float | None:
         """The floor of ``fd``'s latest readiness, kept (a socket many calls share: gRPC's poller)."""
         got = self._floors.get(fd)
-        if got is None or self.iteration - got[2] > self.max_age:
+        if got is None or self.iteration - got[1] > self.max_age:
             return None
         return got[0]
-
-    def ready_end(self, fd: int) -> float | None:
-        """When the ``select`` that last found ``fd`` readable returned (kept): whatever the loop then read
-        from it had arrived by then."""
-        got = self._floors.get(fd)
-        return None if got is None else got[1]
 
     def take(self, fd: int) -> float | None:
         """The floor of ``fd``'s latest readiness (ms, :func:`pathprobe.timing.now_ms`), forgotten once
         taken; None when there is none recent enough."""
         got = self._floors.pop(fd, None)
-        if got is None or self.iteration - got[2] > self.max_age:
+        if got is None or self.iteration - got[1] > self.max_age:
             return None
         return got[0]
 
@@ -233,20 +227,3 @@ def grpc_wait_ms(since: float, t: float) -> float | None:
         watch.grpc_fd = grpc_poller_fd()
     floor = watch.peek(watch.grpc_fd) if watch.grpc_fd is not None else None
     return None if floor is None or floor < since else max(0.0, t - floor)
-
-
-def arrived_by(fd: int | None, t: float) -> float:
-    """An upper bound of when a chunk a coroutine got at ``t`` from socket ``fd`` had arrived in the
-    process: when the ``select`` that last found ``fd`` readable returned, if before ``t`` (the loop then
-    ran other requests' work before it got to the chunk), else ``t``. ``fd`` None: gRPC's poller socket
-    (a grpc.aio message: :func:`grpc_poller_fd`), shared by every call, whose latest readiness is at or
-    after the one that handed this message over, so the bound holds."""
-    watch = watch_of()
-    if watch is None:
-        return t
-    if fd is None:
-        if watch.grpc_fd is None:
-            watch.grpc_fd = grpc_poller_fd()
-        fd = watch.grpc_fd
-    end = watch.ready_end(fd) if fd is not None else None
-    return t if end is None else min(t, end)

@@ -100,7 +100,9 @@ class HttpProxy(SessionOwner):
             upstream_st = ", ".join(resp.headers.getall(timing.HTTP_HEADER, [])) or None
             if resp.content_type == "text/event-stream":
                 return await self._stream(request, up, headers, t0, ent, spans)
-            fd = httpup.socket_of(resp)
+            # the upstream connection's socket (aiohttp keeps no public handle on it once a complete answer
+            # has released the connection; without one the wait is not measured and stays on the link)
+            fd = loopwait.fd_of(getattr(getattr(resp, "_protocol", None), "transport", None))
             try:
                 data = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -149,7 +151,6 @@ class HttpProxy(SessionOwner):
         try:
             event: list[bytes] = []
             work = StreamWork()
-            fd = httpup.socket_of(up.resp)
             try:
                 async for line in up.resp.content:
                     event.append(line)
@@ -161,7 +162,7 @@ class HttpProxy(SessionOwner):
                         await out.write(data)
                         continue
                     td = now_ms()
-                    work.chunk(td, _offset(_EMIT, data), _offset(_FWD, data), loopwait.arrived_by(fd, td))
+                    work.chunk(td, _offset(_EMIT, data), _offset(_FWD, data))
                     if b'"server_timing"' in data or _final_usage(data):
                         data = self._rewrite(data, up, t0, ent, spans, work)
                     await out.write(data)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import aiohttp
-from pathprobe import loopwait, rtt
+from pathprobe import rtt
 from pathprobe.address import host_and_port
 from pathprobe.errors import DeadlineExceeded, Unavailable
 from pathprobe.gateway.aio import Spans
@@ -187,12 +187,6 @@ async def request(
             Spans.end_client(cspan, {}, "cancelled", t0, now_ms() - t0)
             raise
         return UpstreamResponse(u, resp, t0, cspan)
-
-
-def socket_of(resp: aiohttp.ClientResponse) -> int | None:
-    """The upstream connection's socket (aiohttp keeps no public handle on it once a complete answer has
-    released the connection: its protocol's transport is read; None: not found, nothing is measured)."""
-    return loopwait.fd_of(getattr(getattr(resp, "_protocol", None), "transport", None))
 
 
 def body_error(u: Upstream, exc: BaseException, timeout: float | None) -> Exception:

@@ -27,13 +27,13 @@ import grpc
 import grpc.aio
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-from pathprobe import grpcwait, loopwait, timing
+from pathprobe import grpcwait, timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http_to_grpc
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error, request, socket_of
+from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error, request
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork, chunk_spans
 from pathprobe.gateway.upstreams import Pool
@@ -258,7 +258,6 @@ class Reencoder(SessionOwner):
                 upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
                 Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, "error", up.t0, ent.upstream)
                 raise _error_of(up.resp.status, data, up.upstream.target, up.resp.headers.get(RETRY_AFTER))
-            fd = socket_of(up.resp)
             try:
                 async for line in up.resp.content:
                     if not line.startswith(b"data:"):
@@ -270,7 +269,7 @@ class Reencoder(SessionOwner):
                     try:
                         obj = json.loads(payload)
                         emit, fwd = obj.get("emit_ms"), obj.get("fwd_ms")
-                        work.chunk(td, _offset(emit), _offset(fwd), loopwait.arrived_by(fd, td))
+                        work.chunk(td, _offset(emit), _offset(fwd))
                         st = obj.pop("server_timing", None)
                         if st is not None:
                             upstream_st = st

@@ -69,9 +69,6 @@ class StreamWork:
     seen: list[tuple[float, float | None]] = field(default_factory=list)
     #: each chunk's hand-off offset from a rebuilding gateway upstream (0: none), see ``pacing``
     fwd: list[float] = field(default_factory=list)
-    #: each chunk's arrival in the gateway, bounded from above (its socket's last readiness before the
-    #: gateway got to it: :func:`pathprobe.loopwait.arrived_by`; else when it had it)
-    arrived: list[float] = field(default_factory=list)
     decode: list[Interval] = field(default_factory=list)
     encode: list[Interval] = field(default_factory=list)
     send: list[Interval] = field(default_factory=list)
@@ -81,15 +78,11 @@ class StreamWork:
     #: text): then a gap in which that loop slept was a wait for the upstream
     reads_on_loop: bool = True
 
-    def chunk(
-        self, seen_ms: float, emit_ms: float | None, fwd_ms: float | None = None, arrived_ms: float | None = None
-    ) -> None:
+    def chunk(self, seen_ms: float, emit_ms: float | None, fwd_ms: float | None = None) -> None:
         """A chunk the gateway now has; ``emit_ms`` (the server's) and ``fwd_ms`` (a rebuilding gateway
-        upstream's hand-off) <= 0 count as not reported (proto3's default). ``arrived_ms``: by when it
-        had arrived, where the gateway's loop tells (a busy loop gets to a chunk late)."""
+        upstream's hand-off) <= 0 count as not reported (proto3's default)."""
         self.seen.append((seen_ms, emit_ms if emit_ms is not None and emit_ms > 0 else None))
         self.fwd.append(fwd_ms if fwd_ms is not None and fwd_ms > 0 else 0.0)
-        self.arrived.append(min(seen_ms, arrived_ms) if arrived_ms is not None else seen_ms)
 
     def _pace(self) -> Sequence[float] | None:
         """The offsets that paced the chunks (:func:`pathprobe.timing.pacing`); None: not reported."""
@@ -99,9 +92,7 @@ class StreamWork:
         """The latest instant the upstream's last chunk can have arrived, not before ``not_before``
         (the upstream's own time from the call's start: :func:`pathprobe.timing.last_arrival`)."""
         pace = self._pace()
-        arrived = self.arrived if len(self.arrived) == len(self.seen) else [s for s, _ in self.seen]
-        bound = last_arrival([(a, pace[i] if pace else None) for i, a in enumerate(arrived)], not_before)
-        return min(max(bound, not_before), self.seen[-1][0]) if self.seen else bound
+        return last_arrival([(s, pace[i] if pace else None) for i, (s, _) in enumerate(self.seen)], not_before)
 
     def held(self, not_before: float = -math.inf) -> tuple[float, float, float, float]:
         """(decode, encode, send, backlog): the per-chunk work after the last chunk arrived; of the
@@ -112,9 +103,7 @@ class StreamWork:
         on the chunks before it)."""
         if not self.seen:
             return 0.0, 0.0, 0.0, 0.0
-        # when each chunk had come, as far as the gateway's loop tells: a gap before a chunk that had come
-        # while the loop ran other work was no wait for it
-        seen = self.arrived if len(self.arrived) == len(self.seen) else [s for s, _ in self.seen]
+        seen = [s for s, _ in self.seen]
         work = (*self.decode, *self.encode, *self.send)
         # a gap counts as a wait where the loop slept in it; through grpc.aio only if the gateway had
         # also caught up with the upstream's pacing (see the module's text)

@@ -333,9 +333,6 @@ class Transcoder:
                 async for raw in call:
                     td = now_ms()
                     chunk = llm_pb2.GenerateChunk.FromString(raw)
-                    # (not bounded by the poller socket's readiness, loopwait.arrived_by: the last chunk goes out
-                    # with the trailers, and an earlier arrival put 2.5 % of the c=4 witness's upstream-side
-                    # stacks below zero, against 1 % without)
                     work.chunk(td, chunk.emit_ms, chunk.fwd_ms)
                     t1 = now_ms()
                     work.decode.append((td, t1))
