@@ -22,6 +22,7 @@ import pytest
 from pathprobe import segments, timing
 from pathprobe.analysis.lab.procs import free_port
 
+from tests.support.clients import timed_generate
 from tests.support.procs import Proc, Server, wait_http
 
 BLOCK_MS = 500.0
@@ -32,13 +33,9 @@ BLOCK_AFTER_S = 0.15
 HEADERS = {"Content-Type": "application/json"}
 
 
-def _generate(conn: http.client.HTTPConnection) -> tuple[float, dict[str, float]]:
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/generate", BODY, HEADERS)
-    resp = conn.getresponse()
-    resp.read()
-    assert resp.status == 200
-    return (time.perf_counter() - t0) * 1000.0, timing.parse_chain(resp.getheader(timing.HTTP_HEADER))
+def _generate(conn: http.client.HTTPConnection) -> tuple[float, timing.Chain]:
+    e2e, header = timed_generate(conn, BODY)
+    return e2e, timing.parse_chain(header)
 
 
 @pytest.mark.parametrize("mode", ["transcode", "http-proxy"])

@@ -18,6 +18,7 @@ from pathlib import Path
 from pathprobe import segments, timing
 from pathprobe.analysis.lab.procs import free_port
 
+from tests.support.clients import timed_generate
 from tests.support.procs import Proc, wait_http
 
 BLOCK_MS = 400.0  # the loop is blocked this long
@@ -29,13 +30,8 @@ HEADERS = {"Content-Type": "application/json"}
 
 def _generate(conn: http.client.HTTPConnection) -> tuple[float, dict[str, float]]:
     """(e2e ms, the server's entries) of one native unary call on a kept-alive connection."""
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/generate", BODY, HEADERS)
-    resp = conn.getresponse()
-    resp.read()
-    e2e = (time.perf_counter() - t0) * 1000.0
-    assert resp.status == 200
-    return e2e, timing.parse(resp.getheader(timing.HTTP_HEADER))
+    e2e, header = timed_generate(conn, BODY)
+    return e2e, timing.parse(header)
 
 
 def _split(e2e: float, entries: dict[str, float]) -> segments.Split:

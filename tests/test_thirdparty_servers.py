@@ -351,7 +351,10 @@ def test_behind_our_gateway_the_silent_server_is_unsplit_and_the_gateway_measure
         assert sp["links_estimated"] == [False, True] and sp["network_estimated"] is True
         assert sp["links"][1] == pytest.approx(e["gw.connect"]) and r["network_estimate_kind"] == "gw.connect"
         assert sp["unsplit"] + sp["links"][1] >= KNOWN_MS and sp["unsplit"] >= KNOWN_MS - 0.5
-        assert sp["unsplit"] == pytest.approx(e["gw.upstream"] - e["gw.connect"])
+        # what the gateway measured of its own wait after the answer came (gw.upwait) is its queueing
+        upwait = e.get("gw.upwait", 0.0)
+        assert sp["unsplit"] == pytest.approx(e["gw.upstream"] - e["gw.connect"] - upwait)
+        assert sp["queueing"] >= upwait and sp["hops"][0]["upwait"] == pytest.approx(upwait)
     # the summary counts estimated links apart: hop 1 measured for every request, hop 2 estimated
     rs = json.loads((tmp_path / "load" / "summary.json").read_text())["routes"]["openai.completions"]
     assert rs["links_estimated"] == [0, rs["ok"]] and rs["network_estimate_kind"] == {"gw.connect": rs["ok"]}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -59,3 +61,15 @@ def sse_events(body: bytes) -> list[Any]:
                 payload = line[len("data: ") :]
                 out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
+
+
+def timed_generate(conn: http.client.HTTPConnection, body: bytes) -> tuple[float, str | None]:
+    """(e2e ms, the ``Server-Timing`` header) of one native unary ``POST /v1/generate`` on a kept-alive
+    connection; the answer must be 200."""
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/generate", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.read()
+    e2e = (time.perf_counter() - t0) * 1000.0
+    assert resp.status == 200, resp.status
+    return e2e, resp.getheader(timing.HTTP_HEADER)
