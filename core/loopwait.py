@@ -124,10 +124,9 @@ class LoopWatch:
     def take(self, fd: int) -> float | None:
         """The floor of ``fd``'s latest readiness (ms, :func:`pathprobe.timing.now_ms`), forgotten once
         taken; None when there is none recent enough."""
-        got = self._floors.pop(fd, None)
-        if got is None or self.iteration - got[1] > self.max_age:
-            return None
-        return got[0]
+        floor = self.peek(fd)
+        self._floors.pop(fd, None)
+        return floor
 
 
 def install(loop: asyncio.AbstractEventLoop | None = None) -> LoopWatch | None:
@@ -189,7 +188,7 @@ def read_wait_ms(fd: int | None, since: float, t: float) -> float | None:
     latest readiness, when that came after ``since`` (the call's start); None when not measured."""
     watch = watch_of()
     floor = watch.take(fd) if watch is not None and fd is not None else None
-    return None if floor is None or floor < since else max(0.0, t - floor)
+    return _after(floor, since, t)
 
 
 #: the reader grpc.aio adds to a loop for its poller socket (grpcio's ``PollerCompletionQueue``)
@@ -226,4 +225,9 @@ def grpc_wait_ms(since: float, t: float) -> float | None:
     if watch.grpc_fd is None:
         watch.grpc_fd = grpc_poller_fd()
     floor = watch.peek(watch.grpc_fd) if watch.grpc_fd is not None else None
-    return None if floor is None or floor < since else max(0.0, t - floor)
+    return _after(floor, since, t)
+
+
+def _after(floor: float | None, since: float, t: float) -> float | None:
+    """:func:`wait_ms` of a floor that counts only if it came after ``since`` (the call's start)."""
+    return wait_ms(floor if floor is not None and floor >= since else None, t)

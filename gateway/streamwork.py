@@ -27,12 +27,12 @@ sleep before a chunk was a wait for it. A grpc.aio call (``transcode``) gets eac
 gRPC's core through a poller thread that hands it to the loop over a socket pair: the loop sleeps
 while that thread waits for a core, even for a message that has been in the process for hundreds of
 ms (``bench/aio_delivery.py``: 2048 messages read half a second after the last was sent, beside two
-busy processes on 2 cores, 49-105 sleeps of 1-9 ms per stream). Such a consumer's sleep
+busy processes on 2 cores, 44-105 sleeps of 1-9 ms per stream). Such a consumer's sleep
 (``reads_on_loop=False``) counts as a wait only where it had also caught up with the upstream's
 pacing (the chunk was not due, by the emit-offset bound, before the gap began:
 ``timing.last_waited``'s ``due``): one behind by tens of ms that slept 1-4 ms was waiting for its
 own poller (its backlog); one that kept up and slept was waiting for the chunk (at c=4 on 4-token
-streams, with sleeps ignored altogether, 4 % of transcode's records had its upstream side's stack
+streams, with sleeps ignored altogether, 2 % of transcode's records had its upstream side's stack
 below zero in the packet witness).
 """
 
