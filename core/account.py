@@ -58,6 +58,7 @@ def account(
     client_wait_ms: float = 0.0,
     client_decodes: Sequence[Interval] = (),
     client_arrivals: Sequence[tuple[float, float | None]] = (),
+    client_received: Sequence[float] = (),
 ) -> Account:
     """Account for one OK request.
 
@@ -70,13 +71,15 @@ def account(
     decode counts only where it held the stream's end back (after the last chunk arrived, never before
     the outermost hop was done: :func:`pathprobe.timing.last_arrival`, :func:`~pathprobe.timing.held_back`),
     and its reads of chunks already waiting when it was behind are its own time, like its loop wait.
+    ``client_received``: per token chunk, when its bytes reached the client's host (the kernel's
+    receive stamps, :mod:`pathprobe.loadgen.rxstamp`; ms since the request's start), where the
+    transport gives them: the last chunk's arrival is then measured, not bounded from the pacing.
     """
     chain = serverreports.with_report(entries, report)
     overlap = 0.0
     if stream and client_decodes and client_arrivals:
-        waited = last_waited([s for s, _ in client_arrivals], client_decodes)
         outer_done = client_encode_ms + _outer_own_ms(chain)
-        last = last_arrival(client_arrivals, max(outer_done, waited))
+        last = _client_last_arrival(client_arrivals, client_received, client_decodes, outer_done)
         # the last chunk can be seen before the outermost hop is done (a relay still forwarding the
         # trailers): decode before that instant overlapped the hop's own time, which it holds
         held = min(held_back(client_decodes, max(last, outer_done)), client_decode_ms)
@@ -92,6 +95,21 @@ def account(
     )
     kind = serverreports.network_estimate_kind(chain, client_estimate_kind) if s.network_estimated else None
     return Account(s, chain, kind, dec, overlap)
+
+
+def _client_last_arrival(
+    arrivals: Sequence[tuple[float, float | None]],
+    received: Sequence[float],
+    decodes: Sequence[Interval],
+    outer_done: float,
+) -> float:
+    """When a stream's last chunk reached the client: its kernel stamp where every chunk has one (never
+    before the outermost hop was done, never after the client had it), else the bound from the chunks'
+    pacing and the client's own waits (:func:`~pathprobe.timing.last_arrival`)."""
+    if received and len(received) == len(arrivals):
+        return min(max(received[-1], outer_done), arrivals[-1][0])
+    waited = last_waited([s for s, _ in arrivals], decodes)
+    return last_arrival(arrivals, max(outer_done, waited))
 
 
 def _outer_own_ms(chain: Chain) -> float:

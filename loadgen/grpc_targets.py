@@ -208,6 +208,10 @@ class H2GrpcTarget(Target):
         if out.ok:
             self._ping.apply(out)
 
+    def read_age_ms(self) -> float | None:
+        ch = self.channel
+        return None if ch.arrived_at is None else (ch.read_at - ch.arrived_at) / 1e6
+
     def _call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
         pb = self._pb
         data, md = _grpc_request(pb, spec, headers, self._auth, out)
@@ -241,6 +245,7 @@ class H2GrpcTarget(Target):
         pb = self._pb
         st: dict[str, Any] = {"dec": 0, "n": 0, "usage": None}
         times = out.token_times
+        channel = self.channel
 
         def on_message(raw: bytes, ta: int) -> None:
             t = pc()
@@ -253,6 +258,8 @@ class H2GrpcTarget(Target):
                 out.text.append(chunk.text)
             if chunk.token_ids or chunk.text:
                 times.append(ta)
+                if channel.arrived_at is not None:  # the read this message came in
+                    out.token_rx.append(channel.arrived_at)
                 out.emit_ms.append(chunk.emit_ms)
                 out.fwd_ms.append(chunk.fwd_ms)
                 st["n"] += len(chunk.token_ids) or 1

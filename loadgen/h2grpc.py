@@ -51,6 +51,7 @@ from pathprobe.h2frames import (
     frames,
     literal,
 )
+from pathprobe.loadgen import rxstamp
 
 STATUS_NAMES = (
     "OK",
@@ -104,6 +105,11 @@ class Channel:
         self.user_agent = user_agent.encode()
         self.sock: socket.socket | None = None
         self._blocks: dict[bytes, bytes] = {}
+        self._stamped = False  # the kernel stamps what the socket receives (pathprobe.loadgen.rxstamp)
+        #: the last read: when it returned and when its last byte had arrived (perf_counter ns; None:
+        #: no stamp, or no read in this call yet)
+        self.read_at = 0
+        self.arrived_at: int | None = None
 
     # ------------------------------------------------------------------ connection
     def _connect(self, timeout: float) -> socket.socket:
@@ -119,6 +125,7 @@ class Channel:
             + frame(WINDOW_UPDATE, 0, 0, (BIG_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
         )
         self.sock = sock
+        self._stamped = rxstamp.enable(sock)
         self.buf = bytearray()
         self.reader = BlockReader()
         self.next_sid = 1
@@ -163,6 +170,7 @@ class Channel:
     ) -> CallResult:
         """Send one request message; ``on_message(bytes, arrival perf_counter_ns)`` per response message."""
         deadline = time.monotonic() + timeout_s
+        self.arrived_at = None
         try:
             sock = self.sock if self.sock is not None else self._connect(timeout_s)
         except OSError as exc:
@@ -229,8 +237,12 @@ class Channel:
         if left <= 0:
             raise TimeoutError
         sock.settimeout(left)
-        data = sock.recv(262144)  # TimeoutError (socket.timeout, gevent's too) at the deadline
-        t = pc()
+        # TimeoutError (socket.timeout, gevent's too) at the deadline
+        if self._stamped:
+            data, t, self.arrived_at = rxstamp.recv(sock, 262144)
+        else:
+            data, t = sock.recv(262144), pc()
+        self.read_at = t
         if not data:
             raise ConnectionError("")
         buf = self.buf

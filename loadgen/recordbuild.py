@@ -72,6 +72,7 @@ def build_record(
             client_arrivals=[((t - t0) / 1e6, pace[i] if pace else None) for i, t in enumerate(times)]
             if spec.stream
             else (),
+            client_received=[(t - t0) / 1e6 for t in out.token_rx] if len(out.token_rx) == len(times) else (),
         )
         chain = acc.chain
         sp, kind, client_wait_ms = split_record(acc.split), acc.network_estimate_kind, acc.split.client_wait

@@ -177,9 +177,11 @@ class _LLMMixin:
             raise
         finally:
             wait = waits.end() if waits is not None else (0.0, 0.0)
+            age = target.read_age_ms()  # the kernel's bound on the same wait: the tighter one is booked
+            last_wait = wait[0] if age is None else min(wait[0], age)
             if out.ok:  # round trips for a silent server's network estimate: outside e2e and client wait
                 target.after_call(out)
-            rec = build_record(out, spec, route, url, ts, lag_ns, self._uid, rt.worker, wait[0])
+            rec = build_record(out, spec, route, url, ts, lag_ns, self._uid, rt.worker, last_wait)
             if spec.stream:  # every resume's wait: what held chunks back on this side (see analysis.chunks)
                 rec["client_wait_total_ms"] = wait[1]
             if config is not None:

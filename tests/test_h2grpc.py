@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from pathprobe.loadgen.call import Outcome
 from pathprobe.loadgen.h2grpc import Channel, _timeout
 from pathprobe.loadgen.targets import CallSpec, GrpcTarget, H2GrpcTarget, make_target
 
@@ -174,3 +175,23 @@ def test_grpc_timeout_header_and_client_choice() -> None:
 
     with pytest.raises(ConfigError, match="grpc-client"):
         make_target("grpc://127.0.0.1:1", grpc_client="nope")
+
+
+def test_every_token_chunk_carries_when_its_bytes_arrived(synthetic_server) -> None:
+    # the kernel's receive stamp of the read each message came in (pathprobe.loadgen.rxstamp): the
+    # split takes a stream's last chunk's arrival from it, and the client's wait is capped by its age
+    target = H2GrpcTarget(synthetic_server.grpc_target, 30.0)
+    try:
+        for stream in (True, False):
+            out = Outcome()
+            spec = CallSpec(prompt="The capital of France is", max_tokens=6, stream=stream, request_id="rx")
+            target.call(spec, {}, out)
+            assert out.ok, out.error
+            age = target.read_age_ms()
+            assert age is not None and 0.0 <= age < 1000.0
+            if stream:
+                assert len(out.token_rx) == len(out.token_times) == 6
+                assert all(0 <= seen - rx < 1e9 for rx, seen in zip(out.token_rx, out.token_times, strict=True))
+                assert out.token_rx == sorted(out.token_rx)
+    finally:
+        target.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -216,3 +217,26 @@ def test_an_event_stream_without_done_is_a_failure_not_an_ok_record(serve, done)
     assert out.tokens_out == 1
     assert out.ok is done
     assert (out.error == CUT_SHORT) is (not done)
+
+
+def test_each_read_carries_when_its_bytes_arrived_so_a_late_read_is_seen_as_late(serve):
+    # the body comes 30 ms after the head; the client reads it 80 ms after the head: the kernel's stamp
+    # (pathprobe.loadgen.rxstamp) says the bytes had waited ~50 ms for it, which the client's wait for
+    # its own loop is capped by (a busy stretch or a preemption holds more than the bytes waited)
+    def script(c: socket.socket, i: int, r: bytes) -> bool:
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n")
+        time.sleep(0.03)
+        c.sendall(b"body")
+        return True
+
+    srv = serve(script)
+    conn = Connection("127.0.0.1", srv.port, 10)
+    for _ in range(2):
+        resp = conn.get("/")
+        t_head = time.perf_counter_ns()
+        time.sleep(0.08)
+        assert resp.read() == b"body"
+        assert conn.arrived_at is not None and conn.read_age_ms is not None
+        assert 20.0 <= (conn.arrived_at - t_head) / 1e6 <= 60.0  # sent 30 ms after the head
+        assert 25.0 <= conn.read_age_ms <= 80.0  # read ~50 ms after it came
+        assert conn.read_at >= conn.arrived_at

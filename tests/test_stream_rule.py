@@ -144,3 +144,27 @@ def test_a_consumer_preempted_between_waiting_chunks_was_behind_not_waiting():
     assert timing.last_waited(seen, work, idle=lambda a, b: False) == -float("inf")
     slept = (seen[449] + 0.1, seen[449] + 2.0)  # the loop slept inside the last gap only
     assert timing.last_waited(seen, work, idle=lambda a, b: slept[1] > a and slept[0] < b) == seen[450]
+
+
+def test_a_kernel_stamp_puts_the_last_chunk_where_it_arrived_not_where_the_pacing_bounds_it():
+    # the client fell behind (0.25 ms per chunk, chunks 0.2 ms apart), and a delaying relay handed the
+    # last 10 chunks on 4 ms late, while the client was still reading its backlog: by the pacing the
+    # last chunk "arrived" 4 ms earlier than it did, and that time read as the client's backlog. The
+    # kernel's receive stamps (pathprobe.loadgen.rxstamp) say when the bytes came: the 4 ms are the link's
+    came = [1.5 + i * 0.2 + (4.0 if i >= 490 else 0.0) for i in range(500)]
+    arr = [(1.5 + i * 0.25, 1.0 + i * 0.2) for i in range(500)]
+    assert all(s >= c for (s, _), c in zip(arr, came, strict=True))
+    dec = [(t, t + 0.22) for t, _ in arr]
+    e2e = arr[-1][0] + 0.3
+    kw = {"client_decode_ms": 110.0, "stream": True, "client_decodes": dec, "client_arrivals": arr}
+    bounded = account(e2e, SERVER, **kw).split
+    stamped = account(e2e, SERVER, client_received=came, **kw).split
+    for s in (bounded, stamped):
+        assert min(getattr(s, k) for k in SEGMENTS) >= 0 and min(s.links) >= 0
+        assert sum(getattr(s, k) for k in SEGMENTS) == pytest.approx(e2e)
+    assert bounded.links[0] < 1.0  # the relay's 4 ms went to the client
+    assert stamped.links[0] == pytest.approx(bounded.links[0] + 4.0, abs=0.3)
+    assert stamped.client_wait == pytest.approx(bounded.client_wait - 0.03 / 0.25 * 4.0, abs=0.3)
+    # stamps for only some chunks: the bound, as without any
+    partial = account(e2e, SERVER, client_received=came[:-1], **kw).split
+    assert partial.links[0] == pytest.approx(bounded.links[0])
