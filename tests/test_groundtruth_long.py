@@ -14,7 +14,8 @@ delay stays at the stacks' size (a few ms), whatever the stream's length.
 
 On the 16k-token prompt (a ~100 KB body) the paired bounds hold against the injected delay: the
 delayed link moves by 2 x D (the relay's sleeps overshoot, never undershoot), the other link,
-serialization, queueing and the hops' own time by < 0.3 ms. The truth there is the delay, not e2e:
+queueing and the hops' own time by < 0.3 ms, serialization (CPU work on the body on every side, ~5 ms
+behind a JSON hop) by max(10 % of its size, 0.3 ms). The truth there is the delay, not e2e:
 the engine's own work on 16k tokens moves by up to 0.7 ms between a pair's two calls (paired
 medians, 2026-12-03), which is in e2e and in inference, not in any link.
 
@@ -39,11 +40,12 @@ direct gRPC and every gateway mode; nginx is the short test's).
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
-from tests.test_groundtruth_hops import HOPS, PATHS, TOL, _hops, _paired, _run
+from tests.test_groundtruth_hops import HOPS, PATHS, TOL, _hops, _paired, _records, _run
 
 pytestmark = pytest.mark.slow
 
@@ -157,5 +159,11 @@ def test_a_delay_on_a_16k_prompt_lands_on_its_link_only(long_prompt, path):
         moved, still = _moved_and_still(hop)
         assert 0.9 * delay <= d[moved] <= delay + 1.0, where
         assert abs(d[still]) <= TOL, where
-        for seg in ("serialization", "queueing", "own"):  # inference: the engine's own 16k-token work
+        for seg in ("queueing", "own"):  # inference: the engine's own 16k-token work
             assert abs(d[seg]) <= TOL, (seg, where)
+        # serialization here is CPU work on a ~100 KB body on every side (the server's JSON parse alone
+        # 4.2 ms behind reencode), measured in-process around it: like the engine's, it moves between a
+        # pair's two calls (reencode's upstream: +0.38 ms of the server's parse, once in four runs), so
+        # its bound is the link's rule, max(10 % of its size, 0.3 ms); time from a link would move it by ms
+        ser = statistics.median(r["split"]["serialization"] for r in _records(long_prompt, f"{path}-{hop}-0").values())
+        assert abs(d["serialization"]) <= max(0.1 * ser, TOL), ("serialization", ser, where)
