@@ -251,7 +251,7 @@ def score_table(card: Scorecard, stream: bool) -> Table:
         cells += [knee_cell((r.frontier_rps or {}).get(b)) for b in bounds]
         rows.append(Row(tuple(cells), key=r.target))
     left = frozenset({0, 1, cols.index("buffering")}) if stream else frozenset({0, 1})
-    return Table(cols, tuple(rows), caption="scorecard", left=left, kind="scorecard", anchor="scorecard")
+    return Table(cols, tuple(rows), left=left, kind="scorecard", anchor="scorecard")
 
 
 def load_text(v: float) -> str:
@@ -303,4 +303,4 @@ def frontier_table(fr: Frontier) -> Table:
         cols += (f"streams @ gap p99 +{fr.stream_bound_ms or 0:g} ms",)
     cols += ("CPU/RSS at rps", "CPU ms/req", "RSS MB", "steps", "refused (client saturated)")
     rows = tuple(_frontier_row(name, t, bounds, stream) for name, t in fr.targets.items())
-    return Table(cols, rows, caption="throughput frontier", left=frozenset({0, 1, len(cols) - 1}), kind="frontier")
+    return Table(cols, rows, left=frozenset({0, 1, len(cols) - 1}), kind="frontier")
