@@ -70,7 +70,9 @@ def config(scenario: str, out: Path, args: argparse.Namespace) -> dict:
             "interleave": "run",
         },
         "witness": "pcap" if args.witness else "none",
-        "targets": STREAM_TARGETS if long else SATURATION_TARGETS,
+        "targets": [
+            t for t in (STREAM_TARGETS if long else SATURATION_TARGETS) if not args.targets or t["name"] in args.targets
+        ],
     }
 
 
@@ -125,6 +127,9 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--ms-per-token", type=float, default=0.2)
     ap.add_argument("--duration", type=float, default=6.0)
+    ap.add_argument(
+        "--targets", type=lambda v: v.split(","), default=[], help="only these configurations (names, comma-separated)"
+    )
     ap.add_argument("--summary-only", action="store_true", help="re-read an earlier run's records")
     ap.add_argument("--rewitness", action="store_true", help="with --summary-only: the witness again from its pcap")
     args = ap.parse_args()

@@ -72,7 +72,7 @@ def account(
     the outermost hop was done: :func:`pathprobe.timing.last_arrival`, :func:`~pathprobe.timing.held_back`),
     and its reads of chunks already waiting when it was behind are its own time, like its loop wait.
     ``client_received``: per token chunk, when its bytes reached the client's host (the kernel's
-    receive stamps, :mod:`pathprobe.loadgen.rxstamp`; ms since the request's start), where the
+    receive stamps, :mod:`pathprobe.rxstamp`; ms since the request's start), where the
     transport gives them: the last chunk's arrival is then measured, not bounded from the pacing.
     """
     chain = serverreports.with_report(entries, report)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import aiohttp
 import grpc
 from aiohttp import web
-from pathprobe import loopwait, timing
+from pathprobe import loopwait, rxstamp, timing
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
@@ -151,6 +151,9 @@ class HttpProxy(SessionOwner):
         try:
             event: list[bytes] = []
             work = StreamWork()
+            # when each chunk's bytes reached the host, whatever the loop was doing then (a private name of
+            # aiohttp's, like the unary answer's socket above; without it the chunks are not stamped)
+            stamped = rxstamp.stamp_transport(getattr(getattr(up.resp, "_protocol", None), "transport", None))
             try:
                 async for line in up.resp.content:
                     event.append(line)
@@ -162,7 +165,7 @@ class HttpProxy(SessionOwner):
                         await out.write(data)
                         continue
                     td = now_ms()
-                    work.chunk(td, _offset(_EMIT, data), _offset(_FWD, data))
+                    work.chunk(td, _offset(_EMIT, data), _offset(_FWD, data), _arrived_ms(stamped))
                     if b'"server_timing"' in data or _final_usage(data):
                         data = self._rewrite(data, up, t0, ent, spans, work)
                     await out.write(data)
@@ -213,6 +216,11 @@ class HttpProxy(SessionOwner):
         if ent.send:  # the hand-offs that held the stream back, shown as one interval before this one
             spans.child("gw.send", td - ent.send, ent.send)
         return out
+
+
+def _arrived_ms(stamped: rxstamp.StampedSocket | None) -> float | None:
+    """When the upstream socket's last read had its bytes (``now_ms`` clock); None: not stamped."""
+    return None if stamped is None or stamped.arrived is None else stamped.arrived / 1e6
 
 
 def _offset(pattern: re.Pattern[bytes], data: bytes) -> float | None:

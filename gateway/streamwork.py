@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from pathprobe import loopwait
 from pathprobe.timing import (
+    IDLE_MS,
     due_times,
     handoff_split,
     held_back,
@@ -59,6 +60,13 @@ if TYPE_CHECKING:
     from pathprobe.gateway.aio import Spans
 
 Interval = tuple[float, float]
+#: of a gateway's read of its upstream's last chunk after the kernel had it (:mod:`pathprobe.rxstamp`),
+#: what stays on the link: the loop's wake-up and the read (0.05-0.5 ms here), as a gap of an idle loop
+#: does (``timing.IDLE_MS``). Beyond it the gateway was reading late, busy with its other streams (at
+#: c=32 through http-proxy, ~20 ms a stream), which is its own time (``gw.backlog``), not the network's.
+#: Not less: the packet witness ends the upstream link's window at the ``[DONE]`` after the last timed
+#: event, which ``gw.upstream`` does not hold; the wake-up before the read covers that gap at c=1
+STAMP_SLACK_MS = IDLE_MS
 
 
 @dataclass(slots=True)
@@ -72,17 +80,24 @@ class StreamWork:
     decode: list[Interval] = field(default_factory=list)
     encode: list[Interval] = field(default_factory=list)
     send: list[Interval] = field(default_factory=list)
+    #: each chunk: when the bytes that carried it had reached the host, by the kernel's stamp on the
+    #: upstream socket (:mod:`pathprobe.rxstamp`; None: not stamped)
+    arrived: list[float | None] = field(default_factory=list)
     #: the instant :meth:`held` used as the last chunk's arrival (0: not computed yet)
     last: float = 0.0
     #: whether the chunks reach the gateway through a socket its loop selects on (see the module's
     #: text): then a gap in which that loop slept was a wait for the upstream
     reads_on_loop: bool = True
 
-    def chunk(self, seen_ms: float, emit_ms: float | None, fwd_ms: float | None = None) -> None:
+    def chunk(
+        self, seen_ms: float, emit_ms: float | None, fwd_ms: float | None = None, arrived_ms: float | None = None
+    ) -> None:
         """A chunk the gateway now has; ``emit_ms`` (the server's) and ``fwd_ms`` (a rebuilding gateway
-        upstream's hand-off) <= 0 count as not reported (proto3's default)."""
+        upstream's hand-off) <= 0 count as not reported (proto3's default); ``arrived_ms``: when its
+        bytes had reached the host (the kernel's stamp of the read that returned them, or a later one)."""
         self.seen.append((seen_ms, emit_ms if emit_ms is not None and emit_ms > 0 else None))
         self.fwd.append(fwd_ms if fwd_ms is not None and fwd_ms > 0 else 0.0)
+        self.arrived.append(arrived_ms)
 
     def _pace(self) -> Sequence[float] | None:
         """The offsets that paced the chunks (:func:`pathprobe.timing.pacing`); None: not reported."""
@@ -109,11 +124,20 @@ class StreamWork:
         # also caught up with the upstream's pacing (see the module's text)
         due = None if self.reads_on_loop else due_times(seen, self._pace())
         waited = last_waited(seen, work, idle=self._idle(), due=due) if self.reads_on_loop or due else -math.inf
-        last = self.last = self.last_arrival(max(not_before, waited))
+        last = self.last = self._stamped(self.last_arrival(max(not_before, waited)), not_before)
         send, backlog = handoff_split(self.send, last)
         tail = (*tail_after(self.decode, last), *tail_after(self.encode, last), *tail_after(self.send, last))
         reads = read_backlog(self.seen[-1][0], last, tail)
         return held_back(self.decode, last), held_back(self.encode, last), send, backlog + reads
+
+    def _stamped(self, bound: float, not_before: float) -> float:
+        """``bound`` (the last chunk's arrival by the pacing and the loop's sleeps), no later than
+        :data:`STAMP_SLACK_MS` after the kernel's stamp of its bytes, where there is one (and never
+        before ``not_before``): a read later than that is the gateway's own lateness."""
+        stamp = self.arrived[-1] if self.arrived else None
+        if stamp is None:
+            return bound
+        return min(bound, max(stamp + STAMP_SLACK_MS, not_before))
 
     @staticmethod
     def _idle() -> Callable[[float, float], bool] | None:

@@ -43,7 +43,7 @@ class Outcome:
     decode_ns: int = 0
     token_times: list[int] = field(default_factory=list)  # arrival of each chunk carrying tokens
     #: when the bytes carrying each of those chunks reached this host (the kernel's stamp of the read that
-    #: returned it, perf_counter_ns: pathprobe.loadgen.rxstamp); empty where the transport gives none
+    #: returned it, perf_counter_ns: pathprobe.rxstamp); empty where the transport gives none
     token_rx: list[int] = field(default_factory=list)
     emit_ms: list[float] = field(default_factory=list)  # the server's emit offset of each of those chunks
     #: the outermost rebuilding gateway's hand-off offset of each of those chunks (0: none rebuilt it)
@@ -101,7 +101,7 @@ class Target:
 
     def read_age_ms(self) -> float | None:
         """How long the bytes of the call's last read had waited in the kernel for this client (ms),
-        a bound on the client's wait for them (:mod:`pathprobe.loadgen.rxstamp`); None: not known."""
+        a bound on the client's wait for them (:mod:`pathprobe.rxstamp`); None: not known."""
         return None
 
     def after_call(self, out: Outcome) -> None:

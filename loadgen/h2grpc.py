@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from hpack.exceptions import HPACKError
-from pathprobe import grpcwait
+from pathprobe import grpcwait, rxstamp
 from pathprobe.deadline import parse_timeout
 from pathprobe.h2frames import (
     CONTINUATION,
@@ -51,7 +51,6 @@ from pathprobe.h2frames import (
     frames,
     literal,
 )
-from pathprobe.loadgen import rxstamp
 
 STATUS_NAMES = (
     "OK",
@@ -105,7 +104,7 @@ class Channel:
         self.user_agent = user_agent.encode()
         self.sock: socket.socket | None = None
         self._blocks: dict[bytes, bytes] = {}
-        self._stamped = False  # the kernel stamps what the socket receives (pathprobe.loadgen.rxstamp)
+        self._stamped = False  # the kernel stamps what the socket receives (pathprobe.rxstamp)
         #: the last read: when it returned and when its last byte had arrived (perf_counter ns; None:
         #: no stamp, or no read in this call yet)
         self.read_at = 0

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 
 import httptools
-from pathprobe.loadgen import rxstamp
+from pathprobe import rxstamp
 
 pc = time.perf_counter_ns
 #: bytes asked of the kernel per receive
@@ -193,7 +193,7 @@ class Connection:
         self._sock: socket.socket | None = None
         self._addr: tuple[int, tuple[object, ...]] | None = None
         self._idle = False  # the socket finished a response and may be reused
-        self._stamped = False  # the kernel stamps what the socket receives (pathprobe.loadgen.rxstamp)
+        self._stamped = False  # the kernel stamps what the socket receives (pathprobe.rxstamp)
         #: the last read: when it returned and when its last byte had arrived (perf_counter ns; None:
         #: no stamp, or no read since the request was sent)
         self.read_at = 0

@@ -178,7 +178,7 @@ def test_grpc_timeout_header_and_client_choice() -> None:
 
 
 def test_every_token_chunk_carries_when_its_bytes_arrived(synthetic_server) -> None:
-    # the kernel's receive stamp of the read each message came in (pathprobe.loadgen.rxstamp): the
+    # the kernel's receive stamp of the read each message came in (pathprobe.rxstamp): the
     # split takes a stream's last chunk's arrival from it, and the client's wait is capped by its age
     target = H2GrpcTarget(synthetic_server.grpc_target, 30.0)
     try:

@@ -221,7 +221,7 @@ def test_an_event_stream_without_done_is_a_failure_not_an_ok_record(serve, done)
 
 def test_each_read_carries_when_its_bytes_arrived_so_a_late_read_is_seen_as_late(serve):
     # the body comes 30 ms after the head; the client reads it 80 ms after the head: the kernel's stamp
-    # (pathprobe.loadgen.rxstamp) says the bytes had waited ~50 ms for it, which the client's wait for
+    # (pathprobe.rxstamp) says the bytes had waited ~50 ms for it, which the client's wait for
     # its own loop is capped by (a busy stretch or a preemption holds more than the bytes waited)
     def script(c: socket.socket, i: int, r: bytes) -> bool:
         c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n")

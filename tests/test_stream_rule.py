@@ -150,7 +150,7 @@ def test_a_kernel_stamp_puts_the_last_chunk_where_it_arrived_not_where_the_pacin
     # the client fell behind (0.25 ms per chunk, chunks 0.2 ms apart), and a delaying relay handed the
     # last 10 chunks on 4 ms late, while the client was still reading its backlog: by the pacing the
     # last chunk "arrived" 4 ms earlier than it did, and that time read as the client's backlog. The
-    # kernel's receive stamps (pathprobe.loadgen.rxstamp) say when the bytes came: the 4 ms are the link's
+    # kernel's receive stamps (pathprobe.rxstamp) say when the bytes came: the 4 ms are the link's
     came = [1.5 + i * 0.2 + (4.0 if i >= 490 else 0.0) for i in range(500)]
     arr = [(1.5 + i * 0.25, 1.0 + i * 0.2) for i in range(500)]
     assert all(s >= c for (s, _), c in zip(arr, came, strict=True))

@@ -4,7 +4,7 @@ stream's end back (pathprobe.gateway.streamwork), whether the gateway kept up or
 from __future__ import annotations
 
 import pytest
-from pathprobe.gateway.streamwork import StreamWork
+from pathprobe.gateway.streamwork import STAMP_SLACK_MS, StreamWork
 
 
 def _work(seen: list[tuple[float, float | None]], cost: float, reads_on_loop: bool = True) -> StreamWork:
@@ -106,3 +106,30 @@ def test_without_emit_offsets_the_last_chunk_arrives_when_seen():
         w = _work([(10.0, emits[0]), (13.0, emits[1]), (16.0, emits[2])], 1.0)
         assert w.last_arrival() == 16.0, emits
     assert StreamWork().held() == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_a_gateway_that_read_every_chunk_late_has_its_lateness_by_the_kernels_stamp():
+    # at c=32 the loop reads each of this stream's chunks ~20 ms after it came (busy with the others):
+    # uniformly late, so the pacing bound sees no backlog and the 20 ms stayed on the server link. The
+    # kernel's stamps (pathprobe.rxstamp) say when the bytes came: beyond the slack, the gateway's own
+    seen = [(30.0 + 2 * i, 10.0 + 2 * i) for i in range(5)]  # emitted 2 ms apart, each seen 20 ms after it came
+    plain = _work(seen, 0.1)
+    assert plain.held()[3] == pytest.approx(0.0)  # no backlog: the lateness was the link's
+    w = StreamWork()
+    for (t, emit), came in zip(seen, [10.5 + 2 * i for i in range(5)], strict=True):
+        w.chunk(t, emit, arrived_ms=came)
+        w.decode.append((t, t + 0.1))
+        w.encode.append((t + 0.1, t + 0.2))
+        w.send.append((t + 0.2, t + 0.3))
+    _, _, send, backlog = w.held()
+    assert w.last == pytest.approx(18.5 + STAMP_SLACK_MS)
+    # from there to the last chunk's read, less the work on the four chunks before it (their hand-offs
+    # after that instant are backlog too)
+    assert send == pytest.approx(0.1) and backlog == pytest.approx(38.0 - 18.5 - STAMP_SLACK_MS - 4 * 0.2)
+    # a read within the slack of its stamp (an idle loop's wake-up) leaves the bound as it was
+    quick = _work(seen, 0.1)
+    quick.arrived = [t - 0.3 for t, _ in seen]
+    assert quick.held() == pytest.approx(plain.held())
+    # never before the upstream was done
+    w.held(not_before=30.0)
+    assert w.last == pytest.approx(30.0)

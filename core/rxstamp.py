@@ -14,6 +14,12 @@ client link behind http-proxy, 512-token streams, moved by 1.0 ms or less for 5 
 With ``SO_TIMESTAMPNS`` (Linux) the kernel stamps every received segment, and ``recvmsg`` returns the
 stamp of the last segment a read copied: when that read's last byte arrived. A socket that gives no
 stamp (TLS, another OS) reads as before, without one.
+
+A gateway on asyncio reads its upstream through the loop's transport, which calls ``recv`` on its
+socket; :func:`stamp_transport` puts a :class:`StampedSocket` there (asyncio's selector transports
+keep the socket in ``_sock``: a private name, guarded, like :mod:`pathprobe.loopwait`'s look at the
+selector), so the gateway knows when the bytes of each chunk it reads had reached the host, whatever
+its loop was doing then.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from typing import Any
 
 #: ``SO_TIMESTAMPNS`` (Python does not name it; its value on Linux' generic and x86 ABIs)
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -53,5 +60,48 @@ def wall_stamp(ancillary: list[tuple[int, int, bytes]]) -> int | None:
     for level, kind, raw in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= _TS.size:
             sec, nsec = _TS.unpack_from(raw)
-            return sec * 1_000_000_000 + nsec
+            return int(sec) * 1_000_000_000 + int(nsec)
     return None
+
+
+class StampedSocket:
+    """A socket whose ``recv`` / ``recv_into`` read with the kernel's stamp: ``arrived`` is when the
+    last read's last byte reached the host (``time.perf_counter_ns``; None: none yet, or no stamp).
+    Everything else is the socket's."""
+
+    __slots__ = ("_sock", "arrived")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.arrived: int | None = None
+
+    def recv(self, n: int, flags: int = 0) -> bytes:
+        if flags:
+            return self._sock.recv(n, flags)
+        data, _, self.arrived = recv(self._sock, n)
+        return data
+
+    def recv_into(self, buf: Any, nbytes: int = 0, flags: int = 0) -> int:
+        if flags:
+            return self._sock.recv_into(buf, nbytes, flags)
+        n, anc, _flags, _addr = self._sock.recvmsg_into([memoryview(buf)[: nbytes or None]], _ANC)
+        now_pc, now_wall = time.perf_counter_ns(), time.time_ns()
+        stamp = wall_stamp(anc)
+        self.arrived = None if stamp is None else now_pc - max(now_wall - stamp, 0)
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def stamp_transport(transport: object) -> StampedSocket | None:
+    """Stamp what ``transport`` (an asyncio selector transport over TCP) reads from now on; the same
+    wrapper again when it already is; None where it cannot (another transport, TLS, no stamps)."""
+    sock = getattr(transport, "_sock", None)
+    if isinstance(sock, StampedSocket):
+        return sock
+    if not isinstance(sock, socket.socket) or sock.type != socket.SOCK_STREAM or not enable(sock):
+        return None
+    stamped = StampedSocket(sock)
+    transport._sock = stamped  # type: ignore[attr-defined]
+    return stamped
