@@ -27,12 +27,15 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from collections import deque
 from typing import Any
 
 #: ``SO_TIMESTAMPNS`` (Python does not name it; its value on Linux' generic and x86 ABIs)
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TS = struct.Struct("qq")  # struct timespec: seconds, nanoseconds (CLOCK_REALTIME)
 _ANC = socket.CMSG_SPACE(_TS.size)
+#: the sends a :class:`StampedSocket` remembers (one request's head and body at a time)
+SENDS_KEPT = 8
 
 
 def enable(sock: socket.socket) -> bool:
@@ -66,14 +69,23 @@ def wall_stamp(ancillary: list[tuple[int, int, bytes]]) -> int | None:
 
 class StampedSocket:
     """A socket whose ``recv`` / ``recv_into`` read with the kernel's stamp: ``arrived`` is when the
-    last read's last byte reached the host (``time.perf_counter_ns``; None: none yet, or no stamp).
-    Everything else is the socket's."""
+    last read's last byte reached the host (``time.perf_counter_ns``; None: none yet, or no stamp);
+    and whose last few ``send`` calls are timed (:meth:`sent_after`). Everything else is the socket's."""
 
-    __slots__ = ("_sock", "arrived")
+    __slots__ = ("_sends", "_sock", "arrived")
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self.arrived: int | None = None
+        self._sends: deque[int] = deque(maxlen=SENDS_KEPT)
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        self._sends.append(time.perf_counter_ns())
+        return self._sock.send(data, flags)
+
+    def sent_after(self, t_ns: int) -> int | None:
+        """When the first ``send`` at or after ``t_ns`` began (``perf_counter_ns``); None: none kept."""
+        return next((t for t in self._sends if t >= t_ns), None)
 
     def recv(self, n: int, flags: int = 0) -> bytes:
         if flags:

@@ -40,6 +40,12 @@ _EMIT = re.compile(rb'"emit_ms":\s*([0-9]+(?:\.[0-9]+)?)')
 _FWD = re.compile(rb'"fwd_ms":\s*([0-9]+(?:\.[0-9]+)?)')
 
 
+#: of the time from ``gw.upstream``'s start to its request's first send, what is aiohttp's own work on
+#: the request (0.3-0.5 ms at c=1 here) and stays with the link's stacks, as an idle loop's gap does
+#: (``timing.IDLE_MS``); beyond it the loop was running other requests (``gw.upwait``, its queueing)
+SEND_SLACK_MS = timing.IDLE_MS
+
+
 def _req_headers(h: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in h.items() if k.lower() not in HOP_BY_HOP}
 
@@ -154,6 +160,7 @@ class HttpProxy(SessionOwner):
             # when each chunk's bytes reached the host, whatever the loop was doing then (a private name of
             # aiohttp's, like the unary answer's socket above; without it the chunks are not stamped)
             stamped = rxstamp.stamp_transport(getattr(getattr(up.resp, "_protocol", None), "transport", None))
+            ent.upwait = _send_wait(stamped, up.t0)
             try:
                 async for line in up.resp.content:
                     event.append(line)
@@ -216,6 +223,15 @@ class HttpProxy(SessionOwner):
         if ent.send:  # the hand-offs that held the stream back, shown as one interval before this one
             spans.child("gw.send", td - ent.send, ent.send)
         return out
+
+
+def _send_wait(stamped: rxstamp.StampedSocket | None, t0: float) -> float:
+    """How long after ``t0`` (``gw.upstream``'s start) the request's first bytes were handed to the
+    upstream socket, beyond :data:`SEND_SLACK_MS`: the gateway's loop, busy with other requests, before
+    its request left (at c=32: part of what the packets put on its upstream side). 0 on a connection
+    not stamped yet (its first request): then it stays on the link."""
+    sent = stamped.sent_after(int(t0 * 1e6)) if stamped is not None else None
+    return max(0.0, sent / 1e6 - t0 - SEND_SLACK_MS) if sent is not None else 0.0
 
 
 def _arrived_ms(stamped: rxstamp.StampedSocket | None) -> float | None:
