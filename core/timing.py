@@ -49,8 +49,9 @@ WAIT_PART = "wait"
 #: the part (``<kind>.upwait``) a forwarding hop on an event loop reports: inside its ``upstream``, how
 #: long its upstream's answer sat in the hop (readable on its socket, or handed over by gRPC's poller)
 #: while its loop was busy with other work, before the hop read it (:mod:`pathprobe.loopwait`; an upper
-#: bound). The split takes it from the link to the upstream and books it as the hop's queueing, capped
-#: at that link's time
+#: bound); on http-proxy's streams, how long its loop ran other work before its request left
+#: (:mod:`pathprobe.rxstamp`'s timed sends). The split takes it from the link to the upstream and books
+#: it as the hop's queueing, capped at that link's time
 UPWAIT_PART = "upwait"
 #: the entry prefix of a model server's hop
 SERVER_KIND = "srv"
