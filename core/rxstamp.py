@@ -53,9 +53,20 @@ def recv(sock: socket.socket, n: int) -> tuple[bytes, int, int | None]:
     """One read of at most ``n`` bytes: the bytes, when the read returned and when its last byte had
     arrived (``time.perf_counter_ns``; None without a stamp; never after the return)."""
     data, anc, _flags, _addr = sock.recvmsg(n, _ANC)
+    return (data, *_arrival(anc))
+
+
+def age_ms(read_at: int, arrived_at: int | None) -> float | None:
+    """How long a read's bytes had waited in the kernel when it returned (ms); None without a stamp."""
+    return None if arrived_at is None else (read_at - arrived_at) / 1e6
+
+
+def _arrival(ancillary: list[tuple[int, int, bytes]]) -> tuple[int, int | None]:
+    """Now, and when the read's last byte arrived by the stamp in ``ancillary`` (``perf_counter_ns``;
+    None without one; never after now)."""
     now_pc, now_wall = time.perf_counter_ns(), time.time_ns()
-    stamp = wall_stamp(anc)
-    return data, now_pc, None if stamp is None else now_pc - max(now_wall - stamp, 0)
+    stamp = wall_stamp(ancillary)
+    return now_pc, None if stamp is None else now_pc - max(now_wall - stamp, 0)
 
 
 def wall_stamp(ancillary: list[tuple[int, int, bytes]]) -> int | None:
@@ -97,9 +108,7 @@ class StampedSocket:
         if flags:
             return self._sock.recv_into(buf, nbytes, flags)
         n, anc, _flags, _addr = self._sock.recvmsg_into([memoryview(buf)[: nbytes or None]], _ANC)
-        now_pc, now_wall = time.perf_counter_ns(), time.time_ns()
-        stamp = wall_stamp(anc)
-        self.arrived = None if stamp is None else now_pc - max(now_wall - stamp, 0)
+        _, self.arrived = _arrival(anc)
         return n
 
     def __getattr__(self, name: str) -> Any:

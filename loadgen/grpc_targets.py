@@ -209,8 +209,7 @@ class H2GrpcTarget(Target):
             self._ping.apply(out)
 
     def read_age_ms(self) -> float | None:
-        ch = self.channel
-        return None if ch.arrived_at is None else (ch.read_at - ch.arrived_at) / 1e6
+        return self.channel.read_age_ms
 
     def _call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
         pb = self._pb

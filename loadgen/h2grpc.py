@@ -110,6 +110,11 @@ class Channel:
         self.read_at = 0
         self.arrived_at: int | None = None
 
+    @property
+    def read_age_ms(self) -> float | None:
+        """How long the last read's bytes had waited in the kernel for this client (ms); None: unknown."""
+        return rxstamp.age_ms(self.read_at, self.arrived_at)
+
     # ------------------------------------------------------------------ connection
     def _connect(self, timeout: float) -> socket.socket:
         sock = socket.create_connection((self.host, self.port), timeout=max(timeout, 0.001))

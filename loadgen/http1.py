@@ -232,7 +232,7 @@ class Connection:
     @property
     def read_age_ms(self) -> float | None:
         """How long the last read's bytes had waited in the kernel for this client (ms); None: unknown."""
-        return None if self.arrived_at is None else (self.read_at - self.arrived_at) / 1e6
+        return rxstamp.age_ms(self.read_at, self.arrived_at)
 
     def finished(self, keep_alive: bool) -> None:
         """The response in flight is complete: keep the socket for the next request, or close it."""
