@@ -119,9 +119,10 @@ def test_requests_found_by_trace_id_are_the_ones_their_time_windows_hold_at_conc
     for name, t in traced["targets"].items():
         by_time, c1, c4 = t["witness"], t["witness"]["by_concurrency"]["1"], t["witness"]["by_concurrency"]["4"]
         assert by_time["matched"] >= 0.95 * by_time["requests"] >= 20, (name, by_time)
-        assert c1["matched"] >= 0.95 * c1["requests"] >= 20, (name, c1)
+        # a packet tcpdump lost costs the requests next to it only (pathprobe.analysis.lab.wirestreams)
+        assert c1["matched"] >= 0.95 * c1["requests"] >= 20, (name, c1, traced["witness"])
         for a, b in zip(by_time["links"], c1["links"], strict=True):
             for k in ("wire", "stack_outer", "stack_inner"):
                 assert abs(a[k] - b[k]) <= 0.02, (name, k, by_time["links"], c1["links"])
-        assert c4["matched"] >= 0.95 * c4["requests"] >= 40, (name, c4)
+        assert c4["matched"] >= 0.95 * c4["requests"] >= 40, (name, c4, traced["witness"])
         assert c4["negative_stacks"] <= NEGATIVE_SHARE.get(name, 0.02) * c4["matched"], (name, c4)

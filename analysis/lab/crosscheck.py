@@ -138,7 +138,13 @@ def attach_witness(
         "their time window, above it by their trace id (traceparent in HTTP/1.1 heads and HTTP/2 header "
         "blocks); client t0 mapped to the wall clock per request",
         "traces_found": len(by_trace),
+        "dropped_by_kernel": wit.kernel_drops(pcap.with_suffix(".log")),
     }
+    if report["witness"]["dropped_by_kernel"]:
+        log(
+            f"witness: the kernel dropped {report['witness']['dropped_by_kernel']} packets (tcpdump fell "
+            "behind): requests next to a lost packet are not matched by trace id"
+        )
     for name, p in live.items():
         chain = wit.Chain([wit.LinkPorts(list(ports), inner) for ports, inner in p.chain])
         runs = results.get(name, [])

@@ -16,6 +16,13 @@ numbers) and cut into requests:
   joined late (opened before it: a gateway's upstream channel), the first frame boundary is the
   first segment start from which frames chain to the end of the data.
 
+Bytes the capture lost (``tcpdump`` drops packets when its buffer fills on a busy machine) leave a
+hole in a direction's stream. Reading resumes after it: HTTP/2 at the first frame boundary of the
+bytes after the hole (found as on a late-joined connection), and only a stream whose END_STREAM the
+capture holds is given a response end; on HTTP/1.1 the requests next to a hole are left out (their
+first or last bytes may be in it). Before, one lost packet on a gateway's long-lived upstream channel
+lost every later request on it.
+
 The result, per trace id and port: the request's first packet into the port and the response's last
 packet out of it, the two instants :func:`.witness.witness_request` reads per port.
 """
@@ -23,6 +30,7 @@ packet out of it, the two instants :func:`.witness.witness_request` reads per po
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -39,7 +47,7 @@ _TRACEPARENT = re.compile(rb"traceparent:\s*[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{
 _TRACE_VALUE = re.compile(rb"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 #: bytes of an HTTP/1.1 request's head searched for its traceparent
 _HEAD = 16384
-_SYN = 0x02  # the TCP flag
+_FIN, _SYN, _RST = 0x01, 0x02, 0x04  # TCP flags
 
 
 @dataclass(slots=True)
@@ -50,18 +58,19 @@ class _Dir:
     ends: list[int] = field(default_factory=list)  # offset just past each segment's bytes
     stamps: list[int] = field(default_factory=list)  # that segment's capture time
     next_seq: int | None = None
-    broken: bool = False  # a gap: bytes the capture lost; nothing after it is read
+    #: per hole (bytes the capture lost), the index of the first segment after it
+    holes: list[int] = field(default_factory=list)
 
     def add(self, ts_ns: int, seq: int, payload: bytes) -> bool:
-        """Append a segment's new bytes; False when it brought none (or follows a hole)."""
-        if self.broken or not payload:
+        """Append a segment's new bytes; False when it brought none."""
+        if not payload:
             return False
         if self.next_seq is None:
             self.next_seq = seq
         ahead = (seq - self.next_seq) % (1 << 32)
-        if ahead and ahead < (1 << 31):  # a hole before this segment
-            self.broken = True
-            return False
+        if ahead and ahead < (1 << 31):  # a hole before this segment: read on after it
+            self.holes.append(len(self.ends))
+            self.next_seq = seq
         behind = (self.next_seq - seq) % (1 << 32)
         if behind >= len(payload):  # a retransmission of bytes already here
             return False
@@ -72,9 +81,29 @@ class _Dir:
         self.next_seq = (self.next_seq + len(new)) % (1 << 32)
         return True
 
+    def acked(self, seq: int) -> None:
+        """A segment without data (an ACK) from this direction's sender: its sequence number is the
+        next byte to come, so one ahead of ours means lost bytes, even when no data follows them."""
+        if self.next_seq is not None:
+            ahead = (seq - self.next_seq) % (1 << 32)
+            if ahead and ahead < (1 << 31):
+                self.holes.append(len(self.ends))
+                self.next_seq = seq
+
+    def finished(self, seq: int) -> None:
+        """The sender's FIN at ``seq`` (after its data): it takes a sequence number of its own."""
+        self.acked(seq)
+        if self.next_seq == seq % (1 << 32):
+            self.next_seq = (seq + 1) % (1 << 32)
+
     def stamp(self, offset: int) -> int:
         """The capture time of the segment holding byte ``offset``."""
         return self.stamps[bisect.bisect_right(self.ends, offset)]
+
+    def runs(self) -> Iterator[tuple[int, int]]:
+        """``(start, end)`` offsets of the stretches of bytes without a hole, in order."""
+        cuts = [0, *(self.ends[i - 1] for i in self.holes), len(self.data)]
+        yield from itertools.pairwise(cuts)
 
 
 @dataclass(slots=True)
@@ -97,34 +126,49 @@ def read_connections(path: Path, ports: Iterable[int]) -> list[_Conn]:
         if tcp.flags & _SYN and upward:
             conns.pop(key, None)  # a new connection on a reused client port
         conn = conns.setdefault(key, _Conn(key[1]))
-        payload = bytes(tcp.data)
-        if payload and (conn.up if upward else conn.down).add(ts_ns, tcp.seq, payload):
+        payload, d = bytes(tcp.data), conn.up if upward else conn.down
+        if payload and d.add(ts_ns, tcp.seq, payload):
             conn.order.append(upward)
+        if tcp.flags & _FIN:
+            d.finished(tcp.seq + len(payload))
+        elif not payload and not tcp.flags & (_SYN | _RST):  # a SYN takes a sequence number; a RST ends
+            d.acked(tcp.seq)
     return list(conns.values())
+
+
+@dataclass(slots=True)
+class _Http1Request:
+    head: int  # offset of its first byte in the client's direction
+    start: int  # its first packet
+    last_out: int | None = None  # the last packet of its response so far
+    near_hole: bool = False  # bytes next to it were lost: its first or last packet may be unknown
 
 
 def _http1(conn: _Conn) -> Iterator[tuple[str, Ends]]:
     """(trace id, ends) per HTTP/1.1 request of a connection (no pipelining: one at a time)."""
     up, down = conn.up, conn.down
+    up_holes, down_holes = set(up.holes), set(down.holes)
     ui = di = 0  # next segment of each direction, walked in capture order
-    start: int | None = None  # the current request's first packet
-    head_from = 0
-    last_out: int | None = None
-    replied = False
+    found: list[_Http1Request] = []
     for upward in conn.order:
         if upward:
-            ts = up.stamps[ui]
-            if start is None or replied:
-                if start is not None and last_out is not None:
-                    yield from _http1_request(up, head_from, start, last_out)
-                start, replied, last_out = ts, False, None
-                head_from = up.ends[ui - 1] if ui else 0
+            if not found or found[-1].last_out is not None:
+                found.append(_Http1Request(up.ends[ui - 1] if ui else 0, up.stamps[ui]))
+            hole = ui in up_holes
             ui += 1
         else:
-            last_out, replied = down.stamps[di], True
+            if found:
+                found[-1].last_out = down.stamps[di]
+            hole = di in down_holes
             di += 1
-    if start is not None and last_out is not None:
-        yield from _http1_request(up, head_from, start, last_out)
+        if hole:  # the lost bytes were the current request's or the one's before it
+            for req in found[-2:]:
+                req.near_hole = True
+    if found and (len(up.ends) in up_holes or len(down.ends) in down_holes):  # lost at the end
+        found[-1].near_hole = True
+    for req in found:
+        if req.last_out is not None and not req.near_hole:
+            yield from _http1_request(up, req.head, req.start, req.last_out)
 
 
 def _http1_request(up: _Dir, offset: int, start: int, last_out: int) -> Iterator[tuple[str, Ends]]:
@@ -139,22 +183,34 @@ _SYNC_TRIES = 64
 _MAX_FRAME = 16384
 
 
-def _frame_start(d: _Dir) -> int | None:
-    """The offset of the first frame boundary in one direction's bytes: past the preface when the
-    capture saw the connection open; else the first segment start from which frames chain to the end
-    of the data (valid types, no frame over the data; a wrong start fails within a few frames)."""
-    if d.data.startswith(h2frames.PREFACE):
+def _frame_start(d: _Dir, buf: bytearray, start: int) -> int | None:
+    """The offset of the first frame boundary in ``buf[start:]`` (``d``'s bytes up to a hole or their
+    end): past the preface when the capture saw the connection open; else the first segment start from
+    which frames chain to the end of ``buf`` (valid types, no frame over it; a wrong start fails within
+    a few frames)."""
+    if start == 0 and buf.startswith(h2frames.PREFACE):
         return len(h2frames.PREFACE)
-    for off in [0, *d.ends[: _SYNC_TRIES - 1]]:
+    end, first = len(buf), bisect.bisect_right(d.ends, start)
+    for off in [start, *(e for e in d.ends[first : first + _SYNC_TRIES - 1] if e < end)]:
         pos, n = off, 0
-        for _, end, ftype, _flags, _sid in h2frames.frames(d.data, off):
+        for _, stop, ftype, _flags, _sid in h2frames.frames(buf, off):
             if ftype > h2frames.CONTINUATION:
                 break
-            pos, n = end, n + 1
+            pos, n = stop, n + 1
         else:  # chained to the end, or to a last frame the capture did not see whole
-            if pos == len(d.data) > off or (n >= 3 and len(d.data) - pos <= 9 + _MAX_FRAME):
+            if pos == end > off or (n >= 3 and end - pos <= 9 + _MAX_FRAME):
                 return off
     return None
+
+
+def _frames(d: _Dir) -> Iterator[tuple[int, int, int, int, int]]:
+    """:func:`pathprobe.h2frames.frames` of a direction, stretch by stretch between the capture's
+    holes, each from its first frame boundary."""
+    for start, end in d.runs():
+        buf = d.data if end == len(d.data) else d.data[:end]
+        first = _frame_start(d, buf, start)
+        if first is not None:
+            yield from h2frames.frames(buf, first)
 
 
 def _looks_h2(conn: _Conn) -> bool:
@@ -164,12 +220,9 @@ def _looks_h2(conn: _Conn) -> bool:
 def _http2(conn: _Conn) -> Iterator[tuple[str, Ends]]:
     """(trace id, ends) per HTTP/2 stream of a connection."""
     up, down = conn.up, conn.down
-    first_up, first_down = _frame_start(up), _frame_start(down)
-    if first_up is None or first_down is None:
-        return
     firsts: dict[int, tuple[int, str | None]] = {}  # stream -> (first HEADERS packet, trace id)
     block: dict[int, bytearray] = {}  # a header block still open (CONTINUATION to come)
-    for start, end, ftype, flags, sid in h2frames.frames(up.data, first_up):
+    for start, end, ftype, flags, sid in _frames(up):
         if ftype == h2frames.HEADERS and sid not in firsts:
             firsts[sid] = (up.stamp(start), None)
             _, frag = h2frames.fragment(flags, bytes(up.data[start + 9 : end]))
@@ -180,9 +233,18 @@ def _http2(conn: _Conn) -> Iterator[tuple[str, Ends]]:
             continue
         if flags & h2frames.END_HEADERS:
             firsts[sid] = (firsts[sid][0], _trace_in_block(bytes(block.pop(sid))))
+    # a stream's response ends with its END_STREAM's header block (or a reset): whatever the capture
+    # lost before it, that is its last frame
     lasts: dict[int, int] = {}
-    for _, end, ftype, _flags, sid in h2frames.frames(down.data, first_down):
-        if sid and ftype in (h2frames.DATA, h2frames.HEADERS, h2frames.CONTINUATION, h2frames.RST_STREAM):
+    closing: set[int] = set()  # END_STREAM seen on a header block still open
+    for _, end, ftype, flags, sid in _frames(down):
+        if not sid or sid in lasts:
+            continue
+        if ftype in (h2frames.DATA, h2frames.HEADERS) and flags & h2frames.END_STREAM:
+            closing.add(sid)
+        if ftype == h2frames.RST_STREAM or (
+            sid in closing and (ftype == h2frames.DATA or flags & h2frames.END_HEADERS)
+        ):
             lasts[sid] = down.stamp(end - 1)
     for sid, (first, trace) in firsts.items():
         if trace and sid in lasts:

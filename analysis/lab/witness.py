@@ -48,6 +48,7 @@ Above concurrency 1 a request's packets are found by its trace id instead of its
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -74,6 +75,22 @@ Section: TypeAlias = "dict[str, Any]"
 
 
 # ------------------------------------------------------------------ capture
+
+
+#: the kernel's buffer for the capture (``tcpdump -B``), KiB
+CAPTURE_BUFFER_KIB = 32768
+_DROPPED = re.compile(rb"(\d+) packets? dropped by kernel")
+
+
+def kernel_drops(log_path: Path) -> int | None:
+    """The packets the kernel dropped because tcpdump fell behind (its summary at exit), or None when
+    the log has no summary. A dropped packet is a hole in its connection's bytes
+    (:mod:`pathprobe.analysis.lab.wirestreams` reads on after it)."""
+    try:
+        m = _DROPPED.search(Path(log_path).read_bytes())
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
 
 
 class Capture:
@@ -105,6 +122,8 @@ class Capture:
                 "--time-stamp-precision=nano",
                 "-U",
                 "-n",
+                "-B",  # the kernel's capture buffer, KiB: whole packets of a busy run overflow the default 2 MiB
+                str(CAPTURE_BUFFER_KIB),
                 "-s",
                 str(self.snaplen),
                 "-w",
