@@ -20,14 +20,14 @@ from collections.abc import Mapping
 import aiohttp
 import grpc
 from aiohttp import web
-from pathprobe import loopwait, rxstamp, timing
+from pathprobe import loopwait, timing
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
 from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error
+from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, arrived_ms, body_error
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork
 from pathprobe.gateway.upstreams import Pool
@@ -38,12 +38,6 @@ OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 #: an SSE event's emit offset (pathprobe servers put one on every chunk)
 _EMIT = re.compile(rb'"emit_ms":\s*([0-9]+(?:\.[0-9]+)?)')
 _FWD = re.compile(rb'"fwd_ms":\s*([0-9]+(?:\.[0-9]+)?)')
-
-
-#: of the time from ``gw.upstream``'s start to its request's first send, what is aiohttp's own work on
-#: the request (0.3-0.5 ms at c=1 here) and stays with the link's stacks, as an idle loop's gap does
-#: (``timing.IDLE_MS``); beyond it the loop was running other requests (``gw.upwait``, its queueing)
-SEND_SLACK_MS = timing.IDLE_MS
 
 
 def _req_headers(h: Mapping[str, str]) -> dict[str, str]:
@@ -106,9 +100,7 @@ class HttpProxy(SessionOwner):
             upstream_st = ", ".join(resp.headers.getall(timing.HTTP_HEADER, [])) or None
             if resp.content_type == "text/event-stream":
                 return await self._stream(request, up, headers, t0, ent, spans)
-            # the upstream connection's socket (aiohttp keeps no public handle on it once a complete answer
-            # has released the connection; without one the wait is not measured and stays on the link)
-            fd = loopwait.fd_of(getattr(getattr(resp, "_protocol", None), "transport", None))
+            fd = up.socket_fd()
             try:
                 data = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -157,10 +149,8 @@ class HttpProxy(SessionOwner):
         try:
             event: list[bytes] = []
             work = StreamWork()
-            # when each chunk's bytes reached the host, whatever the loop was doing then (a private name of
-            # aiohttp's, like the unary answer's socket above; without it the chunks are not stamped)
-            stamped = rxstamp.stamp_transport(getattr(getattr(up.resp, "_protocol", None), "transport", None))
-            ent.upwait = _send_wait(stamped, up.t0)
+            stamped = up.stamped()  # when each chunk's bytes reached the host, whatever the loop was doing
+            ent.upwait = up.send_wait(stamped)
             try:
                 async for line in up.resp.content:
                     event.append(line)
@@ -172,7 +162,7 @@ class HttpProxy(SessionOwner):
                         await out.write(data)
                         continue
                     td = now_ms()
-                    work.chunk(td, _offset(_EMIT, data), _offset(_FWD, data), _arrived_ms(stamped))
+                    work.chunk(td, _offset(_EMIT, data), _offset(_FWD, data), arrived_ms(stamped))
                     if b'"server_timing"' in data or _final_usage(data):
                         data = self._rewrite(data, up, t0, ent, spans, work)
                     await out.write(data)
@@ -223,20 +213,6 @@ class HttpProxy(SessionOwner):
         if ent.send:  # the hand-offs that held the stream back, shown as one interval before this one
             spans.child("gw.send", td - ent.send, ent.send)
         return out
-
-
-def _send_wait(stamped: rxstamp.StampedSocket | None, t0: float) -> float:
-    """How long after ``t0`` (``gw.upstream``'s start) the request's first bytes were handed to the
-    upstream socket, beyond :data:`SEND_SLACK_MS`: the gateway's loop, busy with other requests, before
-    its request left (at c=32: part of what the packets put on its upstream side). 0 on a connection
-    not stamped yet (its first request): then it stays on the link."""
-    sent = stamped.sent_after(int(t0 * 1e6)) if stamped is not None else None
-    return max(0.0, sent / 1e6 - t0 - SEND_SLACK_MS) if sent is not None else 0.0
-
-
-def _arrived_ms(stamped: rxstamp.StampedSocket | None) -> float | None:
-    """When the upstream socket's last read had its bytes (``now_ms`` clock); None: not stamped."""
-    return None if stamped is None or stamped.arrived is None else stamped.arrived / 1e6
 
 
 def _offset(pattern: re.Pattern[bytes], data: bytes) -> float | None:

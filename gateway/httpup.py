@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import aiohttp
-from pathprobe import rtt
+from pathprobe import loopwait, rtt, rxstamp, timing
 from pathprobe.address import host_and_port
 from pathprobe.errors import DeadlineExceeded, Unavailable
 from pathprobe.gateway.aio import Spans
@@ -107,6 +107,12 @@ class SessionOwner:
         return self._session
 
 
+#: of the time from ``gw.upstream``'s start to its request's first send, what is aiohttp's own work on
+#: the request (0.3-0.5 ms at c=1 here) and stays with the link's stacks, as an idle loop's gap does
+#: (``timing.IDLE_MS``); beyond it the loop was running other requests (``gw.upwait``, its queueing)
+SEND_SLACK_MS = timing.IDLE_MS
+
+
 class UpstreamResponse:
     __slots__ = ("cspan", "resp", "t0", "upstream")
 
@@ -115,6 +121,34 @@ class UpstreamResponse:
         self.resp = resp
         self.t0 = t0
         self.cspan = cspan
+
+    def _transport(self) -> object:
+        # a private name of aiohttp's: it keeps no public handle on a response's connection once a
+        # complete answer has released it; without one nothing is measured and the time stays on the link
+        return getattr(getattr(self.resp, "_protocol", None), "transport", None)
+
+    def socket_fd(self) -> int | None:
+        """The upstream connection's socket, to read how long its answer waited for the loop
+        (:func:`pathprobe.loopwait.read_wait_ms`); None: not reachable."""
+        return loopwait.fd_of(self._transport())
+
+    def stamped(self) -> rxstamp.StampedSocket | None:
+        """The upstream connection's socket, its reads stamped with when their bytes reached the host
+        (:func:`pathprobe.rxstamp.stamp_transport`); None: not reachable (the chunks are not stamped)."""
+        return rxstamp.stamp_transport(self._transport())
+
+    def send_wait(self, stamped: rxstamp.StampedSocket | None) -> float:
+        """How long after ``t0`` (``gw.upstream``'s start) the request's first bytes were handed to the
+        upstream socket, beyond :data:`SEND_SLACK_MS`: the gateway's loop, busy with other requests,
+        before its request left (at c=32: part of what the packets put on its upstream side). 0 on a
+        connection not stamped yet (its first request): then it stays on the link."""
+        sent = stamped.sent_after(int(self.t0 * 1e6)) if stamped is not None else None
+        return max(0.0, sent / 1e6 - self.t0 - SEND_SLACK_MS) if sent is not None else 0.0
+
+
+def arrived_ms(stamped: rxstamp.StampedSocket | None) -> float | None:
+    """When a stamped socket's last read had its bytes (``now_ms`` clock); None: not stamped."""
+    return None if stamped is None or stamped.arrived is None else stamped.arrived / 1e6
 
 
 async def request(

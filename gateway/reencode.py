@@ -27,13 +27,13 @@ import grpc
 import grpc.aio
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-from pathprobe import grpcwait, timing
+from pathprobe import grpcwait, loopwait, timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http_to_grpc
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error, request
+from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, arrived_ms, body_error, request
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork, chunk_spans
 from pathprobe.gateway.upstreams import Pool
@@ -204,11 +204,14 @@ class Reencoder(SessionOwner):
         upstream_st = None
         try:
             up = await self._forward(ctx, md, raw, ent, spans, False, timeout)
+            fd = up.socket_fd()
             try:
                 data = await up.resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise body_error(up.upstream, exc, timeout) from None
-            ent.upstream = now_ms() - up.t0
+            t_up1 = now_ms()
+            ent.upstream = t_up1 - up.t0
+            ent.upwait = loopwait.read_wait_ms(fd, up.t0, t_up1)  # the answer in, the loop busy: our queueing
             upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
             Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, None, up.t0, ent.upstream)
             if up.resp.status != 200:
@@ -258,6 +261,8 @@ class Reencoder(SessionOwner):
                 upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
                 Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, "error", up.t0, ent.upstream)
                 raise _error_of(up.resp.status, data, up.upstream.target, up.resp.headers.get(RETRY_AFTER))
+            stamped = up.stamped()  # when each chunk's bytes reached the host, whatever the loop was doing
+            ent.upwait = up.send_wait(stamped)
             try:
                 async for line in up.resp.content:
                     if not line.startswith(b"data:"):
@@ -269,7 +274,7 @@ class Reencoder(SessionOwner):
                     try:
                         obj = json.loads(payload)
                         emit, fwd = obj.get("emit_ms"), obj.get("fwd_ms")
-                        work.chunk(td, _offset(emit), _offset(fwd))
+                        work.chunk(td, _offset(emit), _offset(fwd), arrived_ms(stamped))
                         st = obj.pop("server_timing", None)
                         if st is not None:
                             upstream_st = st
@@ -356,6 +361,9 @@ def serve(cfg: GatewayConfig, pool: Pool, metrics: Metrics, tracing: bool) -> in
     r = Reencoder(cfg, pool, metrics, tracing)
 
     async def main() -> None:
+        # the loop's sleeps and its sockets' readiness: gw.upwait, and whether a gap between an upstream
+        # stream's chunks was a wait for them (pathprobe.gateway.streamwork)
+        loopwait.install()
         r.open_session(cfg.pool_size, tls=cfg.upstream_tls_files)
         server = grpc.aio.server(
             options=[

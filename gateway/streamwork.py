@@ -63,9 +63,7 @@ Interval = tuple[float, float]
 #: of a gateway's read of its upstream's last chunk after the kernel had it (:mod:`pathprobe.rxstamp`),
 #: what stays on the link: the loop's wake-up and the read (0.05-0.5 ms here), as a gap of an idle loop
 #: does (``timing.IDLE_MS``). Beyond it the gateway was reading late, busy with its other streams (at
-#: c=32 through http-proxy, ~20 ms a stream), which is its own time (``gw.backlog``), not the network's.
-#: Not less: the packet witness ends the upstream link's window at the ``[DONE]`` after the last timed
-#: event, which ``gw.upstream`` does not hold; the wake-up before the read covers that gap at c=1
+#: c=32 through http-proxy, ~20 ms a stream), which is its own time (``gw.backlog``), not the network's
 STAMP_SLACK_MS = IDLE_MS
 
 

@@ -94,7 +94,7 @@ def _grpc(n: int) -> tuple[_Wire, dict[str, tuple[int, int]], dict[str, list[int
 
 
 def _http1(n: int, *, close: bool = True) -> tuple[_Wire, dict[str, tuple[int, int]], dict[str, list[int]]]:
-    """An HTTP/1.1 keep-alive connection with ``n`` requests, each response in three segments."""
+    """An HTTP/1.1 keep-alive connection with ``n`` requests, each an event stream in four segments."""
     wire = _Wire()
     ends: dict[str, tuple[int, int]] = {}
     segs: dict[str, list[int]] = {}
@@ -103,9 +103,11 @@ def _http1(n: int, *, close: bool = True) -> tuple[_Wire, dict[str, tuple[int, i
         start = wire.send(True, (head + "content-length: 2\r\n\r\n{}").encode())
         segs[_trace(i)] = [len(wire.segments) - 1]
         wire.send(False, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-        wire.send(False, b"5\r\nhello\r\n")
-        last = wire.send(False, b"0\r\n\r\n")
-        segs[_trace(i)] += [len(wire.segments) - 3, len(wire.segments) - 2, len(wire.segments) - 1]
+        # the last timed event ends the response's window; the event stream's tail after it is no hop's
+        last = wire.send(False, b'15\r\ndata: {"timing": 1}\n\n\r\n')
+        wire.send(False, b"e\r\ndata: [DONE]\n\n\r\n")
+        wire.send(False, b"0\r\n\r\n")
+        segs[_trace(i)] += list(range(len(wire.segments) - 4, len(wire.segments)))
         wire.ack(True)
         ends[_trace(i)] = (start, last)
     if close:

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from pathprobe.analysis.lab.witness import Chain, LinkPorts, Packet, analyze, connection_peers, witness_request
+import pytest
+from pathprobe.analysis.lab.witness import (
+    Chain,
+    LinkPorts,
+    Packet,
+    analyze,
+    connection_peers,
+    is_stream_tail,
+    witness_request,
+)
 
 MS = 1_000_000  # ns
 
@@ -78,3 +87,37 @@ def test_another_connection_on_a_shared_port_is_ignored():
 def test_missing_packets_mean_no_witness_for_that_request():
     rec, pk = _request(10**18)
     assert witness_request(rec, [p for p in pk if p.dport != 9000], CHAIN) is None
+
+
+@pytest.mark.parametrize(
+    "payload,tail",
+    [
+        (b"e\r\ndata: [DONE]\n\n\r\n", True),  # aiohttp's write of the last event
+        (b"0\r\n\r\n", True),  # write_eof
+        (b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n", True),  # both in one packet
+        (b"data: [DONE]\n\n", True),  # not chunked
+        (b'3a\r\ndata: {"token": "x", "server_timing": "srv;dur=1"}\n\n\r\n', False),  # the last timed event
+        (b'3a\r\ndata: {"token": "x"}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n', False),  # it and the tail together
+        (b"0\r\n\r\nHTTP/1.1 200 OK", False),
+        (b"zz\r\n", False),
+        (b"", False),
+    ],
+)
+def test_an_event_streams_tail_is_only_done_and_the_last_chunk(payload, tail):
+    assert is_stream_tail(payload) is tail
+
+
+def test_a_response_window_ends_before_the_event_streams_tail():
+    """``data: [DONE]`` and the last chunk come after every hop's timing ended: the link's window ends
+    at the packet before them (the gateway's upstream side is not below zero), but a response of tail
+    packets only still has an end."""
+    rec, pk = _request(10**18)
+    late = [
+        Packet(10**18 + int(3.8 * MS), 9000, 50003, 19, tail=True),  # after the gateway's upstream call ended
+        Packet(10**18 + int(3.85 * MS), 9000, 50003, 5, tail=True),
+    ]
+    w = witness_request(rec, sorted(pk + late, key=lambda p: p.ts_ns), CHAIN)
+    assert abs(w["links"][1]["stack_outer"] - (1.1 - 1.0)) < 1e-6  # as without them: 1.1 - 1.25 < 0 if counted
+    only = [p for p in pk if p.sport != 9000] + late
+    w = witness_request(rec, sorted(only, key=lambda p: p.ts_ns), CHAIN)
+    assert w is not None and abs(w["links"][1]["stack_outer"] - (1.1 - 1.25)) < 1e-6

@@ -8,6 +8,8 @@ numbers) and cut into requests:
 
 - **HTTP/1.1** (one request at a time per connection): a request starts with the client's first
   bytes after the server's last response bytes; its ``traceparent`` header is read from its head.
+  Its response ends at its last packet that is not an event stream's tail
+  (:func:`.witness.is_stream_tail`: ``data: [DONE]``, the last chunk), as at concurrency 1.
 - **HTTP/2** (gRPC): frames are parsed from each direction's byte stream; a stream's request
   starts at the packet that holds the first byte of its first HEADERS frame, whose header block's
   literal values carry the trace id (:func:`pathprobe.h2frames.literal_values`: no HPACK table,
@@ -38,7 +40,7 @@ from pathlib import Path
 
 from hpack.exceptions import HPACKError
 from pathprobe import h2frames
-from pathprobe.analysis.lab.witness import tcp_segments
+from pathprobe.analysis.lab.witness import is_stream_tail, tcp_segments
 
 #: (first request packet into the port, last response packet out of it), capture clock, ns
 Ends = tuple[int, int]
@@ -100,6 +102,10 @@ class _Dir:
         """The capture time of the segment holding byte ``offset``."""
         return self.stamps[bisect.bisect_right(self.ends, offset)]
 
+    def segment(self, i: int) -> bytes:
+        """The new bytes segment ``i`` brought."""
+        return bytes(self.data[self.ends[i - 1] if i else 0 : self.ends[i]])
+
     def runs(self) -> Iterator[tuple[int, int]]:
         """``(start, end)`` offsets of the stretches of bytes without a hole, in order."""
         cuts = [0, *(self.ends[i - 1] for i in self.holes), len(self.data)]
@@ -157,7 +163,7 @@ def _http1(conn: _Conn) -> Iterator[tuple[str, Ends]]:
             hole = ui in up_holes
             ui += 1
         else:
-            if found:
+            if found and (found[-1].last_out is None or not is_stream_tail(down.segment(di))):
                 found[-1].last_out = down.stamps[di]
             hole = di in down_holes
             di += 1
