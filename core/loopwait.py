@@ -43,6 +43,7 @@ import selectors
 import weakref
 from collections.abc import Callable
 
+from pathprobe import rxstamp
 from pathprobe.timing import now_ms
 
 #: a ``select`` that returned within this (ms) did not sleep: the loop was busy up to it
@@ -168,12 +169,21 @@ def fd_of(transport: object) -> int | None:
 
 def floor_of(transport: object) -> float | None:
     """The floor of a connection's latest readiness on the running loop (:meth:`LoopWatch.take`), taken
-    at a request's start; None when not measured."""
+    at a request's start; None when not measured.
+
+    On a loop that runs long iterations (a saturated server) the floor can be an iteration early: the
+    bytes came somewhere between it and the select that saw them. Where the kernel stamps what the
+    connection reads (:func:`pathprobe.rxstamp.stamp_transport`, from the connection's second request
+    on), the last read's stamp, when later, is the floor: the request's bytes were not there before it."""
     watch = watch_of()
     fd = fd_of(transport) if watch is not None else None
     if watch is None or fd is None:
         return None
-    return watch.take(fd)
+    floor = watch.take(fd)
+    stamped = rxstamp.stamp_transport(transport)
+    if floor is None or stamped is None or stamped.arrived is None:
+        return floor
+    return max(floor, stamped.arrived / 1e6)
 
 
 def wait_ms(floor: float | None, t0: float) -> float | None:

@@ -128,6 +128,54 @@ def test_the_watch_floors_a_socket_at_the_last_poll_when_the_loop_was_busy() -> 
     assert seen - floor >= 100.0
 
 
+def test_a_connections_floor_is_its_bytes_kernel_stamp_when_that_is_later() -> None:
+    """A request that came halfway through a busy stretch: the watch floors it at the poll before the
+    stretch (its wait would be the whole stretch, over what the bytes waited); the kernel's stamp of
+    the connection's read (from its second request on) puts it where the bytes came."""
+    import asyncio
+    import socket
+
+    from pathprobe import loopwait
+
+    class Conn(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.requests: asyncio.Queue[float] = asyncio.Queue()
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.requests.put_nowait(timing.now_ms())
+
+    async def main() -> tuple[float | None, float | None, float, float, float]:
+        watch = loopwait.install()
+        assert watch is not None
+        with socket.create_server(("127.0.0.1", 0)) as srv:  # TCP: the kernel stamps what it receives
+            b = socket.create_connection(srv.getsockname())
+            a, _ = srv.accept()
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.connect_accepted_socket(Conn, a)
+        b.send(b"first")
+        await conn.requests.get()
+        first = loopwait.floor_of(conn.transport)  # its read was not stamped: the watch's floor alone
+        await asyncio.sleep(0.01)
+        busy_from = timing.now_ms()
+        time.sleep(0.05)  # noqa: ASYNC251 - the loop is busy: the bytes below wait for it
+        sent = timing.now_ms()
+        b.send(b"second")
+        time.sleep(0.05)  # noqa: ASYNC251
+        seen = await conn.requests.get()
+        floor = loopwait.floor_of(conn.transport)
+        conn.transport.close()
+        b.close()
+        return first, floor, busy_from, sent, seen
+
+    first, floor, busy_from, sent, seen = asyncio.run(main())
+    assert first is not None
+    assert floor is not None and sent - 1.0 <= floor <= sent + 5.0, (floor - busy_from, sent - busy_from)
+    assert seen - floor >= 45.0  # the wait booked: from the bytes' arrival, not from the poll before
+
+
 def test_the_watch_tells_a_loop_that_slept_from_one_that_was_busy() -> None:
     """:meth:`LoopWatch.idle_between`: a stretch in which the loop slept in ``select`` (it had nothing to
     run: a consumer there was waiting) against one it spent busy (a consumer there was behind)."""
