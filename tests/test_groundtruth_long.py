@@ -114,14 +114,14 @@ def test_undelayed_links_stay_at_the_stacks_size(long_stream, path):
 
 
 #: measured, not fixed yet (the other link of a delayed one, 512-token streams); transcode's +0.70 /
-#: +1.15 ms were its grpc.aio idle gaps counted as waits (+0.13 after that fix, but -0.60 once since)
+#: +1.15 ms were its grpc.aio idle gaps counted as waits (+0.13 after that fix, but -0.60 once since).
+#: reencode's server link moved by +0.17, -0.04 and +0.44 ms before its upstream reads were stamped
+#: (pathprobe.rxstamp); after, in three runs, by +0.00, +0.07, -0.00 and its client link by +0.02,
+#: +0.11, -0.06 (2026-12-04): no longer a known failure
 KNOWN_STILL = {
     "transcode": "its server link moved by +0.13 and +0.04 ms here when its client link was delayed, and by "
     "-0.60 in a fresh-clone run (2026-12-03): how far behind its grpc.aio reads fall differs between a pair's "
     "two calls on a busy 2-core machine (pathprobe.gateway.streamwork)",
-    "reencode": "its server link moved by +0.17, -0.04 and +0.44 ms (three runs) when its client link was "
-    "delayed: the gateway is ~110 ms behind its server, and where it puts the server's last chunk's "
-    "arrival (the emit-offset bound, its idle gaps) moves with how its backlog drained in that call",
 }
 
 
