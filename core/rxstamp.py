@@ -56,6 +56,39 @@ def recv(sock: socket.socket, n: int) -> tuple[bytes, int, int | None]:
     return (data, *_arrival(anc))
 
 
+class Reads:
+    """A blocking socket's reads, stamped where the kernel can: when the last one returned (``read_at``)
+    and when its last byte had arrived (``arrived_at``; ``perf_counter_ns``; None: no stamp, or no read
+    since :meth:`forget`). The load generator's HTTP/1.1 and HTTP/2 clients each keep one."""
+
+    __slots__ = ("arrived_at", "read_at", "stamped")
+
+    def __init__(self) -> None:
+        self.stamped = False
+        self.read_at = 0
+        self.arrived_at: int | None = None
+
+    def start(self, sock: socket.socket, can: bool = True) -> None:
+        """A new connection: stamp what it receives where ``can`` (not TLS) and the kernel allows."""
+        self.stamped = can and enable(sock)
+
+    def recv(self, sock: socket.socket, n: int) -> bytes:
+        if self.stamped:
+            data, self.read_at, self.arrived_at = recv(sock, n)
+        else:
+            data, self.read_at = sock.recv(n), time.perf_counter_ns()
+        return data
+
+    def forget(self) -> None:
+        """A new request: no read of its answer yet."""
+        self.arrived_at = None
+
+    @property
+    def age_ms(self) -> float | None:
+        """How long the last read's bytes had waited in the kernel when it returned (ms); None: unknown."""
+        return age_ms(self.read_at, self.arrived_at)
+
+
 def age_ms(read_at: int, arrived_at: int | None) -> float | None:
     """How long a read's bytes had waited in the kernel when it returned (ms); None without a stamp."""
     return None if arrived_at is None else (read_at - arrived_at) / 1e6

@@ -209,7 +209,7 @@ class H2GrpcTarget(Target):
             self._ping.apply(out)
 
     def read_age_ms(self) -> float | None:
-        return self.channel.read_age_ms
+        return self.channel.reads.age_ms
 
     def _call(self, spec: CallSpec, headers: dict[str, str], out: Outcome) -> None:
         pb = self._pb
@@ -257,8 +257,8 @@ class H2GrpcTarget(Target):
                 out.text.append(chunk.text)
             if chunk.token_ids or chunk.text:
                 times.append(ta)
-                if channel.arrived_at is not None:  # the read this message came in
-                    out.token_rx.append(channel.arrived_at)
+                if channel.reads.arrived_at is not None:  # the read this message came in
+                    out.token_rx.append(channel.reads.arrived_at)
                 out.emit_ms.append(chunk.emit_ms)
                 out.fwd_ms.append(chunk.fwd_ms)
                 st["n"] += len(chunk.token_ids) or 1

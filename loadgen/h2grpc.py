@@ -78,7 +78,6 @@ RST_TO_GRPC = {7: 14, 8: 1, 11: 8, 12: 7}
 WANTED = frozenset((b":status", b"grpc-status", b"grpc-message", b"server-timing"))
 BIG_WINDOW = (1 << 31) - 1
 DEFAULT_WINDOW = 65535
-pc = time.perf_counter_ns
 
 
 @dataclass(slots=True)
@@ -104,16 +103,8 @@ class Channel:
         self.user_agent = user_agent.encode()
         self.sock: socket.socket | None = None
         self._blocks: dict[bytes, bytes] = {}
-        self._stamped = False  # the kernel stamps what the socket receives (pathprobe.rxstamp)
-        #: the last read: when it returned and when its last byte had arrived (perf_counter ns; None:
-        #: no stamp, or no read in this call yet)
-        self.read_at = 0
-        self.arrived_at: int | None = None
-
-    @property
-    def read_age_ms(self) -> float | None:
-        """How long the last read's bytes had waited in the kernel for this client (ms); None: unknown."""
-        return rxstamp.age_ms(self.read_at, self.arrived_at)
+        #: the socket's reads, stamped by the kernel: the last one's return and arrival
+        self.reads = rxstamp.Reads()
 
     # ------------------------------------------------------------------ connection
     def _connect(self, timeout: float) -> socket.socket:
@@ -129,7 +120,7 @@ class Channel:
             + frame(WINDOW_UPDATE, 0, 0, (BIG_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
         )
         self.sock = sock
-        self._stamped = rxstamp.enable(sock)
+        self.reads.start(sock)
         self.buf = bytearray()
         self.reader = BlockReader()
         self.next_sid = 1
@@ -174,7 +165,7 @@ class Channel:
     ) -> CallResult:
         """Send one request message; ``on_message(bytes, arrival perf_counter_ns)`` per response message."""
         deadline = time.monotonic() + timeout_s
-        self.arrived_at = None
+        self.reads.forget()
         try:
             sock = self.sock if self.sock is not None else self._connect(timeout_s)
         except OSError as exc:
@@ -242,11 +233,8 @@ class Channel:
             raise TimeoutError
         sock.settimeout(left)
         # TimeoutError (socket.timeout, gevent's too) at the deadline
-        if self._stamped:
-            data, t, self.arrived_at = rxstamp.recv(sock, 262144)
-        else:
-            data, t = sock.recv(262144), pc()
-        self.read_at = t
+        data = self.reads.recv(sock, 262144)
+        t = self.reads.read_at
         if not data:
             raise ConnectionError("")
         buf = self.buf

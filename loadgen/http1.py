@@ -193,11 +193,8 @@ class Connection:
         self._sock: socket.socket | None = None
         self._addr: tuple[int, tuple[object, ...]] | None = None
         self._idle = False  # the socket finished a response and may be reused
-        self._stamped = False  # the kernel stamps what the socket receives (pathprobe.rxstamp)
-        #: the last read: when it returned and when its last byte had arrived (perf_counter ns; None:
-        #: no stamp, or no read since the request was sent)
-        self.read_at = 0
-        self.arrived_at: int | None = None
+        #: the socket's reads, stamped by the kernel (not TLS): the last one's return and arrival
+        self.reads = rxstamp.Reads()
 
     # -- the socket --------------------------------------------------------------------------
     def _connect(self) -> socket.socket:
@@ -217,22 +214,14 @@ class Connection:
         except BaseException:
             sock.close()
             raise
-        self._stamped = self.ssl_context is None and rxstamp.enable(sock)
+        self.reads.start(sock, self.ssl_context is None)
         if self.on_connect is not None:
             self.on_connect(ms)
         return sock
 
     def recv(self) -> bytes:
         assert self._sock is not None
-        if not self._stamped:
-            return self._sock.recv(RECV_BYTES)
-        data, self.read_at, self.arrived_at = rxstamp.recv(self._sock, RECV_BYTES)
-        return data
-
-    @property
-    def read_age_ms(self) -> float | None:
-        """How long the last read's bytes had waited in the kernel for this client (ms); None: unknown."""
-        return rxstamp.age_ms(self.read_at, self.arrived_at)
+        return self.reads.recv(self._sock, RECV_BYTES)
 
     def finished(self, keep_alive: bool) -> None:
         """The response in flight is complete: keep the socket for the next request, or close it."""
@@ -260,7 +249,7 @@ class Connection:
         if body or method in ("POST", "PUT", "PATCH"):
             head += b"Content-Length: %d\r\n" % len(body)
         data = head + b"\r\n" + body
-        self.arrived_at = None
+        self.reads.forget()
         for attempt in (0, 1):
             sock = self._sock
             reused = sock is not None and self._idle

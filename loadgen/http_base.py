@@ -111,7 +111,7 @@ class HttpTarget(Target):
         return resp
 
     def read_age_ms(self) -> float | None:
-        return self.client.read_age_ms
+        return self.client.reads.age_ms
 
     def after_call(self, out: Outcome) -> None:
         self._null.apply(out)
@@ -188,8 +188,8 @@ class HttpTarget(Target):
             out.decodes.append((ta, t))
             n = len(out.token_times)
             on_event(ta, obj)
-            if len(out.token_times) > n and self.client.arrived_at is not None:
-                out.token_rx.append(self.client.arrived_at)
+            if len(out.token_times) > n and self.client.reads.arrived_at is not None:
+                out.token_rx.append(self.client.reads.arrived_at)
         resp.read()  # drain the end of the chunked body so the connection is reused
         out.t_end = pc()
         out.decode_ns = dec

@@ -236,7 +236,7 @@ def test_each_read_carries_when_its_bytes_arrived_so_a_late_read_is_seen_as_late
         t_head = time.perf_counter_ns()
         time.sleep(0.08)
         assert resp.read() == b"body"
-        assert conn.arrived_at is not None and conn.read_age_ms is not None
-        assert 20.0 <= (conn.arrived_at - t_head) / 1e6 <= 60.0  # sent 30 ms after the head
-        assert 25.0 <= conn.read_age_ms <= 80.0  # read ~50 ms after it came
-        assert conn.read_at >= conn.arrived_at
+        assert conn.reads.arrived_at is not None and conn.reads.age_ms is not None
+        assert 20.0 <= (conn.reads.arrived_at - t_head) / 1e6 <= 60.0  # sent 30 ms after the head
+        assert 25.0 <= conn.reads.age_ms <= 80.0  # read ~50 ms after it came
+        assert conn.reads.read_at >= conn.reads.arrived_at
