@@ -138,14 +138,22 @@ def test_a_server_that_reports_nothing_is_unsplit_and_network_matches_our_server
     assert routes["openai.completions"]["network_estimate_kind"] == {}
     # like for like: the estimated network to the silent server and the measured network to our own
     # server on the same path (both hold both HTTP stacks' time outside the server's handler), medians,
-    # each with the loop waits the split moved out of the link: the client's and our front end's
-    # (``srv.wait``, booked as the server's queueing; a silent server reports none). On a busy machine
-    # they took all of our link's ~0.5 ms: network 0.0 against the estimate's 0.57 (2026-12-03)
+    # each with the client's loop wait that the split moved out of the link. Our front end's wait
+    # (``srv.wait``, the server's queueing) is floored at the kernel's stamp of the request's bytes
+    # (pathprobe.loopwait.floor_of) and holds aiohttp's read and parse before our handler (0.40-0.44 ms
+    # here), which the estimate's null round trip to a minimal server hardly has: with it added the two
+    # differed by 0.43-0.46 ms here and 0.50 in a fresh-clone run (2026-12-04); without it by <= 0.03 here.
+    # Before that floor, an over-stated wait took all of our link's ~0.5 ms on a busy machine (network 0.0)
     est, measured = (
-        statistics.median(r["split"]["network"] + r["split"]["client_wait"] + r["split"]["hop_wait"] for r in rs)
-        for rs in (theirs, ours)
+        statistics.median(r["split"]["network"] + r["split"]["client_wait"] for r in rs) for rs in (theirs, ours)
     )
-    assert abs(est - measured) <= 0.5, (est, measured, statistics.median(r["network_floor_ms"] for r in theirs))
+    hop_wait = statistics.median(r["split"]["hop_wait"] for r in ours)
+    assert abs(est - measured) <= 0.5, (
+        est,
+        measured,
+        hop_wait,
+        statistics.median(r["network_floor_ms"] for r in theirs),
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
