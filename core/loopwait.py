@@ -180,10 +180,8 @@ def floor_of(transport: object) -> float | None:
     if watch is None or fd is None:
         return None
     floor = watch.take(fd)
-    stamped = rxstamp.stamp_transport(transport)
-    if floor is None or stamped is None or stamped.arrived is None:
-        return floor
-    return max(floor, stamped.arrived / 1e6)
+    arrived = rxstamp.arrived_ms(rxstamp.stamp_transport(transport))
+    return floor if floor is None or arrived is None else max(floor, arrived)
 
 
 def wait_ms(floor: float | None, t0: float) -> float | None:

@@ -148,6 +148,11 @@ class StampedSocket:
         return getattr(self._sock, name)
 
 
+def arrived_ms(stamped: StampedSocket | None) -> float | None:
+    """When a stamped socket's last read had its bytes (``timing.now_ms``'s clock); None: not stamped."""
+    return None if stamped is None or stamped.arrived is None else stamped.arrived / 1e6
+
+
 def stamp_transport(transport: object) -> StampedSocket | None:
     """Stamp what ``transport`` (an asyncio selector transport over TCP) reads from now on; the same
     wrapper again when it already is; None where it cannot (another transport, TLS, no stamps)."""

@@ -20,14 +20,14 @@ from collections.abc import Mapping
 import aiohttp
 import grpc
 from aiohttp import web
-from pathprobe import loopwait, timing
+from pathprobe import loopwait, rxstamp, timing
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
 from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, arrived_ms, body_error
+from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork
 from pathprobe.gateway.upstreams import Pool
@@ -162,7 +162,7 @@ class HttpProxy(SessionOwner):
                         await out.write(data)
                         continue
                     td = now_ms()
-                    work.chunk(td, _offset(_EMIT, data), _offset(_FWD, data), arrived_ms(stamped))
+                    work.chunk(td, _offset(_EMIT, data), _offset(_FWD, data), rxstamp.arrived_ms(stamped))
                     if b'"server_timing"' in data or _final_usage(data):
                         data = self._rewrite(data, up, t0, ent, spans, work)
                     await out.write(data)

@@ -146,11 +146,6 @@ class UpstreamResponse:
         return max(0.0, sent / 1e6 - self.t0 - SEND_SLACK_MS) if sent is not None else 0.0
 
 
-def arrived_ms(stamped: rxstamp.StampedSocket | None) -> float | None:
-    """When a stamped socket's last read had its bytes (``now_ms`` clock); None: not stamped."""
-    return None if stamped is None or stamped.arrived is None else stamped.arrived / 1e6
-
-
 async def request(
     session: aiohttp.ClientSession,
     pool: Pool,

@@ -27,13 +27,13 @@ import grpc
 import grpc.aio
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-from pathprobe import grpcwait, loopwait, timing
+from pathprobe import grpcwait, loopwait, rxstamp, timing
 from pathprobe.deadline import PUSHBACK_KEY, RETRY_AFTER, TIMEOUT_HEADER, format_timeout
 from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http_to_grpc
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, arrived_ms, body_error, request
+from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error, request
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork, chunk_spans
 from pathprobe.gateway.upstreams import Pool
@@ -274,7 +274,7 @@ class Reencoder(SessionOwner):
                     try:
                         obj = json.loads(payload)
                         emit, fwd = obj.get("emit_ms"), obj.get("fwd_ms")
-                        work.chunk(td, _offset(emit), _offset(fwd), arrived_ms(stamped))
+                        work.chunk(td, _offset(emit), _offset(fwd), rxstamp.arrived_ms(stamped))
                         st = obj.pop("server_timing", None)
                         if st is not None:
                             upstream_st = st

@@ -69,10 +69,7 @@ class _Dir:
             return False
         if self.next_seq is None:
             self.next_seq = seq
-        ahead = (seq - self.next_seq) % (1 << 32)
-        if ahead and ahead < (1 << 31):  # a hole before this segment: read on after it
-            self.holes.append(len(self.ends))
-            self.next_seq = seq
+        self.acked(seq)  # a hole before this segment: read on after it
         behind = (self.next_seq - seq) % (1 << 32)
         if behind >= len(payload):  # a retransmission of bytes already here
             return False
@@ -84,8 +81,8 @@ class _Dir:
         return True
 
     def acked(self, seq: int) -> None:
-        """A segment without data (an ACK) from this direction's sender: its sequence number is the
-        next byte to come, so one ahead of ours means lost bytes, even when no data follows them."""
+        """A segment from this direction's sender at ``seq`` (an ACK: the next byte to come; data: its
+        first byte): one ahead of ours means lost bytes, even when no data follows them."""
         if self.next_seq is not None:
             ahead = (seq - self.next_seq) % (1 << 32)
             if ahead and ahead < (1 << 31):

@@ -258,9 +258,9 @@ def read_packets(path: Path) -> list[Packet]:
     out: list[Packet] = []
     for ts_ns, ip, tcp in tcp_segments(path):
         size = ip.len - ip.hl * 4 - tcp.off * 4 if hasattr(ip, "hl") else len(tcp.data)
-        if size <= 0 or _h2_control_only(bytes(tcp.data), size):
-            continue
         data = bytes(tcp.data)
+        if size <= 0 or _h2_control_only(data, size):
+            continue
         out.append(Packet(ts_ns, tcp.sport, tcp.dport, size, len(data) == size and is_stream_tail(data)))
     out.sort(key=lambda p: p.ts_ns)
     return out
