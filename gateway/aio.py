@@ -105,6 +105,12 @@ class Spans:
                 self.tracer, name, self.server, start_ms, dur_ms, {"pathprobe.entry": name, **(attrs or {})}
             )
 
+    def upwait(self, ms: float | None, end_ms: float) -> None:
+        """``gw.upwait`` (the gateway's wait for its loop inside ``gw.upstream``) as a child interval
+        ending at ``end_ms``, so a split from the spans books it as the in-band split does."""
+        if ms:
+            self.child("gw.upwait", end_ms - ms, ms)
+
     def client(
         self, name: str, attrs: Mapping[str, AttributeValue], start_ms: float | None = None
     ) -> tuple[Span | None, dict[str, str]]:

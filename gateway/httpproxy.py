@@ -27,7 +27,7 @@ from pathprobe.gateway import httpup
 from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error
+from pathprobe.gateway.httpup import SEND_SLACK_MS, SessionOwner, UpstreamResponse, body_error
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork
 from pathprobe.gateway.upstreams import Pool
@@ -108,6 +108,7 @@ class HttpProxy(SessionOwner):
             t_up1 = now_ms()
             ent.upstream = t_up1 - up.t0
             ent.upwait = loopwait.read_wait_ms(fd, up.t0, t_up1)  # the answer in, the loop busy: our queueing
+            spans.upwait(ent.upwait, t_up1)
             Spans.end_client(up.cspan, {"http.response.status_code": status}, None, up.t0, ent.upstream)
             ent.connect = self.connects.get(up.upstream.target)
             ent.total = now_ms() - t0
@@ -151,6 +152,7 @@ class HttpProxy(SessionOwner):
             work = StreamWork()
             stamped = up.stamped()  # when each chunk's bytes reached the host, whatever the loop was doing
             ent.upwait = up.send_wait(stamped)
+            spans.upwait(ent.upwait, up.t0 + SEND_SLACK_MS + ent.upwait)
             try:
                 async for line in up.resp.content:
                     event.append(line)

@@ -33,7 +33,7 @@ from pathprobe.errors import DeadlineExceeded, PathprobeError, Unavailable, http
 from pathprobe.gateway.aio import Spans
 from pathprobe.gateway.common import Entries, forward_metadata, grpc_timeout, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
-from pathprobe.gateway.httpup import SessionOwner, UpstreamResponse, body_error, request
+from pathprobe.gateway.httpup import SEND_SLACK_MS, SessionOwner, UpstreamResponse, body_error, request
 from pathprobe.gateway.metrics import Metrics
 from pathprobe.gateway.streamwork import StreamWork, chunk_spans
 from pathprobe.gateway.upstreams import Pool
@@ -212,6 +212,7 @@ class Reencoder(SessionOwner):
             t_up1 = now_ms()
             ent.upstream = t_up1 - up.t0
             ent.upwait = loopwait.read_wait_ms(fd, up.t0, t_up1)  # the answer in, the loop busy: our queueing
+            spans.upwait(ent.upwait, t_up1)
             upstream_st = up.resp.headers.get(timing.HTTP_HEADER)
             Spans.end_client(up.cspan, {"http.response.status_code": up.resp.status}, None, up.t0, ent.upstream)
             if up.resp.status != 200:
@@ -263,6 +264,7 @@ class Reencoder(SessionOwner):
                 raise _error_of(up.resp.status, data, up.upstream.target, up.resp.headers.get(RETRY_AFTER))
             stamped = up.stamped()  # when each chunk's bytes reached the host, whatever the loop was doing
             ent.upwait = up.send_wait(stamped)
+            spans.upwait(ent.upwait, up.t0 + SEND_SLACK_MS + ent.upwait)
             try:
                 async for line in up.resp.content:
                     if not line.startswith(b"data:"):
