@@ -18,8 +18,8 @@ the link's measured network as the hop's wait (:func:`pathprobe.segments.split`)
 witness (``pathprobe compare --witness pcap``) sees the real arrival.
 
 The same floor times a forwarding hop's wait for its loop *after* its upstream answered
-(``gw.upwait``, inside ``gw.upstream``: :func:`read_wait_ms` on the upstream connection's socket,
-:func:`grpc_wait_ms` for a grpc.aio call, whose answers reach the loop through gRPC's poller socket):
+(``gw.upwait``, inside ``gw.upstream``: :func:`read_wait_ms` on the upstream connection's socket;
+transcode's own gRPC client dates its answers itself, :mod:`pathprobe.gateway.grpcup`):
 a gateway whose loop is busy with 32 other requests reads its upstream's answer late, and that is its
 queueing, not the upstream link's network.
 
@@ -27,8 +27,7 @@ Not measured (left in network, the safe side): the kernel's accept queue and a s
 buffer before it became readable to this loop's ``select``; a loop without a Python selector
 (uvloop); gRPC front ends served by grpc.aio, whose sockets and pending calls live in gRPC's core
 (the loop sees a call only when it asks for the next one; :mod:`pathprobe.grpcwait` measures those
-from the caller's deadline); a grpc.aio answer's time in gRPC core before its poller thread handed
-it to the loop. A floor older than :data:`MAX_AGE` loop
+from the caller's deadline). A floor older than :data:`MAX_AGE` loop
 iterations is not used (the handler of a request runs within a couple of iterations of its read;
 an older floor belongs to an earlier request on the same socket number).
 Cost: one Python call per loop iteration (~1-2 us) and one dict store per readable socket.
@@ -59,7 +58,7 @@ _WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWatch] = weak
 class LoopWatch:
     """One per event loop: :func:`install` it, then :meth:`take` a socket's floor at a request's start."""
 
-    __slots__ = ("_floors", "_last_return", "gap_ms", "grpc_fd", "iteration", "max_age", "sleeps")
+    __slots__ = ("_floors", "_last_return", "gap_ms", "iteration", "max_age", "sleeps")
 
     def __init__(self, gap_ms: float = GAP_MS, max_age: int = MAX_AGE) -> None:
         self.gap_ms = gap_ms
@@ -69,8 +68,6 @@ class LoopWatch:
         self._floors: dict[int, tuple[float, int]] = {}
         #: the latest ``select`` calls that slept (start, end): the loop had nothing to run then
         self.sleeps: collections.deque[tuple[float, float]] = collections.deque(maxlen=SLEEPS)
-        #: the socket gRPC's poller hands grpc.aio completions to this loop through (None: not found yet)
-        self.grpc_fd: int | None = None
 
     def wrap(self, selector: selectors.BaseSelector) -> None:
         """Measure every ``select`` of ``selector`` (the loop's)."""
@@ -116,7 +113,7 @@ class LoopWatch:
         return bool(self.sleeps) and self.sleeps[-1][1] > t
 
     def peek(self, fd: int) -> float | None:
-        """The floor of ``fd``'s latest readiness, kept (a socket many calls share: gRPC's poller)."""
+        """The floor of ``fd``'s latest readiness, kept (a connection that reads on asks again)."""
         got = self._floors.get(fd)
         if got is None or self.iteration - got[1] > self.max_age:
             return None
@@ -196,43 +193,6 @@ def read_wait_ms(fd: int | None, since: float, t: float) -> float | None:
     latest readiness, when that came after ``since`` (the call's start); None when not measured."""
     watch = watch_of()
     floor = watch.take(fd) if watch is not None and fd is not None else None
-    return _after(floor, since, t)
-
-
-#: the reader grpc.aio adds to a loop for its poller socket (grpcio's ``PollerCompletionQueue``)
-GRPC_POLLER_READER = "PollerCompletionQueue._handle_events"
-
-
-def grpc_poller_fd(loop: asyncio.AbstractEventLoop | None = None) -> int | None:
-    """The socket through which gRPC core's poller thread hands grpc.aio completions to ``loop`` (the
-    running one): the selector key whose reader is :data:`GRPC_POLLER_READER`; None when there is none
-    (no grpc.aio call yet, another grpcio design, no Python selector)."""
-    loop = loop or asyncio.get_running_loop()
-    selector = getattr(loop, "_selector", None)
-    if not isinstance(selector, selectors.BaseSelector):
-        return None
-    for key in selector.get_map().values():
-        reader = key.data[0] if isinstance(key.data, tuple) else None
-        callback = getattr(reader, "_callback", None)
-        func = getattr(callback, "func", callback)  # grpcio binds it with functools.partial
-        if getattr(func, "__qualname__", None) == GRPC_POLLER_READER:
-            return key.fd
-    return None
-
-
-def grpc_wait_ms(since: float, t: float) -> float | None:
-    """How long a grpc.aio call's answer (a message, its end) sat in the process, handed over by gRPC's
-    poller, while the loop was busy, before the coroutine awaiting it resumed at ``t``
-    (``<kind>.upwait``): ``t`` less the floor of the poller socket's latest readiness, when that came
-    after ``since`` (the call's start, or the end of the hop's work on the chunk before); None when
-    not measured. The socket carries every call's completions: a later one than this answer's makes the
-    floor later and the wait shorter, the safe side."""
-    watch = watch_of()
-    if watch is None:
-        return None
-    if watch.grpc_fd is None:
-        watch.grpc_fd = grpc_poller_fd()
-    floor = watch.peek(watch.grpc_fd) if watch.grpc_fd is not None else None
     return _after(floor, since, t)
 
 

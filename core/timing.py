@@ -162,7 +162,6 @@ def last_waited(
     work: Iterable[Interval],
     idle_ms: float = IDLE_MS,
     idle: Callable[[float, float], bool] | None = None,
-    due: Sequence[float] | None = None,
 ) -> float:
     """The last instant a consumer had a chunk it had been *waiting* for: the latest ``seen_i`` with
     the consumer idle for more than ``idle_ms`` right before it (no per-chunk ``work`` of its own
@@ -175,36 +174,14 @@ def last_waited(
     whether it slept at some instant in ``(a, b)``. A stretch without work in which the loop never
     slept was not a wait for the chunk: the consumer was preempted or running other requests' work
     while the chunk waited in its buffer (a 2048-token stream through a gateway that fell behind on
-    a busy 2-core machine: time slices of several ms), which is its backlog, not the link's.
-
-    ``due``: per chunk, the earliest instant it can have arrived by the producer's pacing
-    (:func:`due_times`), where the consumer's sleep is weaker evidence (a grpc.aio call gets each
-    message from gRPC core's poller thread, and its loop sleeps while that thread waits for a core,
-    even for messages long in the process: :mod:`pathprobe.gateway.streamwork`). A gap then counts
-    only if the consumer had caught up: the chunk was not due before the gap began (less
-    ``idle_ms``). One that was behind by tens of ms and slept 1-4 ms was waiting for its own poller;
-    one that had caught up and slept was waiting for the chunk."""
+    a busy 2-core machine: time slices of several ms), which is its backlog, not the link's."""
     ends = sorted(end for _, end in work)
     out = -math.inf
-    for k, s in enumerate(seen):
+    for s in seen:
         i = bisect.bisect_right(ends, s)
         prev = ends[i - 1] if i else -math.inf
-        if s - prev > idle_ms and (idle is None or idle(prev, s)) and (due is None or due[k] >= prev - idle_ms):
+        if s - prev > idle_ms and (idle is None or idle(prev, s)):
             out = s
-    return out
-
-
-def due_times(seen: Sequence[float], pace: Sequence[float] | None) -> list[float] | None:
-    """Per chunk, the earliest instant it can have arrived by its producer's pacing, for
-    :func:`last_waited`'s ``due``: ``pace_k + min_{j <= k}(seen_j - pace_j)`` (the emit-offset bound
-    of :func:`last_arrival`, over the chunks up to it); None without offsets."""
-    if pace is None or len(pace) != len(seen):
-        return None
-    out: list[float] = []
-    least = math.inf
-    for s, p in zip(seen, pace, strict=True):
-        least = min(least, s - p)
-        out.append(p + least)
     return out
 
 

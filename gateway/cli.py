@@ -93,7 +93,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="passthrough grpc: grpcio's older poller (legacy, the default) does fewer thread hand-offs "
         "per call (measured faster)",
     )
-    p.add_argument("--pool-size", type=int, help="HTTP upstream keep-alive connections per upstream (default 64)")
+    p.add_argument(
+        "--pool-size",
+        type=int,
+        help="upstream connections per upstream: HTTP keep-alive (http-proxy, reencode), HTTP/2 with one call "
+        "each until all are busy (transcode) (default 64)",
+    )
     p.add_argument("--traces-file", help="also write spans to this OTLP JSON lines file")
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="default WARNING")
     p.add_argument(

@@ -21,19 +21,12 @@ hand-off offsets) paced them, not the server's emit offsets (:func:`pathprobe.ti
 gateway that rebuilds chunks stamps its own, so its consumer does the same.
 
 Whether a gap in which the gateway's loop slept was a wait for the upstream
-(:func:`pathprobe.timing.last_waited`) depends on where its reads land. A socket the loop itself
-selects on (aiohttp: ``http-proxy``, ``reencode``) wakes the loop the moment bytes arrive, so a
-sleep before a chunk was a wait for it. A grpc.aio call (``transcode``) gets each message from
-gRPC's core through a poller thread that hands it to the loop over a socket pair: the loop sleeps
-while that thread waits for a core, even for a message that has been in the process for hundreds of
-ms (``bench/aio_delivery.py``: 2048 messages read half a second after the last was sent, beside two
-busy processes on 2 cores, 44-105 sleeps of 1-9 ms per stream). Such a consumer's sleep
-(``reads_on_loop=False``) counts as a wait only where it had also caught up with the upstream's
-pacing (the chunk was not due, by the emit-offset bound, before the gap began:
-``timing.last_waited``'s ``due``): one behind by tens of ms that slept 1-4 ms was waiting for its
-own poller (its backlog); one that kept up and slept was waiting for the chunk (at c=4 on 4-token
-streams, with sleeps ignored altogether, 2 % of transcode's records had its upstream side's stack
-below zero in the packet witness).
+(:func:`pathprobe.timing.last_waited`) depends on where its reads land: on a socket the loop itself
+selects on (aiohttp: ``http-proxy``, ``reencode``; :mod:`pathprobe.gateway.grpcup`: ``transcode``),
+the loop wakes the moment bytes arrive, so a sleep before a chunk was a wait for it. (A grpc.aio
+call gets each message from gRPC's core through a poller thread, and its loop sleeps while that
+thread waits for a core, even for a message long in the process: ``bench/aio_delivery.py``; that
+is why transcode no longer reads through grpc.aio.)
 """
 
 from __future__ import annotations
@@ -46,7 +39,6 @@ from typing import TYPE_CHECKING
 from pathprobe import loopwait
 from pathprobe.timing import (
     IDLE_MS,
-    due_times,
     handoff_split,
     held_back,
     last_arrival,
@@ -83,9 +75,18 @@ class StreamWork:
     arrived: list[float | None] = field(default_factory=list)
     #: the instant :meth:`held` used as the last chunk's arrival (0: not computed yet)
     last: float = 0.0
-    #: whether the chunks reach the gateway through a socket its loop selects on (see the module's
-    #: text): then a gap in which that loop slept was a wait for the upstream
-    reads_on_loop: bool = True
+    #: whether the stamp of the read that returned the last chunk dates the chunk itself: a gRPC call's
+    #: last message and its trailers go out in one write (transcode through ``grpcup``). Then the stamp,
+    #: not the pacing bound, is its arrival: the bound assumes the last chunk crossed as quickly as the
+    #: quickest did, which is early where the upstream held its last chunk back (its ``srv.backlog``),
+    #: and the gateway's work up to the real arrival, which overlapped the upstream, was booked as held
+    #: back (transcode, 32-token streams at c=1: its upstream side's stack below zero in 42 of 443 records
+    #: in the packet witness; 0 with it). An event stream's last chunk can share its read with the
+    #: ``[DONE]`` and the body's end that came after it (the kernel merges what waited in the socket and
+    #: stamps the latest): there the stamp only caps the bound (http-proxy, reencode: with the stamp as
+    #: the arrival, http-proxy's server link moved by -0.72 ms once in five paired 512-token runs when its
+    #: client link was delayed, bound 0.3)
+    stamp_ends: bool = False
 
     def chunk(
         self, seen_ms: float, emit_ms: float | None, fwd_ms: float | None = None, arrived_ms: float | None = None
@@ -116,26 +117,25 @@ class StreamWork:
         on the chunks before it)."""
         if not self.seen:
             return 0.0, 0.0, 0.0, 0.0
-        seen = [s for s, _ in self.seen]
-        work = (*self.decode, *self.encode, *self.send)
-        # a gap counts as a wait where the loop slept in it; through grpc.aio only if the gateway had
-        # also caught up with the upstream's pacing (see the module's text)
-        due = None if self.reads_on_loop else due_times(seen, self._pace())
-        waited = last_waited(seen, work, idle=self._idle(), due=due) if self.reads_on_loop or due else -math.inf
-        last = self.last = self._stamped(self.last_arrival(max(not_before, waited)), not_before)
+        last = self.last = self._arrival(not_before)
         send, backlog = handoff_split(self.send, last)
         tail = (*tail_after(self.decode, last), *tail_after(self.encode, last), *tail_after(self.send, last))
         reads = read_backlog(self.seen[-1][0], last, tail)
         return held_back(self.decode, last), held_back(self.encode, last), send, backlog + reads
 
-    def _stamped(self, bound: float, not_before: float) -> float:
-        """``bound`` (the last chunk's arrival by the pacing and the loop's sleeps), no later than
-        :data:`STAMP_SLACK_MS` after the kernel's stamp of its bytes, where there is one (and never
-        before ``not_before``): a read later than that is the gateway's own lateness."""
+    def _arrival(self, not_before: float) -> float:
+        """The last chunk's arrival, never before ``not_before``. Where the kernel stamped its bytes, no
+        later than :data:`STAMP_SLACK_MS` after that stamp (a read later than that is the gateway's own
+        lateness): with :attr:`stamp_ends` the stamp is the arrival (no later than the gateway saw it);
+        otherwise it caps the bound by the pacing and the loop's sleeps, the arrival without a stamp."""
         stamp = self.arrived[-1] if self.arrived else None
-        if stamp is None:
-            return bound
-        return min(bound, max(stamp + STAMP_SLACK_MS, not_before))
+        if stamp is not None and self.stamp_ends:
+            return max(min(self.seen[-1][0], stamp + STAMP_SLACK_MS), not_before)
+        seen = [s for s, _ in self.seen]
+        work = (*self.decode, *self.encode, *self.send)
+        waited = last_waited(seen, work, idle=self._idle())  # a gap counts as a wait where the loop slept
+        bound = self.last_arrival(max(not_before, waited))
+        return bound if stamp is None else min(bound, max(stamp + STAMP_SLACK_MS, not_before))
 
     @staticmethod
     def _idle() -> Callable[[float, float], bool] | None:

@@ -5,7 +5,9 @@ switches between server and gateway by changing only the address. JSON -> protob
 :mod:`pathprobe.jsoncodec` (proto field names), gRPC status -> HTTP as grpc-gateway and
 Envoy map it (:data:`pathprobe.errors.GRPC_TO_HTTP`). Timing: ``gw.decode`` = JSON parse
 + message build + upstream response parse, ``gw.encode`` = request serialize + response
-JSON; upstream ``srv.*`` entries come from the call's trailing metadata.
+JSON; upstream ``srv.*`` entries come from the call's trailing metadata. The upstream calls go
+through :mod:`pathprobe.gateway.grpcup` (not grpc.aio): its sockets are the loop's and stamped, so
+an answer the gateway reads late is its ``gw.upwait`` / ``gw.backlog``, not the server link's network.
 
 Streams: chunks are transcoded and handed to the client's transport (``resp.prepare`` /
 ``resp.write``) while the upstream call is open. The part of that work after the upstream's last
@@ -20,15 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 from aiohttp import web
-from pathprobe import grpcwait, jsoncodec, loopwait, timing
+from pathprobe import jsoncodec, loopwait, timing
 from pathprobe.address import host_and_port
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
+from pathprobe.gateway import grpcup
 from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import Entries, client_credentials, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
@@ -38,7 +41,6 @@ from pathprobe.gateway.streamwork import StreamWork, chunk_spans
 from pathprobe.gateway.upstreams import Pool, Upstream
 from pathprobe.jsontypes import JsonObject
 from pathprobe.timing import now_ms
-from pathprobe.tls import TlsFiles, grpc_channel
 from pathprobe.v1 import llm_pb2
 
 if TYPE_CHECKING:
@@ -51,15 +53,6 @@ GENERATE = "/pathprobe.v1.LLM/Generate"
 GENERATE_STREAM = "/pathprobe.v1.LLM/GenerateStream"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
 SSE_DONE = b"data: [DONE]\n\n"
-
-
-class _Clients:
-    __slots__ = ("channel", "stream", "unary")
-
-    def __init__(self, target: str, tls: TlsFiles | None = None) -> None:
-        self.channel = grpc_channel(target, tls, [("grpc.max_receive_message_length", -1)], aio=True)
-        self.unary = self.channel.unary_unary(GENERATE)
-        self.stream = self.channel.unary_stream(GENERATE_STREAM)
 
 
 class _Call:
@@ -102,12 +95,12 @@ class Transcoder:
 
     def start_clients(self) -> None:
         for u in self.pool.upstreams:
-            u.client = _Clients(u.target, self.cfg.upstream_tls_files)
+            u.client = grpcup.Channel(u.target, self.cfg.upstream_tls_files, self.cfg.pool_size)
 
     async def close(self) -> None:
         for u in self.pool.upstreams:
             if u.client is not None:
-                await u.client.channel.close()
+                await u.client.close()
 
     # ---------------------------------------------------------------- routes
     async def healthz(self, request: web.Request) -> web.Response:
@@ -205,7 +198,7 @@ class Transcoder:
     # ---------------------------------------------------------------- upstream
     async def _call(
         self, kind: str, payload: bytes, spans: Spans, creds: list[tuple[str, str]], timeout: float
-    ) -> tuple[Upstream, Any, Span | None, float, dict[str, AttributeValue]]:
+    ) -> tuple[Upstream, grpcup.Call, Span | None, float, dict[str, AttributeValue]]:
         """Start the call; a refused connection fails over to another upstream."""
         tried: tuple[Upstream, ...] = ()
         while True:
@@ -221,26 +214,16 @@ class Transcoder:
             }
             t_up0 = now_ms()
             cspan, carrier = spans.client(method.lstrip("/"), cattrs, t_up0)
-            mc = u.client.stream if kind == "stream" else u.client.unary
             md: list[tuple[str, str | bytes]] = [*carrier.items(), *creds]
-            up_timeout = grpcwait.declare(timeout, md)  # the server measures how long it held the call
-            call = mc(payload, timeout=up_timeout, metadata=md or None)
-            if len(self.pool.upstreams) > 1:
-                try:
-                    await call.initial_metadata()
-                except grpc.RpcError:
-                    pass
-                if (
-                    call.done()
-                    and await call.code() is grpc.StatusCode.UNAVAILABLE
-                    and connect_failure(await call.details())
-                ):
-                    self.pool.release(u)
-                    u.mark(False, await call.details() or "connect failed")
-                    Spans.end_client(cspan, {"rpc.grpc.status_code": 14}, "connect failed", t_up0, now_ms() - t_up0)
-                    tried += (u,)
-                    if len(tried) < len(self.pool.upstreams):
-                        continue
+            call = await u.client.call(method, payload, timeout, md)  # the timeout sent is declared
+            failed = call.failure()
+            if failed is not None and len(self.pool.upstreams) > 1 and connect_failure(failed.details()):
+                self.pool.release(u)
+                u.mark(False, failed.details() or "connect failed")
+                Spans.end_client(cspan, {"rpc.grpc.status_code": 14}, "connect failed", t_up0, now_ms() - t_up0)
+                tried += (u,)
+                if len(tried) < len(self.pool.upstreams):
+                    continue
             return u, call, cspan, t_up0, cattrs
 
     def _error(self, err: grpc.aio.AioRpcError, u: Upstream) -> tuple[grpc.StatusCode, str]:
@@ -252,7 +235,9 @@ class Transcoder:
             self.metrics.upstream_error(u.target, code.name)
         return code, details
 
-    async def _begin(self, kind: str, route: str, c: _Call) -> tuple[Upstream, Any, Span | None, float] | web.Response:
+    async def _begin(
+        self, kind: str, route: str, c: _Call
+    ) -> tuple[Upstream, grpcup.Call, Span | None, float] | web.Response:
         """Open the upstream call (upstream, call, CLIENT span, its start), or the refusal to answer."""
         try:
             u, call, cspan, t_up0, _cattrs = await self._call(kind, c.payload, c.spans, c.creds, c.timeout)
@@ -292,7 +277,8 @@ class Transcoder:
                 return status
             t_up1 = now_ms()
             ent.upstream = t_up1 - t_up0
-            ent.upwait = loopwait.grpc_wait_ms(t_up0, t_up1)  # the answer in, the loop busy: our queueing
+            ent.upwait = grpcup.wait_ms(call, t_up0, t_up1)  # the answer in, the loop busy: our queueing
+            spans.upwait(ent.upwait, t_up1)
             upstream_st = _upstream_timing(await call.trailing_metadata())
             Spans.end_client(cspan, {"rpc.grpc.status_code": 0}, None, t_up0, ent.upstream)
             td = now_ms()
@@ -326,14 +312,14 @@ class Transcoder:
         # Chunks are transcoded and handed to the client's transport while the upstream call is
         # open; only the part of that work after the upstream's last chunk arrived held the stream
         # back (gw.decode / gw.encode / gw.send, taken out of gw.upstream): pathprobe.gateway.streamwork
-        work = StreamWork(reads_on_loop=False)  # grpc.aio: messages reach the loop from a poller thread
+        work = StreamWork(stamp_ends=True)  # grpcup stamps each message; the last goes with the trailers
         c_dec = c_enc = c_send = c_back = 0.0
         try:
             try:
                 async for raw in call:
                     td = now_ms()
                     chunk = llm_pb2.GenerateChunk.FromString(raw)
-                    work.chunk(td, chunk.emit_ms, chunk.fwd_ms)
+                    work.chunk(td, chunk.emit_ms, chunk.fwd_ms, call.arrived_ms)
                     t1 = now_ms()
                     work.decode.append((td, t1))
                     chunk.fwd_ms = round(t1 - t0, 3)  # our hand-off paces the client's chunks
@@ -357,7 +343,8 @@ class Transcoder:
                 c_dec, c_enc, c_send, c_back = work.held(t_up0 + timing.finished_ms(upstream_st))
                 ent.upstream = t_up1 - t_up0 - c_dec - c_enc - c_send - c_back
                 # the call's end (its status) in while the loop was busy after the last chunk's work
-                ent.upwait = loopwait.grpc_wait_ms(max(t_up0, work.done()), t_up1)
+                ent.upwait = grpcup.wait_ms(call, max(t_up0, work.done()), t_up1)
+                spans.upwait(ent.upwait, t_up1)
                 ent.decode += c_dec
                 ent.encode += c_enc
                 Spans.end_client(cspan, {"rpc.grpc.status_code": 0}, None, t_up0, ent.upstream)

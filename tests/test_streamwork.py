@@ -7,9 +7,9 @@ import pytest
 from pathprobe.gateway.streamwork import STAMP_SLACK_MS, StreamWork
 
 
-def _work(seen: list[tuple[float, float | None]], cost: float, reads_on_loop: bool = True) -> StreamWork:
+def _work(seen: list[tuple[float, float | None]], cost: float) -> StreamWork:
     """Chunks seen at the given instants, each decoded, encoded and sent in ``cost`` ms apiece."""
-    w = StreamWork(reads_on_loop=reads_on_loop)
+    w = StreamWork()
     for t, emit in seen:
         w.chunk(t, emit)
         w.decode.append((t, t + cost))
@@ -55,32 +55,6 @@ def test_a_gateway_that_waited_for_a_chunk_had_it_when_it_came():
     # waiting for it (the stall is the link's), not behind
     w = _work([(11.0, 10.0), (12.5, 12.0), (16.0, 14.0)], 0.1)
     assert w.last_arrival() == pytest.approx(14.5)  # the emit-offset bound alone
-    assert w.held() == pytest.approx((0.1, 0.1, 0.1, 0.0))
-    assert w.last == pytest.approx(16.0)
-
-
-def test_a_grpc_aio_gateway_behind_its_upstream_did_not_wait_in_its_idle_gap():
-    # the upstream emitted three chunks 0.1 ms apart; the gateway, behind, sat idle 1.9 ms before the
-    # last. Read through grpc.aio, its loop sleeps while gRPC core's poller thread hands over a message
-    # long in the process (bench/aio_delivery.py): the chunk was due at 10.2, 1.9 ms before the gap began,
-    # so the gap is its backlog. A gateway on its own socket's readiness was waiting for it.
-    seen = [(10.0, 1.0), (11.2, 1.1), (14.0, 1.2)]
-    w = _work(seen, 0.3, reads_on_loop=False)
-    dec, enc, send, backlog = w.held()
-    assert w.last == pytest.approx(10.2)
-    # its two sends before the last one, and getting to the chunks: 10.2 -> 14.0 less its work on chunks 1, 2
-    assert backlog == pytest.approx(0.3 + 0.3 + (14.0 - 10.2) - 0.7 - 0.9)
-    on_loop = _work(seen, 0.3)
-    on_loop.held()
-    assert on_loop.last == pytest.approx(14.0)
-    # the upstream's own time still bounds it from below
-    assert _work(seen, 0.3, reads_on_loop=False).held(not_before=13.5)[3] == pytest.approx(14.0 - 13.5)
-
-
-def test_a_grpc_aio_gateway_that_kept_up_waited_in_its_idle_gap():
-    # the jittered link above: the gateway had caught up (chunk 3 was not due before its gap began), so
-    # its idle gap was a wait for the chunk, grpc.aio or not
-    w = _work([(11.0, 10.0), (12.5, 12.0), (16.0, 14.0)], 0.1, reads_on_loop=False)
     assert w.held() == pytest.approx((0.1, 0.1, 0.1, 0.0))
     assert w.last == pytest.approx(16.0)
 
@@ -133,3 +107,29 @@ def test_a_gateway_that_read_every_chunk_late_has_its_lateness_by_the_kernels_st
     # never before the upstream was done
     w.held(not_before=30.0)
     assert w.last == pytest.approx(30.0)
+
+
+def test_a_last_chunk_the_upstream_held_back_arrives_at_its_stamp_not_at_the_pacing_bound():
+    # chunks emitted 1 ms apart and each read 0.2 ms after its bytes came; the last came 3 ms later than
+    # its emit offset says (the upstream held it back: its own srv.backlog) while the gateway was still
+    # handing the chunk before to its client (a slow client transport: that overlapped the upstream).
+    # The pacing bound puts the last chunk's arrival 3 ms early and books that hand-off as held back
+    # (the gateway's upstream side then shorter than the packets' window); the kernel's stamp says
+    # when it came
+    emits, came = [1.0, 2.0, 3.0, 4.0], [10.0, 11.0, 12.0, 16.0]
+
+    def work(stamped: bool) -> StreamWork:
+        w = StreamWork(stamp_ends=True)
+        for e, a in zip(emits, came, strict=True):
+            w.chunk(a + 0.2, e, arrived_ms=a if stamped else None)
+            w.decode.append((a + 0.2, a + 0.3))
+            w.encode.append((a + 0.3, a + 0.4))
+            w.send.append((a + 0.4, 15.9 if a == 12.0 else a + 0.5))
+        return w
+
+    plain = work(stamped=False)
+    assert plain.held()[3] == pytest.approx(3.0) and plain.last == pytest.approx(13.2)
+    w = work(stamped=True)
+    decode, encode, send, backlog = w.held()
+    assert w.last == pytest.approx(16.2)  # read within the slack of its stamp: seen, the wake-up the link's
+    assert (decode, encode, send, backlog) == pytest.approx((0.1, 0.1, 0.1, 0.0))
