@@ -101,6 +101,7 @@ def test_missing_packets_mean_no_witness_for_that_request():
         (b"0\r\n\r\nHTTP/1.1 200 OK", False),
         (b"zz\r\n", False),
         (b"", False),
+        (b"e\r\ndata: [DONE]\n\n\r\n" * 2000, False),  # a full segment is never a tail (not parsed)
     ],
 )
 def test_an_event_streams_tail_is_only_done_and_the_last_chunk(payload, tail):

@@ -179,6 +179,9 @@ class Packet:
 
 #: an event stream's last event, which carries no data (OpenAI's and pathprobe's streams end with it)
 _DONE = (b"data: [DONE]", b"data:[DONE]")
+#: the longest stream tail read as one (``data: [DONE]`` and the last chunk, each in a chunk: ~35 bytes);
+#: a longer packet is not one, and is not copied to tell
+TAIL_MAX = 64
 
 
 def is_stream_tail(payload: bytes) -> bool:
@@ -187,6 +190,8 @@ def is_stream_tail(payload: bytes) -> bool:
     server's total and a gateway's ``gw.upstream`` end at the last event that carries timing, so a
     response's packet window ends at the packet before these (else the side that read the stream shows
     a stack below zero: ~80 % of http-proxy's streams at c=1)."""
+    if len(payload) > TAIL_MAX:
+        return False
     if payload.strip() in _DONE:
         return True
     i, n = 0, len(payload)
