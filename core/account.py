@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathprobe import serverreports
 from pathprobe.segments import Split
 from pathprobe.serverreports import ServerReport
-from pathprobe.timing import SEND_PART, Chain, Interval, held_back, last_arrival, last_waited, read_backlog
+from pathprobe.timing import Chain, Interval, handed_over_ms, held_back, last_arrival, last_waited, read_backlog
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +113,7 @@ def _client_last_arrival(
 
 
 def _outer_own_ms(chain: Chain) -> float:
-    """The outermost reporting hop's own time (its total less its last hand-off); -inf: none reports."""
+    """The outermost reporting hop's earliest hand-off of the last chunk (:func:`~pathprobe.timing.handed_over_ms`);
+    -inf: none reports."""
     hops = [h for h in chain.hops if h.has("total")]
-    if not hops:
-        return -math.inf
-    return hops[-1].get("total") - hops[-1].get(SEND_PART)
+    return handed_over_ms(hops[-1]) if hops else -math.inf

@@ -186,12 +186,21 @@ def last_waited(
 
 
 def own_ms(value: str | None) -> float:
-    """A producer's own time from the entries it sent (its hop is the last one in ``value``): its
-    ``<kind>.total`` less its ``<kind>.send`` (the last hand-off, the link's); 0 when it reports none."""
+    """When a producer had, at the earliest, handed over a stream's last chunk, from the consumer's call
+    start, from the entries it sent (its hop is the last one in ``value``): :func:`handed_over_ms`; 0
+    when it reports none."""
     hops = parse_chain(value).hops
-    if not hops:
-        return 0.0
-    return max(0.0, hops[-1].get("total") - hops[-1].get(SEND_PART))
+    return handed_over_ms(hops[-1]) if hops else 0.0
+
+
+def handed_over_ms(hop: Hop) -> float:
+    """A hop's earliest hand-off of a stream's last chunk, from its caller's call start: its wait
+    before its first timestamp (``<kind>.wait``: the request was there, its loop busy), its
+    ``<kind>.total`` less its ``<kind>.send`` (the last hand-off, the link's). Every part lies after
+    the request reached the hop, so the link's time only adds to it: a floor, never late. Without the
+    wait it is early by the hop's front-end queueing, which at saturation (c=32) is tens of ms: a
+    consumer would count its work in that stretch as held back, though it overlapped the producer."""
+    return max(0.0, hop.get(WAIT_PART) + hop.get("total") - hop.get(SEND_PART))
 
 
 def finished_ms(value: str | None) -> float:

@@ -30,11 +30,14 @@ def test_reads_of_a_backlog_are_the_consumers_time_less_its_own_work():
     assert timing.read_backlog(16.0, 16.0, [(16.0, 17.0)]) == 0.0  # it kept up
 
 
-def test_a_producers_own_time_is_its_total_less_its_last_hand_off():
+def test_a_producers_earliest_last_hand_off_is_its_wait_and_total_less_its_last_hand_off():
     assert timing.own_ms("srv.send;dur=0.2, srv.total;dur=101.0") == pytest.approx(100.8)
     # the last hop is the producer (a relay's entries after the server's)
     assert timing.own_ms("srv.total;dur=101.0, gw.upstream;dur=101.5, gw.total;dur=102.0") == pytest.approx(102.0)
     assert timing.own_ms(None) == 0.0
+    # its wait before its first timestamp (a saturated front end) came after the request reached it: the
+    # last chunk cannot have been handed over before it either
+    assert timing.own_ms("srv.wait;dur=30.0, srv.send;dur=0.2, srv.total;dur=101.0") == pytest.approx(130.8)
 
 
 def _arrivals(n: int, first: float, step: float) -> list[tuple[float, float | None]]:
