@@ -9,6 +9,7 @@ serialization, queueing and the hops' own time (truth: 0), with every record's n
 
     python bench/groundtruth_length.py --scenario stream2048 --out out/gt-2048
     python bench/groundtruth_length.py --scenario prompt128k --out out/gt-128k
+    python bench/groundtruth_length.py --scenario stream512 --out out/gt-512   # CI's case, to repeat
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ from tests.test_groundtruth_hops import HOPS, PATHS, _hops, _run, _value
 from tests.test_groundtruth_long import _negatives
 
 SCENARIOS = {
+    # CI's 512-token case (tests/test_groundtruth_long.py), to repeat it and see its spread
+    "stream512": {
+        "stream": True,
+        "load": {"max_tokens": 512, "duration_s": 6.0},
+        "paths": [p for p in PATHS if p != "nginx"],
+        "args": [],
+    },
     # 2048 tokens from an engine that does not sleep: every hop falls behind, the hardest overlap
     "stream2048": {
         "stream": True,
