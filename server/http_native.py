@@ -79,10 +79,11 @@ async def _events(scope: RequestScope, gen: Generation, req: llm_pb2.GenerateReq
                 }
                 entries = scope.entries()
                 chunk["server_timing"] = timing.format_entries(entries)
-                yield sse_event(scope, chunk)
+                # the last event and the [DONE] in one write (see openai_api._events)
+                yield sse_event(scope, chunk) + SSE_DONE
                 scope.finish("200", entries)
-            else:
-                yield sse_event(scope, chunk)
+                return
+            yield sse_event(scope, chunk)
         yield SSE_DONE
     except PathprobeError as exc:
         entries = scope.finish(str(exc.http_status), error=exc)

@@ -205,10 +205,22 @@ def _usage(gen: Generation) -> JsonObject:
     }
 
 
+def _usage_event(scope: RequestScope, gen: Generation, head: JsonObject) -> tuple[bytes, dict[str, float]]:
+    """The usage chunk (no choices) with the server's timing, and those entries."""
+    entries = scope.entries()
+    usage = {**head, "choices": [], "usage": _usage(gen), "server_timing": timing.format_entries(entries)}
+    return sse_event(scope, usage), entries
+
+
 async def _events(
     scope: RequestScope, gen: Generation, body: _Common, rid: str, created: int, model: str, chat: bool
 ) -> AsyncGenerator[bytes, None]:
-    kind = "chat.completion.chunk" if chat else "text_completion"
+    """The stream's events. Its last ones (the finish chunk, the usage chunk where asked for) and the
+    ``[DONE]`` go out in one write: written apart, the server's loop could take a turn between them
+    (at c=32, its other requests' work), the stream's bytes would end after the server's last
+    timestamp, and the consumer could not tell that lateness (the server's) from its own."""
+    head: JsonObject = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion"}
+    head |= {"created": created, "model": model}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     first = True
     try:
@@ -222,34 +234,23 @@ async def _events(
                 choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": ev.finish_reason}
             first = False
             # emit_ms: an extension field (clients ignore unknown keys): ms since the request arrived
-            chunk: JsonObject = {
-                "id": rid,
-                "object": kind,
-                "created": created,
-                "model": model,
-                "choices": [choice],
-                "emit_ms": round(now_ms() - scope.t0, 3),
-            }
-            if ev.finish_reason and not include_usage:
+            chunk: JsonObject = {**head, "choices": [choice], "emit_ms": round(now_ms() - scope.t0, 3)}
+            if not ev.finish_reason:
+                yield sse_event(scope, chunk)
+                continue
+            if include_usage:
+                last = sse_event(scope, chunk)
+                usage, entries = _usage_event(scope, gen, head)
+                yield last + usage + SSE_DONE
+            else:
                 entries = scope.entries()
                 chunk["server_timing"] = timing.format_entries(entries)
-                yield sse_event(scope, chunk)
-                scope.finish("200", entries)
-            else:
-                yield sse_event(scope, chunk)
-        if include_usage:
-            usage = _usage(gen)
-            entries = scope.entries()
-            chunk = {
-                "id": rid,
-                "object": kind,
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": usage,
-                "server_timing": timing.format_entries(entries),
-            }
-            yield sse_event(scope, chunk)
+                yield sse_event(scope, chunk) + SSE_DONE
+            scope.finish("200", entries)
+            return
+        if include_usage:  # the engine ended without a finish reason
+            usage, entries = _usage_event(scope, gen, head)
+            yield usage
             scope.finish("200", entries)
         yield SSE_DONE
     except PathprobeError as exc:
