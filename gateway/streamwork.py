@@ -8,7 +8,10 @@ gateway's (``gw.decode`` / ``gw.encode``) or its client link's (``gw.send``); se
 :func:`pathprobe.timing.held_back`, the same rule the server's ``srv.send`` follows.
 
 The instant the last chunk arrived is not seen when the gateway is behind (the chunk waits in the
-transport's buffer until the gateway asks for it). It is bounded with the upstream's own emit
+transport's buffer until the gateway asks for it). Where the kernel stamps the upstream socket's
+reads (:mod:`pathprobe.rxstamp`), the stamp of the read that returned the last chunk dates it: our
+upstreams write their last chunk and the stream's end at once (:meth:`StreamWork._arrival`).
+Without a stamp (TLS), it is bounded with the upstream's own emit
 offsets (each chunk's ``emit_ms``: a duration since the upstream's request started, so no clock
 crosses a process): the last chunk left ``e_last - e_i`` after chunk ``i``, which the gateway saw at
 ``seen_i``, so it arrived by ``min_i(seen_i + e_last - e_i)``. The chunk with the least delay on
@@ -75,18 +78,6 @@ class StreamWork:
     arrived: list[float | None] = field(default_factory=list)
     #: the instant :meth:`held` used as the last chunk's arrival (0: not computed yet)
     last: float = 0.0
-    #: whether the stamp of the read that returned the last chunk dates the chunk itself: a gRPC call's
-    #: last message and its trailers go out in one write (transcode through ``grpcup``). Then the stamp,
-    #: not the pacing bound, is its arrival: the bound assumes the last chunk crossed as quickly as the
-    #: quickest did, which is early where the upstream held its last chunk back (its ``srv.backlog``),
-    #: and the gateway's work up to the real arrival, which overlapped the upstream, was booked as held
-    #: back (transcode, 32-token streams at c=1: its upstream side's stack below zero in 42 of 443 records
-    #: in the packet witness; 0 with it). An event stream's last chunk can share its read with the
-    #: ``[DONE]`` and the body's end that came after it (the kernel merges what waited in the socket and
-    #: stamps the latest): there the stamp only caps the bound (http-proxy, reencode: with the stamp as
-    #: the arrival, http-proxy's server link moved by -0.72 ms once in five paired 512-token runs when its
-    #: client link was delayed, bound 0.3)
-    stamp_ends: bool = False
 
     def chunk(
         self, seen_ms: float, emit_ms: float | None, fwd_ms: float | None = None, arrived_ms: float | None = None
@@ -124,18 +115,31 @@ class StreamWork:
         return held_back(self.decode, last), held_back(self.encode, last), send, backlog + reads
 
     def _arrival(self, not_before: float) -> float:
-        """The last chunk's arrival, never before ``not_before``. Where the kernel stamped its bytes, no
-        later than :data:`STAMP_SLACK_MS` after that stamp (a read later than that is the gateway's own
-        lateness): with :attr:`stamp_ends` the stamp is the arrival (no later than the gateway saw it);
-        otherwise it caps the bound by the pacing and the loop's sleeps, the arrival without a stamp."""
+        """The last chunk's arrival, never before ``not_before``. Where the kernel stamped the bytes of
+        the read that returned it, that stamp (a read later than :data:`STAMP_SLACK_MS` after it is
+        the gateway's own lateness): our upstreams write their last chunk and the stream's end at once
+        (a gRPC call's last message and its trailers, :mod:`pathprobe.gateway.grpcup`; our server's
+        last event, its timing and the ``[DONE]``), so that read's stamp dates the last chunk itself.
+        Without a stamp, the bound by the pacing and the loop's sleeps.
+
+        The bound assumes the last chunk crossed as quickly as the quickest did, which is early where
+        the upstream held its last chunk back (its ``srv.backlog``, its loop busy with others at c=32):
+        the gateway's work up to the real arrival, which overlapped the upstream, was then booked as
+        held back. Packet witness, 32-token streams: transcode at c=1, its upstream side's stack below
+        zero in 42 of 443 records, 0 with the stamp; http-proxy and reencode at c=32, 49 of 2505 and 53
+        of 1630, 0 of 2918 and 0 of 1777 (docs/results/2026-12-04-stream-end-write.md). While our
+        server wrote the ``[DONE]`` apart, the last event shared its read with it when the gateway was
+        behind, and the stamp dated the ``[DONE]``: http-proxy's server link moved by -0.72 ms once in
+        five paired 512-token runs when its client link was delayed (bound 0.3). A third-party
+        upstream sends no emit offsets, so there is no pacing bound to replace: the stamp caps the
+        gateway's own read of the last chunk either way."""
         stamp = self.arrived[-1] if self.arrived else None
-        if stamp is not None and self.stamp_ends:
+        if stamp is not None:
             return max(min(self.seen[-1][0], stamp + STAMP_SLACK_MS), not_before)
         seen = [s for s, _ in self.seen]
         work = (*self.decode, *self.encode, *self.send)
         waited = last_waited(seen, work, idle=self._idle())  # a gap counts as a wait where the loop slept
-        bound = self.last_arrival(max(not_before, waited))
-        return bound if stamp is None else min(bound, max(stamp + STAMP_SLACK_MS, not_before))
+        return self.last_arrival(max(not_before, waited))
 
     @staticmethod
     def _idle() -> Callable[[float, float], bool] | None:

@@ -312,7 +312,7 @@ class Transcoder:
         # Chunks are transcoded and handed to the client's transport while the upstream call is
         # open; only the part of that work after the upstream's last chunk arrived held the stream
         # back (gw.decode / gw.encode / gw.send, taken out of gw.upstream): pathprobe.gateway.streamwork
-        work = StreamWork(stamp_ends=True)  # grpcup stamps each message; the last goes with the trailers
+        work = StreamWork()
         c_dec = c_enc = c_send = c_back = 0.0
         try:
             try:
@@ -355,6 +355,7 @@ class Transcoder:
                     c_send += now_ms() - ts
                 ent.send = c_send
                 ent.backlog = c_back
+                data = b""
                 if held is not None:
                     t1 = now_ms()
                     ent.total = t1 - t0
@@ -362,8 +363,9 @@ class Transcoder:
                     held["fwd_ms"] = round(t1 - t0, 3)  # handed on only now, after the trailers
                     data = b"data: " + jsoncodec.dumps(held) + b"\n\n"
                     ent.encode += now_ms() - t1  # after gw.total: in metrics, not in what was sent
-                    await resp.write(data)
-                await resp.write(SSE_DONE)
+                # the last event and the [DONE] in one write, as our server's (its consumer dates the
+                # last event by the read that returned it: pathprobe.gateway.streamwork)
+                await resp.write(data + SSE_DONE)
             except grpc.aio.AioRpcError as err:
                 t_up1 = now_ms()
                 c_dec, c_enc, c_send, c_back = work.held()

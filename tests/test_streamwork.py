@@ -119,7 +119,7 @@ def test_a_last_chunk_the_upstream_held_back_arrives_at_its_stamp_not_at_the_pac
     emits, came = [1.0, 2.0, 3.0, 4.0], [10.0, 11.0, 12.0, 16.0]
 
     def work(stamped: bool) -> StreamWork:
-        w = StreamWork(stamp_ends=True)
+        w = StreamWork()
         for e, a in zip(emits, came, strict=True):
             w.chunk(a + 0.2, e, arrived_ms=a if stamped else None)
             w.decode.append((a + 0.2, a + 0.3))
