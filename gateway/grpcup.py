@@ -428,8 +428,14 @@ class Channel:
         call = Call()
         loop = asyncio.get_running_loop()
         start = loop.time()
+        # a connection at hand is taken now, not in a task of its own: asyncio.wait_for runs its
+        # coroutine as a task, which starts only after every callback the loop already had (at c=32,
+        # 32-token streams: the request's first packet left a median 11.8 ms, p90 36 ms, after the call
+        # began, booked as the link's), and two calls could both take the same free connection
+        conn = self._at_hand()
         try:
-            conn = await asyncio.wait_for(self._connection(), timeout)
+            if conn is None:
+                conn = await asyncio.wait_for(self._open(), timeout)
         except grpc.aio.AioRpcError as err:
             call._end(None, err)
             return call
@@ -458,13 +464,17 @@ class Channel:
         """The connections open now."""
         return sum(1 for c in self._conns if not c.closing)
 
-    async def _connection(self) -> _Connection:
+    def _at_hand(self) -> _Connection | None:
+        """A connection with no call, else (the pool full) the least busy; None: one must be opened."""
         self._conns = [c for c in self._conns if not c.closing]
         free = next((c for c in self._conns if not c.calls), None)
         if free is not None:
             return free
         if self._conns and len(self._conns) + self._opening >= self.pool_size:
             return min(self._conns, key=lambda c: len(c.calls))
+        return None
+
+    async def _open(self) -> _Connection:
         self._opening += 1
         try:
             conn = await self._connect()
