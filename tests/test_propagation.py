@@ -5,6 +5,7 @@ ingress-nginx does for gRPC backends) apart, over HTTP and gRPC."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,3 +133,27 @@ def test_judge_names_each_failure() -> None:
     assert "one of a, b" in verdicts[0].detail
     missing = prop.judge([], srv, {"server": []}, t, p)
     assert [v.verdict for v in missing] == [prop.NO_SPAN]
+
+
+def test_a_span_in_the_probes_trace_is_found_outside_the_requests_window(tmp_path: Path) -> None:
+    """A process maps its monotonic clock to wall time once, at start; a step of the wall clock later
+    moves its spans in wall time (a CI run: the server's spans came out earlier than the request that
+    made them, beyond the window's slack). In the probe's trace, a span is the request's wherever it
+    lies; one of another trace only inside the window (a hop that lost the context)."""
+    t = "a" * 32
+    early = 1_000_000_000_000  # 1 s before the request's window
+    window = (early + 1_000_000_000, early + 1_005_000_000)
+
+    def span(trace: str, span_id: str, start: int) -> dict:
+        return {"traceId": trace, "spanId": span_id, "name": "s", "kind": "SPAN_KIND_SERVER"} | {
+            "startTimeUnixNano": str(start),
+            "endTimeUnixNano": str(start + 1000),
+        }
+
+    spans = [span(t, "1" * 16, early), span("c" * 32, "2" * 16, window[0] + 1000), span("d" * 32, "3" * 16, early)]
+    res = {"resource": {"attributes": []}, "scopeSpans": [{"scope": {"name": "x"}, "spans": spans}]}
+    path = tmp_path / "spans.jsonl"
+    path.write_text(json.dumps({"resourceSpans": [res]}) + "\n")
+    found = prop._window(path, *window, t)
+    assert sorted(s.span_id for s in found) == ["1" * 16, "2" * 16]
+    assert [s.span_id for s in prop._window(path, *window)] == ["2" * 16]
