@@ -117,10 +117,12 @@ class StreamWork:
     def _arrival(self, not_before: float) -> float:
         """The last chunk's arrival, never before ``not_before``. Where the kernel stamped the bytes of
         the read that returned it, that stamp (a read later than :data:`STAMP_SLACK_MS` after it is
-        the gateway's own lateness): our upstreams write their last chunk and the stream's end at once
-        (a gRPC call's last message and its trailers, :mod:`pathprobe.gateway.grpcup`; our server's
-        last event, its timing and the ``[DONE]``), so that read's stamp dates the last chunk itself.
-        Without a stamp, the bound by the pacing and the loop's sleeps.
+        the gateway's own lateness): our HTTP server writes its last event, its timing and the
+        ``[DONE]`` at once, so that read's stamp dates the last chunk itself. A gRPC server sends its
+        trailers in a batch of their own (grpc.aio's can send them ms after its last message when it
+        is busy): a gateway that needs them passes their arrival as ``not_before`` (transcode; the
+        work it did before they came overlapped the wait for them). Without a stamp, the bound by the
+        pacing and the loop's sleeps.
 
         The bound assumes the last chunk crossed as quickly as the quickest did, which is early where
         the upstream held its last chunk back (its ``srv.backlog``, its loop busy with others at c=32):

@@ -339,8 +339,10 @@ class Transcoder:
                 upstream_st = _upstream_timing(await call.trailing_metadata())
                 t_up1 = now_ms()  # the call is over; what held() costs is the gateway's own, not the link's
                 # the last chunk goes out with the trailers' timing: work before the server sent them (after
-                # its wait and its whole total, last hand-off included) overlapped it, it held nothing back
-                c_dec, c_enc, c_send, c_back = work.held(t_up0 + timing.finished_ms(upstream_st))
+                # its wait and its whole total, last hand-off included) or before they reached us (a server
+                # can send them after its last message, grpc.aio's does when it is busy) overlapped them
+                finished = t_up0 + timing.finished_ms(upstream_st)
+                c_dec, c_enc, c_send, c_back = work.held(max(finished, call.ended_ms or finished))
                 ent.upstream = t_up1 - t_up0 - c_dec - c_enc - c_send - c_back
                 # the call's end (its status) in while the loop was busy after the last chunk's work
                 ent.upwait = grpcup.wait_ms(call, max(t_up0, work.done()), t_up1)

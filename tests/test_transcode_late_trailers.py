@@ -1,0 +1,76 @@
+"""Ground truth for transcode's stream end: work that overlapped the wait for the trailers held nothing back.
+
+A gRPC upstream (tests/support/late_trailers_grpc.py) sends 1500 chunks in one write, so the gateway is
+behind from the start and reads them out of its buffer one by one, then sends the trailers
+``DELAY_MS`` later. transcode holds the last chunk for the trailers (they carry the upstream's
+timing): the stream's end is their arrival, and the gateway's work on the chunks it was behind on
+ended long before it. Booking that work as held back (``gw.backlog``, taken out of ``gw.upstream``)
+shortened the upstream call by it: at c=32 through our grpc.aio server, whose trailers can leave a
+busy server ms after its last message, the gateway's upstream side came out below zero in the packet
+witness (3 and 7 of ~1700 records; 2048-token streams at c=1: 3 of 56).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+from pathprobe import timing
+from pathprobe.analysis.lab.procs import free_port
+
+from tests.support.clients import sse_events
+from tests.support.procs import Proc
+from tests.test_thirdparty_servers import wait_tcp
+
+CHUNKS = 1500
+DELAY_MS = 300.0
+
+
+def _stream(url: str) -> list[object]:
+    body = json.dumps({"prompt": "hello", "max_tokens": CHUNKS, "stream": True}).encode()
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+        return sse_events(resp.read())
+
+
+def test_work_done_before_late_trailers_is_not_held_back(tmp_path: Path) -> None:
+    from tests.test_gateway import Gateway
+
+    port = free_port()
+    upstream = Proc(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.late_trailers_grpc",
+            "--port",
+            str(port),
+            "--chunks",
+            str(CHUNKS),
+            "--trailer-delay-ms",
+            str(DELAY_MS),
+        ],
+        tmp_path / "upstream.log",
+    )
+    try:
+        wait_tcp(port, upstream)
+        gw = Gateway(tmp_path, "transcode", f"127.0.0.1:{port}", "--health-interval", "0")
+        try:
+            runs = [_stream(f"{gw.url}/v1/generate") for _ in range(3)]
+        finally:
+            gw.stop()
+    finally:
+        upstream.stop()
+    for events in runs:
+        assert events[-1] == "[DONE]"
+        chunks = [e for e in events if isinstance(e, dict)]
+        assert len(chunks) == CHUNKS
+        hop = timing.parse_chain(chunks[-1]["server_timing"]).hops[-1]
+        where = {k: round(v, 2) for k, v in hop.entries.items()}
+        # the gateway caught up on 1500 chunks well inside the 300 ms before the trailers: nothing it did
+        # after the last chunk's arrival held the stream's end back (before the fix: the whole backlog)
+        held = hop.get("backlog") + hop.get("decode") + hop.get("encode") + hop.get("send")
+        assert held < 5.0, where
+        assert hop.get("upstream") >= DELAY_MS - 5.0, where
