@@ -334,10 +334,13 @@ class Trace:
     def roots(self) -> list[Span]:
         return [s for s in self.spans if not s.parent_id or s.parent_id not in self.by_id]
 
-    def descendants(self, span: Span) -> Iterator[Span]:
+    def descendants(self, span: Span, below: str | None = None) -> Iterator[Span]:
+        """The spans under ``span``; with ``below``, not a span of that kind nor what is under it (the
+        next hop's: ``below="SERVER"``)."""
         for c in self.children.get(span.span_id, []):
-            yield c
-            yield from self.descendants(c)
+            if c.kind != below:
+                yield c
+                yield from self.descendants(c, below)
 
     def ancestors(self, span: Span) -> Iterator[Span]:
         cur = self.by_id.get(span.parent_id)

@@ -14,7 +14,6 @@ Two ways to get each hop's entries:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +127,9 @@ def _is_gateway_hop(trace: Trace, span: Span) -> bool:
 def _gateway_entries_from_durations(trace: Trace, gw: Span) -> dict[str, float]:
     out: dict[str, float] = {"gw.total": gw.duration_ms}
     upstream: Span | None = None
-    for d in _own_spans(trace, gw):
+    # its own spans: all but the next hop's (a SERVER span and what is under it); its work after its
+    # upstream answered (a response's decode and encode, ``gw.upwait``) is among them
+    for d in trace.descendants(gw, below="SERVER"):
         e = _entry_of(d)
         if e in ("gw.decode", "gw.encode", "gw.send", "gw.wait", "gw.upwait"):
             out[e] = out.get(e, 0.0) + d.duration_ms
@@ -149,16 +150,6 @@ def _gateway_entries_from_durations(trace: Trace, gw: Span) -> dict[str, float]:
         elif c.name.endswith("encode"):
             out["gw.encode"] = out.get("gw.encode", 0.0) + c.duration_ms
     return out
-
-
-def _own_spans(trace: Trace, hop: Span) -> Iterator[Span]:
-    """The spans under ``hop`` that are its own: all but the next hop's (a SERVER span and what is under
-    it). Its work after its upstream answered (a response's decode and encode, ``gw.upwait``) is among
-    them: it starts after the next hop's spans."""
-    for c in trace.children.get(hop.span_id, []):
-        if c.kind != "SERVER":
-            yield c
-            yield from _own_spans(trace, c)
 
 
 def _server_entries_from_durations(trace: Trace, srv: Span) -> dict[str, float]:
