@@ -12,15 +12,13 @@ witness (3 and 7 of ~1700 records; 2048-token streams at c=1: 3 of 56).
 
 from __future__ import annotations
 
-import json
 import sys
-import urllib.request
 from pathlib import Path
 
 from pathprobe import timing
 from pathprobe.analysis.lab.procs import free_port
 
-from tests.support.clients import sse_events
+from tests.support.clients import http_post, sse_events
 from tests.support.procs import Proc
 from tests.test_thirdparty_servers import wait_tcp
 
@@ -29,11 +27,9 @@ DELAY_MS = 300.0
 
 
 def _stream(url: str) -> list[object]:
-    body = json.dumps({"prompt": "hello", "max_tokens": CHUNKS, "stream": True}).encode()
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        assert resp.status == 200
-        return sse_events(resp.read())
+    status, _, body = http_post(url, {"prompt": "hello", "max_tokens": CHUNKS, "stream": True})
+    assert status == 200, body[:300]
+    return sse_events(body)
 
 
 def test_work_done_before_late_trailers_is_not_held_back(tmp_path: Path) -> None:
