@@ -11,11 +11,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pathprobe.errors import NotFound, PathprobeError, PayloadTooLarge
 from pathprobe.server.core import ServerState
-from pathprobe.server.http_common import SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
+from pathprobe.server.http_common import SSE_DONE, SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
 from pathprobe.server.openapi import document
 from pathprobe.server.routes import ROUTES, Route, call
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Send
 
 
 def _response(reply: Reply) -> Response:
@@ -44,6 +45,23 @@ def _reader(request: Request, max_body_bytes: int) -> Callable[[], Awaitable[byt
     return read
 
 
+class _EventStream(StreamingResponse):
+    """An SSE stream whose end (the chunked body's terminator) goes out in the same write as its last
+    event (``[DONE]``), as the aiohttp front end's does: after that event the route books the request
+    (metrics, its span), which a busy machine can stretch to ms, and Starlette's empty closing message
+    would leave that much after the server's last timestamp."""
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        more = True
+        async for chunk in self.body_iterator:
+            body = chunk.encode(self.charset) if isinstance(chunk, str) else bytes(chunk)
+            more = not body.endswith(SSE_DONE)
+            await send({"type": "http.response.body", "body": body, "more_body": more})
+        if more:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 async def _events(reply: StreamReply) -> AsyncIterator[bytes]:
     """Starlette closes this generator when the client goes away; the route's events follow."""
     try:
@@ -68,7 +86,7 @@ def _endpoint(route: Route, state: ServerState, max_body_bytes: int) -> Callable
         except PayloadTooLarge as exc:  # raised while reading, before the route has a scope
             return _response(error_reply(exc))
         if isinstance(reply, StreamReply):
-            return StreamingResponse(_events(reply), headers=SSE_HEADERS, media_type="text/event-stream")
+            return _EventStream(_events(reply), headers=SSE_HEADERS, media_type="text/event-stream")
         return _response(reply)
 
     return endpoint

@@ -9,7 +9,7 @@ from pathprobe import loopwait
 from pathprobe.errors import NotFound, PathprobeError, PayloadTooLarge
 from pathprobe.serveconfig import DEFAULT_MAX_BODY
 from pathprobe.server.core import ServerState
-from pathprobe.server.http_common import SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
+from pathprobe.server.http_common import SSE_DONE, SSE_HEADERS, HttpRequest, Reply, StreamReply, error_reply
 from pathprobe.server.routes import ROUTES, Route, call
 
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("state", ServerState)
@@ -41,7 +41,13 @@ async def _stream(request: web.Request, reply: StreamReply) -> web.StreamRespons
     await resp.prepare(request)
     try:
         async for event in reply.events:
-            await resp.write(event)
+            if event.endswith(SSE_DONE):
+                # the stream's end (the chunked body's terminator) in the same write as its last event:
+                # after it, the route books the request (metrics, its span), which can take ms on a busy
+                # machine; an end written apart would leave that much after the server's last timestamp
+                await resp.write_eof(event)
+            else:
+                await resp.write(event)
     except (ConnectionResetError, OSError):
         await reply.events.aclose()
     return resp
