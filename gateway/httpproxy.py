@@ -8,6 +8,15 @@ The waits for the client's transport to take each event before that one are ``gw
 client link's stack time) as far as they held the stream's end back, i.e. lay after the upstream's
 timed event arrived (:mod:`pathprobe.gateway.streamwork`: it reads each event's ``emit_ms`` for
 that); the rest overlapped the upstream producing the next event and stays inside ``gw.upstream``.
+
+While the gateway works through events it is behind on, they come from aiohttp's buffer and nothing
+hands the loop a turn, so nothing reads the upstream socket: its receive buffer fills, the kernel
+closes the TCP window and the upstream's next bytes wait in the upstream's send buffer. The kernel's
+stamp of their arrival (:mod:`pathprobe.rxstamp`) then dates the gateway's own lateness, and the split
+booked it as the link's network (2048-token streams on loopback: the server's last packet left up to
+6.4 ms, p90, after its last timestamp, the server link 7.7 ms at p90). So the stream's loop gives the
+event loop a turn every :data:`READ_TURN_MS` of such work: the socket is read as bytes come, up to
+aiohttp's own buffer limit (``read_bufsize``, doubled), beyond which it pauses reading as before.
 """
 
 from __future__ import annotations
@@ -35,6 +44,9 @@ from pathprobe.timing import now_ms
 
 #: paths any caller may read through the proxy (the upstream's probes and metrics)
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+#: the longest the stream's loop runs through buffered events without a turn of the event loop (which
+#: reads the upstream socket): a gap of an idle loop's size (``timing.IDLE_MS``)
+READ_TURN_MS = timing.IDLE_MS
 #: an SSE event's emit offset (pathprobe servers put one on every chunk)
 _EMIT = re.compile(rb'"emit_ms":\s*([0-9]+(?:\.[0-9]+)?)')
 _FWD = re.compile(rb'"fwd_ms":\s*([0-9]+(?:\.[0-9]+)?)')
@@ -153,6 +165,7 @@ class HttpProxy(SessionOwner):
             stamped = up.stamped()  # when each chunk's bytes reached the host, whatever the loop was doing
             ent.upwait = up.send_wait(stamped)
             spans.upwait(ent.upwait, up.t0 + SEND_SLACK_MS + ent.upwait)
+            turn = now_ms()
             try:
                 async for line in up.resp.content:
                     event.append(line)
@@ -168,7 +181,11 @@ class HttpProxy(SessionOwner):
                     if b'"server_timing"' in data or _final_usage(data):
                         data = self._rewrite(data, up, t0, ent, spans, work)
                     await out.write(data)
-                    work.send.append((td, now_ms()))
+                    t = now_ms()
+                    work.send.append((td, t))
+                    if t - turn > READ_TURN_MS:  # the loop's turn: it reads what the upstream sent meanwhile
+                        turn = t
+                        await asyncio.sleep(0)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 err = body_error(up.upstream, exc, self.cfg.timeout)
                 code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)
