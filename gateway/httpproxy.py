@@ -9,14 +9,9 @@ client link's stack time) as far as they held the stream's end back, i.e. lay af
 timed event arrived (:mod:`pathprobe.gateway.streamwork`: it reads each event's ``emit_ms`` for
 that); the rest overlapped the upstream producing the next event and stays inside ``gw.upstream``.
 
-While the gateway works through events it is behind on, they come from aiohttp's buffer and nothing
-hands the loop a turn, so nothing reads the upstream socket: its receive buffer fills, the kernel
-closes the TCP window and the upstream's next bytes wait in the upstream's send buffer. The kernel's
-stamp of their arrival (:mod:`pathprobe.rxstamp`) then dates the gateway's own lateness, and the split
-booked it as the link's network (2048-token streams on loopback: the server's last packet left up to
-6.4 ms, p90, after its last timestamp, the server link 7.7 ms at p90). So the stream's loop gives the
-event loop a turn every :data:`READ_TURN_MS` of such work: the socket is read as bytes come, up to
-aiohttp's own buffer limit (``read_bufsize``, doubled), beyond which it pauses reading as before.
+While it works through events it is behind on, the stream's loop gives the event loop a turn every
+ms (:class:`pathprobe.gateway.aio.ReadTurns`), so the upstream socket is read, and its bytes stamped,
+as they come.
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ from pathprobe import loopwait, rxstamp, timing
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import PathprobeError, PayloadTooLarge
 from pathprobe.gateway import httpup
-from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
+from pathprobe.gateway.aio import ReadTurns, Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import HOP_BY_HOP, Entries, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.httpup import SEND_SLACK_MS, SessionOwner, UpstreamResponse, body_error
@@ -44,9 +39,6 @@ from pathprobe.timing import now_ms
 
 #: paths any caller may read through the proxy (the upstream's probes and metrics)
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
-#: the longest the stream's loop runs through buffered events without a turn of the event loop (which
-#: reads the upstream socket): a gap of an idle loop's size (``timing.IDLE_MS``)
-READ_TURN_MS = timing.IDLE_MS
 #: an SSE event's emit offset (pathprobe servers put one on every chunk)
 _EMIT = re.compile(rb'"emit_ms":\s*([0-9]+(?:\.[0-9]+)?)')
 _FWD = re.compile(rb'"fwd_ms":\s*([0-9]+(?:\.[0-9]+)?)')
@@ -165,7 +157,7 @@ class HttpProxy(SessionOwner):
             stamped = up.stamped()  # when each chunk's bytes reached the host, whatever the loop was doing
             ent.upwait = up.send_wait(stamped)
             spans.upwait(ent.upwait, up.t0 + SEND_SLACK_MS + ent.upwait)
-            turn = now_ms()
+            turns = ReadTurns()
             try:
                 async for line in up.resp.content:
                     event.append(line)
@@ -183,9 +175,7 @@ class HttpProxy(SessionOwner):
                     await out.write(data)
                     t = now_ms()
                     work.send.append((td, t))
-                    if t - turn > READ_TURN_MS:  # the loop's turn: it reads what the upstream sent meanwhile
-                        turn = t
-                        await asyncio.sleep(0)
+                    await turns.after(t)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 err = body_error(up.upstream, exc, self.cfg.timeout)
                 code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)

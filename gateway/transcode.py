@@ -32,7 +32,7 @@ from pathprobe.address import host_and_port
 from pathprobe.deadline import TIMEOUT_HEADER, parse_timeout
 from pathprobe.errors import InvalidArgument, PathprobeError, PayloadTooLarge
 from pathprobe.gateway import grpcup
-from pathprobe.gateway.aio import Spans, json_error, retry_after_of, run_aiohttp
+from pathprobe.gateway.aio import ReadTurns, Spans, json_error, retry_after_of, run_aiohttp
 from pathprobe.gateway.common import Entries, client_credentials, error_event, upstream_credentials
 from pathprobe.gateway.config import GatewayConfig
 from pathprobe.gateway.metrics import Metrics
@@ -314,6 +314,7 @@ class Transcoder:
         # back (gw.decode / gw.encode / gw.send, taken out of gw.upstream): pathprobe.gateway.streamwork
         work = StreamWork()
         c_dec = c_enc = c_send = c_back = 0.0
+        turns = ReadTurns()
         try:
             try:
                 async for raw in call:
@@ -335,7 +336,9 @@ class Transcoder:
                         resp = web.StreamResponse(headers=SSE_HEADERS)
                         await resp.prepare(request)
                     await resp.write(data)
-                    work.send.append((ts, now_ms()))
+                    t = now_ms()
+                    work.send.append((ts, t))
+                    await turns.after(t)
                 upstream_st = _upstream_timing(await call.trailing_metadata())
                 t_up1 = now_ms()  # the call is over; what held() costs is the gateway's own, not the link's
                 # the last chunk goes out with the trailers' timing: work before the server sent them (after
