@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -373,7 +374,11 @@ class Transcoder:
                 await resp.write(data + SSE_DONE)
             except grpc.aio.AioRpcError as err:
                 t_up1 = now_ms()
-                c_dec, c_enc, c_send, c_back = work.held()
+                # as on success: what was done before the failed call's trailers came overlapped the wait
+                # for them (their arrival, and the upstream's own time where it sent its timing)
+                failed_st = _upstream_timing(err.trailing_metadata())
+                finished = t_up0 + timing.finished_ms(failed_st) if failed_st else -math.inf
+                c_dec, c_enc, c_send, c_back = work.held(max(finished, call.ended_ms or -math.inf))
                 ent.upstream = t_up1 - t_up0 - c_dec - c_enc - c_send - c_back
                 ent.decode += c_dec
                 ent.encode += c_enc
@@ -382,7 +387,7 @@ class Transcoder:
                 code, details = self._error(err, u)
                 Spans.end_client(cspan, {"rpc.grpc.status_code": code.value[0]}, details, t_up0, ent.upstream)
                 ent.total = now_ms() - t0
-                upstream_st = _upstream_timing(err.trailing_metadata())
+                upstream_st = failed_st
                 status = 200 if resp is not None else 0
                 if resp is None:  # nothing sent yet: a real HTTP error status
                     r = json_error(

@@ -7,7 +7,9 @@ timing): the stream's end is their arrival, and the gateway's work on the chunks
 ended long before it. Booking that work as held back (``gw.backlog``, taken out of ``gw.upstream``)
 shortened the upstream call by it: at c=32 through our grpc.aio server, whose trailers can leave a
 busy server ms after its last message, the gateway's upstream side came out below zero in the packet
-witness (3 and 7 of ~1700 records; 2048-token streams at c=1: 3 of 56).
+witness (3 and 7 of ~1700 records; 2048-token streams at c=1: 3 of 56). The same holds when the late
+trailers carry an error (the stream fails after its chunks): the error event's timing is the same
+gateway's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from pathprobe import timing
 from pathprobe.analysis.lab.procs import free_port
 
@@ -32,7 +35,8 @@ def _stream(url: str) -> list[object]:
     return sse_events(body)
 
 
-def test_work_done_before_late_trailers_is_not_held_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("status", [0, 8], ids=["ok", "error"])
+def test_work_done_before_late_trailers_is_not_held_back(tmp_path: Path, status: int) -> None:
     from tests.test_gateway import Gateway
 
     port = free_port()
@@ -47,6 +51,8 @@ def test_work_done_before_late_trailers_is_not_held_back(tmp_path: Path) -> None
             str(CHUNKS),
             "--trailer-delay-ms",
             str(DELAY_MS),
+            "--status",
+            str(status),
         ],
         tmp_path / "upstream.log",
     )
@@ -60,10 +66,16 @@ def test_work_done_before_late_trailers_is_not_held_back(tmp_path: Path) -> None
     finally:
         upstream.stop()
     for events in runs:
-        assert events[-1] == "[DONE]"
-        chunks = [e for e in events if isinstance(e, dict)]
-        assert len(chunks) == CHUNKS
-        hop = timing.parse_chain(chunks[-1]["server_timing"]).hops[-1]
+        chunks = [e for e in events if isinstance(e, dict) and "error" not in e]
+        if status:  # the chunks, then the error with the timing (no [DONE])
+            assert len(chunks) == CHUNKS and isinstance(events[-1], dict), events[-1:]
+            assert events[-1]["error"]["code"] == 429, events[-1]
+            timed = events[-1]
+        else:
+            assert events[-1] == "[DONE]"
+            assert len(chunks) == CHUNKS
+            timed = chunks[-1]
+        hop = timing.parse_chain(timed["server_timing"]).hops[-1]
         where = {k: round(v, 2) for k, v in hop.entries.items()}
         # the gateway caught up on 1500 chunks well inside the 300 ms before the trailers: nothing it did
         # after the last chunk's arrival held the stream's end back (before the fix: the whole backlog)

@@ -3,7 +3,7 @@ all of its chunks at once (one write, so a gateway reading them is behind from t
 trailers ``--trailer-delay-ms`` after them (a server busy after its last message: grpc.aio's sends its
 status in a batch of its own). Plain HTTP/2 on h2; no ``server-timing``, no health service.
 
-    python -m tests.support.late_trailers_grpc --port N --chunks 1500 --trailer-delay-ms 300
+    python -m tests.support.late_trailers_grpc --port N --chunks 1500 --trailer-delay-ms 300 [--status 8]
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import h2.events
 from pathprobe.v1 import llm_pb2
 
 
-def _body(chunks: int) -> bytes:
-    """``chunks`` gRPC messages, the last one with its finish reason."""
+def _body(chunks: int, finish: bool = True) -> bytes:
+    """``chunks`` gRPC messages, the last one with its finish reason where ``finish``."""
     out = []
     for i in range(chunks):
-        last = i == chunks - 1
+        last = finish and i == chunks - 1
         msg = llm_pb2.GenerateChunk(text=" tok", token_ids=[i], finish_reason="length" if last else "")
         raw = msg.SerializeToString()
         out.append(struct.pack(">BI", 0, len(raw)) + raw)
@@ -30,8 +30,8 @@ def _body(chunks: int) -> bytes:
 
 
 class _Upstream(asyncio.Protocol):
-    def __init__(self, body: bytes, delay_s: float) -> None:
-        self.body, self.delay_s = body, delay_s
+    def __init__(self, body: bytes, delay_s: float, status: int = 0) -> None:
+        self.body, self.delay_s, self.status = body, delay_s, status
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
         self.transport: asyncio.Transport | None = None
         self.answers: set[asyncio.Task[None]] = set()
@@ -64,14 +64,17 @@ class _Upstream(asyncio.Protocol):
             self.conn.send_data(sid, self.body[i : i + size])
         self._flush()  # every chunk in one write
         await asyncio.sleep(self.delay_s)
-        self.conn.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+        trailers = [("grpc-status", str(self.status))]
+        if self.status:
+            trailers.append(("grpc-message", "late trailers: the stream failed"))
+        self.conn.send_headers(sid, trailers, end_stream=True)
         self._flush()
 
 
-async def _serve(port: int, chunks: int, delay_ms: float) -> None:
-    body = _body(chunks)
+async def _serve(port: int, chunks: int, delay_ms: float, status: int) -> None:
+    body = _body(chunks, finish=not status)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Upstream(body, delay_ms / 1000.0), "127.0.0.1", port)
+    server = await loop.create_server(lambda: _Upstream(body, delay_ms / 1000.0, status), "127.0.0.1", port)
     async with server:
         await server.serve_forever()
 
@@ -81,8 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--chunks", type=int, default=1500)
     ap.add_argument("--trailer-delay-ms", type=float, default=300.0)
+    ap.add_argument("--status", type=int, default=0, help="the trailers' grpc-status (not 0: the stream fails)")
     cfg = ap.parse_args(argv)
-    asyncio.run(_serve(cfg.port, cfg.chunks, cfg.trailer_delay_ms))
+    asyncio.run(_serve(cfg.port, cfg.chunks, cfg.trailer_delay_ms, cfg.status))
 
 
 if __name__ == "__main__":
