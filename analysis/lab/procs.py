@@ -32,6 +32,10 @@ def _ephemeral_low() -> int | None:
     return low if low - LOW_PORT >= 1000 else None
 
 
+#: the ports :func:`free_port` has handed out in this process
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
     """A loopback port nothing listens on, for a process started next.
 
@@ -39,13 +43,16 @@ def free_port() -> int:
     ``bind(0)`` lies inside it, and between closing the probe socket and the child binding it,
     any outgoing connection on the machine (a load generator opening hundreds) may take it as
     its local port ("address already in use" at start). Below the range only another picker
-    can collide, which a random choice makes rare."""
+    can collide, which a random choice makes rare; this process never hands out a port twice (a
+    compare run picks ~40 before its processes bind them: one paired 2048-token run of
+    bench/groundtruth_length.py lost a configuration to a port picked twice)."""
     low = _ephemeral_low()
     if low is not None:
         rng = random.SystemRandom()
         for _ in range(64):
             port = rng.randrange(LOW_PORT, low)
-            if not port_in_use(LOOPBACK, port):
+            if port not in _GIVEN and not port_in_use(LOOPBACK, port):
+                _GIVEN.add(port)
                 return port
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
