@@ -27,12 +27,12 @@ for its chunks read as the client's backlog. Not asserted here (docs/results/202
 has the figures): serialization and the hops' own time at 512 chunks. The gateways and the server fall
 behind by 20-110 ms, and how much of their per-chunk work lies after the upstream's last chunk moves by
 1-2 ms between a pair's two calls on a busy 2-core machine; the hops measure it themselves (it is in
-their totals), none of it lands on a link. The other link stays within 0.3 ms behind passthrough
-and http-proxy; behind reencode, which rebuilds chunks and falls ~110 ms behind its server, it moved
-by up to 0.44 ms when the client link was delayed, and behind transcode by -0.60 once (+0.04 to +0.13
-in other runs): known failures, not strict. (Transcode's moved by up to 1.15 ms, and its undelayed
-server link held 24 ms, while the idle gaps of its grpc.aio reads counted as waits for the link:
-pathprobe.gateway.streamwork.)
+their totals), none of it lands on a link. The other link stays within 0.3 ms on every path. It
+did not behind reencode, which rebuilds chunks and falls ~110 ms behind its server (up to 0.44 ms when
+the client link was delayed, until its upstream reads were stamped), nor behind transcode (-0.60 once,
+until it read its upstream while behind: gateway.aio.ReadTurns). (Transcode's moved by up to 1.15 ms,
+and its undelayed server link held 24 ms, while the idle gaps of its grpc.aio reads counted as waits
+for the link: pathprobe.gateway.streamwork.)
 
 CI time: about 4-6 minutes for the two runs on a 2-core machine (fewer paths than the short test:
 direct gRPC and every gateway mode; nginx is the short test's).
@@ -113,17 +113,14 @@ def test_undelayed_links_stay_at_the_stacks_size(long_stream, path):
             assert vals[len(vals) // 2] <= STACKS_MS, (cfg.name, i, vals[len(vals) // 2])
 
 
-#: measured, not fixed yet (the other link of a delayed one, 512-token streams); transcode's +0.70 /
-#: +1.15 ms were its grpc.aio idle gaps counted as waits (+0.13 after that fix, but -0.60 once since).
-#: reencode's server link moved by +0.17, -0.04 and +0.44 ms before its upstream reads were stamped
-#: (pathprobe.rxstamp); after, in three runs, by +0.00, +0.07, -0.00 and its client link by +0.02,
-#: +0.11, -0.06 (2026-12-04): no longer a known failure
-KNOWN_STILL = {
-    "transcode": "its server link moved by +0.13 and +0.04 ms here when its client link was delayed, and by "
-    "-0.60 in a fresh-clone run (2026-12-03), through grpc.aio; with its own stamped client (2026-12-04) it "
-    "passed in 16 of 18 runs (here and in CI), by -0.23 to +0.13 ms in the last three (bound 0.3): how far "
-    "behind it falls differs between a pair's two calls on a busy 2-core machine (pathprobe.gateway.streamwork)",
-}
+#: measured, not fixed yet (the other link of a delayed one, 512-token streams): none now.
+#: transcode's +0.70 / +1.15 ms were its grpc.aio idle gaps counted as waits (+0.13 after that fix, but
+#: -0.60 once since); with its own stamped client (2026-12-04) it passed in 18 of 20 runs, by -0.23 to
+#: +0.13 ms; since it reads its upstream while behind (gateway.aio.ReadTurns), by +0.031, +0.011,
+#: +0.032 and +0.018 ms in four runs here (bound 0.3): no longer a known failure. reencode's server
+#: link moved by +0.17, -0.04 and +0.44 ms before its upstream reads were stamped (pathprobe.rxstamp);
+#: after, in three runs, by +0.00, +0.07, -0.00 and its client link by +0.02, +0.11, -0.06 (2026-12-04)
+KNOWN_STILL: dict[str, str] = {}
 
 
 def _moved_and_still(hop: str) -> tuple[str, str]:
