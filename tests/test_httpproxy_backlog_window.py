@@ -12,15 +12,12 @@ on loopback: up to 7.7 ms at the p90). The upstream's answer left it at once: th
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from pathprobe import timing
-from pathprobe.analysis.lab.procs import free_port
 
 from tests.support.clients import http_post, sse_events
-from tests.support.procs import Proc
-from tests.test_thirdparty_servers import wait_tcp
+from tests.support.procs import fake_upstream_behind
 
 #: ~200 KB of SSE: more than a fresh loopback socket's receive buffer takes (128 KB), less than
 #: aiohttp's own buffer limit (512 KB), beyond which it stops reading the socket on purpose
@@ -34,22 +31,9 @@ def _stream(url: str) -> list[object]:
 
 
 def test_catching_up_is_the_gateways_not_the_links(tmp_path: Path) -> None:
-    from tests.test_gateway import Gateway
-
-    port = free_port()
-    upstream = Proc(
-        [sys.executable, "-m", "tests.support.burst_sse_http", "--port", str(port), "--events", str(EVENTS)],
-        tmp_path / "upstream.log",
-    )
-    try:
-        wait_tcp(port, upstream)
-        gw = Gateway(tmp_path, "http-proxy", f"127.0.0.1:{port}", "--health-interval", "0")
-        try:
-            runs = [_stream(f"{gw.url}/v1/generate") for _ in range(9)]
-        finally:
-            gw.stop()
-    finally:
-        upstream.stop()
+    up = ("tests.support.burst_sse_http", "--events", str(EVENTS))
+    with fake_upstream_behind(tmp_path, "http-proxy", *up) as url:
+        runs = [_stream(f"{url}/v1/generate") for _ in range(9)]
     links = []
     for events in runs:
         assert events[-1] == "[DONE]"

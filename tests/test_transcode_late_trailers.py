@@ -14,16 +14,13 @@ gateway's.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 from pathprobe import timing
-from pathprobe.analysis.lab.procs import free_port
 
 from tests.support.clients import http_post, sse_events
-from tests.support.procs import Proc
-from tests.test_thirdparty_servers import wait_tcp
+from tests.support.procs import fake_upstream_behind
 
 CHUNKS = 1500
 DELAY_MS = 300.0
@@ -37,34 +34,9 @@ def _stream(url: str) -> list[object]:
 
 @pytest.mark.parametrize("status", [0, 8], ids=["ok", "error"])
 def test_work_done_before_late_trailers_is_not_held_back(tmp_path: Path, status: int) -> None:
-    from tests.test_gateway import Gateway
-
-    port = free_port()
-    upstream = Proc(
-        [
-            sys.executable,
-            "-m",
-            "tests.support.late_trailers_grpc",
-            "--port",
-            str(port),
-            "--chunks",
-            str(CHUNKS),
-            "--trailer-delay-ms",
-            str(DELAY_MS),
-            "--status",
-            str(status),
-        ],
-        tmp_path / "upstream.log",
-    )
-    try:
-        wait_tcp(port, upstream)
-        gw = Gateway(tmp_path, "transcode", f"127.0.0.1:{port}", "--health-interval", "0")
-        try:
-            runs = [_stream(f"{gw.url}/v1/generate") for _ in range(3)]
-        finally:
-            gw.stop()
-    finally:
-        upstream.stop()
+    up = ("tests.support.late_trailers_grpc", "--chunks", str(CHUNKS), "--trailer-delay-ms", str(DELAY_MS))
+    with fake_upstream_behind(tmp_path, "transcode", *up, "--status", str(status)) as url:
+        runs = [_stream(f"{url}/v1/generate") for _ in range(3)]
     for events in runs:
         chunks = [e for e in events if isinstance(e, dict) and "error" not in e]
         if status:  # the chunks, then the error with the timing (no [DONE])

@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -111,3 +112,23 @@ class Server(Proc):
     @property
     def http_url(self) -> str:
         return f"{'https' if self.client_tls else 'http'}://127.0.0.1:{self.http_port}"
+
+
+@contextmanager
+def fake_upstream_behind(tmp: Path, mode: str, module: str, *args: str) -> Iterator[str]:
+    """``python -m <module> --port P <args>`` (a test upstream from tests/support) behind a ``mode``
+    gateway without health checks; yields the gateway's URL and stops both."""
+    from tests.test_gateway import Gateway
+    from tests.test_thirdparty_servers import wait_tcp
+
+    port = free_port()
+    upstream = Proc([sys.executable, "-m", module, "--port", str(port), *args], tmp / "upstream.log")
+    try:
+        wait_tcp(port, upstream)
+        gw = Gateway(tmp, mode, f"127.0.0.1:{port}", "--health-interval", "0")
+        try:
+            yield gw.url
+        finally:
+            gw.stop()
+    finally:
+        upstream.stop()
