@@ -10,6 +10,8 @@ serialization, queueing and the hops' own time (truth: 0), with every record's n
     python bench/groundtruth_length.py --scenario stream2048 --out out/gt-2048
     python bench/groundtruth_length.py --scenario prompt128k --out out/gt-128k
     python bench/groundtruth_length.py --scenario stream512 --out out/gt-512   # CI's case, to repeat
+    python bench/groundtruth_length.py --scenario stream512-2ms --out out/gt-512-2ms   # tokens 2 ms apart
+    python bench/groundtruth_length.py --scenario prompt128k --paths reencode,http-proxy,nginx --out OUT
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ SCENARIOS = {
         "load": {"max_tokens": 2048, "duration_s": 14.0},
         "paths": [p for p in PATHS if p != "nginx"],
         "args": [],
+    },
+    # tokens 2 ms apart (a busy GPU engine's pace): nothing falls behind, every hop waits for the next token
+    "stream512-2ms": {
+        "stream": True,
+        "load": {"max_tokens": 512, "duration_s": 20.0},
+        "paths": list(PATHS),
+        "args": ["--decode-ms-per-token", "2"],
     },
     # ~800 KB of JSON per request; compare raises every size limit on the way for it
     "prompt128k": {
@@ -82,10 +91,15 @@ def main() -> int:
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--summary-only", action="store_true", help="re-read an earlier run")
+    ap.add_argument("--paths", help=f"only these paths, comma-separated, not the scenario's ({', '.join(PATHS)})")
     args = ap.parse_args()
     sc = SCENARIOS[args.scenario]
     args.out.mkdir(parents=True, exist_ok=True)
-    paths = {p: PATHS[p] for p in sc["paths"]}
+    names = args.paths.split(",") if args.paths else sc["paths"]
+    unknown = [p for p in names if p not in PATHS]
+    if unknown:
+        ap.error(f"--paths: unknown {', '.join(unknown)} (known: {', '.join(PATHS)})")
+    paths = {p: PATHS[p] for p in names}
     run = args.out / ("stream" if sc["stream"] else "unary")
     if not args.summary_only:
         run = _run(args.out, stream=sc["stream"], load=sc["load"], paths=paths, args=sc["args"])

@@ -174,6 +174,9 @@ class Spans:
 #: the longest a stream's loop works through chunks already in its buffers without a turn of the event
 #: loop: a gap of an idle loop's size (``timing.IDLE_MS``)
 READ_TURN_MS = timing.IDLE_MS
+#: a gap between one chunk's hand-off and the next chunk longer than a read out of a buffer takes
+#: (1-5 us here): the stream's loop waited for the chunk, and the event loop had a turn meanwhile
+WAITED_MS = 0.05
 
 
 class ReadTurns:
@@ -188,15 +191,21 @@ class ReadTurns:
     last timestamp, the server link 7.7 ms at the p90). A turn reads what came meanwhile, so the bytes
     are stamped as they come, up to the buffer's own limit (aiohttp's: twice ``read_bufsize``)."""
 
-    __slots__ = ("_at",)
+    __slots__ = ("_at", "_done")
 
     def __init__(self) -> None:
-        self._at = now_ms()
+        self._at = self._done = now_ms()
 
-    async def after(self, t: float) -> None:
-        """A chunk handed on at ``t`` (``now_ms()``): a turn of the loop if the last was long enough ago."""
-        if t - self._at > READ_TURN_MS:
-            self._at = t
+    async def after(self, had: float, done: float) -> None:
+        """A chunk the loop had at ``had`` and handed on by ``done`` (``now_ms()``): a turn of the event loop
+        if the last one was :data:`READ_TURN_MS` ago. A chunk that came later than :data:`WAITED_MS` after
+        the last was handed on was waited for: the loop had its turn then (a stream that keeps up, its
+        chunks apart, takes none of its own)."""
+        if had - self._done > WAITED_MS:
+            self._at = had
+        self._done = done
+        if done - self._at > READ_TURN_MS:
+            self._at = done
             await asyncio.sleep(0)
 
 

@@ -175,7 +175,7 @@ class HttpProxy(SessionOwner):
                     await out.write(data)
                     t = now_ms()
                     work.send.append((td, t))
-                    await turns.after(t)
+                    await turns.after(td, t)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 err = body_error(up.upstream, exc, self.cfg.timeout)
                 code = getattr(err, "grpc_code", grpc.StatusCode.UNAVAILABLE)

@@ -339,7 +339,7 @@ class Transcoder:
                     await resp.write(data)
                     t = now_ms()
                     work.send.append((ts, t))
-                    await turns.after(t)
+                    await turns.after(td, t)
                 upstream_st = _upstream_timing(await call.trailing_metadata())
                 t_up1 = now_ms()  # the call is over; what held() costs is the gateway's own, not the link's
                 # the last chunk goes out with the trailers' timing: work before the server sent them (after

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hpack import Decoder, Encoder
 from pathprobe.errors import ConfigError
-from pathprobe.gateway.aio import param_of
+from pathprobe.gateway.aio import ReadTurns, param_of
 from pathprobe.gateway.common import forward_metadata, grpc_timeout, parse_upstreams
 from pathprobe.gateway.h2streams import grpc_error_block
 from pathprobe.gateway.reencode import request_to_json
@@ -71,3 +73,26 @@ def test_request_to_json_keeps_native_types() -> None:
         "temperature": 0.5,
     }
     assert isinstance(obj["seed"], int)  # json_format would have made it a string
+
+
+def _turned(turns: ReadTurns, had: float, done: float) -> bool:
+    """Whether ``turns.after`` gave the event loop a turn (a callback scheduled before it ran)."""
+
+    async def run() -> bool:
+        ran: list[bool] = []
+        asyncio.get_running_loop().call_soon(ran.append, True)
+        await turns.after(had, done)
+        return bool(ran)
+
+    return asyncio.run(run())
+
+
+def test_read_turns_go_to_a_loop_behind_only() -> None:
+    turns = ReadTurns()
+    t = turns._done
+    # chunks out of a buffer, back to back: a turn once 1 ms of them has gone by without one
+    got = [_turned(turns, t + i * 0.2, t + i * 0.2 + 0.19) for i in range(12)]
+    assert got.count(True) == 2 and got[:5] == [False] * 5, got
+    # chunks 2 ms apart: each was waited for (the loop had its turn then), none of its own
+    t = turns._done
+    assert not any(_turned(turns, t + 2.0 * (i + 1), t + 2.0 * (i + 1) + 0.3) for i in range(5))
