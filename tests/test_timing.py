@@ -154,3 +154,31 @@ def test_a_streams_handoff_counts_only_what_held_the_stream_back():
     # a slow transport: a backlog drains after the last token (ready at 14): 14..20 counts, once
     assert held_back([(10.0, 13.0), (13.1, 17.0), (17.1, 20.0)], 14.0) == pytest.approx(3.0 + 2.9)
     assert held_back([], 0.0) == 0.0
+
+
+def _sums(s) -> float:
+    return sum(getattr(s, k) for k in SEGMENTS)
+
+
+def test_nginx_figures_are_brought_within_its_clock_resolution() -> None:
+    """nginx reports whole ms from a clock it caches per loop turn: its total can exceed what the client
+    saw, its upstream its own total, by up to 1 ms (2048-token streams: client link -0.44, nginx's own
+    -1.0). Within that, its figures give way to the precise ones; beyond it, or on a precise hop, the
+    contradiction is left to be seen."""
+    # total 80 > the client's 79.944; upstream 79 >= the server's 77.68
+    s = split(79.944, timing.parse_chain("srv.total;dur=77.680, nginx.upstream;dur=79, nginx.total;dur=80"))
+    assert s.links[0] == 0.0 and s.links[1] == pytest.approx(79.0 - 77.68)
+    assert all(h.other >= 0 for h in s.hops) and _sums(s) == pytest.approx(79.944)
+    # upstream 52 > total 51 (own -1): the upstream gives way, not below the server's total
+    s = split(52.5, timing.parse_chain("srv.total;dur=50.200, nginx.upstream;dur=52, nginx.total;dur=51"))
+    nginx = next(h for h in s.hops if h.label.startswith("nginx"))
+    assert nginx.other == 0.0 and s.links == pytest.approx((1.5, 0.8)) and _sums(s) == pytest.approx(52.5)
+    # upstream 50 < the server's 50.4: the link below would be -0.4; raised to it
+    s = split(52.0, timing.parse_chain("srv.total;dur=50.400, nginx.upstream;dur=50, nginx.total;dur=51"))
+    assert s.links == pytest.approx((1.0, 0.0)) and all(h.other >= 0 for h in s.hops)
+    # beyond the resolution: left (a broken report, not a coarse clock)
+    s = split(51.0, timing.parse_chain("srv.total;dur=50, nginx.upstream;dur=51, nginx.total;dur=53"))
+    assert s.links[0] == pytest.approx(-2.0)
+    # a precise hop's figures are never moved
+    s = split(79.944, timing.parse_chain("srv.total;dur=77.680, gw.upstream;dur=79, gw.total;dur=80"))
+    assert s.links[0] == pytest.approx(-0.056)
