@@ -104,7 +104,9 @@ def main() -> int:
     if not args.summary_only:
         run = _run(args.out, stream=sc["stream"], load=sc["load"], paths=paths, args=sc["args"])
     rows = []
-    recs = [json.loads(line) for f in run.glob("runs/*/c*/r*/records.jsonl") for line in f.read_text().splitlines()]
+    # every configuration's records once (runs/_interleaved holds the one load process's, all of them again)
+    files = [f for f in run.glob("runs/*/c*/r*/records.jsonl") if f.parts[-4] != "_interleaved"]
+    recs = [json.loads(line) for f in files for line in f.read_text().splitlines()]
     ok = [r for r in recs if r["ok"]]
     neg = [r for r in ok if _negatives(r)]
     print(f"{args.scenario}: {len(ok)} ok records of {len(recs)}, {len(neg)} with a negative segment/link/hop share")
