@@ -49,6 +49,13 @@ SCENARIOS = {
         "paths": list(PATHS),
         "args": ["--decode-ms-per-token", "2"],
     },
+    # CI's prompt size (tests/test_groundtruth_long.py), to repeat it on paths CI leaves out (nginx)
+    "prompt16k": {
+        "stream": False,
+        "load": {"prompt_tokens": 16384, "max_tokens": 3, "duration_s": 20.0},
+        "paths": ["direct", "passthrough", "transcode", "reencode", "http-proxy", "nginx"],
+        "args": ["--max-context", "20000"],
+    },
     # ~800 KB of JSON per request; compare raises every size limit on the way for it
     "prompt128k": {
         "stream": False,
