@@ -86,12 +86,6 @@ def long_prompt(tmp_path_factory) -> Path:
     return _run(tmp_path_factory.mktemp("gt-long-prompt"), stream=False, load=load, paths=LONG_PATHS, args=args)
 
 
-def _xfail(path: str, known: dict[str, str]) -> object:
-    """``path`` as a parameter, marked as a known failure where ``known`` says why. Not strict: it
-    depends on how busy the machine is (measured at load average 7-10; a quiet one may pass it)."""
-    return pytest.param(path, marks=pytest.mark.xfail(strict=False, reason=known[path])) if path in known else path
-
-
 @pytest.mark.parametrize("run", ["long_stream", "long_prompt"])
 def test_no_record_has_a_negative_segment(run, request):
     recs = _all_records(request.getfixturevalue(run))
@@ -111,16 +105,6 @@ def test_undelayed_links_stay_at_the_stacks_size(long_stream, path):
         for i in range(max(len(x) for x in links)):
             vals = sorted(x[i] for x in links if len(x) > i)
             assert vals[len(vals) // 2] <= STACKS_MS, (cfg.name, i, vals[len(vals) // 2])
-
-
-#: measured, not fixed yet (the other link of a delayed one, 512-token streams): none now.
-#: transcode's +0.70 / +1.15 ms were its grpc.aio idle gaps counted as waits (+0.13 after that fix, but
-#: -0.60 once since); with its own stamped client (2026-12-04) it passed in 18 of 20 runs, by -0.23 to
-#: +0.13 ms; since it reads its upstream while behind (gateway.aio.ReadTurns), by +0.031, +0.011,
-#: +0.032 and +0.018 ms in four runs here (bound 0.3): no longer a known failure. reencode's server
-#: link moved by +0.17, -0.04 and +0.44 ms before its upstream reads were stamped (pathprobe.rxstamp);
-#: after, in three runs, by +0.00, +0.07, -0.00 and its client link by +0.02, +0.11, -0.06 (2026-12-04)
-KNOWN_STILL: dict[str, str] = {}
 
 
 def _moved_and_still(hop: str) -> tuple[str, str]:
@@ -144,7 +128,14 @@ def test_a_delay_on_a_512_token_stream_lands_on_its_link(long_stream, path):
         assert 0.9 * delay <= d[moved] <= delay + STREAM_OVER_MS, where
 
 
-@pytest.mark.parametrize("path", [_xfail(p, KNOWN_STILL) for p in LONG_PATHS if p != "direct"])
+# No path is a known failure here any more (each was an xfail, non-strict, until fixed): transcode's
+# +0.70 / +1.15 ms were its grpc.aio idle gaps counted as waits (+0.13 after that fix, but -0.60 once
+# since); with its own stamped client (2026-12-04) it passed in 18 of 20 runs, by -0.23 to +0.13 ms;
+# since it reads its upstream while behind (gateway.aio.ReadTurns), by +0.031, +0.011, +0.032 and
+# +0.018 ms in four runs here (bound 0.3). reencode's server link moved by +0.17, -0.04 and +0.44 ms
+# before its upstream reads were stamped (pathprobe.rxstamp); after, in three runs, by +0.00, +0.07,
+# -0.00 and its client link by +0.02, +0.11, -0.06 (2026-12-04)
+@pytest.mark.parametrize("path", [p for p in LONG_PATHS if p != "direct"])
 def test_a_delay_on_a_512_token_stream_leaves_the_other_link(long_stream, path):
     for hop in _hops(path):
         d = _paired(long_stream, path, hop)
