@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -85,6 +84,16 @@ class _Call:
 def _upstream_timing(md: Iterable[tuple[str, str | bytes]] | None) -> str | None:
     values = [v if isinstance(v, str) else v.decode() for k, v in (md or ()) if k == timing.METADATA_KEY]
     return ", ".join(values) if values else None
+
+
+def _stream_end(t_up0: float, upstream_st: str | None, call: grpcup.Call) -> float:
+    """The earliest a stream's end can be (:meth:`StreamWork.held`'s bound), whether it ended well or
+    failed: not before the server sent its trailers, after its wait and its whole total, last hand-off
+    included (``timing.finished_ms``; ``t_up0`` when they carry no timing), nor before they reached us
+    (a server can send them after its last message, grpc.aio's does when it is busy). The gateway's
+    work before that overlapped them."""
+    finished = t_up0 + timing.finished_ms(upstream_st)
+    return max(finished, call.ended_ms or finished)
 
 
 class Transcoder:
@@ -342,11 +351,8 @@ class Transcoder:
                     await turns.after(td, t)
                 upstream_st = _upstream_timing(await call.trailing_metadata())
                 t_up1 = now_ms()  # the call is over; what held() costs is the gateway's own, not the link's
-                # the last chunk goes out with the trailers' timing: work before the server sent them (after
-                # its wait and its whole total, last hand-off included) or before they reached us (a server
-                # can send them after its last message, grpc.aio's does when it is busy) overlapped them
-                finished = t_up0 + timing.finished_ms(upstream_st)
-                c_dec, c_enc, c_send, c_back = work.held(max(finished, call.ended_ms or finished))
+                # the last chunk goes out with the trailers' timing: work before they came overlapped them
+                c_dec, c_enc, c_send, c_back = work.held(_stream_end(t_up0, upstream_st, call))
                 ent.upstream = t_up1 - t_up0 - c_dec - c_enc - c_send - c_back
                 # the call's end (its status) in while the loop was busy after the last chunk's work
                 ent.upwait = grpcup.wait_ms(call, max(t_up0, work.done()), t_up1)
@@ -374,11 +380,8 @@ class Transcoder:
                 await resp.write(data + SSE_DONE)
             except grpc.aio.AioRpcError as err:
                 t_up1 = now_ms()
-                # as on success: what was done before the failed call's trailers came overlapped the wait
-                # for them (their arrival, and the upstream's own time where it sent its timing)
                 failed_st = _upstream_timing(err.trailing_metadata())
-                finished = t_up0 + timing.finished_ms(failed_st) if failed_st else -math.inf
-                c_dec, c_enc, c_send, c_back = work.held(max(finished, call.ended_ms or -math.inf))
+                c_dec, c_enc, c_send, c_back = work.held(_stream_end(t_up0, failed_st, call))  # as on success
                 ent.upstream = t_up1 - t_up0 - c_dec - c_enc - c_send - c_back
                 ent.decode += c_dec
                 ent.encode += c_enc
