@@ -41,7 +41,7 @@ SEGMENTS = ("network", "serialization", "queueing", "inference", "other", "unspl
 #: nginx's ``$request_time`` and ``$upstream_response_time`` have 1 ms resolution, each read from a
 #: clock it caches per event-loop turn. Where such a hop's figures contradict a precise neighbour's
 #: by no more than that, they are brought within it (:func:`_within_resolution`): 2048-token streams
-#: through nginx had its client link down to -0.44 ms and its own time -1.0 in 35 of 734 records.
+#: through nginx had its client link down to -0.44 ms or its own time -1.0 in 35 of 267 records.
 #: A contradiction beyond it is left, to be seen; a precise hop's figures are never touched.
 CLOCK_RESOLUTION_MS = {"nginx": 1.0}
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 import pytest
 from pathprobe.loadgen.http1 import Connection, HttpError, header_lines
 
+from tests.support.clients import content_length
+
 
 class ScriptedServer:
     """Accepts connections on 127.0.0.1 and answers each request with ``script(connection, its
@@ -45,11 +47,7 @@ class ScriptedServer:
                         return
                     buf += data
                 head, _, rest = buf.partition(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
+                length = content_length(head)
                 while len(rest) < length:
                     rest += conn.recv(65536)
                 self.requests.append(head + b"\r\n\r\n" + rest[:length])

@@ -15,6 +15,8 @@ import asyncio
 import json
 import time
 
+from tests.support.clients import content_length
+
 #: what each event says (a token of text, as a completion chunk)
 _TEXT = " tok"
 
@@ -63,11 +65,7 @@ class _Upstream(asyncio.Protocol):
         head, sep, rest = self.buf.partition(b"\r\n\r\n")
         if not sep:
             return
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
+        length = content_length(head)
         if len(rest) < length:
             return
         self.buf = rest[length:]

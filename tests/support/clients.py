@@ -73,3 +73,12 @@ def timed_generate(conn: http.client.HTTPConnection, body: bytes) -> tuple[float
     e2e = (time.perf_counter() - t0) * 1000.0
     assert resp.status == 200, resp.status
     return e2e, resp.getheader(timing.HTTP_HEADER)
+
+
+def content_length(head: bytes) -> int:
+    """An HTTP/1.1 request head's ``Content-Length`` (0 without one), for the tests' own raw servers."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
