@@ -64,6 +64,10 @@ SCENARIOS = {
         "args": ["--max-context", "140000"],
     },
 }
+#: proxies the benchmark runs beside the tests' paths: HAProxy forwards a request body as it comes, as
+#: nginx's grpc_pass does (segments.STREAMS_REQUEST_BODY), and reports its own total
+EXTRA_PATHS = {"haproxy": {"kind": "haproxy"}}
+ALL_PATHS = {**PATHS, **EXTRA_PATHS}
 METRICS = ("e2e", "network_hop1", "network_hop2", "serialization", "queueing", "own", "inference")
 
 
@@ -98,15 +102,15 @@ def main() -> int:
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--summary-only", action="store_true", help="re-read an earlier run")
-    ap.add_argument("--paths", help=f"only these paths, comma-separated, not the scenario's ({', '.join(PATHS)})")
+    ap.add_argument("--paths", help=f"only these paths, comma-separated, not the scenario's ({', '.join(ALL_PATHS)})")
     args = ap.parse_args()
     sc = SCENARIOS[args.scenario]
     args.out.mkdir(parents=True, exist_ok=True)
     names = args.paths.split(",") if args.paths else sc["paths"]
-    unknown = [p for p in names if p not in PATHS]
+    unknown = [p for p in names if p not in ALL_PATHS]
     if unknown:
-        ap.error(f"--paths: unknown {', '.join(unknown)} (known: {', '.join(PATHS)})")
-    paths = {p: PATHS[p] for p in names}
+        ap.error(f"--paths: unknown {', '.join(unknown)} (known: {', '.join(ALL_PATHS)})")
+    paths = {p: ALL_PATHS[p] for p in names}
     run = args.out / ("stream" if sc["stream"] else "unary")
     if not args.summary_only:
         run = _run(args.out, stream=sc["stream"], load=sc["load"], paths=paths, args=sc["args"])

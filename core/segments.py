@@ -17,7 +17,10 @@ take the chunks it sent towards the outer one after it had the last of them
 the transport's (a gRPC stack's write completion and loop wake-up per message), so it is the
 link's stack time as a unary answer's hand-off is (after the hop's total); left in the hop's
 own time, it would make the hop's "other" follow whatever else the machine ran while the
-stream was sent.
+stream was sent. A server's ``srv.body`` (its wait for the request body's bytes after the headers,
+:data:`pathprobe.timing.BODY_PART`) is link time the same way, booked on the link to it, or behind
+hops that forward request bodies as they come (:data:`STREAMS_REQUEST_BODY`) on the link in front
+of them.
 
 Nothing is guessed: when the innermost component reports nothing (a third-party server,
 or a forwarder whose upstream is silent), the innermost link's time holds both network
@@ -32,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
-from pathprobe.timing import SEND_PART, SERVER_KIND, UPWAIT_PART, WAIT_PART, Chain, Hop, chain_of
+from pathprobe.timing import BODY_PART, SEND_PART, SERVER_KIND, UPWAIT_PART, WAIT_PART, Chain, Hop, chain_of
 
 SEGMENTS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
 #: parts of a server's total that are the model's own work (``srv.inference``: a server
@@ -44,6 +47,18 @@ SEGMENTS = ("network", "serialization", "queueing", "inference", "other", "unspl
 #: through nginx had its client link down to -0.44 ms or its own time -1.0 in 35 of 267 records.
 #: A contradiction beyond it is left, to be seen; a precise hop's figures are never touched.
 CLOCK_RESOLUTION_MS = {"nginx": 1.0}
+
+#: forwarding hops that pass a request's body on as it comes, having called their upstream with its
+#: headers, as (kind, desc); desc None: whatever it says. nginx's ``grpc_pass`` never buffers a request
+#: body (its ``proxy_pass`` does by default: ``desc=proxy_pass``); HAProxy forwards it as it comes
+#: unless ``option http-buffer-request``. Behind them a server's wait for its body (``srv.body``) is
+#: the time the body took to reach them too: a 16k-token prompt through nginx over a delayed client
+#: link crosses that link in two round trips (HTTP/2 flow control), and the second lay in nginx's
+#: upstream call, +5.05 ms on the server link for 5 on the client link (2026-12-04). So it is booked
+#: on the link in front of the outermost of them (:func:`_body_link`), not on the server's. A
+#: server link that is itself slow to carry the body (its window too small for it) is then misplaced
+#: outward: neither side reports when the body's last byte passed the proxy.
+STREAMS_REQUEST_BODY = frozenset({("nginx", "grpc_pass"), ("haproxy", None)})
 
 INFERENCE_PARTS = ("srv.tokenize", "srv.prefill", "srv.decode_steps", "srv.detokenize", "srv.inference")
 SERIALIZATION_PARTS = ("decode", "encode")
@@ -101,7 +116,8 @@ def _server_part(hop: Hop) -> tuple[HopPart, float, float]:
     inference = sum(hop.entries.get(name, 0.0) for name in INFERENCE_PARTS)
     ser = _serialization(hop)
     total = hop.get("total")
-    return HopPart(hop.label, total, ser, total - ser - queue - inference - hop.get(SEND_PART)), queue, inference
+    own = total - ser - queue - inference - hop.get(SEND_PART) - hop.get(BODY_PART)
+    return HopPart(hop.label, total, ser, own), queue, inference
 
 
 def _forwarder_part(hop: Hop) -> HopPart:
@@ -115,20 +131,38 @@ def _within_resolution(hop: Hop, outer_ms: float, inner_ms: float | None, res: f
     them by no more than the hop's clock resolution ``res``: its total (less its send) no longer than
     its outer side saw it take (``outer_ms``, the link to it >= 0), its upstream no shorter than its
     inner hop's total (``inner_ms``, less that hop's send: the link below >= 0) and no longer than its
-    own total leaves room for (its own time >= 0)."""
+    own total leaves room for (its own time >= 0). Where its total leaves no room for its inner hop's,
+    its total is raised to it, as far as its outer side allows."""
     total, up = hop.get("total"), hop.get("upstream")
     send, ser = hop.get(SEND_PART), _serialization(hop)
     if 0 < total - send - outer_ms <= res:
         total = outer_ms + send
-    entries = {**hop.entries, f"{hop.kind}.total": total}
+    entries = dict(hop.entries)
     if hop.has("upstream"):
         if inner_ms is not None and 0 < inner_ms - up <= res:
             up = inner_ms
         room = total - ser - send
-        if 0 < up - room <= res and (inner_ms is None or room >= inner_ms):
-            up = room
+        if 0 < up - room <= res:
+            if inner_ms is None or room >= inner_ms:
+                up = room
+            elif inner_ms - room <= res and inner_ms + ser <= outer_ms:
+                up, total = inner_ms, inner_ms + ser + send
         entries[f"{hop.kind}.upstream"] = up
+    entries[f"{hop.kind}.total"] = total
     return replace(hop, entries=entries)
+
+
+def _streams_body(hop: Hop) -> bool:
+    return (hop.kind, hop.desc) in STREAMS_REQUEST_BODY or (hop.kind, None) in STREAMS_REQUEST_BODY
+
+
+def _body_link(hops: list[Hop], i: int, link: int) -> int:
+    """The link (index into ``links``, outermost first) that a body wait of ``hops[i]`` belongs to: its
+    own (``link``), or, behind hops that stream request bodies, the one in front of the outermost of
+    them (one index outward per such hop)."""
+    while i + 1 < len(hops) and _streams_body(hops[i + 1]):
+        i, link = i + 1, link - 1
+    return link
 
 
 def _hop_wait(hop: Hop, link_ms: float) -> float:
@@ -197,10 +231,15 @@ def split(
         # without the waits on its transport for the chunks it streamed back: those are the link's),
         # less the hop's wait for its own loop before its first timestamp (its queueing) and the outer
         # hop's wait for its loop after this hop had answered (the outer hop's queueing)
-        link = outer_time - hop.get("total") + hop.get(SEND_PART)
+        link = outer_time - hop.get("total") + hop.get(SEND_PART) + hop.get(BODY_PART)
         wait = _hop_wait(hop, link)
         up = _outer_upwait(parts, link - wait)
         links.append(link - wait - up)
+        body = min(hop.get(BODY_PART), max(links[-1], 0.0))
+        if body > 0:  # its wait for the body's bytes: the link's, or that of a link further out
+            j = _body_link(hops, i, len(links) - 1)
+            links[-1] -= body
+            links[j] += body
         queueing += wait + up
         hop_wait += wait + up
         if hop.kind == SERVER_KIND and i == 0:

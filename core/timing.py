@@ -53,6 +53,12 @@ WAIT_PART = "wait"
 #: (:mod:`pathprobe.rxstamp`'s timed sends). The split takes it from the link to the upstream and books
 #: it as the hop's queueing, capped at that link's time
 UPWAIT_PART = "upwait"
+#: the part (``<kind>.body``) a server reports: of its total, at its start, how long its handler waited
+#: for the request body's bytes after the headers (a prompt of 100 KB or more crossing a slow link in
+#: several round trips, or forwarded as it came by a hop that streams request bodies). It is the
+#: links' time: the split books it as network, on the link to the server, or behind hops that stream
+#: request bodies (:data:`pathprobe.segments.STREAMS_REQUEST_BODY`), on the link in front of them
+BODY_PART = "body"
 #: the entry prefix of a model server's hop
 SERVER_KIND = "srv"
 #: the entry prefix of a pathprobe gateway's hop

@@ -79,6 +79,9 @@ class RequestScope:
     #: a stream's hand-offs after the engine's last token, before the last one: the server was behind
     #: its engine (``srv.backlog``, its own time: :func:`pathprobe.timing.handoff_split`)
     backlog_ms: float | None = None
+    #: the handler's wait for the request body's bytes after its headers, at the start of ``srv.total``
+    #: (``srv.body``: the links' time, :data:`pathprobe.timing.BODY_PART`); None: none measured
+    body_ms: float | None = None
     #: a stream's chunk encodes as ``now_ms()`` intervals: only what lies after the engine's last
     #: token counts in ``srv.encode`` (:func:`pathprobe.timing.held_back`; the rest overlapped it)
     chunk_encodes: list[Interval] = field(default_factory=list)
@@ -149,6 +152,8 @@ class RequestScope:
         wait = loopwait.wait_ms(self.floor_ms, self.t0)
         if wait is not None:
             out["srv.wait"] = wait
+        if self.body_ms is not None:
+            out["srv.body"] = self.body_ms
         if self.gen is not None:
             out.update(self.gen.timing.entries())
             out.cached_tokens = self.gen.timing.cached_tokens
@@ -187,6 +192,8 @@ class RequestScope:
         wait = entries.get("srv.wait", 0.0)
         if wait:  # before the handler's entry (t0): the request waited for the loop
             telemetry.child_span(_tracer, "server.wait", span, self.t0 - wait, wait, {"pathprobe.entry": "srv.wait"})
+        if self.body_ms:  # the request's start: its body's bytes still coming in
+            telemetry.child_span(_tracer, "server.body", span, self.t0, self.body_ms, {"pathprobe.entry": "srv.body"})
         if self._decode_start:
             telemetry.child_span(
                 _tracer, "server.decode", span, self._decode_start, self.decode_ms, {"pathprobe.entry": "srv.decode"}

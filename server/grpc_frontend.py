@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -73,14 +74,25 @@ def _decode(data: bytes, max_body_bytes: int | None = None) -> tuple[llm_pb2.Gen
     return req, now_ms() - t0
 
 
+@dataclass(frozen=True, slots=True)
+class _Received:
+    """A call's request message as its handler read it (see :meth:`LLMService._received`)."""
+
+    data: bytes
+    #: its wait for this front end before ``t0`` (ms; None: not measured)
+    wait: float | None
+    #: the request's start (``now_ms()``): the handler's, or the message's arrival
+    t0: float
+    #: the handler's wait for the message's bytes after the headers (ms; None: none)
+    body_ms: float | None
+
+
 class LLMService:
     def __init__(self, state: ServerState, max_body_bytes: int | None = None) -> None:
         self.state = state
         self.max_body_bytes = max_body_bytes
 
-    async def _received(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> tuple[bytes, float | None]:
+    async def _received(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> _Received:
         """The call's request message and the call's wait for this front end, read at the handler's
         start: grpc.aio held the call from its headers until it ran the handler (the wait, from the
         caller's declared deadline: :mod:`pathprobe.grpcwait`). The methods are served as streaming
@@ -88,26 +100,37 @@ class LLMService:
         whole message is in. Reading the message then takes either its transfer after the headers
         (a 100 KB prompt behind a slow link crosses in several round trips: the link's time) or,
         when it was already in, the loop's turns to get back to this handler (busy with others: this
-        hop's wait). The loop tells which: if it slept meanwhile, the handler was waiting for bytes
-        and the read is the link's; if it never slept (or is not watched), the read is added to the
-        wait, as a unary handler, which starts once the message is in, would count it."""
+        hop's wait). The loop tells which: if it slept meanwhile, the handler was waiting for bytes:
+        the request starts at the headers and the read is its ``srv.body`` (inside ``srv.total``, the
+        link's: :data:`pathprobe.timing.BODY_PART`); if it never slept (or is not watched), the request
+        starts once the message is in and the read is added to the wait, as a unary handler, which
+        starts then, would count it."""
         t_handler = now_ms()
         wait = grpcwait.wait_ms(grpcwait.declared_ms(context.invocation_metadata()), context.time_remaining())
         async for data in requests:
+            t_read = now_ms()
             watch = loopwait.watch_of()
-            if wait is not None and (watch is None or not watch.slept_since(t_handler)):
-                wait += now_ms() - t_handler
-            return data, wait
+            if watch is not None and watch.slept_since(t_handler):
+                return _Received(data, wait, t_handler, t_read - t_handler)
+            if wait is not None:
+                wait += t_read - t_handler
+            return _Received(data, wait, t_read, None)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: the call carried no message")
         raise AssertionError("unreachable")  # abort raises
 
-    def _scope(self, method: str, context: grpc.aio.ServicerContext, wait: float | None) -> RequestScope:
+    def _scope(self, method: str, context: grpc.aio.ServicerContext, got: _Received) -> RequestScope:
         scope = RequestScope(
-            self.state, f"grpc.{method}", _carrier(context), f"{SERVICE}/{method}", _attributes(method, context)
+            self.state,
+            f"grpc.{method}",
+            _carrier(context),
+            f"{SERVICE}/{method}",
+            _attributes(method, context),
+            t0=got.t0,
+            body_ms=got.body_ms,
         )
         scope.deadline_ms = deadline_in(context.time_remaining())
-        if wait is not None:
-            scope.floor_ms = scope.t0 - wait
+        if got.wait is not None:
+            scope.floor_ms = scope.t0 - got.wait
         return scope
 
     async def _abort(self, scope: RequestScope, context: grpc.aio.ServicerContext, exc: PathprobeError) -> None:
@@ -119,8 +142,8 @@ class LLMService:
         await context.abort(exc.grpc_code, exc.message, trailing_metadata=md)
 
     async def generate(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
-        data, wait = await self._received(requests, context)
-        scope = self._scope("Generate", context, wait)
+        got = await self._received(requests, context)
+        data, scope = got.data, self._scope("Generate", context, got)
         try:
             self.state.auth.check_mapping(scope.carrier)
             req, ms = _decode(data, self.max_body_bytes)
@@ -155,8 +178,8 @@ class LLMService:
     async def generate_stream(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        data, wait = await self._received(requests, context)
-        scope = self._scope("GenerateStream", context, wait)
+        got = await self._received(requests, context)
+        data, scope = got.data, self._scope("GenerateStream", context, got)
         gen = None
         try:
             self.state.auth.check_mapping(scope.carrier)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from pathprobe import jsoncodec, timing
+from pathprobe import jsoncodec, loopwait, timing
 from pathprobe.deadline import RETRY_AFTER, TIMEOUT_HEADER, retry_after_header
 from pathprobe.errors import PathprobeError
 from pathprobe.jsontypes import JsonObject
@@ -101,9 +101,15 @@ def scope_for(request: HttpRequest, route: str) -> RequestScope:
 
 
 async def read_json(request: HttpRequest, scope: RequestScope) -> JsonObject:
-    """Read and parse the body as a JSON object; the parse time is srv.decode."""
+    """Read and parse the body as a JSON object; the parse time is srv.decode. Where the loop slept
+    during the read, the handler was waiting for the body's bytes: that read is ``srv.body`` (the
+    links' time, :data:`pathprobe.timing.BODY_PART`); otherwise it stays the server's own."""
+    t_read = now_ms()
     body = await request.read()
     t0 = now_ms()
+    watch = loopwait.watch_of()
+    if watch is not None and watch.slept_since(t_read):
+        scope.body_ms = t0 - t_read
     obj = jsoncodec.loads_object(body)
     scope.decoded(now_ms() - t0)
     return obj

@@ -13,7 +13,8 @@ these runs may have a negative segment, link or hop share, and on loopback a lin
 delay stays at the stacks' size (a few ms), whatever the stream's length.
 
 On the 16k-token prompt (a ~100 KB body) the paired bounds hold against the injected delay: the
-delayed link moves by 2 x D (the relay's sleeps overshoot, never undershoot), the other link,
+delayed link moves by 2 x D for each round trip the body takes on it (the relay's sleeps overshoot,
+never undershoot; into nginx two, whose grpc_pass forwards the body as it comes), the other link,
 queueing and the hops' own time by < 0.3 ms, serialization (CPU work on the body on every side, ~5 ms
 behind a JSON hop) by max(20 % of its size, 0.3 ms). The truth there is the delay, not e2e:
 the engine's own work on 16k tokens moves by up to 0.7 ms between a pair's two calls (paired
@@ -34,8 +35,9 @@ until it read its upstream while behind: gateway.aio.ReadTurns). (Transcode's mo
 and its undelayed server link held 24 ms, while the idle gaps of its grpc.aio reads counted as waits
 for the link: pathprobe.gateway.streamwork.)
 
-CI time: about 4-6 minutes for the two runs on a 2-core machine (fewer paths than the short test:
-direct gRPC and every gateway mode; nginx is the short test's).
+CI time: about 4-6 minutes for the two runs on a 2-core machine (the stream: direct gRPC and every
+gateway mode, nginx is the short test's; the prompt: nginx too, whose ``grpc_pass`` forwards a body as
+it comes: the server's wait for it, ``srv.body``, is the client link's).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ from tests.test_groundtruth_hops import HOPS, PATHS, TOL, _hops, _paired, _recor
 pytestmark = pytest.mark.slow
 
 LONG_PATHS = {k: v for k, v in PATHS.items() if k != "nginx"}
+#: the 16k-token prompt goes through nginx too: its grpc_pass forwards a body as it comes
+#: (segments.STREAMS_REQUEST_BODY)
+PROMPT_PATHS = dict(PATHS)
 SEGMENTS = ("network", "serialization", "queueing", "inference", "other", "unsplit")
 #: a link without delay on loopback: its two stacks' time, a few ms even on a busy 2-core machine
 STACKS_MS = 5.0
@@ -83,7 +88,7 @@ def long_stream(tmp_path_factory) -> Path:
 def long_prompt(tmp_path_factory) -> Path:
     load = {"prompt_tokens": 16384, "max_tokens": 3}
     args = ["--max-context", "20000"]  # the tiny model's tokenizer, the synthetic engine: no model limit
-    return _run(tmp_path_factory.mktemp("gt-long-prompt"), stream=False, load=load, paths=LONG_PATHS, args=args)
+    return _run(tmp_path_factory.mktemp("gt-long-prompt"), stream=False, load=load, paths=PROMPT_PATHS, args=args)
 
 
 @pytest.mark.parametrize("run", ["long_stream", "long_prompt"])
@@ -143,14 +148,19 @@ def test_a_delay_on_a_512_token_stream_leaves_the_other_link(long_stream, path):
         assert abs(d[still]) <= TOL, (path, hop, {k: round(v, 3) for k, v in d.items()})
 
 
-@pytest.mark.parametrize("path", list(LONG_PATHS))
+@pytest.mark.parametrize("path", list(PROMPT_PATHS))
 def test_a_delay_on_a_16k_prompt_lands_on_its_link_only(long_prompt, path):
     for hop in _hops(path):
         d = _paired(long_prompt, path, hop)
         delay = 2 * HOPS[hop]
         where = (path, hop, {k: round(v, 3) for k, v in d.items()})
         moved, still = _moved_and_still(hop)
-        assert 0.9 * delay <= d[moved] <= delay + 1.0, where
+        # a body that crosses the delayed link in more than one round trip costs more than 2 x D: into
+        # nginx, whose HTTP/2 window takes 64 KB before its WINDOW_UPDATE, the ~100 KB body takes two
+        # (e2e +10.1 ms for 2D = 5). The link takes all of it, the server link none (before srv.body
+        # it held the second round trip: +5.05 ms); behind our gateways, which read the whole body
+        # first, one
+        assert 0.9 * delay <= d[moved] <= max(delay, d["e2e"]) + 1.0, where
         assert abs(d[still]) <= TOL, where
         for seg in ("queueing", "own"):  # inference: the engine's own 16k-token work
             assert abs(d[seg]) <= TOL, (seg, where)

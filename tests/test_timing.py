@@ -182,3 +182,47 @@ def test_nginx_figures_are_brought_within_its_clock_resolution() -> None:
     # a precise hop's figures are never moved
     s = split(79.944, timing.parse_chain("srv.total;dur=77.680, gw.upstream;dur=79, gw.total;dur=80"))
     assert s.links[0] == pytest.approx(-0.056)
+
+
+def test_a_servers_wait_for_its_body_is_link_time_in_front_of_hops_that_stream_it() -> None:
+    """``srv.body`` (the server's wait for its request body's bytes, inside its total) is network: on the
+    link to the server, or, behind hops that forward bodies as they come (nginx's grpc_pass, HAProxy), on
+    the link in front of the outermost of them; never the server's own time."""
+    server = "srv.decode;dur=1, srv.body;dur=5, srv.total;dur=20"
+    # direct: the client's link carried it
+    s = split(23.0, timing.parse_chain(server))
+    assert s.links == pytest.approx((8.0,)) and s.hops[0].other == pytest.approx(14.0) and _sums(s) == 23.0
+    # behind nginx's grpc_pass: the client link's time (nginx called the server with the headers)
+    s = split(25.0, timing.parse_chain(server + ", nginx.upstream;dur=22, nginx.total;dur=23;desc=grpc_pass"))
+    assert s.links == pytest.approx((7.0, 2.0)) and s.hops[1].other == pytest.approx(14.0)
+    assert _sums(s) == pytest.approx(25.0)
+    # behind a hop that buffers the body (nginx's proxy_pass, a pathprobe gateway): the server link's
+    for outer in ("nginx.upstream;dur=22, nginx.total;dur=23;desc=proxy_pass", "gw.upstream;dur=22, gw.total;dur=23"):
+        s = split(25.0, timing.parse_chain(f"{server}, {outer}"))
+        assert s.links == pytest.approx((2.0, 7.0)), outer
+    # through HAProxy behind a gateway: only as far out as the hops that stream it
+    chain = f"{server}, haproxy.upstream;dur=22, haproxy.total;dur=23, gw.upstream;dur=24, gw.total;dur=25"
+    s = split(27.0, timing.parse_chain(chain))
+    assert s.links == pytest.approx((2.0, 6.0, 2.0))
+    # never more than the link holds: a body wait beyond it (a broken report) moves only what is there
+    s = split(
+        25.0,
+        timing.parse_chain(
+            "srv.body;dur=5, srv.total;dur=22, nginx.upstream;dur=24, nginx.total;dur=24;desc=grpc_pass"
+        ),
+    )
+    assert min(s.links) >= 0 and _sums(s) == pytest.approx(25.0)
+
+
+def test_nginx_total_is_raised_to_its_inner_hops_within_its_resolution() -> None:
+    """A server that counts its body's arrival starts at the headers, as nginx's upstream call does: its
+    total can exceed nginx's whole-ms figures by less than 1 ms (a 16k prompt: srv 20.11, nginx 20 and 20)."""
+    s = split(26.2, timing.parse_chain("srv.total;dur=20.11, nginx.upstream;dur=20, nginx.total;dur=20;desc=grpc_pass"))
+    assert s.links == pytest.approx((6.09, 0.0)) and s.hops[0].other == 0.0 and _sums(s) == pytest.approx(26.2)
+    s = split(
+        28.5, timing.parse_chain("srv.total;dur=22.107, nginx.upstream;dur=23, nginx.total;dur=22;desc=grpc_pass")
+    )
+    assert s.links == pytest.approx((28.5 - 22.107, 0.0)) and s.hops[0].other == 0.0
+    # not past the client's side: the client saw 20.05, so nginx's total stays where it is (left to be seen)
+    s = split(20.05, timing.parse_chain("srv.total;dur=20.11, nginx.upstream;dur=20, nginx.total;dur=20"))
+    assert s.hops[0].other < 0

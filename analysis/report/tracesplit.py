@@ -27,6 +27,7 @@ NAME_TO_ENTRY = {
     "server.decode": "srv.decode",
     "server.encode": "srv.encode",
     "server.send": "srv.send",
+    "server.body": "srv.body",
     "server.wait": "srv.wait",
     "engine.queue": "srv.queue",
     "engine.tokenize": "srv.tokenize",
