@@ -51,13 +51,14 @@ CLOCK_RESOLUTION_MS = {"nginx": 1.0}
 #: forwarding hops that pass a request's body on as it comes, having called their upstream with its
 #: headers, as (kind, desc); desc None: whatever it says. nginx's ``grpc_pass`` never buffers a request
 #: body (its ``proxy_pass`` does by default: ``desc=proxy_pass``); HAProxy forwards it as it comes
-#: unless ``option http-buffer-request``. Behind them a server's wait for its body (``srv.body``) is
-#: the time the body took to reach them too: a 16k-token prompt through nginx over a delayed client
+#: unless ``option http-buffer-request``. Behind them a server's wait for its body (``srv.body``) may
+#: be the time the body took to reach them: a 16k-token prompt through nginx over a delayed client
 #: link crosses that link in two round trips (HTTP/2 flow control), and the second lay in nginx's
-#: upstream call, +5.05 ms on the server link for 5 on the client link (2026-12-04). So it is booked
-#: on the link in front of the outermost of them (:func:`_body_link`), not on the server's. A
-#: server link that is itself slow to carry the body (its window too small for it) is then misplaced
-#: outward: neither side reports when the body's last byte passed the proxy.
+#: upstream call, +5.05 ms on the server link for 5 on the client link (2026-12-04). Or it may be the
+#: server link's own: with that link delayed, one record in five had the body trail its headers by the
+#: link's one-way delay. Neither side reports when the body's last byte passed the proxy, so the wait
+#: goes to the slowest of the links it crossed (their own time, without it): a body held back by flow
+#: control is held for round trips of the slowest link (:func:`_body_links`).
 STREAMS_REQUEST_BODY = frozenset({("nginx", "grpc_pass"), ("haproxy", None)})
 
 INFERENCE_PARTS = ("srv.tokenize", "srv.prefill", "srv.decode_steps", "srv.detokenize", "srv.inference")
@@ -156,13 +157,14 @@ def _streams_body(hop: Hop) -> bool:
     return (hop.kind, hop.desc) in STREAMS_REQUEST_BODY or (hop.kind, None) in STREAMS_REQUEST_BODY
 
 
-def _body_link(hops: list[Hop], i: int, link: int) -> int:
-    """The link (index into ``links``, outermost first) that a body wait of ``hops[i]`` belongs to: its
-    own (``link``), or, behind hops that stream request bodies, the one in front of the outermost of
-    them (one index outward per such hop)."""
+def _body_links(hops: list[Hop], i: int, link: int) -> list[int]:
+    """The links (indices into ``links``, outermost first) a body wait of ``hops[i]`` can have been spent
+    on: its own (``link``) and, behind hops that stream request bodies, each one in front of them."""
+    out = [link]
     while i + 1 < len(hops) and _streams_body(hops[i + 1]):
         i, link = i + 1, link - 1
-    return link
+        out.append(link)
+    return out
 
 
 def _hop_wait(hop: Hop, link_ms: float) -> float:
@@ -236,9 +238,9 @@ def split(
         up = _outer_upwait(parts, link - wait)
         links.append(link - wait - up)
         body = min(hop.get(BODY_PART), max(links[-1], 0.0))
-        if body > 0:  # its wait for the body's bytes: the link's, or that of a link further out
-            j = _body_link(hops, i, len(links) - 1)
+        if body > 0:  # its wait for the body's bytes: the link's, or that of the slowest link it crossed
             links[-1] -= body
+            j = max(_body_links(hops, i, len(links) - 1), key=lambda c: (links[c], c))
             links[j] += body
         queueing += wait + up
         hop_wait += wait + up

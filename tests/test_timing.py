@@ -187,31 +187,32 @@ def test_nginx_figures_are_brought_within_its_clock_resolution() -> None:
 def test_a_servers_wait_for_its_body_is_link_time_in_front_of_hops_that_stream_it() -> None:
     """``srv.body`` (the server's wait for its request body's bytes, inside its total) is network: on the
     link to the server, or, behind hops that forward bodies as they come (nginx's grpc_pass, HAProxy), on
-    the link in front of the outermost of them; never the server's own time."""
+    the slowest of the links the body crossed (their own time: flow control holds a body for round trips
+    of the slowest); never the server's own time."""
     server = "srv.decode;dur=1, srv.body;dur=5, srv.total;dur=20"
     # direct: the client's link carried it
     s = split(23.0, timing.parse_chain(server))
     assert s.links == pytest.approx((8.0,)) and s.hops[0].other == pytest.approx(14.0) and _sums(s) == 23.0
-    # behind nginx's grpc_pass: the client link's time (nginx called the server with the headers)
-    s = split(25.0, timing.parse_chain(server + ", nginx.upstream;dur=22, nginx.total;dur=23;desc=grpc_pass"))
-    assert s.links == pytest.approx((7.0, 2.0)) and s.hops[1].other == pytest.approx(14.0)
-    assert _sums(s) == pytest.approx(25.0)
+    # behind nginx's grpc_pass, the client link the slower (4 ms against 2): the client link's
+    nginx = "nginx.upstream;dur=22, nginx.total;dur=23;desc=grpc_pass"
+    s = split(27.0, timing.parse_chain(f"{server}, {nginx}"))
+    assert s.links == pytest.approx((9.0, 2.0)) and s.hops[1].other == pytest.approx(14.0)
+    assert _sums(s) == pytest.approx(27.0)
+    # ... the server link the slower (1 ms against 2), or as slow: the server link's
+    for e2e in (24.0, 25.0):
+        s = split(e2e, timing.parse_chain(f"{server}, {nginx}"))
+        assert s.links == pytest.approx((e2e - 23.0, 7.0)), e2e
     # behind a hop that buffers the body (nginx's proxy_pass, a pathprobe gateway): the server link's
     for outer in ("nginx.upstream;dur=22, nginx.total;dur=23;desc=proxy_pass", "gw.upstream;dur=22, gw.total;dur=23"):
-        s = split(25.0, timing.parse_chain(f"{server}, {outer}"))
-        assert s.links == pytest.approx((2.0, 7.0)), outer
+        s = split(27.0, timing.parse_chain(f"{server}, {outer}"))
+        assert s.links == pytest.approx((4.0, 7.0)), outer
     # through HAProxy behind a gateway: only as far out as the hops that stream it
-    chain = f"{server}, haproxy.upstream;dur=22, haproxy.total;dur=23, gw.upstream;dur=24, gw.total;dur=25"
-    s = split(27.0, timing.parse_chain(chain))
-    assert s.links == pytest.approx((2.0, 6.0, 2.0))
+    chain = f"{server}, haproxy.upstream;dur=22, haproxy.total;dur=23, gw.upstream;dur=27, gw.total;dur=28"
+    s = split(38.0, timing.parse_chain(chain))
+    assert s.links == pytest.approx((10.0, 9.0, 2.0))  # not the slowest (10): the gateway had the whole body
     # never more than the link holds: a body wait beyond it (a broken report) moves only what is there
-    s = split(
-        25.0,
-        timing.parse_chain(
-            "srv.body;dur=5, srv.total;dur=22, nginx.upstream;dur=24, nginx.total;dur=24;desc=grpc_pass"
-        ),
-    )
-    assert min(s.links) >= 0 and _sums(s) == pytest.approx(25.0)
+    s = split(28.0, timing.parse_chain(f"srv.body;dur=5, srv.total;dur=22, nginx.upstream;dur=24, {nginx}"))
+    assert min(s.links) >= 0 and _sums(s) == pytest.approx(28.0)
 
 
 def test_nginx_total_is_raised_to_its_inner_hops_within_its_resolution() -> None:
