@@ -56,10 +56,17 @@ CLOCK_RESOLUTION_MS = {"nginx": 1.0}
 #: link crosses that link in two round trips (HTTP/2 flow control), and the second lay in nginx's
 #: upstream call, +5.05 ms on the server link for 5 on the client link (2026-12-04). Or it may be the
 #: server link's own: with that link delayed, one record in five had the body trail its headers by the
-#: link's one-way delay. Neither side reports when the body's last byte passed the proxy, so the wait
-#: goes to the slowest of the links it crossed (their own time, without it): a body held back by flow
-#: control is held for round trips of the slowest link (:func:`_body_links`).
+#: link's one-way delay. Neither side reports when the body's last byte passed the proxy. These
+#: proxies take a body from their client through a small HTTP/2 window (64 KB), so the client's link
+#: paces it: the wait goes to the outermost link it crossed, unless a link inside took more than
+#: :data:`BODY_SLOWER` times that link's own time (a body held back by flow control waits for round
+#: trips of the slow link; on loopback the links' own times differ by up to 2-3x, a delayed link's by
+#: 10x or more): :func:`_body_link`. The factor is a choice, not a measurement: a 131072-token prompt
+#: trails its headers by ~0.6 ms through nginx on loopback (1-4 through HAProxy), paced by both links
+#: and the proxy at once, and which link takes it moved a paired "still" link by -0.35 ms with a factor
+#: of 2, -0.26 with 3, -1.0 (HAProxy) with 4 (docs/results/2026-12-04-request-body.md).
 STREAMS_REQUEST_BODY = frozenset({("nginx", "grpc_pass"), ("haproxy", None)})
+BODY_SLOWER = 3.0
 
 INFERENCE_PARTS = ("srv.tokenize", "srv.prefill", "srv.decode_steps", "srv.detokenize", "srv.inference")
 SERIALIZATION_PARTS = ("decode", "encode")
@@ -167,6 +174,14 @@ def _body_links(hops: list[Hop], i: int, link: int) -> list[int]:
     return out
 
 
+def _body_link(links: list[float], candidates: list[int]) -> int:
+    """Of the links a body wait can have been spent on (innermost first), the outermost, unless another
+    took more than :data:`BODY_SLOWER` times its own time: that one held the body back."""
+    outer = candidates[-1]
+    slowest = max(candidates, key=lambda c: links[c])
+    return slowest if links[slowest] > BODY_SLOWER * max(links[outer], 0.0) else outer
+
+
 def _hop_wait(hop: Hop, link_ms: float) -> float:
     """A hop's wait for its own loop (``<kind>.wait``, an upper bound), capped at its link's time."""
     wait = hop.get(WAIT_PART)
@@ -240,8 +255,7 @@ def split(
         body = min(hop.get(BODY_PART), max(links[-1], 0.0))
         if body > 0:  # its wait for the body's bytes: the link's, or that of the slowest link it crossed
             links[-1] -= body
-            j = max(_body_links(hops, i, len(links) - 1), key=lambda c: (links[c], c))
-            links[j] += body
+            links[_body_link(links, _body_links(hops, i, len(links) - 1))] += body
         queueing += wait + up
         hop_wait += wait + up
         if hop.kind == SERVER_KIND and i == 0:
