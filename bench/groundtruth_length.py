@@ -56,6 +56,13 @@ SCENARIOS = {
         "paths": ["direct", "passthrough", "transcode", "reencode", "http-proxy", "nginx"],
         "args": ["--max-context", "20000"],
     },
+    # CI's prompt size, streamed: the body rule (srv.body) and the stream's end on one call
+    "prompt16k-stream": {
+        "stream": True,
+        "load": {"prompt_tokens": 16384, "max_tokens": 32, "duration_s": 20.0},
+        "paths": ["direct", "passthrough", "transcode", "reencode", "http-proxy", "nginx"],
+        "args": ["--max-context", "20000"],
+    },
     # ~800 KB of JSON per request; compare raises every size limit on the way for it
     "prompt128k": {
         "stream": False,
