@@ -63,6 +63,13 @@ SCENARIOS = {
         "paths": ["direct", "passthrough", "transcode", "reencode", "http-proxy", "nginx"],
         "args": ["--max-context", "20000"],
     },
+    # the same, streamed
+    "prompt128k-stream": {
+        "stream": True,
+        "load": {"prompt_tokens": 131072, "max_tokens": 32, "duration_s": 40.0, "timeout_s": 120},
+        "paths": ["direct", "passthrough", "transcode", "nginx"],
+        "args": ["--max-context", "140000"],
+    },
     # ~800 KB of JSON per request; compare raises every size limit on the way for it
     "prompt128k": {
         "stream": False,

@@ -80,7 +80,7 @@ class RequestScope:
     #: its engine (``srv.backlog``, its own time: :func:`pathprobe.timing.handoff_split`)
     backlog_ms: float | None = None
     #: the handler's wait for the request body's bytes after its headers, at the start of ``srv.total``
-    #: (``srv.body``: the links' time, :data:`pathprobe.timing.BODY_PART`); None: none measured
+    #: (``srv.body``: the links' time, :data:`pathprobe.timing.BODY_PART`); None: not measured
     body_ms: float | None = None
     #: a stream's chunk encodes as ``now_ms()`` intervals: only what lies after the engine's last
     #: token counts in ``srv.encode`` (:func:`pathprobe.timing.held_back`; the rest overlapped it)

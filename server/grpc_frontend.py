@@ -83,7 +83,8 @@ class _Received:
     wait: float | None
     #: the request's start (``now_ms()``): the handler's, or the message's arrival
     t0: float
-    #: the handler's wait for the message's bytes after the headers (ms; None: none)
+    #: the handler's wait for the message's bytes after the headers (ms; 0: it was in; None: not measured,
+    #: the loop is not watched)
     body_ms: float | None
 
 
@@ -114,7 +115,7 @@ class LLMService:
                 return _Received(data, wait, t_handler, t_read - t_handler)
             if wait is not None:
                 wait += t_read - t_handler
-            return _Received(data, wait, t_read, None)
+            return _Received(data, wait, t_read, None if watch is None else 0.0)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: the call carried no message")
         raise AssertionError("unreachable")  # abort raises
 

@@ -103,13 +103,14 @@ def scope_for(request: HttpRequest, route: str) -> RequestScope:
 async def read_json(request: HttpRequest, scope: RequestScope) -> JsonObject:
     """Read and parse the body as a JSON object; the parse time is srv.decode. Where the loop slept
     during the read, the handler was waiting for the body's bytes: that read is ``srv.body`` (the
-    links' time, :data:`pathprobe.timing.BODY_PART`); otherwise it stays the server's own."""
+    links' time, :data:`pathprobe.timing.BODY_PART`); otherwise ``srv.body`` is 0 and the read stays the
+    server's own."""
     t_read = now_ms()
     body = await request.read()
     t0 = now_ms()
     watch = loopwait.watch_of()
-    if watch is not None and watch.slept_since(t_read):
-        scope.body_ms = t0 - t_read
+    if watch is not None:  # every request of a watched loop reports it (0: the body was in)
+        scope.body_ms = t0 - t_read if watch.slept_since(t_read) else 0.0
     obj = jsoncodec.loads_object(body)
     scope.decoded(now_ms() - t0)
     return obj
