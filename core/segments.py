@@ -19,8 +19,8 @@ link's stack time as a unary answer's hand-off is (after the hop's total); left 
 own time, it would make the hop's "other" follow whatever else the machine ran while the
 stream was sent. A server's ``srv.body`` (its wait for the request body's bytes after the headers,
 :data:`pathprobe.timing.BODY_PART`) is link time the same way, booked on the link to it, or behind
-hops that forward request bodies as they come (:data:`STREAMS_REQUEST_BODY`) on the link in front
-of them.
+hops that forward request bodies as they come (:data:`STREAMS_REQUEST_BODY`) on a link in front of
+them (:func:`_body_link`).
 
 Nothing is guessed: when the innermost component reports nothing (a third-party server,
 or a forwarder whose upstream is silent), the innermost link's time holds both network
@@ -253,7 +253,7 @@ def split(
         up = _outer_upwait(parts, link - wait)
         links.append(link - wait - up)
         body = min(hop.get(BODY_PART), max(links[-1], 0.0))
-        if body > 0:  # its wait for the body's bytes: the link's, or that of the slowest link it crossed
+        if body > 0:  # its wait for the body's bytes: the link's, or one in front of hops that stream it
             links[-1] -= body
             links[_body_link(links, _body_links(hops, i, len(links) - 1))] += body
         queueing += wait + up

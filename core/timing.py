@@ -57,7 +57,7 @@ UPWAIT_PART = "upwait"
 #: for the request body's bytes after the headers (a prompt of 100 KB or more crossing a slow link in
 #: several round trips, or forwarded as it came by a hop that streams request bodies). It is the
 #: links' time: the split books it as network, on the link to the server, or behind hops that stream
-#: request bodies (:data:`pathprobe.segments.STREAMS_REQUEST_BODY`), on the link in front of them
+#: request bodies (:data:`pathprobe.segments.STREAMS_REQUEST_BODY`), on a link in front of them
 BODY_PART = "body"
 #: the entry prefix of a model server's hop
 SERVER_KIND = "srv"
