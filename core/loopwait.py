@@ -181,6 +181,17 @@ def floor_of(transport: object) -> float | None:
     return floor if floor is None or arrived is None else max(floor, arrived)
 
 
+def body_wait_ms(t_start: float, t_end: float) -> float | None:
+    """A handler's read of its request body from ``t_start`` (the headers in) to ``t_end`` (the body
+    in) on the running loop: the read itself where the loop slept meanwhile (the handler waited for
+    the body's bytes: the links' time, ``srv.body``), 0.0 where it never slept (the bytes were in; the
+    read was the loop's turns, the hop's own), None when the loop is not watched."""
+    watch = watch_of()
+    if watch is None:
+        return None
+    return t_end - t_start if watch.slept_since(t_start) else 0.0
+
+
 def wait_ms(floor: float | None, t0: float) -> float | None:
     """A request's wait for the loop before its hop's first timestamp ``t0`` (``<kind>.wait``): ``t0``
     less its connection's floor (:func:`floor_of`); None when not measured."""

@@ -110,12 +110,12 @@ class LLMService:
         wait = grpcwait.wait_ms(grpcwait.declared_ms(context.invocation_metadata()), context.time_remaining())
         async for data in requests:
             t_read = now_ms()
-            watch = loopwait.watch_of()
-            if watch is not None and watch.slept_since(t_handler):
-                return _Received(data, wait, t_handler, t_read - t_handler)
+            body = loopwait.body_wait_ms(t_handler, t_read)
+            if body:  # the handler waited for the message's bytes
+                return _Received(data, wait, t_handler, body)
             if wait is not None:
                 wait += t_read - t_handler
-            return _Received(data, wait, t_read, None if watch is None else 0.0)
+            return _Received(data, wait, t_read, body)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: the call carried no message")
         raise AssertionError("unreachable")  # abort raises
 

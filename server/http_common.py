@@ -108,9 +108,9 @@ async def read_json(request: HttpRequest, scope: RequestScope) -> JsonObject:
     t_read = now_ms()
     body = await request.read()
     t0 = now_ms()
-    watch = loopwait.watch_of()
-    if watch is not None:  # every request of a watched loop reports it (0: the body was in)
-        scope.body_ms = t0 - t_read if watch.slept_since(t_read) else 0.0
+    waited = loopwait.body_wait_ms(t_read, t0)
+    if waited is not None:  # every request of a watched loop reports it (0: the body was in)
+        scope.body_ms = waited
     obj = jsoncodec.loads_object(body)
     scope.decoded(now_ms() - t0)
     return obj

@@ -216,6 +216,36 @@ def test_the_watch_tells_a_loop_that_slept_from_one_that_was_busy() -> None:
     assert asyncio.run(recorded())
 
 
+def test_a_body_read_is_a_wait_for_bytes_only_where_the_loop_slept() -> None:
+    """:func:`loopwait.body_wait_ms`: a read during which the loop slept waited for bytes (the read);
+    one during which it was busy waited for the loop (0); an unwatched loop tells nothing (None)."""
+    import asyncio
+
+    from pathprobe import loopwait
+
+    async def unwatched() -> float | None:
+        t = timing.now_ms()
+        await asyncio.sleep(0.01)
+        return loopwait.body_wait_ms(t, timing.now_ms())
+
+    async def watched() -> tuple[float | None, float | None, float, float]:
+        assert loopwait.install() is not None
+        await asyncio.sleep(0)
+        a = timing.now_ms()
+        await asyncio.sleep(0.02)  # the bytes are late: the loop sleeps
+        b = timing.now_ms()
+        slept = loopwait.body_wait_ms(a, b)
+        c = timing.now_ms()
+        time.sleep(0.02)  # noqa: ASYNC251 - the bytes were in; the loop was busy with others
+        busy = loopwait.body_wait_ms(c, timing.now_ms())
+        return slept, busy, a, b
+
+    assert asyncio.run(unwatched()) is None
+    slept, busy, a, b = asyncio.run(watched())
+    assert slept == b - a and slept >= 19.0
+    assert busy == 0.0
+
+
 def test_a_gateways_wait_after_its_upstream_answered_is_its_queueing_taken_from_that_link() -> None:
     # the gateway saw its upstream take 10 ms, 6 of them with the answer in and its loop busy
     chain = timing.parse_chain("srv.total;dur=2, gw.upstream;dur=10, gw.upwait;dur=6, gw.total;dur=11")

@@ -21,7 +21,7 @@ import pytest
 from pathprobe import segments, timing
 from pathprobe.v1 import llm_pb2
 
-from tests.support.clients import content_length
+from tests.support.clients import headers_of, read_answer
 from tests.support.procs import Server
 
 LATE_MS = 200.0
@@ -85,18 +85,10 @@ def _http_call(port: int, late_ms: float) -> tuple[float, timing.Chain]:
         sock.sendall(head)
         time.sleep(late_ms / 1000.0)
         sock.sendall(body)
-        got = b""
-        while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < content_length(got):
-            data = sock.recv(65536)
-            assert data, got
-            got += data
+        head, _ = read_answer(sock)
         e2e = (time.perf_counter() - t0) * 1000.0
-    status_line, _, rest = got.partition(b"\r\n")
-    assert b" 200 " in status_line, got[:300]
-    headers = dict(
-        (k.strip().lower(), v.strip())
-        for k, _, v in (line.partition(":") for line in rest.decode().split("\r\n\r\n")[0].split("\r\n"))
-    )
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    headers = headers_of(head)
     return e2e, timing.parse_chain(headers[timing.HTTP_HEADER.lower()])
 
 

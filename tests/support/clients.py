@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -75,10 +76,26 @@ def timed_generate(conn: http.client.HTTPConnection, body: bytes) -> tuple[float
     return e2e, resp.getheader(timing.HTTP_HEADER)
 
 
+def headers_of(head: bytes) -> dict[str, str]:
+    """An HTTP/1.1 head's header fields, names lower-cased (its start line left out)."""
+    fields = {}
+    for line in head.decode("latin-1").split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        fields[name.strip().lower()] = value.strip()
+    return fields
+
+
 def content_length(head: bytes) -> int:
-    """An HTTP/1.1 request head's ``Content-Length`` (0 without one), for the tests' own raw servers."""
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value)
-    return 0
+    """An HTTP/1.1 head's ``Content-Length`` (0 without one), for the tests' own raw servers."""
+    return int(headers_of(head.partition(b"\r\n\r\n")[0]).get("content-length", "0"))
+
+
+def read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 answer framed by its ``Content-Length``, read from a raw socket: (head, body)."""
+    got = b""
+    while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < content_length(got):
+        data = sock.recv(65536)
+        assert data, f"the connection closed mid-answer: {got[:300]!r}"
+        got += data
+    head, _, body = got.partition(b"\r\n\r\n")
+    return head, body
