@@ -79,8 +79,9 @@ SCENARIOS = {
     },
 }
 #: proxies the benchmark runs beside the tests' paths: HAProxy forwards a request body as it comes, as
-#: nginx's grpc_pass does (segments.STREAMS_REQUEST_BODY), and reports its own total
-EXTRA_PATHS = {"haproxy": {"kind": "haproxy"}}
+#: nginx's grpc_pass does (segments.STREAMS_REQUEST_BODY), and reports its own total; nginx's HTTP
+#: proxy_pass buffers a body before it calls upstream, as our gateways do
+EXTRA_PATHS = {"haproxy": {"kind": "haproxy"}, "nginx-http": {"kind": "nginx", "protocol": "http"}}
 ALL_PATHS = {**PATHS, **EXTRA_PATHS}
 METRICS = ("e2e", "network_hop1", "network_hop2", "serialization", "queueing", "own", "inference")
 

@@ -115,15 +115,15 @@ def send_final(rt: Runtime, runner: WorkerRunner) -> None:
         "worker": rt.worker,
         "client": wire,
     }
+    if rt.tracing is not None:  # the spans out first: a summary on the master's disk means they were sent
+        rt.tracing.shutdown()
+        rt.tracing = None
     runner.send_message(MSG_FINAL, delta)
     try:  # this worker's own view, for checking the master's totals
         own = monitor_mod.merge_blocks({rt.worker: wire}, rt.cfg.lag_threshold_ms) if wire else None
         write_outputs(rt.cfg.out, rt.worker_agg, rt.meta(), name=f"worker-{rt.worker}", client=own)
     except OSError as exc:
         log.warning("pathprobe: cannot write worker summary: %s", exc)
-    if rt.tracing is not None:
-        rt.tracing.shutdown()
-        rt.tracing = None
 
 
 # --- master ----------------------------------------------------------------------------------

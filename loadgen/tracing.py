@@ -3,7 +3,8 @@ into the request's metadata / headers, the span placed on the record's own clock
 duration == e2e) and carrying the client's own durations and the split.
 
 Spans are exported between requests (:meth:`Tracing.drain`, called by the runtime's
-flush), never by a thread that competes for the interpreter lock while a response waits.
+flush), never by a thread that competes for the interpreter lock while a response waits, and in a
+greenlet of their own, so that a user Locust kills at a test's end loses none of them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import gevent.pool
 from pathprobe import genai
 from pathprobe.loadgen.call import CallSpec, Target
 from pathprobe.loadgen.config import Config
@@ -42,6 +44,7 @@ class Tracing:
         self.tracer = tracer
         self.provider = provider
         self.deferred = list(deferred or ())
+        self._drains = gevent.pool.Group()
         self._trace = trace
         self._kind = SpanKind.CLIENT
         self._status = Status
@@ -77,7 +80,17 @@ class Tracing:
 
         ``pause`` (the periodic flush: ``gevent.sleep(0)``): called between slices of
         :data:`SPAN_SLICE` spans, so other users' responses are read while a large batch is
-        encoded; spans that end meanwhile wait for the next call."""
+        encoded; spans that end meanwhile wait for the next call.
+
+        The export runs in a greenlet of its own, which the caller waits for. Locust kills its
+        users at a test's end (at once: ``stop_timeout`` 0), and a user killed inside an export
+        (an OTLP call waits for its answer) would drop the slice the export had taken off the
+        queue, silently: the distributed test missed its last request's span in about one run of
+        sixteen. Killed now, the caller leaves and the export goes on; :meth:`shutdown` waits
+        for it."""
+        self._drains.spawn(self._drain, pause).join()
+
+    def _drain(self, pause: Callable[[], None] | None) -> None:
         for p in self.deferred:
             if pause is None:
                 p.drain()
@@ -159,7 +172,9 @@ class Tracing:
         span.end(end_time=self._wall(t_end_ns / 1e6) if t_end_ns else None)
 
     def shutdown(self) -> None:
-        self.drain()
+        """Every span out: the exports under way (their callers killed, :meth:`drain`), then the rest."""
+        self._drains.join()
+        self._drain(None)
         if self.provider is not None:
             self.provider.force_flush()
             self.provider.shutdown()

@@ -16,6 +16,7 @@ class _Service(trace_service_pb2_grpc.TraceServiceServicer):
         self.receiver = receiver
 
     def Export(self, request, context):
+        time.sleep(self.receiver.delay_s)  # a slow collector: the exporter's call waits for its answer
         with self.receiver.lock:
             for rs in request.resource_spans:
                 service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
@@ -26,9 +27,11 @@ class _Service(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 class OTLPReceiver:
-    """Collects every exported span as ``(service_name, Span proto)``."""
+    """Collects every exported span as ``(service_name, Span proto)``; ``delay_s``: each export is
+    answered that late (the spans are kept first)."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
         self.lock = threading.Lock()
         self.spans: list[tuple[str, trace_pb2.Span]] = []
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
