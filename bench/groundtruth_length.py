@@ -128,7 +128,9 @@ def main() -> int:
     paths = {p: ALL_PATHS[p] for p in names}
     run = args.out / ("stream" if sc["stream"] else "unary")
     if not args.summary_only:
-        run = _run(args.out, stream=sc["stream"], load=sc["load"], paths=paths, args=sc["args"])
+        # compare's own wall time grows with the paths: 26 configurations of 131072-token streams
+        # took over 15 min (40 s of load each, then their report)
+        run = _run(args.out, stream=sc["stream"], load=sc["load"], paths=paths, args=sc["args"], timeout=4 * 3600)
     rows = []
     # every configuration's records once (runs/_interleaved holds the one load process's, all of them again)
     files = [f for f in run.glob("runs/*/c*/r*/records.jsonl") if f.parts[-4] != "_interleaved"]

@@ -88,10 +88,15 @@ def _targets(paths: dict[str, dict] | None = None) -> list[dict]:
 
 
 def _run(
-    tmp: Path, stream: bool, load: dict | None = None, paths: dict[str, dict] | None = None, args: list | None = None
+    tmp: Path,
+    stream: bool,
+    load: dict | None = None,
+    paths: dict[str, dict] | None = None,
+    args: list | None = None,
+    timeout: float = 900,
 ) -> Path:
     """One interleaved compare run; ``load`` overrides the load settings, ``paths`` the paths, ``args``
-    adds server flags."""
+    adds server flags; ``timeout`` (s) bounds compare's run."""
     out = tmp / ("stream" if stream else "unary")
     cfg = {
         "out": str(out),
@@ -129,7 +134,7 @@ def _run(
         },
         "targets": _targets(paths),
     }
-    report = run_compare(cfg, tmp / f"{out.name}.yaml")
+    report = run_compare(cfg, tmp / f"{out.name}.yaml", timeout=timeout)
     # a network condition with delay 0 is "inactive" for the config: make sure the relay is there anyway
     assert all(t["status"] == "ok" for t in report["targets"].values()), report["targets"]
     return out

@@ -15,13 +15,26 @@ def run_compare_with_output(
     cfg: dict[str, Any], path: Path, *, html: bool = False, timeout: float = 900
 ) -> tuple[dict[str, Any], str]:
     """Write ``cfg`` to ``path`` as YAML, run ``pathprobe compare`` on it (``--no-html`` unless
-    ``html``), assert it exited 0 (its output's tail in the message); its report.json and stdout."""
+    ``html``), assert it exited 0 (its output's tail in the message); its report.json and stdout.
+
+    Past ``timeout`` compare is sent SIGTERM, on which it ends every process it started (a SIGKILL
+    would leave its servers, gateways and proxies running into the next test), then killed."""
     path.write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "pathprobe", "compare", str(path)] + ([] if html else ["--no-html"])
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise AssertionError(f"compare ran past {timeout} s\n{out[-3000:]}{err[-3000:]}") from None
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
     report: dict[str, Any] = json.loads((Path(cfg["out"]) / "report.json").read_text())
-    return report, res.stdout
+    return report, out
 
 
 def run_compare(cfg: dict[str, Any], path: Path, *, html: bool = False, timeout: float = 900) -> dict[str, Any]:
