@@ -77,6 +77,19 @@ def test_gateway_on_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("verb", ["load", "compare"])
+def test_help_into_a_reader_that_left_ends_without_traceback(verb: str) -> None:
+    """``pathprobe load --help | head``: the reader closes the pipe before the help is written."""
+    r, w = os.pipe()
+    os.close(r)
+    with os.fdopen(w, "wb") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pathprobe", verb, "--help"], stdout=out, stderr=subprocess.PIPE, timeout=120
+        )
+    err = proc.stderr.decode()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err[-2000:]
+
+
 def test_serve_on_a_busy_grpc_port_exits_2_without_traceback(busy_port: int) -> None:
     proc = subprocess.run(
         [
