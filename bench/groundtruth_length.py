@@ -12,6 +12,12 @@ serialization, queueing and the hops' own time (truth: 0), with every record's n
     python bench/groundtruth_length.py --scenario stream512 --out out/gt-512   # CI's case, to repeat
     python bench/groundtruth_length.py --scenario stream512-2ms --out out/gt-512-2ms   # tokens 2 ms apart
     python bench/groundtruth_length.py --scenario prompt128k --paths reencode,http-proxy,nginx --out OUT
+    python bench/groundtruth_length.py --scenario prompt128k --paths nginx-http,haproxy --out OUT  # beside the tests'
+    python bench/groundtruth_length.py --scenario prompt128k-stream --out OUT   # streamed, 131072-token prompts
+
+Each configuration of a pair is its own gateway process: at 131072 tokens two such processes differ by up
+to ~0.6 ms in their own per-request work (docs/results/2026-12-05-streamed-128k-prompts.md), above the
+0.3 ms bound the tests hold at their sizes.
 """
 
 from __future__ import annotations
