@@ -93,12 +93,15 @@ def _grpc(n: int) -> tuple[_Wire, dict[str, tuple[int, int]], dict[str, list[int
     return wire, ends, segs
 
 
-def _http1(n: int, *, close: bool = True) -> tuple[_Wire, dict[str, tuple[int, int]], dict[str, list[int]]]:
-    """An HTTP/1.1 keep-alive connection with ``n`` requests, each an event stream in four segments."""
-    wire = _Wire()
+def _http1(
+    n: int, *, close: bool = True, first: int = 0, wire: _Wire | None = None
+) -> tuple[_Wire, dict[str, tuple[int, int]], dict[str, list[int]]]:
+    """An HTTP/1.1 keep-alive connection with ``n`` requests (trace ``first`` on), each an event stream in
+    four segments; on ``wire`` after what it holds, when given."""
+    wire = wire or _Wire()
     ends: dict[str, tuple[int, int]] = {}
     segs: dict[str, list[int]] = {}
-    for i in range(n):
+    for i in range(first, first + n):
         head = f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntraceparent: 00-{_trace(i)}-{i + 1:016x}-01\r\n"
         start = wire.send(True, (head + "content-length: 2\r\n\r\n{}").encode())
         segs[_trace(i)] = [len(wire.segments) - 1]
@@ -152,3 +155,16 @@ def test_a_loss_at_the_end_of_a_connection_is_seen_from_its_acks(tmp_path) -> No
     found = _found(wire, tmp_path, {segs[_trace(3)][-1]})
     assert set(ends) - set(found) == {_trace(3)}
     assert all(found[t] == ends[t] for t in found)
+
+
+def test_a_client_port_a_later_connection_reuses_keeps_the_earlier_connections_requests(tmp_path) -> None:
+    """Loopback reuses ephemeral ports: a fresh-clone CI run matched none of a concurrency-1 phase's
+    556 requests by trace id, because the next phase opened a connection from the same client port
+    and the reader let the new connection replace the old one."""
+    wire, ends, _ = _http1(3)  # closed with FINs
+    wire.seq = {True: 70_000, False: 80_000}  # the new connection's initial sequence numbers
+    wire.send(True, b"", dpkt.tcp.TH_SYN)
+    wire.send(False, b"", dpkt.tcp.TH_SYN | dpkt.tcp.TH_ACK)
+    wire.ack(True)
+    wire, later, _ = _http1(3, first=3, wire=wire)
+    assert _found(wire, tmp_path) == {**ends, **later}

@@ -121,13 +121,14 @@ def read_connections(path: Path, ports: Iterable[int]) -> list[_Conn]:
     """Every TCP connection to one of ``ports`` in a pcap, each direction's bytes in order."""
     want = set(ports)
     conns: dict[tuple[int, int], _Conn] = {}
+    ended: list[_Conn] = []  # connections whose client port a later one reused
     for ts_ns, _ip, tcp in tcp_segments(path):
         upward = tcp.dport in want
         if not upward and tcp.sport not in want:
             continue
         key = (tcp.sport, tcp.dport) if upward else (tcp.dport, tcp.sport)  # (client port, server port)
-        if tcp.flags & _SYN and upward:
-            conns.pop(key, None)  # a new connection on a reused client port
+        if tcp.flags & _SYN and upward and key in conns:
+            ended.append(conns.pop(key))  # a new connection on a reused client port: the old one is kept
         conn = conns.setdefault(key, _Conn(key[1]))
         payload, d = bytes(tcp.data), conn.up if upward else conn.down
         if payload and d.add(ts_ns, tcp.seq, payload):
@@ -136,7 +137,7 @@ def read_connections(path: Path, ports: Iterable[int]) -> list[_Conn]:
             d.finished(tcp.seq + len(payload))
         elif not payload and not tcp.flags & (_SYN | _RST):  # a SYN takes a sequence number; a RST ends
             d.acked(tcp.seq)
-    return list(conns.values())
+    return ended + list(conns.values())
 
 
 @dataclass(slots=True)
