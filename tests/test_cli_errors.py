@@ -76,7 +76,6 @@ def test_gateway_on_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[s
     assert flag in err and str(busy_port) in err
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("verb", ["load", "compare"])
 def test_help_into_a_reader_that_left_ends_without_traceback(verb: str) -> None:
     """``pathprobe load --help | head``: the reader closes the pipe before the help is written."""
@@ -90,6 +89,7 @@ def test_help_into_a_reader_that_left_ends_without_traceback(verb: str) -> None:
     assert "Traceback" not in err and "BrokenPipe" not in err, err[-2000:]
 
 
+@pytest.mark.slow
 def test_serve_on_a_busy_grpc_port_exits_2_without_traceback(busy_port: int) -> None:
     proc = subprocess.run(
         [
