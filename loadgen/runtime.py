@@ -32,6 +32,7 @@ from pathprobe.loadgen.config import Config
 from pathprobe.loadgen.outputs import JsonlWriter, SummaryFile, write_outputs
 from pathprobe.loadgen.records import METRICS, Aggregator, Totals
 from pathprobe.loadgen.replay import Replay
+from pathprobe.loadgen.slices import in_slices
 from pathprobe.loadgen.tracing import Tracing
 
 log = logging.getLogger("pathprobe.loadgen")
@@ -278,18 +279,19 @@ class Runtime:
         the yield, so a flush cut short by the end of the test loses nothing: the rest is still
         pending for the final flush."""
         pending = self.agg.pending
-        left = len(pending)  # records added meanwhile wait for the next flush
-        while left > 0:
-            part = pending[: min(FLUSH_SLICE, left)]
-            del pending[: len(part)]
-            left -= len(part)
+
+        def take(n: int) -> int:
+            part = pending[:n]
+            del pending[:n]
             self.agg.add_batch(part)
             if self.writer is not None:
                 self.writer(part)
             if self.metrics is not None:
                 self.metrics.observe(part)
-            if yielding:
-                gevent.sleep(0)
+            return len(part)
+
+        # records added meanwhile wait for the next flush
+        in_slices(take, len(pending), FLUSH_SLICE, gevent.sleep if yielding else None)
 
     def serve_metrics(self) -> None:
         """Start the Prometheus endpoint when a port is given (flag or env), and the GenAI metrics' OTLP

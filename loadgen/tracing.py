@@ -18,6 +18,7 @@ import gevent.pool
 from pathprobe import genai
 from pathprobe.loadgen.call import CallSpec, Target
 from pathprobe.loadgen.config import Config
+from pathprobe.loadgen.slices import in_slices
 from pathprobe.records import RequestRecord
 
 if TYPE_CHECKING:
@@ -94,11 +95,8 @@ class Tracing:
         for p in self.deferred:
             if pause is None:
                 p.drain()
-                continue
-            left = len(p.pending)
-            while left > 0:
-                left -= p.drain(min(SPAN_SLICE, left))
-                pause()
+            else:
+                in_slices(p.drain, len(p.pending), SPAN_SLICE, pause)
 
     def start(self, route: str, target: Target, spec: CallSpec, headers: dict[str, str]) -> tuple[Span, int]:
         """Start the CLIENT span; returns it and its start (perf_counter_ns), which becomes the

@@ -47,6 +47,60 @@ _USER = textwrap.dedent(
 ).format(spans=SPANS)
 
 
+# Two flushes overlap: the second takes what the first counted on while the first's export waits.
+# The first must end with the queue empty (it once waited for spans that would never come, forever,
+# and the test's end, which waits for every export under way, hung: a worker never sent its final
+# batch and the master's summary counted no worker).
+_OVERLAP = textwrap.dedent(
+    """
+    import sys
+
+    from gevent import monkey
+
+    monkey.patch_all()
+    from grpc.experimental import gevent as grpc_gevent
+
+    grpc_gevent.init_gevent()
+    import gevent
+    from pathprobe import telemetry
+    from pathprobe.loadgen.tracing import SPAN_SLICE, Tracing
+
+    provider = telemetry.setup_tracing(
+        "pathprobe-loadgen", otlp_endpoint=sys.argv[1], set_global=False, deferred=True
+    )
+    tracing = Tracing(provider.get_tracer("t"), provider, telemetry.deferred_processors(provider))
+    for n in range({spans}):
+        tracing.tracer.start_span(f"request-{{n}}").end()
+    pause = lambda: gevent.sleep(0)
+    first = gevent.spawn(tracing.drain, pause)  # takes one slice, then waits for the collector
+    gevent.sleep(0.1)
+    assert len(tracing.deferred[0].pending) == {spans} - SPAN_SLICE
+    second = gevent.spawn(tracing.drain, pause)  # another user's flush takes the rest
+    gevent.joinall([first, second], timeout=10)
+    assert first.dead and second.dead, "a drain is still waiting for spans another drain took"
+    with gevent.Timeout(10):
+        tracing.shutdown()
+    """
+)
+
+
+def test_overlapping_drains_end_and_export_every_span_once() -> None:
+    spans = 40
+    receiver = OTLPReceiver(delay_s=0.3).start()
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", _OVERLAP.format(spans=spans), receiver.endpoint],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        names = sorted(sp.name for _, sp in receiver.spans)
+    finally:
+        receiver.stop()
+    assert names == sorted(f"request-{n}" for n in range(spans)), names
+
+
 def test_a_user_killed_while_exporting_loses_no_span() -> None:
     receiver = OTLPReceiver(delay_s=0.3).start()
     try:
