@@ -10,10 +10,12 @@ greenlet of their own, so that a user Locust kills at a test's end loses none of
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import gevent
 import gevent.pool
 from pathprobe import genai
 from pathprobe.loadgen.call import CallSpec, Target
@@ -26,6 +28,12 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
     from opentelemetry.util.types import AttributeValue
     from pathprobe.telemetry import DeferredSpanProcessor
+
+log = logging.getLogger(__name__)
+
+#: how long the test's end waits for the spans to be exported (the master waits ``stop_timeout``
+#: + 30 s for a worker's final batch, which is sent after them)
+SHUTDOWN_S = 15.0
 
 #: spans per slice of a periodic drain (one slice is ~1 ms of encoding and writing on this
 #: class of machine; the event loop runs between slices)
@@ -169,14 +177,26 @@ class Tracing:
             span.set_status(self._status(self._code.ERROR, f"{rec['status']}: {rec['error']}"))
         span.end(end_time=self._wall(t_end_ns / 1e6) if t_end_ns else None)
 
-    def shutdown(self) -> None:
-        """Every span out: the exports under way (their callers killed, :meth:`drain`), then the rest."""
-        self._drains.join()
-        self._drain(None)
-        if self.provider is not None:
-            self.provider.force_flush()
-            self.provider.shutdown()
-        else:
-            prov = self._trace.get_tracer_provider()
-            if hasattr(prov, "force_flush"):
-                prov.force_flush()
+    def shutdown(self, timeout_s: float = SHUTDOWN_S) -> bool:
+        """Every span out: the exports under way (their callers killed, :meth:`drain`), then the rest.
+
+        Waits ``timeout_s`` at most (a worker sends its final batch after this, and the master
+        waits for that batch only so long); past it, says how many spans were not sent and
+        returns False."""
+        with gevent.Timeout(timeout_s, False):
+            self._drains.join()
+            self._drain(None)
+            if self.provider is not None:
+                self.provider.force_flush()
+                self.provider.shutdown()
+            else:
+                prov = self._trace.get_tracer_provider()
+                if hasattr(prov, "force_flush"):
+                    prov.force_flush()
+            return True
+        self._drains.kill(block=False)
+        left = sum(len(p.pending) for p in self.deferred)
+        log.warning(
+            "pathprobe: the spans were not all exported within %g s at the test's end (%d not sent)", timeout_s, left
+        )
+        return False

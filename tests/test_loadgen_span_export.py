@@ -113,3 +113,45 @@ def test_a_user_killed_while_exporting_loses_no_span() -> None:
     finally:
         receiver.stop()
     assert names == [f"request-{n}" for n in range(SPANS)], names
+
+
+# A collector that does not answer holds the test's end back only so long: a worker sends its final
+# batch after its spans, and the master waits for that batch only ``stop_timeout`` + 30 s.
+_STUCK = textwrap.dedent(
+    """
+    import sys
+    import time
+
+    from gevent import monkey
+
+    monkey.patch_all()
+    from grpc.experimental import gevent as grpc_gevent
+
+    grpc_gevent.init_gevent()
+    from pathprobe import telemetry
+    from pathprobe.loadgen.tracing import Tracing
+
+    provider = telemetry.setup_tracing(
+        "pathprobe-loadgen", otlp_endpoint=sys.argv[1], set_global=False, deferred=True
+    )
+    tracing = Tracing(provider.get_tracer("t"), provider, telemetry.deferred_processors(provider))
+    for n in range(3):
+        tracing.tracer.start_span(f"request-{n}").end()
+    t0 = time.monotonic()
+    done = tracing.shutdown(timeout_s=1.0)
+    print(done, round(time.monotonic() - t0, 2))
+    """
+)
+
+
+def test_the_test_end_waits_for_an_unanswering_collector_only_so_long() -> None:
+    receiver = OTLPReceiver(delay_s=8.0).start()
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", _STUCK, receiver.endpoint], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        receiver.stop()
+    assert run.returncode == 0, run.stderr[-3000:]
+    done, waited = run.stdout.split()
+    assert done == "False" and 0.9 <= float(waited) < 4.0, run.stdout
