@@ -9,6 +9,9 @@ import json
 import os
 import signal
 import statistics
+import subprocess
+import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -180,3 +183,52 @@ def test_the_tiny_model_gives_the_same_tokens_in_its_own_process(tmp_path) -> No
     finally:
         inline.stop()
         apart.stop()
+
+
+# The front end falls behind (its loop busy for a second) while eight long streams run, so the engine
+# process fills the pipe with their tokens; then a 131072-token prompt (~400 KB pickled, past the
+# socket's buffers) goes the other way. Both sides once sent with a blocking write on their event
+# loop: each waited for the other to read, for ever (a compare run at c=8, 32768-token prompts and
+# 512-token streams hung the server for good).
+_PIPE_BOTH_WAYS = textwrap.dedent(
+    """
+    import asyncio
+    import time
+
+    from pathprobe.server.engine.base import EngineConfig, GenParams
+    from pathprobe.server.engine.process import ProcessEngine
+
+    STREAMS, TOKENS, PROMPT = 8, 2000, 131072
+
+
+    async def tokens(gen):
+        return sum([len(ev.token_ids) async for ev in gen])
+
+
+    async def main():
+        eng = ProcessEngine(EngineConfig(kind="synthetic", max_batch_size=16, max_context=PROMPT + 64,
+                                         prefill_ms_per_token=0.0, decode_ms_per_token=0.0))
+        await eng.start()
+        try:
+            gens = [eng.generate(GenParams(prompt="hi", max_tokens=TOKENS, ignore_eos=True)) for _ in range(STREAMS)]
+            await asyncio.sleep(0.05)  # they run
+            time.sleep(1.0)  # the front end's loop is busy: nobody reads the pipe
+            big = eng.generate(GenParams(prompt_token_ids=[256 + i % 1000 for i in range(PROMPT)], max_tokens=4))
+            counts = await asyncio.wait_for(asyncio.gather(*(tokens(g) for g in [*gens, big])), 60)
+        finally:
+            await eng.stop()
+        print(*counts)
+
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_big_prompt_meets_a_full_pipe_of_tokens_without_a_deadlock(tmp_path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", _PIPE_BOTH_WAYS], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = [int(n) for n in run.stdout.split()]
+    assert counts == [2000] * 8 + [4], counts

@@ -14,7 +14,11 @@ engine's timing (queue, prefill, decode steps, detokenize; durations measured in
 their ``*_start`` instants on the host's monotonic clock, which both processes share).
 The hand-off over the pipe is the server's own time (``srv.other``), not the engine's.
 
-Messages (pickled tuples over one duplex pipe):
+Messages (pickled tuples over one duplex pipe, framed as multiprocessing's ``Connection`` frames
+them; the first is read with ``Connection.recv``, every later one on the event loop by
+:class:`_Wire`, whose sends never block: a loop blocked in a send to a child that was itself
+blocked in a send to it, neither reading, was a deadlock once a 32768-token prompt met eight
+512-token streams):
 
 - parent -> child: ``("gen", rid, GenParams)``, ``("close", rid)``, ``("stop",)``
 - child -> parent: ``("ready", info)``, ``("error", packed)``, ``("ack", rid, load)``, ``("load", load)``,
@@ -28,10 +32,15 @@ import asyncio
 import contextlib
 import dataclasses
 import multiprocessing
+import os
+import pickle
 import signal
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 from pathprobe.errors import ConfigError, PathprobeError, Unavailable
@@ -89,6 +98,71 @@ class _Info:
     tokenizer_kind: str  # "slow": the parent tokenizes with the slow encoder too
 
 
+#: a frame's header: the pickle's length (multiprocessing's ``Connection`` framing, up to 2 GiB)
+_HEADER = struct.Struct("!i")
+
+
+class _Wire(asyncio.Protocol):
+    """The pipe's messages on the running loop. :meth:`send` hands a message to the transport,
+    which writes what the socket takes and keeps the rest for when it can take more, so a send
+    never blocks the loop, and reading goes on meanwhile; ``on_message`` gets each whole message,
+    ``on_lost`` the end of the pipe."""
+
+    def __init__(self, on_message: Callable[[tuple[Any, ...]], None], on_lost: Callable[[], None]) -> None:
+        self.on_message = on_message
+        self.on_lost = on_lost
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._buf = bytearray()
+
+    @classmethod
+    async def attach(
+        cls, conn: Connection, on_message: Callable[[tuple[Any, ...]], None], on_lost: Callable[[], None]
+    ) -> _Wire:
+        """Take over ``conn``'s socket (``conn`` is closed); what is already in it is read next."""
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        conn.close()
+        _, wire = await asyncio.get_running_loop().create_unix_connection(lambda: cls(on_message, on_lost), sock=sock)
+        return wire
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def send(self, msg: tuple[Any, ...]) -> bool:
+        """Queue ``msg``; False when the pipe is closed."""
+        t = self.transport
+        if t is None or t.is_closing():
+            return False
+        data = ForkingPickler.dumps(msg)
+        t.write(_HEADER.pack(len(data)) + bytes(data))
+        return True
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos, size = 0, len(buf)
+        while size - pos >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(buf, pos)
+            if size - pos - _HEADER.size < n:
+                break
+            pos += _HEADER.size
+            msg = pickle.loads(buf[pos : pos + n])
+            pos += n
+            self.on_message(msg)
+        del buf[:pos]
+
+    def close(self) -> None:
+        """Close after what is queued is written."""
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.on_lost()
+
+
 class ProcessEngine(Engine):
     """The engine of ``config`` run in a spawned child process; same interface as the engine itself."""
 
@@ -108,7 +182,7 @@ class ProcessEngine(Engine):
         self.device = ""
         self.startup: StartupTimer | None = None
         self._proc: Any = None
-        self._conn: Connection | None = None
+        self._wire: _Wire | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._gens: dict[int, Generation] = {}
         self._next = 0
@@ -134,7 +208,6 @@ class ProcessEngine(Engine):
         )
         self._proc.start()
         theirs.close()
-        self._conn = mine
         msg = await asyncio.to_thread(self._first_message, mine)
         if msg[0] == "error":
             await asyncio.to_thread(self._proc.join, 5)
@@ -152,7 +225,7 @@ class ProcessEngine(Engine):
             self._slow = await asyncio.to_thread(models.load_slow_tokenizer, self.model_ref)
         self._loop = asyncio.get_running_loop()
         self._stopped = self._loop.create_future()
-        self._loop.add_reader(mine.fileno(), self._on_readable)
+        self._wire = await _Wire.attach(mine, self._dispatch, self._on_lost)
 
     def _first_message(self, conn: Connection) -> tuple[Any, ...]:
         try:
@@ -162,11 +235,10 @@ class ProcessEngine(Engine):
             raise Unavailable(f"engine process exited while starting (exit code {code})") from None
 
     async def stop(self) -> None:
-        if self._conn is None or self._loop is None:
+        if self._wire is None or self._loop is None:
             return
         if self._dead is None:
-            with contextlib.suppress(OSError):
-                self._conn.send(("stop",))
+            self._wire.send(("stop",))
             assert self._stopped is not None
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._stopped), STOP_TIMEOUT_S)
@@ -186,7 +258,7 @@ class ProcessEngine(Engine):
         return self._dead
 
     def generate(self, params: GenParams) -> Generation:
-        if self._conn is None or self._dead is not None:
+        if self._wire is None or self._dead is not None:
             raise Unavailable(self._dead or "engine not started")
         gen, ids = self.prepare(params)
         depth = self.queue_depth()
@@ -196,10 +268,8 @@ class ProcessEngine(Engine):
         self._next += 1
         # the child gets the token ids (tokenized and checked here), every other field as asked
         inner = dataclasses.replace(params, prompt=None, prompt_token_ids=ids, model="")
-        try:
-            self._conn.send(("gen", rid, inner))
-        except OSError as exc:
-            raise Unavailable(f"engine process: {exc}") from None
+        if not self._wire.send(("gen", rid, inner)):
+            raise Unavailable("engine process: its pipe is closed")
         self._gens[rid] = gen
         self._unacked.add(rid)
         gen.on_close = lambda: self._cancel(rid)
@@ -209,19 +279,13 @@ class ProcessEngine(Engine):
         if self._gens.pop(rid, None) is None:
             return
         self._unacked.discard(rid)
-        if self._conn is not None and self._dead is None:
-            with contextlib.suppress(OSError):
-                self._conn.send(("close", rid))
+        if self._wire is not None and self._dead is None:
+            self._wire.send(("close", rid))
 
     # --- messages from the child ------------------------------------------------------
-    def _on_readable(self) -> None:
-        assert self._conn is not None
-        try:
-            while self._conn.poll():
-                self._dispatch(self._conn.recv())
-        except (EOFError, OSError):
-            code = self._proc.exitcode if self._proc is not None else None
-            self._close_pipe(f"engine process exited (exit code {code})")
+    def _on_lost(self) -> None:
+        code = self._proc.exitcode if self._proc is not None else None
+        self._close_pipe(f"engine process exited (exit code {code})")
 
     def _dispatch(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -257,11 +321,8 @@ class ProcessEngine(Engine):
             self._dead = why
             if not asked and self.on_down is not None:
                 self.on_down(why)
-        if self._loop is not None and self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(self._conn.fileno())
-        if self._conn is not None:
-            self._conn.close()
+        if self._wire is not None:
+            self._wire.close()
         gens, self._gens = self._gens, {}
         self._unacked.clear()
         for gen in gens.values():
@@ -282,6 +343,7 @@ def child_main(conn: Connection, config: EngineConfig, model: ResolvedModel) -> 
 class _Child:
     def __init__(self, conn: Connection, config: EngineConfig, model: ResolvedModel) -> None:
         self.conn = conn
+        self.wire: _Wire | None = None  # the pipe on the loop, once the parent has the "ready"
         self.config = config
         self.model = model
         self.engine: Engine | None = None
@@ -291,6 +353,9 @@ class _Child:
 
     def send(self, msg: tuple[Any, ...]) -> None:
         """Send to the parent; a parent that is gone is noticed by the reader, which stops the child."""
+        if self.wire is not None:
+            self.wire.send(msg)
+            return
         with contextlib.suppress(OSError):
             self.conn.send(msg)
 
@@ -328,12 +393,10 @@ class _Child:
             info.startup.sync = None  # e.g. torch.cuda.synchronize: not for the parent
         self.send(("ready", info))
         self.done = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self.conn.fileno(), self.on_readable)
-        watcher = loop.create_task(self.watch_load())
+        self.wire = await _Wire.attach(self.conn, self.on_message, self.done.set)
+        watcher = asyncio.get_running_loop().create_task(self.watch_load())
         await self.done.wait()
         watcher.cancel()
-        loop.remove_reader(self.conn.fileno())
         await self.engine.stop()
         left = list(self.tasks.values())
         if left:  # requests the stopped engine ended say so; any still open are cut
@@ -341,20 +404,17 @@ class _Child:
             for task in pending:
                 task.cancel()
         self.send(("stopped",))
+        self.wire.close()  # what is queued is written first
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.wire.closed, STOP_TIMEOUT_S)
 
-    def on_readable(self) -> None:
+    def on_message(self, msg: tuple[Any, ...]) -> None:
         assert self.done is not None
-        try:
-            while self.conn.poll():
-                msg = self.conn.recv()
-                if msg[0] == "gen":
-                    self.start(msg[1], msg[2])
-                elif msg[0] == "close":
-                    self.close(msg[1])
-                elif msg[0] == "stop":
-                    self.done.set()
-                    return
-        except (EOFError, OSError):  # the parent is gone: stop
+        if msg[0] == "gen":
+            self.start(msg[1], msg[2])
+        elif msg[0] == "close":
+            self.close(msg[1])
+        elif msg[0] == "stop":
             self.done.set()
 
     def start(self, rid: int, params: GenParams) -> None:
