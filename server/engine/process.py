@@ -190,6 +190,7 @@ class ProcessEngine(Engine):
         self._load: Load = (0, 0)
         self._stopped: asyncio.Future[None] | None = None
         self._dead: str | None = None
+        self._stopping = False  # stop() asked: the pipe's end that follows is not a death
         #: called once when the child goes away unasked (the server turns its health off)
         self.on_down: Callable[[str], None] | None = None
 
@@ -238,6 +239,7 @@ class ProcessEngine(Engine):
         if self._wire is None or self._loop is None:
             return
         if self._dead is None:
+            self._stopping = True
             self._wire.send(("stop",))
             assert self._stopped is not None
             with contextlib.suppress(asyncio.TimeoutError):
@@ -285,7 +287,7 @@ class ProcessEngine(Engine):
     # --- messages from the child ------------------------------------------------------
     def _on_lost(self) -> None:
         code = self._proc.exitcode if self._proc is not None else None
-        self._close_pipe(f"engine process exited (exit code {code})")
+        self._close_pipe(f"engine process exited (exit code {code})", asked=self._stopping)
 
     def _dispatch(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
