@@ -183,7 +183,6 @@ class ProcessEngine(Engine):
         self.startup: StartupTimer | None = None
         self._proc: Any = None
         self._wire: _Wire | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._gens: dict[int, Generation] = {}
         self._next = 0
         self._unacked: set[int] = set()  # sent, no word back yet: counted as waiting
@@ -224,8 +223,7 @@ class ProcessEngine(Engine):
             from pathprobe import models
 
             self._slow = await asyncio.to_thread(models.load_slow_tokenizer, self.model_ref)
-        self._loop = asyncio.get_running_loop()
-        self._stopped = self._loop.create_future()
+        self._stopped = asyncio.get_running_loop().create_future()
         self._wire = await _Wire.attach(mine, self._dispatch, self._on_lost)
 
     def _first_message(self, conn: Connection) -> tuple[Any, ...]:
@@ -236,7 +234,7 @@ class ProcessEngine(Engine):
             raise Unavailable(f"engine process exited while starting (exit code {code})") from None
 
     async def stop(self) -> None:
-        if self._wire is None or self._loop is None:
+        if self._wire is None:
             return
         if self._dead is None:
             self._stopping = True
